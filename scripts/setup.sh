@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package fp8rl needs to build, test and run (idempotent: skips what is present).
+# The CUDA toolkit is not installed here: it is used from /usr/local/cuda when it exists.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libabsl-dev
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgtest-dev libgmock-dev
+  libopenblas-dev
+  libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev zlib1g-dev
+  curl prometheus docker-compose
+  python3 python3-numpy python3-torch python3-yaml
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${#missing[@]} packages: ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"
