@@ -1,0 +1,268 @@
+// Tests of rl/job_config.h: every shipped configs/*.yaml parses, defaults, YAML/JSON equivalence,
+// the JSON round trip, path resolution, and a table of bad configs with their exact errors.
+#include "rl/job_config.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace fp8rl::rl {
+namespace {
+
+std::string source_dir() {
+  const char* dir = std::getenv("FP8RL_SOURCE_DIR");
+  return dir != nullptr ? dir : FP8RL_TEST_SOURCE_DIR;
+}
+
+// configs/models/*.json is written by the model owners; until one exists the shipped job configs
+// cannot point at a real file, so that one check waits for it.
+bool have_model_configs() {
+  const std::filesystem::path dir = std::filesystem::path(source_dir()) / "configs" / "models";
+  if (!std::filesystem::is_directory(dir)) return false;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".json") return true;
+  }
+  return false;
+}
+
+constexpr char kMinimal[] = R"(
+model:
+  init:
+    config: configs/models/tiny.json
+task:
+  name: addition
+)";
+
+TEST(JobConfig, EveryShippedConfigParsesAndRoundTrips) {
+  const std::filesystem::path dir = std::filesystem::path(source_dir()) / "configs";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(entry.path().string());
+    absl::StatusOr<JobConfig> config = load_job_config_file(entry.path().string());
+    ASSERT_TRUE(config.ok()) << config.status();
+    ++count;
+    // The model config named by an init path must exist in the tree.
+    if (!config->model.init_config_path.empty() && have_model_configs()) {
+      JobConfig resolved = *config;
+      resolve_paths(resolved, source_dir());
+      EXPECT_TRUE(std::filesystem::exists(resolved.model.init_config_path))
+          << resolved.model.init_config_path;
+    }
+    const std::string json = job_config_to_json(*config).dump();
+    absl::StatusOr<JobConfig> again = parse_job_config(json);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(*again, *config);
+  }
+  EXPECT_GE(count, 4);  // smoke, demo, demo-bf16, demo-fp8-gen-only
+}
+
+TEST(JobConfig, ShippedConfigsSayWhatTheirNamesPromise) {
+  const std::string dir = source_dir() + "/configs/";
+  absl::StatusOr<JobConfig> demo = load_job_config_file(dir + "demo.yaml");
+  absl::StatusOr<JobConfig> bf16 = load_job_config_file(dir + "demo-bf16.yaml");
+  absl::StatusOr<JobConfig> gen_only = load_job_config_file(dir + "demo-fp8-gen-only.yaml");
+  absl::StatusOr<JobConfig> smoke = load_job_config_file(dir + "smoke.yaml");
+  ASSERT_TRUE(demo.ok() && bf16.ok() && gen_only.ok() && smoke.ok());
+  EXPECT_TRUE(demo->sft.has_value());
+  EXPECT_EQ(demo->precision.generation, Precision::kFp8);
+  EXPECT_EQ(demo->precision.training, Precision::kFp8);
+  EXPECT_EQ(demo->precision.kv_cache, Precision::kFp8);
+  EXPECT_EQ(bf16->precision.generation, Precision::kBf16);
+  EXPECT_EQ(bf16->precision.training, Precision::kBf16);
+  EXPECT_EQ(bf16->precision.kv_cache, Precision::kBf16);
+  EXPECT_EQ(gen_only->precision.generation, Precision::kFp8);
+  EXPECT_EQ(gen_only->precision.training, Precision::kBf16);
+  // The variants differ from the demo only in precision, name and checkpoint folder.
+  for (JobConfig variant : {*bf16, *gen_only}) {
+    variant.precision = demo->precision;
+    variant.name = demo->name;
+    variant.checkpoint.dir = demo->checkpoint.dir;
+    EXPECT_EQ(variant, *demo);
+  }
+  EXPECT_LT(smoke->algorithm.steps * smoke->algorithm.batch_size(),
+            demo->algorithm.steps * demo->algorithm.batch_size() / 20);
+}
+
+TEST(JobConfig, DefaultsFromMinimalYaml) {
+  absl::StatusOr<JobConfig> c = parse_job_config(kMinimal);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.init_config_path, "configs/models/tiny.json");
+  EXPECT_EQ(c->model.init_seed, 0u);
+  EXPECT_EQ(c->task.digits, 3);
+  EXPECT_EQ(c->task.seed, 1234u);
+  EXPECT_EQ(c->algorithm, AlgorithmConfig{});
+  EXPECT_EQ(c->algorithm.is.rule, IsRule::kTis);
+  EXPECT_EQ(c->algorithm.is.cap, 2.0);
+  EXPECT_FALSE(c->sft.has_value());
+  EXPECT_EQ(c->precision, PrecisionConfig{});
+  EXPECT_EQ(c->validation.every_steps, 10);
+  EXPECT_EQ(c->checkpoint.every_steps, 0);
+  // Multiplication's own default digits.
+  absl::StatusOr<JobConfig> m =
+      parse_job_config("model: {checkpoint: /ckpt}\ntask: {name: multiplication, val_size: 100}\n");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->task.digits, 2);
+  EXPECT_EQ(m->model.checkpoint, "/ckpt");
+}
+
+TEST(JobConfig, YamlAndJsonGiveTheSameConfig) {
+  const std::string yaml = R"(
+name: "quoted 123"
+model:
+  init:
+    config: {hidden_size: 64, num_hidden_layers: 2}
+    seed: 5
+task: {name: arithmetic, seed: 3, params: {terms: 4, max_operand: 12}, format_reward: 0.1}
+algorithm:
+  steps: 7
+  temperature: 0.7
+  learning_rate: 3e-6
+  is: {rule: icepop, lo: 0.25, hi: 4}
+sft: {steps: 10}
+precision: {generation: bf16, pow2_scales: true, bf16_last_layers: 1}
+checkpoint: {every_steps: 2, dir: out}
+)";
+  const std::string json = R"({"name": "quoted 123",
+    "model": {"init": {"config": {"hidden_size": 64, "num_hidden_layers": 2}, "seed": 5}},
+    "task": {"name": "arithmetic", "seed": 3, "params": {"terms": 4, "max_operand": 12},
+             "format_reward": 0.1},
+    "algorithm": {"steps": 7, "temperature": 0.7, "learning_rate": 3e-6,
+                  "is": {"rule": "icepop", "lo": 0.25, "hi": 4}},
+    "sft": {"steps": 10},
+    "precision": {"generation": "bf16", "pow2_scales": true, "bf16_last_layers": 1},
+    "checkpoint": {"every_steps": 2, "dir": "out"}})";
+  absl::StatusOr<JobConfig> a = parse_job_config(yaml);
+  absl::StatusOr<JobConfig> b = parse_job_config(json);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(a->name, "quoted 123");
+  EXPECT_EQ(a->model.init_config_inline["hidden_size"], 64);
+  EXPECT_EQ(a->task.terms, 4);
+  EXPECT_EQ(a->algorithm.is.rule, IsRule::kIcepop);
+  EXPECT_EQ(a->algorithm.is.hi, 4.0);
+  EXPECT_EQ(a->algorithm.learning_rate, 3e-6);
+  EXPECT_EQ(a->sft->steps, 10);
+  EXPECT_EQ(a->sft->batch_size, 32);
+  EXPECT_EQ(a->precision.generation, Precision::kBf16);
+  EXPECT_TRUE(a->precision.pow2_scales);
+  // Round trip through the stored JSON, also via nlohmann::json (the REST body type).
+  const nlohmann::ordered_json stored = job_config_to_json(*a);
+  EXPECT_EQ(stored["task"]["params"],
+            nlohmann::ordered_json::parse(R"({"terms": 4, "max_operand": 12})"));
+  EXPECT_EQ(*parse_job_config(stored.dump()), *a);
+  EXPECT_EQ(*job_config_from_json(nlohmann::json::parse(stored.dump())), *a);
+}
+
+TEST(JobConfig, ResolvePathsMakesInputsAbsolute) {
+  absl::StatusOr<JobConfig> c = parse_job_config(
+      "model: {checkpoint: ckpt/a}\ntask: {name: jsonl, params: {train_path: d/t.jsonl}}\n"
+      "checkpoint: {dir: /abs/out}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  resolve_paths(*c, "/work/x");
+  EXPECT_EQ(c->model.checkpoint, "/work/x/ckpt/a");
+  EXPECT_EQ(c->task.train_path, "/work/x/d/t.jsonl");
+  EXPECT_EQ(c->task.val_path, "");
+  EXPECT_EQ(c->checkpoint.dir, "/abs/out");
+}
+
+struct BadConfig {
+  const char* yaml;  // appended to a valid base (model + task) unless it replaces them
+  const char* error;
+};
+
+TEST(JobConfig, BadConfigsNameTheField) {
+  const std::string base =
+      "model: {init: {config: configs/models/tiny.json}}\ntask: {name: addition}\n";
+  const std::vector<BadConfig> cases = {
+      {"algorithm: {samples_per_prompt: 1}", "algorithm.samples_per_prompt: must be >= 2"},
+      {"precision: {kv_cache: fp4}", "precision.kv_cache: must be one of fp8, bf16, fp32"},
+      {"algorithm: {foo: 1}", "algorithm.foo: unknown key"},
+      {"bogus: 1", "bogus: unknown key"},
+      {"algorithm: {steps: ten}", "algorithm.steps: must be an integer, got string"},
+      {"algorithm: {steps: 2.5}", "algorithm.steps: must be an integer, got number"},
+      {"algorithm: {steps: 0}", "algorithm.steps: must be >= 1"},
+      {"algorithm: {temperature: 0}", "algorithm.temperature: must be > 0"},
+      {"algorithm: {temperature: .nan}", "algorithm.temperature: must be a finite number"},
+      {"algorithm: {top_p: 1.5}", "algorithm.top_p: must be in (0, 1]"},
+      {"algorithm: {learning_rate: \"1e-5\"}",
+       "algorithm.learning_rate: must be a number, got string"},
+      {"algorithm: {clip_eps: 1}", "algorithm.clip_eps: must be in (0, 1)"},
+      {"algorithm: {kl_beta: -0.1}", "algorithm.kl_beta: must be >= 0"},
+      {"algorithm: {max_new_tokens: 5000}", "algorithm.max_new_tokens: must be in [1, 4096]"},
+      {"algorithm: {prompts_per_step: 2, samples_per_prompt: 2, minibatches: 5}",
+       "algorithm.minibatches: must be <= prompts_per_step * samples_per_prompt (4)"},
+      {"algorithm: {is: {rule: tis3}}",
+       "algorithm.is.rule: must be one of none, tis, icepop, seq_mask_tis"},
+      {"algorithm: {is: {rule: icepop, lo: 1.2}}", "algorithm.is.lo: must be in [0, 1]"},
+      {"algorithm: {is: {cap: 0}}", "algorithm.is.cap: must be > 0"},
+      {"algorithm: {is: {bounds: [1, 2]}}", "algorithm.is.bounds: unknown key"},
+      {"algorithm: [1, 2]", "algorithm: must be a mapping, got array"},
+      {"sft: {steps: 0}", "sft.steps: must be >= 1"},
+      {"sft: {batch: 4}", "sft.batch: unknown key"},
+      {"precision: {pow2_scales: 1}", "precision.pow2_scales: must be a boolean, got number"},
+      {"precision: {bf16_first_layers: -1}", "precision.bf16_first_layers: must be >= 0"},
+      {"validation: {num_prompts: 500}", "validation.num_prompts: must be <= task.val_size (200)"},
+      {"checkpoint: {every_steps: 5}", "checkpoint.dir: required when checkpoint.every_steps > 0"},
+      {"name: [a]", "name: must be a string, got array"},
+  };
+  for (const BadConfig& c : cases) {
+    absl::StatusOr<JobConfig> parsed = parse_job_config(base + c.yaml + "\n");
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_EQ(parsed.status().message(), c.error) << c.yaml;
+  }
+  // Whole-document and model/task errors.
+  const std::vector<BadConfig> whole = {
+      {"task: {name: addition}", "model: required"},
+      {"model: {checkpoint: a}", "task: required"},
+      {"model: {checkpoint: a, init: {config: b}}\ntask: {name: addition}",
+       "model: give either checkpoint or init, not both"},
+      {"model: {}\ntask: {name: addition}", "model: one of checkpoint, init is required"},
+      {"model: {init: {seed: 1}}\ntask: {name: addition}", "model.init.config: required"},
+      {"model: {init: {config: [1]}}\ntask: {name: addition}",
+       "model.init.config: must be a path string or a mapping, got array"},
+      {"model: {init: {config: c, seed: -1}}\ntask: {name: addition}",
+       "model.init.seed: must be >= 0"},
+      {"model: {checkpoint: a}\ntask: {seed: 1}", "task.name: required"},
+      {"model: {checkpoint: a}\ntask: {name: sudoku}",
+       "task.name: must be one of addition, multiplication, arithmetic, jsonl"},
+      {"model: {checkpoint: a}\ntask: {name: addition, params: {terms: 3}}",
+       "task.params.terms: unknown key (addition takes digits)"},
+      {"model: {checkpoint: a}\ntask: {name: addition, params: {digits: 12}}",
+       "task.params.digits: must be in [1, 9]"},
+      {"model: {checkpoint: a}\ntask: {name: jsonl}", "task.params.train_path: required"},
+      {"model: {checkpoint: a}\ntask: {name: addition, format_reward: 1}",
+       "task.format_reward: must be in [0, 1)"},
+      {"model: {checkpoint: a}\nmodel: {checkpoint: b}\ntask: {name: addition}",
+       "model: duplicate key"},
+      {"- 1\n- 2", "job config: must be a mapping, got array"},
+      {"   \n", "job config: empty"},
+      {"model: {checkpoint: a\n",
+       "job config: YAML syntax error at line 2: end of map flow not found"},
+  };
+  for (const BadConfig& c : whole) {
+    EXPECT_EQ(parse_job_config(c.yaml).status().message(), c.error) << c.yaml;
+  }
+  // JSON input: syntax errors and duplicate keys are caught by the strict JSON reader.
+  EXPECT_TRUE(std::string(parse_job_config("{\"model\": ").status().message())
+                  .starts_with("job config: malformed JSON"));
+  EXPECT_EQ(parse_job_config(R"({"model": {"checkpoint": "a"}, "task": {"name": "addition",
+      "val_size": 5}, "algorithm": {"steps": -3}})")
+                .status()
+                .message(),
+            "algorithm.steps: must be >= 1");
+  EXPECT_EQ(parse_job_config(R"({"name": "a", "name": "b"})").status().message(),
+            "job config: malformed JSON: duplicate key 'name'");
+  // A file that does not parse names the file.
+  EXPECT_TRUE(load_job_config_file("/nonexistent/job.yaml")
+                  .status()
+                  .message()
+                  .find("/nonexistent/job.yaml") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace fp8rl::rl
