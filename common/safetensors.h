@@ -44,10 +44,12 @@ class SafetensorsFile {
  private:
   struct Entry {
     TensorInfo info;
-    int64_t begin = 0;  // offset into data_
+    int64_t begin = 0;  // offset of the tensor's first byte in data_ (header included)
   };
+  absl::StatusOr<const Entry*> find(const std::string& name) const;
+
   std::string path_;
-  std::shared_ptr<std::vector<uint8_t>> data_;  // the data section
+  std::shared_ptr<std::vector<uint8_t>> data_;  // the whole file (shared by copies)
   std::map<std::string, Entry> index_;
   std::map<std::string, std::string> metadata_;
 };
@@ -60,7 +62,12 @@ class SafetensorsWriter {
   absl::Status add_f32(const std::string& name, std::vector<int64_t> shape,
                        const std::vector<float>& values);
   void set_metadata(const std::string& key, const std::string& value);
+  // Tensors are written in name order after a header padded with spaces to a multiple of 8 bytes.
   absl::Status write(const std::string& path) const;
+
+  bool has(const std::string& name) const { return tensors_.count(name) > 0; }
+  size_t size() const { return tensors_.size(); }
+  int64_t data_bytes() const;  // sum of all tensors' bytes
 
  private:
   struct Pending {
@@ -86,6 +93,8 @@ class Checkpoint {
   absl::StatusOr<std::vector<float>> read_f32(const std::string& name) const;
 
  private:
+  absl::StatusOr<const SafetensorsFile*> file_for(const std::string& name) const;
+
   std::string dir_;
   std::string config_json_;
   std::vector<SafetensorsFile> files_;
@@ -93,8 +102,10 @@ class Checkpoint {
 };
 
 // Writes a checkpoint folder atomically: everything goes into "<dir>.tmp.<pid>", which is renamed
-// to dir at the end (an existing dir is replaced only after the new one is complete).
+// to dir at the end (an existing dir is replaced only after the new one is complete). The folder
+// holds config.json, model.safetensors and a copy of each of `copy_files` (by file name).
 absl::Status write_checkpoint(const std::string& dir, const std::string& config_json,
-                              const SafetensorsWriter& tensors);
+                              const SafetensorsWriter& tensors,
+                              const std::vector<std::string>& copy_files = {});
 
 }  // namespace fp8rl
