@@ -1,0 +1,52 @@
+// gRPC server construction with health and reflection (see grpc_server.h).
+#include "common/service/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace fp8rl::service {
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
+    const GrpcServerOptions& options, const std::vector<grpc::Service*>& services) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("grpc: cannot listen on ", options.address));
+  }
+  if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(true);
+  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), port));
+}
+
+GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, int port)
+    : server_(std::move(server)), port_(port) {}
+
+GrpcServer::~GrpcServer() { shutdown(std::chrono::seconds(1)); }
+
+void GrpcServer::shutdown(std::chrono::milliseconds grace) {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() + grace);
+  server_->Wait();
+}
+
+grpc::Status to_grpc_status(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status from_grpc_status(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+}  // namespace fp8rl::service

@@ -1,0 +1,49 @@
+// The gRPC side of every service: builds a server with the standard grpc.health.v1 service and
+// server reflection enabled (so grpcurl and generic clients work), reports the bound port, and
+// shuts down gracefully: health NOT_SERVING first, then in-flight calls get until a deadline.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fp8rl::service {
+
+struct GrpcServerOptions {
+  std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free port
+  int max_message_bytes = 64 << 20;   // receive and send limit per message
+};
+
+class GrpcServer {
+ public:
+  // Registers `services` (not owned; they must outlive the server) and starts serving.
+  // FailedPrecondition naming the address when it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> start(
+      const GrpcServerOptions& options, const std::vector<grpc::Service*>& services);
+
+  ~GrpcServer();
+  int port() const { return port_; }
+  grpc::Server* server() { return server_.get(); }
+
+  // Marks the server NOT_SERVING, then shuts down: calls still running after `grace` are
+  // cancelled. Idempotent; also run (with 1 s) by the destructor.
+  void shutdown(std::chrono::milliseconds grace);
+
+ private:
+  GrpcServer(std::unique_ptr<grpc::Server> server, int port);
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+// absl::Status <-> grpc::Status with the same code and message (the codes share numbering).
+grpc::Status to_grpc_status(const absl::Status& status);
+absl::Status from_grpc_status(const grpc::Status& status);
+
+}  // namespace fp8rl::service

@@ -1,0 +1,137 @@
+// cpp-httplib behind a small interface (see http_server.h), so services never include httplib.h.
+#include "common/service/http_server.h"
+
+#include <httplib.h>
+
+#include <exception>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/log.h"
+#include "nlohmann/json.hpp"
+
+namespace fp8rl::service {
+
+HttpResponse json_error(int status, std::string_view message) {
+  return {status, nlohmann::json{{"error", message}}.dump(), "application/json"};
+}
+
+struct HttpServer::Impl {
+  HttpServerOptions options;
+  MetricsRegistry* metrics = nullptr;
+  CounterFamily* requests = nullptr;
+  std::function<bool()> healthy;
+  httplib::Server server;
+  std::thread thread;
+  bool started = false;
+
+  void count(int status) {
+    if (requests != nullptr) requests->with({absl::StrCat(status)}).inc();
+  }
+
+  httplib::Server::Handler wrap(HttpHandler handler) {
+    return
+        [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+          HttpRequest request;
+          request.method = req.method;
+          request.path = req.path;
+          request.body = req.body;
+          for (size_t i = 1; i < req.matches.size(); ++i) request.params.push_back(req.matches[i]);
+          for (const auto& [key, value] : req.params) request.query[key] = value;
+          HttpResponse response;
+          try {
+            response = handler(request);
+          } catch (const std::exception& e) {
+            log_error("http", "handler threw", {{"path", req.path}, {"error", e.what()}});
+            response = json_error(500, absl::StrCat("internal error: ", e.what()));
+          }
+          res.status = response.status;
+          res.set_content(response.body, response.content_type);
+          count(response.status);
+        };
+  }
+};
+
+HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
+                       std::function<bool()> healthy)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->metrics = metrics;
+  impl_->healthy = std::move(healthy);
+  if (metrics != nullptr) {
+    auto family = metrics->add_counter("fp8rl_http_requests_total",
+                                       "HTTP requests answered, by status code.", {"code"});
+    if (family.ok()) impl_->requests = *family;
+  }
+  Impl* impl = impl_.get();
+  const int threads = std::max(1, impl_->options.threads);
+  impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl_->server.set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
+  impl_->server.set_error_handler([impl](const httplib::Request& req, httplib::Response& res) {
+    // Reached for statuses >= 400 that no handler produced: oversized bodies (413 from the
+    // parser), unknown routes (404), malformed requests (400). A route's own error body stays.
+    if (!res.body.empty()) return;
+    std::string message;
+    if (res.status == 413) {
+      res.status = 400;
+      message = absl::StrCat("body: request body exceeds the limit of ",
+                             impl->options.max_body_bytes, " bytes");
+    } else if (res.status == 404) {
+      message = absl::StrCat("no route for ", req.method, " ", req.path);
+    } else {
+      message = absl::StrCat("bad request (HTTP ", res.status, ")");
+    }
+    res.set_content(nlohmann::json{{"error", message}}.dump(), "application/json");
+    impl->count(res.status);
+  });
+  impl_->server.Get("/healthz", [impl](const httplib::Request&, httplib::Response& res) {
+    const bool ok = !impl->healthy || impl->healthy();
+    res.status = ok ? 200 : 503;
+    res.set_content(ok ? R"({"status":"ok"})" : R"({"status":"unavailable"})", "application/json");
+    impl->count(res.status);
+  });
+  if (metrics != nullptr) {
+    impl_->server.Get("/metrics", [impl](const httplib::Request&, httplib::Response& res) {
+      res.set_content(impl->metrics->render(), std::string(kPrometheusContentType));
+      impl->count(200);
+    });
+  }
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::get(const std::string& pattern, HttpHandler handler) {
+  impl_->server.Get(pattern, impl_->wrap(std::move(handler)));
+}
+
+void HttpServer::post(const std::string& pattern, HttpHandler handler) {
+  impl_->server.Post(pattern, impl_->wrap(std::move(handler)));
+}
+
+absl::StatusOr<int> HttpServer::start() {
+  if (impl_->started) return port_;
+  int port = impl_->options.port;
+  if (port == 0) {
+    port = impl_->server.bind_to_any_port(impl_->options.host);
+    if (port < 0) port = 0;
+  } else if (!impl_->server.bind_to_port(impl_->options.host, port)) {
+    port = 0;
+  }
+  if (port <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("http: cannot bind ", impl_->options.host, ":", impl_->options.port));
+  }
+  port_ = port;
+  impl_->started = true;
+  impl_->thread = std::thread([impl = impl_.get()] { impl->server.listen_after_bind(); });
+  return port_;
+}
+
+void HttpServer::stop() {
+  if (!impl_ || !impl_->started) return;
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->started = false;
+}
+
+}  // namespace fp8rl::service

@@ -1,0 +1,73 @@
+// The HTTP side of every service (cpp-httplib underneath): /metrics (Prometheus text), /healthz,
+// and any REST routes a service adds, with a request body size limit. Errors are JSON
+// {"error": "..."}; a handler that throws answers 500 and the server keeps serving.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/service/metrics.h"
+
+namespace fp8rl::service {
+
+struct HttpRequest {
+  std::string method;
+  std::string path;
+  std::string body;
+  std::vector<std::string> params;  // regex capture groups of the route pattern, in order
+  std::map<std::string, std::string> query;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string body;
+  std::string content_type = "application/json";
+};
+
+using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+
+// {"error": message} with the given status.
+HttpResponse json_error(int status, std::string_view message);
+
+struct HttpServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 0;                      // 0: pick a free port (see HttpServer::port())
+  int64_t max_body_bytes = 1 << 20;  // larger bodies: 400 {"error": "body: ..."}
+  int threads = 8;                   // worker threads serving requests
+};
+
+class HttpServer {
+ public:
+  // `metrics` (optional) is served on GET /metrics and gets fp8rl_http_requests_total.
+  // `healthy` (optional) decides GET /healthz: 200 {"status":"ok"} or 503.
+  HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
+             std::function<bool()> healthy = {});
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Routes: ECMAScript regex matched against the whole path ("/v1/jobs/([^/:]+)"). Add before
+  // start().
+  void get(const std::string& pattern, HttpHandler handler);
+  void post(const std::string& pattern, HttpHandler handler);
+
+  // Binds and serves on a background thread; returns the bound port. FailedPrecondition when the
+  // address cannot be bound.
+  absl::StatusOr<int> start();
+  // Stops accepting, finishes in-flight requests, joins the thread. Idempotent.
+  void stop();
+  int port() const { return port_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace fp8rl::service

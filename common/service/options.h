@@ -1,0 +1,49 @@
+// The options every service binary takes: defaults chosen by the binary, overridden by an
+// optional YAML config file (--config FILE), overridden by command-line flags. Flags are
+// --kebab-case, YAML keys the same in snake_case. Unknown flags/keys and bad values are errors
+// naming the flag or key. Service-specific settings go in `extra` (declared with defaults by the
+// binary; only declared keys are accepted).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fp8rl::service {
+
+struct ServiceOptions {
+  std::string name;                          // component name in logs ("coordinator")
+  std::string listen_host = "0.0.0.0";       // --listen-host: bind address of gRPC and HTTP
+  int grpc_port = 0;                         // --grpc-port (0: pick a free port)
+  int http_port = 0;                         // --http-port (/metrics, /healthz, REST; 0: free port)
+  std::string advertise_host = "127.0.0.1";  // --advertise-host: how other processes reach us
+  std::string coordinator = "localhost:50051";  // --coordinator: host:port of the coordinator
+  std::string data_dir = "/tmp/fp8rl";          // --data-dir: state (job store, checkpoints, ...)
+  std::string log_level = "info";               // --log-level: debug|info|warn|error
+  double shutdown_grace_seconds = 10.0;         // --shutdown-grace-seconds: drain deadline
+  int64_t max_body_bytes = 1 << 20;             // --max-body-bytes: HTTP request body limit
+  std::map<std::string, std::string> extra;     // service-specific: snake_case key -> value
+};
+
+// `args` are the arguments after the program name. `defaults` supplies every default and the
+// declared extra keys. Accepts --flag VALUE and --flag=VALUE. --config FILE loads YAML first.
+absl::StatusOr<ServiceOptions> parse_service_options(const ServiceOptions& defaults,
+                                                     const std::vector<std::string>& args);
+
+// Help text listing every flag with its default.
+std::string service_options_usage(const ServiceOptions& defaults);
+
+// Typed access to extra settings; errors name the key ("heartbeat_seconds: expected a number").
+absl::StatusOr<int64_t> extra_int(const ServiceOptions& options, std::string_view key);
+absl::StatusOr<double> extra_double(const ServiceOptions& options, std::string_view key);
+std::string extra_string(const ServiceOptions& options, std::string_view key);
+
+// "host:port" for gRPC / HTTP listening and for advertising.
+std::string listen_address(const ServiceOptions& options, int port);
+std::string advertise_address(const ServiceOptions& options, int port);
+
+}  // namespace fp8rl::service

@@ -1,0 +1,203 @@
+// gRPC JobService and WorkerRegistry handlers over JobManager / WorkerRegistry (see grpc_api.h).
+#include "services/coordinator/grpc_api.h"
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "common/service/log.h"
+
+namespace fp8rl::coordinator {
+namespace {
+
+v1::JobState to_proto(JobState state) {
+  switch (state) {
+    case JobState::kQueued:
+      return v1::JOB_STATE_QUEUED;
+    case JobState::kRunning:
+      return v1::JOB_STATE_RUNNING;
+    case JobState::kSucceeded:
+      return v1::JOB_STATE_SUCCEEDED;
+    case JobState::kFailed:
+      return v1::JOB_STATE_FAILED;
+    case JobState::kCancelled:
+      return v1::JOB_STATE_CANCELLED;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
+}
+
+void fill_metrics(const MetricsRow& row, v1::StepMetrics* out) {
+  out->set_step(row.step);
+  out->set_recorded_unix_ms(row.recorded_ms);
+  for (const auto& [key, value] : row.values) (*out->mutable_values())[key] = value;
+}
+
+void fill_job(JobManager& jobs, const JobRecord& job, bool with_config, v1::Job* out) {
+  out->set_id(job.id);
+  out->set_state(to_proto(job.state));
+  out->set_step(job.step);
+  out->set_total_steps(job.total_steps);
+  out->set_error(job.error);
+  out->set_created_unix_ms(job.created_ms);
+  out->set_updated_unix_ms(job.updated_ms);
+  if (with_config) out->set_config_json(job.config_json);
+  if (auto latest = jobs.latest_metrics(job.id); latest.ok() && latest->has_value()) {
+    fill_metrics(**latest, out->mutable_latest_metrics());
+  }
+}
+
+grpc::Status bad_id(const std::string& id) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "id: must not be empty");
+}
+
+}  // namespace
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                       v1::SubmitJobResponse* resp) {
+  if (req->config().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "config: empty; expected a job config");
+  }
+  absl::StatusOr<JobRecord> job = jobs_->submit_text(req->config());
+  if (!job.ok()) return service::to_grpc_status(job.status());
+  fill_job(*jobs_, *job, true, resp->mutable_job());
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+                                    v1::Job* resp) {
+  if (req->id().empty()) return bad_id(req->id());
+  absl::StatusOr<JobRecord> job = jobs_->get(req->id());
+  if (!job.ok()) return service::to_grpc_status(job.status());
+  fill_job(*jobs_, *job, true, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+                                      v1::ListJobsResponse* resp) {
+  std::optional<JobState> state;
+  switch (req->state()) {
+    case v1::JOB_STATE_UNSPECIFIED:
+      break;
+    case v1::JOB_STATE_QUEUED:
+      state = JobState::kQueued;
+      break;
+    case v1::JOB_STATE_RUNNING:
+      state = JobState::kRunning;
+      break;
+    case v1::JOB_STATE_SUCCEEDED:
+      state = JobState::kSucceeded;
+      break;
+    case v1::JOB_STATE_FAILED:
+      state = JobState::kFailed;
+      break;
+    case v1::JOB_STATE_CANCELLED:
+      state = JobState::kCancelled;
+      break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("state: unknown value ", req->state()));
+  }
+  if (req->limit() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "limit: must be >= 0");
+  }
+  absl::StatusOr<std::vector<JobRecord>> list = jobs_->list(state, req->limit());
+  if (!list.ok()) return service::to_grpc_status(list.status());
+  for (const JobRecord& job : *list) fill_job(*jobs_, job, false, resp->add_jobs());
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+                                       v1::CancelJobResponse* resp) {
+  if (req->id().empty()) return bad_id(req->id());
+  absl::StatusOr<JobRecord> job = jobs_->cancel(req->id());
+  if (!job.ok()) return service::to_grpc_status(job.status());
+  fill_job(*jobs_, *job, false, resp->mutable_job());
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* req,
+                                      grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (req->id().empty()) return bad_id(req->id());
+  int64_t last_updated = -1, last_step = -1;
+  JobState last_state = JobState::kQueued;
+  while (!context->IsCancelled()) {
+    absl::StatusOr<JobRecord> job = jobs_->get(req->id());
+    if (!job.ok()) return service::to_grpc_status(job.status());
+    auto latest = jobs_->latest_metrics(job->id);
+    const int64_t latest_step = latest.ok() && latest->has_value() ? (*latest)->step : -1;
+    if (last_updated < 0 || job->state != last_state || latest_step != last_step ||
+        job->updated_ms != last_updated) {
+      v1::JobEvent event;
+      fill_job(*jobs_, *job, false, event.mutable_job());
+      if (!writer->Write(event)) return grpc::Status::OK;  // client went away
+      last_updated = job->updated_ms;
+      last_state = job->state;
+      last_step = latest_step;
+    }
+    if (is_terminal(job->state)) return grpc::Status::OK;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled by the client");
+}
+
+grpc::Status JobServiceImpl::GetJobMetrics(grpc::ServerContext*,
+                                           const v1::GetJobMetricsRequest* req,
+                                           v1::GetJobMetricsResponse* resp) {
+  if (req->id().empty()) return bad_id(req->id());
+  absl::StatusOr<std::vector<MetricsRow>> rows = jobs_->metrics(req->id());
+  if (!rows.ok()) return service::to_grpc_status(rows.status());
+  for (const MetricsRow& row : *rows) fill_metrics(row, resp->add_steps());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerRegistryImpl::RegisterWorker(grpc::ServerContext*,
+                                                const v1::RegisterWorkerRequest* req,
+                                                v1::RegisterWorkerResponse* resp) {
+  WorkerKind kind;
+  switch (req->kind()) {
+    case v1::WORKER_KIND_GENERATION:
+      kind = WorkerKind::kGeneration;
+      break;
+    case v1::WORKER_KIND_TRAINER:
+      kind = WorkerKind::kTrainer;
+      break;
+    case v1::WORKER_KIND_WEIGHT_SYNC:
+      kind = WorkerKind::kWeightSync;
+      break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "kind: must be GENERATION, TRAINER or WEIGHT_SYNC");
+  }
+  if (req->address().empty() || req->address().find(':') == std::string::npos) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("address: expected host:port, got '", req->address(), "'"));
+  }
+  const std::string id = registry_->register_worker(kind, req->address(), req->metrics_address(),
+                                                    req->name(), req->weight_version());
+  resp->set_worker_id(id);
+  resp->set_heartbeat_interval_ms(registry_->heartbeat_interval_ms());
+  resp->set_expiry_ms(registry_->expiry_ms());
+  service::log_info(
+      "registry", "worker registered",
+      {{"id", id}, {"kind", std::string(worker_kind_name(kind))}, {"address", req->address()}});
+  jobs_->refresh_gauges();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerRegistryImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                                           v1::HeartbeatResponse* resp) {
+  resp->set_reregister(
+      !registry_->heartbeat(req->worker_id(), req->weight_version(), req->queue_depth()));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerRegistryImpl::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req,
+                                            v1::DeregisterResponse*) {
+  registry_->deregister(req->worker_id());
+  service::log_info("registry", "worker deregistered", {{"id", req->worker_id()}});
+  jobs_->refresh_gauges();
+  return grpc::Status::OK;
+}
+
+}  // namespace fp8rl::coordinator

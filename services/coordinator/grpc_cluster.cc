@@ -1,0 +1,281 @@
+// gRPC clients of the generation and trainer workers (see grpc_cluster.h).
+#include "services/coordinator/grpc_cluster.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "fp8rl/v1/generation.grpc.pb.h"
+#include "fp8rl/v1/trainer.grpc.pb.h"
+
+namespace fp8rl::coordinator {
+namespace {
+
+constexpr int kMaxMessageBytes = 256 << 20;
+
+void set_deadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) {
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+v1::WeightFormat format_of(rl::Precision p) {
+  return p == rl::Precision::kFp8 ? v1::WEIGHT_FORMAT_FP8 : v1::WEIGHT_FORMAT_BF16;
+}
+
+void fill_sequence(const TrainSequence& in, v1::TrainSequence* out) {
+  out->mutable_tokens()->Add(in.tokens.begin(), in.tokens.end());
+  out->set_prompt_length(static_cast<int32_t>(in.prompt_length));
+  out->set_advantage(in.advantage);
+  out->mutable_gen_logprobs()->Add(in.gen_logprobs.begin(), in.gen_logprobs.end());
+}
+
+class GrpcGenerationClient final : public GenerationClient {
+ public:
+  explicit GrpcGenerationClient(std::shared_ptr<grpc::Channel> channel)
+      : stub_(v1::GenerationService::NewStub(channel)) {}
+
+  absl::Status generate(const std::string& request_id, const std::vector<GenSample>& samples,
+                        const GenParams& params, const std::function<void(GenResult)>& on_result,
+                        std::chrono::milliseconds deadline) override {
+    v1::GenerateRequest req;
+    req.set_request_id(request_id);
+    for (const GenSample& s : samples) {
+      auto* out = req.add_samples();
+      out->set_sample_id(s.sample_id);
+      out->mutable_prompt_tokens()->Add(s.prompt_tokens.begin(), s.prompt_tokens.end());
+      out->set_seed(s.seed);
+    }
+    auto* sp = req.mutable_sampling();
+    sp->set_temperature(static_cast<float>(params.temperature));
+    sp->set_top_p(static_cast<float>(params.top_p));
+    sp->set_max_new_tokens(static_cast<int32_t>(params.max_new_tokens));
+    sp->mutable_stop_token_ids()->Add(params.stop_token_ids.begin(), params.stop_token_ids.end());
+    req.set_min_weight_version(params.min_weight_version);
+    grpc::ClientContext context;
+    set_deadline(context, deadline);
+    auto reader = stub_->Generate(&context, req);
+    v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      for (const v1::SampleResult& r : resp.results()) {
+        GenResult result;
+        result.sample_id = r.sample_id();
+        result.tokens.assign(r.tokens().begin(), r.tokens().end());
+        result.logprobs.assign(r.logprobs().begin(), r.logprobs().end());
+        result.weight_version = r.weight_version();
+        on_result(std::move(result));
+      }
+    }
+    return service::from_grpc_status(reader->Finish());
+  }
+
+  absl::StatusOr<int64_t> weight_version() override {
+    grpc::ClientContext context;
+    set_deadline(context, std::chrono::seconds(5));
+    v1::GenerationStatus status;
+    grpc::Status s = stub_->GetStatus(&context, v1::GetGenerationStatusRequest(), &status);
+    if (!s.ok()) return service::from_grpc_status(s);
+    return status.weight_version();
+  }
+
+ private:
+  std::unique_ptr<v1::GenerationService::Stub> stub_;
+};
+
+class GrpcTrainerClient final : public TrainerClient {
+ public:
+  GrpcTrainerClient(std::shared_ptr<grpc::Channel> channel, std::string weight_sync_address,
+                    std::chrono::milliseconds timeout)
+      : stub_(v1::TrainerService::NewStub(channel)),
+        weight_sync_address_(std::move(weight_sync_address)),
+        timeout_(timeout) {}
+
+  absl::StatusOr<int64_t> init_policy(const std::string& job_id,
+                                      const rl::JobConfig& config) override {
+    v1::InitPolicyRequest req;
+    req.set_job_id(job_id);
+    if (!config.model.checkpoint.empty()) {
+      req.mutable_model()->set_checkpoint_dir(config.model.checkpoint);
+    } else {
+      auto* init = req.mutable_model()->mutable_init();
+      // The trainer resolves a config path itself; an inline config travels as JSON text.
+      init->set_model_config_json(config.model.init_config_inline.is_null()
+                                      ? config.model.init_config_path
+                                      : config.model.init_config_inline.dump());
+      init->set_seed(config.model.init_seed);
+    }
+    auto* p = req.mutable_precision();
+    p->set_training(format_of(config.precision.training));
+    p->set_generation(format_of(config.precision.generation));
+    p->set_kv_cache(format_of(config.precision.kv_cache));
+    p->set_pow2_scales(config.precision.pow2_scales);
+    p->set_bf16_first_layers(static_cast<int32_t>(config.precision.bf16_first_layers));
+    p->set_bf16_last_layers(static_cast<int32_t>(config.precision.bf16_last_layers));
+    auto* o = req.mutable_optimizer();
+    o->set_learning_rate(config.algorithm.learning_rate);
+    o->set_beta1(0.9);
+    o->set_beta2(0.999);
+    o->set_epsilon(1e-8);
+    o->set_weight_decay(config.algorithm.weight_decay);
+    o->set_max_grad_norm(config.algorithm.grad_clip);
+    req.set_keep_reference(config.algorithm.kl_beta > 0);
+    v1::InitPolicyResponse resp;
+    if (absl::Status s = call(&v1::TrainerService::Stub::InitPolicy, req, &resp); !s.ok()) return s;
+    return resp.version();
+  }
+
+  absl::StatusOr<TrainStepStats> sft_step(const std::string& job_id,
+                                          const std::vector<TrainSequence>& batch,
+                                          double learning_rate) override {
+    v1::SftStepRequest req;
+    req.set_job_id(job_id);
+    for (const TrainSequence& s : batch) fill_sequence(s, req.add_batch());
+    req.set_learning_rate(learning_rate);
+    req.set_minibatches(1);
+    v1::SftStepResponse resp;
+    if (absl::Status s = call(&v1::TrainerService::Stub::SftStep, req, &resp); !s.ok()) return s;
+    TrainStepStats stats;
+    stats.values = {{"loss", resp.loss()},
+                    {"grad_norm", resp.grad_norm()},
+                    {"tokens", static_cast<double>(resp.tokens())}};
+    return stats;
+  }
+
+  absl::StatusOr<TrainStepStats> train_step(const std::string& job_id, int64_t step,
+                                            const std::vector<TrainSequence>& batch,
+                                            const rl::JobConfig& config) override {
+    v1::TrainStepRequest req;
+    req.set_job_id(job_id);
+    req.set_step(step);
+    for (const TrainSequence& s : batch) fill_sequence(s, req.add_batch());
+    const rl::AlgorithmConfig& alg = config.algorithm;
+    auto* a = req.mutable_algorithm();
+    a->set_clip_epsilon(alg.clip_eps);
+    a->set_kl_beta(alg.kl_beta);
+    switch (alg.is.rule) {
+      case rl::IsRule::kNone:
+        a->set_is_rule(v1::IS_RULE_NONE);
+        break;
+      case rl::IsRule::kTis:
+        a->set_is_rule(v1::IS_RULE_TIS);
+        a->set_is_lower(0.0);
+        a->set_is_upper(alg.is.cap);
+        break;
+      case rl::IsRule::kIcepop:
+        a->set_is_rule(v1::IS_RULE_ICEPOP);
+        break;
+      case rl::IsRule::kSeqMaskTis:
+        a->set_is_rule(v1::IS_RULE_SEQ_MASK_TIS);
+        break;
+    }
+    if (alg.is.rule == rl::IsRule::kIcepop || alg.is.rule == rl::IsRule::kSeqMaskTis) {
+      a->set_is_lower(alg.is.lo);
+      a->set_is_upper(alg.is.hi);
+    }
+    a->set_minibatches(static_cast<int32_t>(alg.minibatches));
+    a->set_learning_rate(alg.learning_rate);
+    v1::TrainStepResponse resp;
+    if (absl::Status s = call(&v1::TrainerService::Stub::TrainStep, req, &resp); !s.ok()) return s;
+    TrainStepStats stats;
+    const v1::MismatchMetrics& m = resp.mismatch();
+    stats.values = {{"loss", resp.loss()},
+                    {"pg_loss", resp.pg_loss()},
+                    {"kl", resp.kl()},
+                    {"grad_norm", resp.grad_norm()},
+                    {"learning_rate", resp.learning_rate()},
+                    {"clip_fraction", resp.clip_fraction()},
+                    {"train_tokens", static_cast<double>(resp.tokens())},
+                    {"token_mult_prob_error", m.token_mult_prob_error()},
+                    {"gen_kl_error", m.gen_kl_error()},
+                    {"sampling_importance_ratio", m.sampling_importance_ratio()},
+                    {"is_oob_ratio", m.is_oob_ratio()},
+                    {"probs_ratio_min", m.probs_ratio_min()},
+                    {"probs_ratio_max", m.probs_ratio_max()}};
+    for (const auto& [phase, seconds] : resp.phase_seconds()) {
+      stats.values[absl::StrCat("trainer_", phase, "_seconds")] = seconds;
+    }
+    return stats;
+  }
+
+  absl::StatusOr<int64_t> publish(bool calibrate_kv_scales) override {
+    if (weight_sync_address_.empty()) {
+      return absl::UnavailableError("no weight-sync service registered");
+    }
+    v1::PublishRequest req;
+    req.set_weight_sync_address(weight_sync_address_);
+    req.set_calibrate_kv_scales(calibrate_kv_scales);
+    v1::PublishResponse resp;
+    if (absl::Status s = call(&v1::TrainerService::Stub::Publish, req, &resp); !s.ok()) return s;
+    return resp.version();
+  }
+
+  absl::Status save_checkpoint(const std::string& path) override {
+    v1::SaveCheckpointRequest req;
+    req.set_path(path);
+    req.set_include_optimizer(true);
+    v1::SaveCheckpointResponse resp;
+    return call(&v1::TrainerService::Stub::SaveCheckpoint, req, &resp);
+  }
+
+  absl::StatusOr<int64_t> load_checkpoint(const std::string& path) override {
+    v1::LoadCheckpointRequest req;
+    req.set_path(path);
+    v1::LoadCheckpointResponse resp;
+    if (absl::Status s = call(&v1::TrainerService::Stub::LoadCheckpoint, req, &resp); !s.ok()) {
+      return s;
+    }
+    return resp.version();
+  }
+
+ private:
+  template <typename Req, typename Resp>
+  absl::Status call(grpc::Status (v1::TrainerService::Stub::*method)(grpc::ClientContext*,
+                                                                     const Req&, Resp*),
+                    const Req& req, Resp* resp) {
+    grpc::ClientContext context;
+    set_deadline(context, timeout_);
+    return service::from_grpc_status(((*stub_).*method)(&context, req, resp));
+  }
+
+  std::unique_ptr<v1::TrainerService::Stub> stub_;
+  std::string weight_sync_address_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+GrpcCluster::GrpcCluster(WorkerRegistry* registry, std::chrono::milliseconds rpc_timeout)
+    : registry_(registry), rpc_timeout_(rpc_timeout) {}
+
+std::shared_ptr<grpc::Channel> GrpcCluster::channel(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& ch = channels_[address];
+  if (ch == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  return ch;
+}
+
+std::vector<WorkerRef> GrpcCluster::live_generation_workers() {
+  std::vector<WorkerRef> out;
+  for (const WorkerInfo& w : registry_->live(WorkerKind::kGeneration)) {
+    out.push_back({w.id, w.address});
+  }
+  return out;
+}
+
+bool GrpcCluster::is_live(const std::string& worker_id) { return registry_->is_live(worker_id); }
+
+std::shared_ptr<GenerationClient> GrpcCluster::generation_client(const WorkerRef& worker) {
+  return std::make_shared<GrpcGenerationClient>(channel(worker.address));
+}
+
+absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer() {
+  const std::vector<WorkerInfo> trainers = registry_->live(WorkerKind::kTrainer);
+  if (trainers.empty()) return absl::UnavailableError("no live trainer worker");
+  const std::vector<WorkerInfo> syncs = registry_->live(WorkerKind::kWeightSync);
+  if (syncs.empty()) return absl::UnavailableError("no live weight-sync service");
+  return std::shared_ptr<TrainerClient>(std::make_shared<GrpcTrainerClient>(
+      channel(trainers.front().address), syncs.front().address, rpc_timeout_));
+}
+
+}  // namespace fp8rl::coordinator

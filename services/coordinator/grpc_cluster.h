@@ -1,0 +1,36 @@
+// The real cluster behind RlLoop: workers found in the WorkerRegistry, reached through gRPC
+// clients of fp8rl.v1.GenerationService and fp8rl.v1.TrainerService (channels cached per address).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "services/coordinator/rl_loop.h"
+#include "services/coordinator/worker_registry.h"
+
+namespace fp8rl::coordinator {
+
+class GrpcCluster final : public Cluster {
+ public:
+  // rpc_timeout bounds every unary trainer call (a training step on CPU can take minutes).
+  GrpcCluster(WorkerRegistry* registry, std::chrono::milliseconds rpc_timeout);
+
+  std::vector<WorkerRef> live_generation_workers() override;
+  bool is_live(const std::string& worker_id) override;
+  std::shared_ptr<GenerationClient> generation_client(const WorkerRef& worker) override;
+  absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() override;
+
+ private:
+  std::shared_ptr<grpc::Channel> channel(const std::string& address);
+
+  WorkerRegistry* registry_;
+  std::chrono::milliseconds rpc_timeout_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+};
+
+}  // namespace fp8rl::coordinator

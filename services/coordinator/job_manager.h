@@ -1,0 +1,68 @@
+// The coordinator's job service core, shared by the REST and gRPC front ends: validates and
+// stores submitted jobs, answers queries, records cancellations, and runs one job at a time on a
+// background thread through RlLoop (resuming jobs a restart left RUNNING).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "rl/job_config.h"
+#include "services/coordinator/job_store.h"
+#include "services/coordinator/rl_loop.h"
+#include "services/coordinator/worker_registry.h"
+
+namespace fp8rl::coordinator {
+
+class JobManager {
+ public:
+  // `registry` and `metrics` may be null (tests); `cluster` may be null when start() is never
+  // called.
+  JobManager(JobStore* store, Cluster* cluster, WorkerRegistry* registry,
+             CoordinatorMetrics* metrics, RlLoopOptions options = {});
+  ~JobManager();
+
+  // Starts the runner thread.
+  void start();
+  // Stops the runner: a running job is interrupted at its next phase boundary and stays RUNNING
+  // (it resumes after the next start). Waits at most `grace`.
+  void stop();
+
+  // Job config as YAML or JSON text; InvalidArgument naming the field on bad input.
+  absl::StatusOr<JobRecord> submit_text(std::string_view config_text);
+  absl::StatusOr<JobRecord> submit(const rl::JobConfig& config);
+
+  absl::StatusOr<JobRecord> get(const std::string& id) const;
+  absl::StatusOr<std::vector<JobRecord>> list(std::optional<JobState> state, int64_t limit) const;
+  // QUEUED -> CANCELLED now; RUNNING -> flagged, CANCELLED at the next phase boundary.
+  absl::StatusOr<JobRecord> cancel(const std::string& id);
+  absl::StatusOr<std::vector<MetricsRow>> metrics(const std::string& id) const;
+  absl::StatusOr<std::optional<MetricsRow>> latest_metrics(const std::string& id) const;
+
+  // Updates the jobs-by-state and live-worker gauges.
+  void refresh_gauges();
+
+ private:
+  void run_loop();
+  void run_job(const JobRecord& job);
+
+  JobStore* store_;
+  Cluster* cluster_;
+  WorkerRegistry* registry_;
+  CoordinatorMetrics* metrics_;
+  RlLoopOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> cancel_requests_;
+  std::atomic<bool> stopping_{false};
+  std::thread runner_;
+};
+
+}  // namespace fp8rl::coordinator

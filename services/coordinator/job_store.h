@@ -1,0 +1,107 @@
+// The coordinator's durable job store (SQLite): jobs and their per-step metrics survive a
+// coordinator restart. Opening a store whose jobs were RUNNING marks them for resumption, so the
+// RL loop picks them up again from their last checkpoint.
+//
+// Schema:
+//   jobs(id TEXT PK, state TEXT, config_json TEXT, step INT, total_steps INT, error TEXT,
+//        resume INT, checkpoint TEXT, checkpoint_step INT, created_ms INT, updated_ms INT)
+//   metrics(job_id TEXT, step INT, metrics_json TEXT, recorded_ms INT, PK(job_id, step))
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+struct sqlite3;
+
+namespace fp8rl::coordinator {
+
+enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
+
+// "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED".
+std::string_view job_state_name(JobState state);
+absl::StatusOr<JobState> parse_job_state(std::string_view name);
+inline bool is_terminal(JobState state) {
+  return state == JobState::kSucceeded || state == JobState::kFailed ||
+         state == JobState::kCancelled;
+}
+
+struct JobRecord {
+  std::string id;
+  JobState state = JobState::kQueued;
+  std::string config_json;
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  std::string error;
+  bool resume = false;          // was RUNNING when the coordinator restarted
+  std::string checkpoint;       // latest checkpoint folder ("" when none)
+  int64_t checkpoint_step = 0;  // step the checkpoint was taken after
+  int64_t created_ms = 0;
+  int64_t updated_ms = 0;
+};
+
+struct MetricsRow {
+  int64_t step = 0;
+  std::map<std::string, double> values;
+  int64_t recorded_ms = 0;
+};
+
+class JobStore {
+ public:
+  // Opens (creating when missing) the database at `path` (":memory:" for tests). Jobs found in
+  // RUNNING get resume = true.
+  static absl::StatusOr<std::unique_ptr<JobStore>> open(const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Stores a new QUEUED job with a fresh id.
+  absl::StatusOr<JobRecord> create_job(const std::string& config_json, int64_t total_steps);
+  // NotFound "job '<id>' not found".
+  absl::StatusOr<JobRecord> get_job(const std::string& id) const;
+  // Newest first; `state` filters when set; limit 0 = all.
+  absl::StatusOr<std::vector<JobRecord>> list_jobs(std::optional<JobState> state,
+                                                   int64_t limit) const;
+  // The oldest job the loop should run next: a resumable RUNNING job first, else the oldest
+  // QUEUED one. nullopt when none.
+  absl::StatusOr<std::optional<JobRecord>> next_runnable() const;
+
+  // Sets the state (and error text); clears `resume` when the state is not RUNNING.
+  absl::Status set_state(const std::string& id, JobState state, const std::string& error = "");
+  // Atomically QUEUED -> CANCELLED; returns the resulting record. FailedPrecondition when the job
+  // already ended; a RUNNING job is returned unchanged (the loop cancels it between phases).
+  absl::StatusOr<JobRecord> cancel_if_queued(const std::string& id);
+  absl::Status set_step(const std::string& id, int64_t step);
+  absl::Status set_checkpoint(const std::string& id, const std::string& path, int64_t step);
+  absl::Status clear_resume(const std::string& id);
+
+  // Inserts or replaces the row for (id, step).
+  absl::Status put_metrics(const std::string& id, int64_t step,
+                           const std::map<std::string, double>& values);
+  // Rows in step order.
+  absl::StatusOr<std::vector<MetricsRow>> get_metrics(const std::string& id) const;
+  // The row with the highest step (nullopt when none).
+  absl::StatusOr<std::optional<MetricsRow>> latest_metrics(const std::string& id) const;
+
+  // Number of jobs per state (every state present, 0 when none).
+  absl::StatusOr<std::map<JobState, int64_t>> count_by_state() const;
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status exec(const std::string& sql);
+
+  mutable std::mutex mu_;
+  sqlite3* db_;
+};
+
+int64_t now_unix_ms();
+
+}  // namespace fp8rl::coordinator

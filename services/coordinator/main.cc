@@ -1,0 +1,123 @@
+// fp8rl-coordinator: wires the job store, worker registry, RL loop runner, REST (8080) and gRPC
+// (50051) front ends together, and shuts them down gracefully on SIGTERM/SIGINT.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "common/service/http_server.h"
+#include "common/service/log.h"
+#include "common/service/metrics.h"
+#include "common/service/options.h"
+#include "common/service/shutdown.h"
+#include "services/coordinator/coordinator_metrics.h"
+#include "services/coordinator/grpc_api.h"
+#include "services/coordinator/grpc_cluster.h"
+#include "services/coordinator/job_manager.h"
+#include "services/coordinator/job_store.h"
+#include "services/coordinator/rest_api.h"
+#include "services/coordinator/worker_registry.h"
+
+namespace {
+
+using namespace fp8rl;  // NOLINT: main only wires parts
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "fp8rl-coordinator: %s\n", message.c_str());
+  return 1;
+}
+
+int run(const std::vector<std::string>& args) {
+  service::ServiceOptions defaults;
+  defaults.name = "coordinator";
+  defaults.grpc_port = 50051;
+  defaults.http_port = 8080;
+  defaults.data_dir = "/tmp/fp8rl/coordinator";
+  defaults.extra = {{"job_store", ""},  // SQLite file; default <data_dir>/jobs.db
+                    {"heartbeat_interval_ms", "1000"},
+                    {"worker_expiry_ms", "5000"},
+                    {"generate_deadline_seconds", "120"},
+                    {"worker_wait_seconds", "120"},
+                    {"trainer_timeout_seconds", "3600"}};
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(service::service_options_usage(defaults).c_str(), stdout);
+      return 0;
+    }
+  }
+  absl::StatusOr<service::ServiceOptions> options = service::parse_service_options(defaults, args);
+  if (!options.ok()) return fail(std::string(options.status().message()));
+  service::set_log_level(service::parse_log_level(options->log_level).value());
+  int64_t numbers[5];
+  const char* keys[5] = {"heartbeat_interval_ms", "worker_expiry_ms", "generate_deadline_seconds",
+                         "worker_wait_seconds", "trainer_timeout_seconds"};
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<int64_t> v = service::extra_int(*options, keys[i]);
+    if (!v.ok()) return fail(std::string(v.status().message()));
+    if (*v < 1) return fail(absl::StrCat(keys[i], ": must be >= 1"));
+    numbers[i] = *v;
+  }
+  if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
+
+  std::string db_path = service::extra_string(*options, "job_store");
+  if (db_path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options->data_dir, ec);
+    if (ec) return fail(absl::StrCat("--data-dir: cannot create '", options->data_dir, "'"));
+    db_path = (std::filesystem::path(options->data_dir) / "jobs.db").string();
+  }
+  absl::StatusOr<std::unique_ptr<coordinator::JobStore>> store =
+      coordinator::JobStore::open(db_path);
+  if (!store.ok()) return fail(std::string(store.status().message()));
+
+  service::MetricsRegistry registry;
+  auto metrics = coordinator::CoordinatorMetrics::create(&registry);
+  if (!metrics.ok()) return fail(std::string(metrics.status().message()));
+  coordinator::WorkerRegistry workers{std::chrono::milliseconds(numbers[1]),
+                                      std::chrono::milliseconds(numbers[0])};
+  coordinator::GrpcCluster cluster(&workers, std::chrono::seconds(numbers[4]));
+  coordinator::RlLoopOptions loop_options;
+  loop_options.generate_deadline = std::chrono::seconds(numbers[2]);
+  loop_options.worker_wait = std::chrono::seconds(numbers[3]);
+  coordinator::JobManager jobs(store->get(), &cluster, &workers, metrics->get(), loop_options);
+
+  service::HttpServerOptions http_options;
+  http_options.host = options->listen_host;
+  http_options.port = options->http_port;
+  http_options.max_body_bytes = options->max_body_bytes;
+  service::HttpServer http(http_options, &registry);
+  coordinator::add_rest_routes(http, jobs);
+  absl::StatusOr<int> http_port = http.start();
+  if (!http_port.ok()) return fail(absl::StrCat("--http-port: ", http_port.status().message()));
+
+  coordinator::JobServiceImpl job_service(&jobs);
+  coordinator::WorkerRegistryImpl registry_service(&workers, &jobs);
+  service::GrpcServerOptions grpc_options;
+  grpc_options.address = service::listen_address(*options, options->grpc_port);
+  auto grpc = service::GrpcServer::start(grpc_options, {&job_service, &registry_service});
+  if (!grpc.ok()) return fail(absl::StrCat("--grpc-port: ", grpc.status().message()));
+
+  jobs.refresh_gauges();
+  jobs.start();
+  service::log_info("coordinator", "serving",
+                    {{"grpc_port", absl::StrCat((*grpc)->port())},
+                     {"http_port", absl::StrCat(*http_port)},
+                     {"job_store", db_path}});
+  service::wait_for_shutdown();
+  service::log_info("coordinator", "shutting down");
+  const auto grace =
+      std::chrono::milliseconds(static_cast<int64_t>(options->shutdown_grace_seconds * 1000));
+  jobs.stop();
+  (*grpc)->shutdown(grace);
+  http.stop();
+  service::log_info("coordinator", "stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run(std::vector<std::string>(argv + 1, argv + argc)); }

@@ -1,0 +1,125 @@
+// REST handlers over JobManager (see rest_api.h).
+#include "services/coordinator/rest_api.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/json_util.h"
+
+namespace fp8rl::coordinator {
+namespace {
+
+service::HttpResponse json_response(int status, const nlohmann::json& body) {
+  return {status, body.dump(), "application/json"};
+}
+
+service::HttpResponse error_response(const absl::Status& status) {
+  return service::json_error(http_status_for(status), std::string(status.message()));
+}
+
+service::HttpResponse submit(JobManager& jobs, const service::HttpRequest& req) {
+  const size_t first = req.body.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos)
+    return service::json_error(400, "body: empty; expected a job config as JSON");
+  if (req.body[first] != '{') {
+    return service::json_error(400, "body: expected a JSON object (the job config)");
+  }
+  absl::StatusOr<nlohmann::ordered_json> json = parse_json_strict(req.body, "body");
+  if (!json.ok()) return error_response(json.status());
+  absl::StatusOr<rl::JobConfig> config = rl::job_config_from_json(*json);
+  if (!config.ok()) return error_response(config.status());
+  absl::StatusOr<JobRecord> job = jobs.submit(*config);
+  if (!job.ok()) return error_response(job.status());
+  return json_response(201, {{"id", job->id}, {"state", std::string(job_state_name(job->state))}});
+}
+
+}  // namespace
+
+int http_status_for(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+      return 409;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+nlohmann::json metrics_row_to_json(const MetricsRow& row) {
+  nlohmann::json values = nlohmann::json::object();
+  for (const auto& [key, value] : row.values) values[key] = value;
+  return {{"step", row.step}, {"metrics", values}, {"recorded_unix_ms", row.recorded_ms}};
+}
+
+nlohmann::json job_to_json(const JobRecord& job, const std::optional<MetricsRow>& latest,
+                           bool with_config) {
+  nlohmann::json out = {{"id", job.id},
+                        {"state", std::string(job_state_name(job.state))},
+                        {"step", job.step},
+                        {"total_steps", job.total_steps},
+                        {"error", job.error},
+                        {"created_unix_ms", job.created_ms},
+                        {"updated_unix_ms", job.updated_ms}};
+  out["latest_metrics"] = latest ? metrics_row_to_json(*latest) : nlohmann::json(nullptr);
+  if (with_config) {
+    out["config"] = nlohmann::json::parse(job.config_json, nullptr, false);
+  }
+  return out;
+}
+
+void add_rest_routes(service::HttpServer& server, JobManager& jobs) {
+  server.post("/v1/jobs", [&jobs](const service::HttpRequest& req) { return submit(jobs, req); });
+
+  server.get("/v1/jobs", [&jobs](const service::HttpRequest& req) {
+    std::optional<JobState> state;
+    if (auto it = req.query.find("state"); it != req.query.end() && !it->second.empty()) {
+      absl::StatusOr<JobState> parsed = parse_job_state(it->second);
+      if (!parsed.ok()) return error_response(parsed.status());
+      state = *parsed;
+    }
+    int64_t limit = 0;
+    if (auto it = req.query.find("limit"); it != req.query.end()) {
+      if (!absl::SimpleAtoi(it->second, &limit) || limit < 0) {
+        return service::json_error(
+            400, absl::StrCat("limit: expected an integer >= 0, got '", it->second, "'"));
+      }
+    }
+    absl::StatusOr<std::vector<JobRecord>> list = jobs.list(state, limit);
+    if (!list.ok()) return error_response(list.status());
+    nlohmann::json out = nlohmann::json::array();
+    for (const JobRecord& job : *list) {
+      auto latest = jobs.latest_metrics(job.id);
+      out.push_back(job_to_json(job, latest.ok() ? *latest : std::nullopt, false));
+    }
+    return json_response(200, {{"jobs", out}});
+  });
+
+  server.get(R"(/v1/jobs/([^/:]+))", [&jobs](const service::HttpRequest& req) {
+    absl::StatusOr<JobRecord> job = jobs.get(req.params[0]);
+    if (!job.ok()) return error_response(job.status());
+    auto latest = jobs.latest_metrics(job->id);
+    return json_response(200, job_to_json(*job, latest.ok() ? *latest : std::nullopt, true));
+  });
+
+  server.post(R"(/v1/jobs/([^/:]+):cancel)", [&jobs](const service::HttpRequest& req) {
+    absl::StatusOr<JobRecord> job = jobs.cancel(req.params[0]);
+    if (!job.ok()) return error_response(job.status());
+    return json_response(200, job_to_json(*job, std::nullopt, false));
+  });
+
+  server.get(R"(/v1/jobs/([^/:]+)/metrics)", [&jobs](const service::HttpRequest& req) {
+    absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
+    if (!rows.ok()) return error_response(rows.status());
+    nlohmann::json out = nlohmann::json::array();
+    for (const MetricsRow& row : *rows) out.push_back(metrics_row_to_json(row));
+    return json_response(200, {{"id", req.params[0]}, {"steps", out}});
+  });
+}
+
+}  // namespace fp8rl::coordinator

@@ -1,0 +1,22 @@
+// The coordinator's REST API on the HTTP server (port 8080): POST /v1/jobs, GET /v1/jobs,
+// GET /v1/jobs/{id}, POST /v1/jobs/{id}:cancel, GET /v1/jobs/{id}/metrics. Bad input answers
+// 400 {"error": "<field path>: ..."}, unknown jobs 404.
+#pragma once
+
+#include "common/service/http_server.h"
+#include "nlohmann/json.hpp"
+#include "services/coordinator/job_manager.h"
+
+namespace fp8rl::coordinator {
+
+void add_rest_routes(service::HttpServer& server, JobManager& jobs);
+
+// The JSON shape of a job in REST answers (config included when `with_config`).
+nlohmann::json job_to_json(const JobRecord& job, const std::optional<MetricsRow>& latest,
+                           bool with_config);
+nlohmann::json metrics_row_to_json(const MetricsRow& row);
+
+// HTTP status for an absl error code (400, 404, 409, 503, 500).
+int http_status_for(const absl::Status& status);
+
+}  // namespace fp8rl::coordinator

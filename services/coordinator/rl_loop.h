@@ -1,0 +1,164 @@
+// The coordinator's RL loop (ARCHITECTURE.md "One RL step"): optional SFT warm start, then per
+// step: P prompts x G samples spread over the live generation workers (unfinished samples of a
+// failed or dead worker are re-dispatched, a sample is never counted twice), rewards and group
+// advantages via rl/, TrainStep and Publish on the trainer, wait until every live generation
+// worker holds the new version, validation at step 0 and every k steps, checkpoints every c
+// steps, one metrics row per step in the job store. Cancellation is honoured between phases.
+//
+// It talks to workers only through the interfaces below, so tests drive it with in-process fakes
+// and the binary with gRPC clients (grpc_cluster.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "rl/job_config.h"
+#include "services/coordinator/job_store.h"
+
+namespace fp8rl::coordinator {
+
+class CoordinatorMetrics;
+
+struct GenSample {
+  std::string sample_id;
+  std::vector<int32_t> prompt_tokens;
+  uint64_t seed = 0;
+};
+
+struct GenParams {
+  double temperature = 1.0;  // 0 = greedy
+  double top_p = 1.0;
+  int64_t max_new_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  int64_t min_weight_version = 0;
+};
+
+struct GenResult {
+  std::string sample_id;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  int64_t weight_version = 0;
+};
+
+// One generation worker.
+class GenerationClient {
+ public:
+  virtual ~GenerationClient() = default;
+  // Generates `samples`, calling on_result (from the calling thread) as each finishes. Returns
+  // when the stream ends; an error (worker died, deadline passed) may come after some results.
+  virtual absl::Status generate(const std::string& request_id,
+                                const std::vector<GenSample>& samples, const GenParams& params,
+                                const std::function<void(GenResult)>& on_result,
+                                std::chrono::milliseconds deadline) = 0;
+  // Weight version the worker serves now.
+  virtual absl::StatusOr<int64_t> weight_version() = 0;
+};
+
+struct TrainSequence {
+  std::vector<int32_t> tokens;  // prompt then response
+  int64_t prompt_length = 0;
+  float advantage = 0.0f;
+  std::vector<float> gen_logprobs;  // one per response token (empty for SFT)
+};
+
+struct TrainStepStats {
+  std::map<std::string, double> values;  // loss, grad_norm, mismatch metrics, ...
+};
+
+class TrainerClient {
+ public:
+  virtual ~TrainerClient() = default;
+  // Loads or initializes the policy described by the config; returns its version.
+  virtual absl::StatusOr<int64_t> init_policy(const std::string& job_id,
+                                              const rl::JobConfig& config) = 0;
+  virtual absl::StatusOr<TrainStepStats> sft_step(const std::string& job_id,
+                                                  const std::vector<TrainSequence>& batch,
+                                                  double learning_rate) = 0;
+  virtual absl::StatusOr<TrainStepStats> train_step(const std::string& job_id, int64_t step,
+                                                    const std::vector<TrainSequence>& batch,
+                                                    const rl::JobConfig& config) = 0;
+  // Re-quantizes, calibrates and uploads to weight sync; returns the new version.
+  virtual absl::StatusOr<int64_t> publish(bool calibrate_kv_scales) = 0;
+  virtual absl::Status save_checkpoint(const std::string& path) = 0;
+  // Returns the policy version of the checkpoint.
+  virtual absl::StatusOr<int64_t> load_checkpoint(const std::string& path) = 0;
+};
+
+struct WorkerRef {
+  std::string id;
+  std::string address;
+};
+
+// What the loop needs from the cluster.
+class Cluster {
+ public:
+  virtual ~Cluster() = default;
+  virtual std::vector<WorkerRef> live_generation_workers() = 0;
+  virtual bool is_live(const std::string& worker_id) = 0;
+  virtual std::shared_ptr<GenerationClient> generation_client(const WorkerRef& worker) = 0;
+  // The trainer; Unavailable when none is registered.
+  virtual absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() = 0;
+};
+
+struct RlLoopOptions {
+  // One Generate call may run this long before its unfinished samples are re-dispatched.
+  std::chrono::milliseconds generate_deadline{std::chrono::seconds(120)};
+  // How long to wait for any live generation worker (or the trainer) before failing the job.
+  std::chrono::milliseconds worker_wait{std::chrono::seconds(60)};
+  // How long to wait for every live worker to hold a newly published version.
+  std::chrono::milliseconds sync_wait{std::chrono::seconds(60)};
+  std::chrono::milliseconds poll_interval{std::chrono::milliseconds(50)};
+};
+
+struct RlLoopHooks {
+  JobStore* store = nullptr;              // required
+  CoordinatorMetrics* metrics = nullptr;  // optional
+  std::function<bool()> cancelled;        // optional: true once the user cancelled the job
+  std::function<void()> on_progress;      // optional: called after each recorded step
+};
+
+// Counters of one dispatch, for tests and metrics.
+struct DispatchStats {
+  int64_t calls = 0;
+  int64_t failed_calls = 0;
+  int64_t redispatched_samples = 0;
+  int64_t duplicate_results = 0;
+};
+
+class RlLoop {
+ public:
+  RlLoop(Cluster* cluster, RlLoopHooks hooks, RlLoopOptions options = {});
+
+  // Runs (or resumes, when job.resume) the job to the end. OK: every step done. Cancelled: the
+  // user cancelled. Other errors: the reason the job failed. Does not set the final job state.
+  absl::Status run(const JobRecord& job, const rl::JobConfig& config);
+
+  // Generates every sample over the live workers; results keyed by sample_id (each once).
+  absl::StatusOr<std::map<std::string, GenResult>> dispatch(const std::string& request_prefix,
+                                                            const std::vector<GenSample>& samples,
+                                                            const GenParams& params);
+  const DispatchStats& dispatch_stats() const { return dispatch_stats_; }
+
+ private:
+  absl::Status check_cancelled() const;
+  absl::Status wait_for_version(int64_t version);
+  absl::StatusOr<double> validate(const std::string& job_id, int64_t step,
+                                  const rl::JobConfig& config, int64_t version);
+
+  Cluster* cluster_;
+  RlLoopHooks hooks_;
+  RlLoopOptions options_;
+  DispatchStats dispatch_stats_;
+};
+
+// The seed of sample g of prompt p at `step` (stable across restarts and re-dispatch).
+uint64_t sample_seed(uint64_t job_seed, int64_t step, int64_t prompt, int64_t sample);
+
+}  // namespace fp8rl::coordinator

@@ -1,0 +1,140 @@
+// Tests the Prometheus registry: naming rules, exposition format, histogram buckets, and the
+// small service helpers (CRC-32C, options, log lines) every service relies on.
+#include "common/service/metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+
+#include "common/service/crc32c.h"
+#include "common/service/log.h"
+#include "common/service/options.h"
+
+namespace fp8rl::service {
+namespace {
+
+TEST(Metrics, RejectsBadNames) {
+  MetricsRegistry r;
+  EXPECT_FALSE(r.add_counter("fp8rl_requests", "no _total").ok());
+  EXPECT_FALSE(r.add_gauge("fp8rl_things_total", "gauge with _total").ok());
+  EXPECT_FALSE(r.add_gauge("requests", "no prefix").ok());
+  EXPECT_FALSE(r.add_gauge("fp8rl_Bad", "upper case").ok());
+  EXPECT_FALSE(r.add_gauge("fp8rl_x", "bad label", {"__reserved"}).ok());
+  EXPECT_FALSE(r.add_gauge("fp8rl_x", "dup label", {"a", "a"}).ok());
+  EXPECT_FALSE(r.add_histogram("fp8rl_h_seconds", "le label", {"le"}, {1.0}).ok());
+  EXPECT_FALSE(r.add_histogram("fp8rl_h_seconds", "unsorted", {}, {2.0, 1.0}).ok());
+  ASSERT_TRUE(r.add_gauge("fp8rl_ok", "fine").ok());
+  const auto dup = r.add_gauge("fp8rl_ok", "again");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("fp8rl_ok"), std::string::npos);
+}
+
+TEST(Metrics, RendersCountersGaugesWithLabels) {
+  MetricsRegistry r;
+  auto* c =
+      r.add_counter("fp8rl_test_requests_total", "Requests \\ seen.\nTwo lines.", {"code"}).value();
+  auto* g = r.add_gauge("fp8rl_test_temperature_celsius", "A gauge.").value();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> dist(0.5, 3.0);
+  double expected = 0.0;
+  for (int i = 0; i < 10; ++i) {
+    const double x = dist(rng);
+    expected += x;
+    c->with({"200"}).inc(x);
+  }
+  c->with({"4\"0\n0"}).inc(2);
+  c->with({"200"}).inc(-5);  // ignored
+  g->get().set(-1.25);
+  EXPECT_DOUBLE_EQ(c->with({"200"}).value(), expected);
+  const std::string text = r.render();
+  EXPECT_NE(text.find("# HELP fp8rl_test_requests_total Requests \\\\ seen.\\nTwo lines.\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("# TYPE fp8rl_test_requests_total counter\n"), std::string::npos);
+  EXPECT_NE(text.find("fp8rl_test_requests_total{code=\"200\"} " + format_metric_value(expected)),
+            std::string::npos);
+  EXPECT_NE(text.find("fp8rl_test_requests_total{code=\"4\\\"0\\n0\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("fp8rl_test_temperature_celsius -1.25\n"), std::string::npos);
+}
+
+TEST(Metrics, HistogramBucketsAreCumulative) {
+  MetricsRegistry r;
+  auto* h =
+      r.add_histogram("fp8rl_test_latency_seconds", "Latency.", {"phase"}, {0.1, 1, 10}).value();
+  for (double v : {0.05, 0.1, 0.5, 2.0, 20.0, 30.0}) h->with({"train"}).observe(v);
+  const std::string text = r.render();
+  EXPECT_NE(text.find("fp8rl_test_latency_seconds_bucket{phase=\"train\",le=\"0.1\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("fp8rl_test_latency_seconds_bucket{phase=\"train\",le=\"1\"} 3\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("fp8rl_test_latency_seconds_bucket{phase=\"train\",le=\"10\"} 4\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("fp8rl_test_latency_seconds_bucket{phase=\"train\",le=\"+Inf\"} 6\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("fp8rl_test_latency_seconds_sum{phase=\"train\"} 52.65\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("fp8rl_test_latency_seconds_count{phase=\"train\"} 6\n"), std::string::npos);
+}
+
+TEST(Metrics, FormatsSpecialValues) {
+  EXPECT_EQ(format_metric_value(3), "3");
+  EXPECT_EQ(format_metric_value(0.1), "0.1");
+  EXPECT_EQ(format_metric_value(1.0 / 0.0), "+Inf");
+  EXPECT_EQ(format_metric_value(-1.0 / 0.0), "-Inf");
+  EXPECT_EQ(format_metric_value(std::nan("")), "NaN");
+  EXPECT_EQ(std::stod(format_metric_value(1.0 / 3.0)), 1.0 / 3.0);
+}
+
+TEST(Crc32c, KnownVectorsAndChaining) {
+  EXPECT_EQ(crc32c(std::string_view("123456789")), 0xE3069283u);
+  EXPECT_EQ(crc32c(std::string(32, '\0')), 0x8A9136AAu);  // RFC 3720 B.4
+  std::mt19937 rng(3);
+  std::string data(1000, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  const uint32_t whole = crc32c(data);
+  EXPECT_EQ(crc32c(data.substr(333), crc32c(data.substr(0, 333))), whole);
+  data[500] ^= 1;
+  EXPECT_NE(crc32c(data), whole);
+}
+
+TEST(Options, DefaultsYamlThenFlags) {
+  ServiceOptions defaults;
+  defaults.name = "test";
+  defaults.grpc_port = 50051;
+  defaults.extra["heartbeat_seconds"] = "1";
+  const std::string path = testing::TempDir() + "/opts.yaml";
+  std::ofstream(path) << "grpc_port: 6000\nhttp_port: 7000\nheartbeat_seconds: 2.5\n";
+  auto o = parse_service_options(defaults, {"--config", path, "--http-port=7100"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->grpc_port, 6000);
+  EXPECT_EQ(o->http_port, 7100);
+  EXPECT_DOUBLE_EQ(extra_double(*o, "heartbeat_seconds").value(), 2.5);
+
+  auto bad_port = parse_service_options(defaults, {"--grpc-port", "70000"});
+  ASSERT_FALSE(bad_port.ok());
+  EXPECT_NE(bad_port.status().message().find("--grpc-port"), std::string::npos);
+  auto unknown = parse_service_options(defaults, {"--nope", "1"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("--nope: unknown flag"), std::string::npos);
+  std::ofstream(path) << "grpc_portt: 1\n";
+  auto bad_key = parse_service_options(defaults, {"--config", path});
+  ASSERT_FALSE(bad_key.ok());
+  EXPECT_NE(bad_key.status().message().find("grpc_portt: unknown option"), std::string::npos);
+  auto missing = parse_service_options(defaults, {"--http-port"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("missing value"), std::string::npos);
+}
+
+TEST(Log, KeyValueLineQuotesWhenNeeded) {
+  const std::string line = format_log_line(LogLevel::kWarn, "coordinator", "job failed",
+                                           {{"job", "job-1"}, {"error", "a \"b\"\nc"}});
+  EXPECT_NE(line.find(" level=warn component=coordinator msg=\"job failed\" job=job-1 "
+                      "error=\"a \\\"b\\\"\\nc\""),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.rfind("ts=", 0), 0u);
+  EXPECT_FALSE(parse_log_level("verbose").ok());
+}
+
+}  // namespace
+}  // namespace fp8rl::service

@@ -1,0 +1,122 @@
+// Tests the coordinator REST API in-process on a free loopback port: bad bodies (malformed JSON,
+// unknown field, wrong type, out of range, oversized) answer 400 naming the field, unknown jobs
+// 404, and the server keeps serving valid requests afterwards.
+#include "services/coordinator/rest_api.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include "services/coordinator/coordinator_metrics.h"
+
+namespace fp8rl::coordinator {
+namespace {
+
+constexpr char kValidJob[] =
+    R"({"model": {"init": {"config": {"hidden_size": 64}, "seed": 3}},
+        "task": {"name": "addition", "params": {"digits": 2}},
+        "algorithm": {"steps": 4, "prompts_per_step": 3, "samples_per_prompt": 4}})";
+
+class RestApiTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = JobStore::open(":memory:").value();
+    metrics_ = CoordinatorMetrics::create(&registry_).value();
+    jobs_ = std::make_unique<JobManager>(store_.get(), nullptr, nullptr, metrics_.get());
+    service::HttpServerOptions options;
+    options.host = "127.0.0.1";
+    options.max_body_bytes = 4096;
+    server_ = std::make_unique<service::HttpServer>(options, &registry_);
+    add_rest_routes(*server_, *jobs_);
+    const int port = server_->start().value();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", port);
+  }
+
+  // Posts and returns (status, parsed body).
+  std::pair<int, nlohmann::json> post(const std::string& path, const std::string& body) {
+    auto res = client_->Post(path.c_str(), body, "application/json");
+    if (!res) return {0, nullptr};
+    return {res->status, nlohmann::json::parse(res->body, nullptr, false)};
+  }
+  std::pair<int, nlohmann::json> get(const std::string& path) {
+    auto res = client_->Get(path.c_str());
+    if (!res) return {0, nullptr};
+    return {res->status, nlohmann::json::parse(res->body, nullptr, false)};
+  }
+  void expect_400(const std::string& body, const std::string& needle) {
+    auto [status, json] = post("/v1/jobs", body);
+    EXPECT_EQ(status, 400) << body;
+    ASSERT_TRUE(json.is_object() && json.contains("error")) << json;
+    EXPECT_NE(json["error"].get<std::string>().find(needle), std::string::npos)
+        << "error '" << json["error"] << "' should mention '" << needle << "'";
+  }
+
+  service::MetricsRegistry registry_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<service::HttpServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(RestApiTest, BadBodiesAnswer400NamingTheField) {
+  expect_400(R"({"task": {"name": "addition",)", "malformed JSON");
+  expect_400("[1, 2]", "body");
+  expect_400("", "body");
+  std::string unknown = kValidJob;
+  unknown.insert(unknown.rfind('}'), R"(, "bogus_key": 1)");
+  expect_400(unknown, "bogus_key");
+  std::string wrong_type = kValidJob;
+  wrong_type.replace(wrong_type.find(R"("steps": 4)"), 10, R"("steps": "four")");
+  expect_400(wrong_type, "algorithm.steps");
+  std::string out_of_range = kValidJob;
+  out_of_range.replace(out_of_range.find(R"("samples_per_prompt": 4)"), 23,
+                       R"("samples_per_prompt": 1)");
+  expect_400(out_of_range, "algorithm.samples_per_prompt");
+  std::string oversized = kValidJob;
+  oversized.insert(oversized.rfind('}'), R"(, "name": ")" + std::string(8000, 'x') + "\"");
+  expect_400(oversized, "body: request body exceeds the limit of 4096 bytes");
+  // Still serving, and nothing was stored.
+  auto [status, list] = get("/v1/jobs");
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(list["jobs"].empty());
+}
+
+TEST_F(RestApiTest, SubmitGetListCancelMetrics) {
+  auto [status, created] = post("/v1/jobs", kValidJob);
+  ASSERT_EQ(status, 201) << created;
+  const std::string id = created["id"];
+  EXPECT_EQ(created["state"], "QUEUED");
+  auto [s2, job] = get("/v1/jobs/" + id);
+  ASSERT_EQ(s2, 200);
+  EXPECT_EQ(job["total_steps"], 4);
+  EXPECT_EQ(job["step"], 0);
+  EXPECT_EQ(job["config"]["task"]["name"], "addition");
+  EXPECT_TRUE(job["latest_metrics"].is_null());
+
+  ASSERT_TRUE(store_->put_metrics(id, 0, {{"val_accuracy", 0.25}}).ok());
+  auto [s3, metrics] = get("/v1/jobs/" + id + "/metrics");
+  ASSERT_EQ(s3, 200);
+  ASSERT_EQ(metrics["steps"].size(), 1u);
+  EXPECT_DOUBLE_EQ(metrics["steps"][0]["metrics"]["val_accuracy"].get<double>(), 0.25);
+  EXPECT_EQ(get("/v1/jobs/" + id).second["latest_metrics"]["step"], 0);
+
+  auto [s4, cancelled] = post("/v1/jobs/" + id + ":cancel", "");
+  ASSERT_EQ(s4, 200);
+  EXPECT_EQ(cancelled["state"], "CANCELLED");
+  EXPECT_EQ(post("/v1/jobs/" + id + ":cancel", "").first, 200);  // already cancelled: same
+  EXPECT_EQ(get("/v1/jobs?state=CANCELLED").second["jobs"].size(), 1u);
+  EXPECT_EQ(get("/v1/jobs?state=BOGUS").first, 400);
+
+  EXPECT_EQ(get("/v1/jobs/job-missing").first, 404);
+  EXPECT_EQ(get("/v1/jobs/job-missing/metrics").first, 404);
+  EXPECT_EQ(post("/v1/jobs/job-missing:cancel", "").first, 404);
+  EXPECT_EQ(get("/healthz").first, 200);
+  auto res = client_->Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->body.find("fp8rl_coordinator_jobs{state=\"cancelled\"} 1"), std::string::npos)
+      << res->body;
+  EXPECT_NE(res->body.find("fp8rl_http_requests_total{code=\"404\"}"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fp8rl::coordinator

@@ -1,0 +1,307 @@
+// Tests the coordinator's RL loop against in-process fake generation workers and trainer: sample
+// dispatch over several workers, re-dispatch when a worker dies mid-call, duplicates never
+// counted twice, rewards/advantages/metrics rows per step, validation and checkpoint cadence,
+// cancellation, and failure when no worker exists.
+#include "services/coordinator/rl_loop.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "rl/tokenizer.h"
+
+namespace fp8rl::coordinator {
+namespace {
+
+// Answers "a+b=" prompts: correctly when the sample seed is even, with "0" otherwise, so
+// rewards vary inside groups in a way the test can recompute.
+class FakeWorker : public GenerationClient {
+ public:
+  explicit FakeWorker(std::string id) : id_(std::move(id)) {}
+
+  absl::Status generate(const std::string&, const std::vector<GenSample>& samples,
+                        const GenParams& params, const std::function<void(GenResult)>& on_result,
+                        std::chrono::milliseconds) override {
+    ++calls;
+    const rl::ByteTokenizer tok;
+    for (const GenSample& s : samples) {
+      if (die_after >= 0 && emitted >= die_after) {
+        dead = true;
+        return absl::UnavailableError(absl::StrCat(id_, " died"));
+      }
+      if (version < params.min_weight_version) {
+        return absl::FailedPreconditionError("stale weights");
+      }
+      const std::string prompt = tok.decode(s.prompt_tokens);
+      int64_t a = 0, b = 0;
+      const size_t plus = prompt.find('+');
+      EXPECT_TRUE(absl::SimpleAtoi(prompt.substr(0, plus), &a));
+      EXPECT_TRUE(absl::SimpleAtoi(prompt.substr(plus + 1, prompt.size() - plus - 2), &b));
+      const bool right = params.temperature == 0.0 ? (a % 2 == 0) : (s.seed % 2 == 0);
+      GenResult r;
+      r.sample_id = s.sample_id;
+      r.tokens = tok.encode(right ? absl::StrCat(a + b) : "0", false, true);
+      for (size_t i = 0; i < r.tokens.size(); ++i) r.logprobs.push_back(-0.1f * (i + 1));
+      r.weight_version = version;
+      on_result(r);
+      if (duplicate) on_result(r);
+      ++emitted;
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int64_t> weight_version() override { return version.load(); }
+
+  std::string id_;
+  std::atomic<int64_t> version{0};
+  std::atomic<int> calls{0};
+  std::atomic<int> emitted{0};
+  std::atomic<bool> dead{false};
+  int die_after = -1;
+  bool duplicate = false;
+};
+
+class FakeCluster;
+
+class FakeTrainer : public TrainerClient {
+ public:
+  explicit FakeTrainer(FakeCluster* cluster) : cluster_(cluster) {}
+  absl::StatusOr<int64_t> init_policy(const std::string&, const rl::JobConfig&) override {
+    ++inits;
+    return 0;
+  }
+  absl::StatusOr<TrainStepStats> sft_step(const std::string&, const std::vector<TrainSequence>& b,
+                                          double) override {
+    sft_batches.push_back(b);
+    return TrainStepStats{{{"loss", 2.0 / static_cast<double>(sft_batches.size())}}};
+  }
+  absl::StatusOr<TrainStepStats> train_step(const std::string&, int64_t,
+                                            const std::vector<TrainSequence>& batch,
+                                            const rl::JobConfig&) override {
+    batches.push_back(batch);
+    return TrainStepStats{{{"loss", 0.5}, {"token_mult_prob_error", 1.01}}};
+  }
+  absl::StatusOr<int64_t> publish(bool) override;
+  absl::Status save_checkpoint(const std::string& path) override {
+    checkpoints.push_back(path);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int64_t> load_checkpoint(const std::string& path) override {
+    loaded.push_back(path);
+    return version;
+  }
+
+  FakeCluster* cluster_;
+  int inits = 0;
+  int64_t version = 0;
+  std::vector<std::vector<TrainSequence>> batches;
+  std::vector<std::vector<TrainSequence>> sft_batches;
+  std::vector<std::string> checkpoints;
+  std::vector<std::string> loaded;
+};
+
+class FakeCluster : public Cluster {
+ public:
+  FakeCluster() : trainer_(std::make_shared<FakeTrainer>(this)) {}
+  std::shared_ptr<FakeWorker> add(const std::string& id) {
+    auto w = std::make_shared<FakeWorker>(id);
+    w->version = trainer_->version;
+    workers_.emplace_back(id, w);
+    return w;
+  }
+  std::vector<WorkerRef> live_generation_workers() override {
+    std::vector<WorkerRef> out;
+    for (const auto& [id, w] : workers_) {
+      if (!w->dead) out.push_back({id, "fake"});
+    }
+    return out;
+  }
+  bool is_live(const std::string& id) override {
+    for (const auto& [wid, w] : workers_) {
+      if (wid == id) return !w->dead;
+    }
+    return false;
+  }
+  std::shared_ptr<GenerationClient> generation_client(const WorkerRef& ref) override {
+    for (const auto& [id, w] : workers_) {
+      if (id == ref.id) return w;
+    }
+    return nullptr;
+  }
+  absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() override { return trainer_; }
+
+  std::shared_ptr<FakeTrainer> trainer_;
+  std::vector<std::pair<std::string, std::shared_ptr<FakeWorker>>> workers_;
+};
+
+absl::StatusOr<int64_t> FakeTrainer::publish(bool) {
+  ++version;
+  for (auto& [id, w] : cluster_->workers_) w->version = version;  // weight sync delivers
+  return version;
+}
+
+rl::JobConfig small_config(const std::string& checkpoint_dir) {
+  rl::JobConfig c;
+  c.task.name = "addition";
+  c.task.digits = 2;
+  c.task.train_size = 200;
+  c.task.val_size = 10;
+  c.algorithm.steps = 3;
+  c.algorithm.prompts_per_step = 3;
+  c.algorithm.samples_per_prompt = 4;
+  c.algorithm.max_new_tokens = 4;
+  c.algorithm.seed = 42;
+  c.validation.every_steps = 2;
+  c.checkpoint.every_steps = 2;
+  c.checkpoint.dir = checkpoint_dir;
+  c.sft = rl::SftConfig{2, 1e-3, 5};
+  return c;
+}
+
+RlLoopOptions fast_options() {
+  RlLoopOptions o;
+  o.poll_interval = std::chrono::milliseconds(2);
+  o.worker_wait = std::chrono::milliseconds(300);
+  o.sync_wait = std::chrono::milliseconds(300);
+  o.generate_deadline = std::chrono::seconds(5);
+  return o;
+}
+
+std::vector<GenSample> make_samples(int n) {
+  const rl::ByteTokenizer tok;
+  std::vector<GenSample> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back({absl::StrCat("x", i), tok.encode(absl::StrCat(10 + i, "+", 3 * i, "="), true),
+                   sample_seed(5, 1, i, 0)});
+  }
+  return out;
+}
+
+TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
+  FakeCluster cluster;
+  auto w0 = cluster.add("w0");
+  auto w1 = cluster.add("w1");
+  auto store = JobStore::open(":memory:").value();
+  const rl::JobConfig config = small_config("/ckpt");
+  const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+  int progress = 0;
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, [&] { ++progress; }}, fast_options());
+  ASSERT_TRUE(loop.run(job, config).ok());
+
+  FakeTrainer& t = *cluster.trainer_;
+  EXPECT_EQ(t.inits, 1);
+  ASSERT_EQ(t.sft_batches.size(), 2u);
+  EXPECT_EQ(t.sft_batches[0].size(), 5u);
+  ASSERT_EQ(t.batches.size(), 3u);
+  EXPECT_EQ(t.version, 4);  // initial publish + one per step
+  EXPECT_EQ(t.checkpoints, std::vector<std::string>{"/ckpt/" + job.id + "/step-2"});
+  EXPECT_EQ(store->get_job(job.id)->checkpoint_step, 2);
+  EXPECT_GT(w0->calls + w1->calls, 0);
+  EXPECT_GT(w0->emitted, 0);  // work spread over both workers
+  EXPECT_GT(w1->emitted, 0);
+
+  const auto rows = store->get_metrics(job.id).value();
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(progress, 4);
+  EXPECT_TRUE(rows[0].values.contains("val_accuracy"));
+  EXPECT_TRUE(rows[0].values.contains("sft_loss"));
+  EXPECT_FALSE(rows[1].values.contains("val_accuracy"));
+  EXPECT_TRUE(rows[2].values.contains("val_accuracy"));
+  EXPECT_TRUE(rows[3].values.contains("val_accuracy"));  // the last step always validates
+  EXPECT_EQ(store->get_job(job.id)->step, 3);
+
+  for (int64_t step = 1; step <= 3; ++step) {
+    const auto& batch = t.batches[static_cast<size_t>(step - 1)];
+    ASSERT_EQ(batch.size(), 12u);
+    // Expected reward mean from the fake's rule (even seed = correct).
+    double expected = 0.0;
+    for (int p = 0; p < 3; ++p) {
+      double group = 0.0;
+      for (int g = 0; g < 4; ++g) {
+        const bool right = sample_seed(42, step, p, g) % 2 == 0;
+        expected += right ? 1.0 : 0.0;
+        group += right ? 1.0 : 0.0;
+        const TrainSequence& s = batch[static_cast<size_t>(p * 4 + g)];
+        ASSERT_EQ(s.gen_logprobs.size(), s.tokens.size() - static_cast<size_t>(s.prompt_length));
+        // Correct samples get a positive advantage unless the whole group agrees.
+        if (group > 0 && group < 4 && g == 3) {
+          EXPECT_NE(s.advantage, 0.0f);
+        }
+        EXPECT_EQ(
+            s.advantage > 0, right && [&] {
+              int c = 0;
+              for (int k = 0; k < 4; ++k) c += sample_seed(42, step, p, k) % 2 == 0;
+              return c < 4;
+            }());
+      }
+    }
+    EXPECT_DOUBLE_EQ(rows[static_cast<size_t>(step)].values.at("reward_mean"), expected / 12.0);
+    EXPECT_DOUBLE_EQ(rows[static_cast<size_t>(step)].values.at("loss"), 0.5);
+    EXPECT_DOUBLE_EQ(rows[static_cast<size_t>(step)].values.at("weight_version"),
+                     static_cast<double>(step + 1));
+    EXPECT_GE(rows[static_cast<size_t>(step)].values.at("time_step_seconds"), 0.0);
+  }
+}
+
+TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {
+  FakeCluster cluster;
+  auto dying = cluster.add("w0");
+  dying->die_after = 3;
+  auto dup = cluster.add("w1");
+  dup->duplicate = true;
+  auto store = JobStore::open(":memory:").value();
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}}, fast_options());
+  const auto samples = make_samples(24);
+  GenParams params;
+  auto results = loop.dispatch("t", samples, params);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 24u);
+  for (const GenSample& s : samples) EXPECT_TRUE(results->contains(s.sample_id));
+  EXPECT_TRUE(dying->dead);
+  EXPECT_EQ(dying->emitted, 3);
+  EXPECT_EQ(dup->emitted, 21);  // everything the dead worker did not finish
+  const DispatchStats& stats = loop.dispatch_stats();
+  EXPECT_EQ(stats.failed_calls, 1);
+  EXPECT_EQ(stats.redispatched_samples, 9);  // 12-sample chunk, 3 finished
+  EXPECT_GE(stats.duplicate_results, 21);
+}
+
+TEST(RlLoop, StaleResultsAreRejectedAndRetried) {
+  FakeCluster cluster;
+  auto w = cluster.add("w0");
+  auto store = JobStore::open(":memory:").value();
+  RlLoopOptions options = fast_options();
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}}, options);
+  GenParams params;
+  params.min_weight_version = 1;  // the worker holds 0 and refuses
+  auto results = loop.dispatch("t", make_samples(4), params);
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kUnavailable);
+  w->version = 1;
+  EXPECT_TRUE(loop.dispatch("t2", make_samples(4), params).ok());
+}
+
+TEST(RlLoop, FailsWithoutWorkersAndHonoursCancel) {
+  FakeCluster cluster;
+  auto store = JobStore::open(":memory:").value();
+  rl::JobConfig config = small_config("/ckpt");
+  config.sft.reset();
+  const JobRecord job = store->create_job("{}", 3).value();
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}}, fast_options());
+  const absl::Status none = loop.run(job, config);
+  EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(none.message().find("no live generation worker"), std::string::npos) << none;
+
+  cluster.add("w0");
+  int rows_seen = 0;
+  RlLoopHooks hooks{store.get(), nullptr, [&] { return rows_seen >= 2; }, [&] { ++rows_seen; }};
+  RlLoop cancelling(&cluster, hooks, fast_options());
+  const absl::Status cancelled = cancelling.run(job, config);
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(store->get_job(job.id)->step, 1);  // stopped between phases of step 2
+}
+
+}  // namespace
+}  // namespace fp8rl::coordinator
