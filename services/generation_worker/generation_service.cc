@@ -1,0 +1,104 @@
+// Generate and GetStatus over gRPC (see generation_service.h).
+#include "services/generation_worker/generation_service.h"
+
+#include <chrono>
+#include <utility>
+
+#include "common/service/grpc_server.h"
+#include "common/service/log.h"
+#include "services/generation_worker/request_validation.h"
+
+namespace fp8rl::generation {
+namespace {
+
+// How often a waiting handler checks for client cancellation.
+constexpr std::chrono::milliseconds kPollInterval{20};
+
+v1::FinishReason to_proto(model::FinishReason reason) {
+  return reason == model::FinishReason::kStop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH;
+}
+
+}  // namespace
+
+GenerationServiceImpl::GenerationServiceImpl(Scheduler* scheduler, GenerationMetrics* metrics,
+                                             int64_t max_samples_per_request,
+                                             std::function<std::string()> worker_id)
+    : scheduler_(scheduler),
+      metrics_(metrics),
+      max_samples_per_request_(max_samples_per_request),
+      worker_id_(std::move(worker_id)) {}
+
+grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
+                                             const v1::GenerateRequest* request,
+                                             grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const auto start = std::chrono::steady_clock::now();
+  auto finish = [&](const grpc::Status& status) {
+    if (metrics_) {
+      metrics_->requests->with({status.ok() ? "ok" : "error"}).inc();
+      if (status.ok()) {
+        metrics_->request_seconds->get().observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+    }
+    if (!status.ok()) {
+      service::log_debug(
+          "generation-worker", "generate failed",
+          {{"request_id", request->request_id()}, {"error", status.error_message()}});
+    }
+    return status;
+  };
+
+  std::shared_ptr<const model::Model> model = scheduler_->model();
+  if (model == nullptr) {
+    return finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no weights yet"));
+  }
+  absl::StatusOr<std::vector<SampleSpec>> samples =
+      validate_generate_request(*request, *model, max_samples_per_request_);
+  if (!samples.ok()) return finish(service::to_grpc_status(samples.status()));
+  absl::StatusOr<std::shared_ptr<GenerationRequest>> pending =
+      scheduler_->submit(std::move(*samples), request->min_weight_version());
+  if (!pending.ok()) return finish(service::to_grpc_status(pending.status()));
+  GenerationRequest& job = **pending;
+
+  while (true) {
+    if (context->IsCancelled()) {
+      job.cancel();
+      return finish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
+    }
+    std::vector<SampleOutcome> ready = job.take(kPollInterval);
+    if (!ready.empty()) {
+      v1::GenerateResponse response;
+      for (SampleOutcome& outcome : ready) {
+        v1::SampleResult* r = response.add_results();
+        r->set_sample_id(std::move(outcome.sample_id));
+        r->mutable_tokens()->Add(outcome.tokens.begin(), outcome.tokens.end());
+        r->mutable_logprobs()->Add(outcome.logprobs.begin(), outcome.logprobs.end());
+        r->set_weight_version(outcome.weight_version);
+        r->set_finish_reason(to_proto(outcome.reason));
+      }
+      if (!writer->Write(response)) {
+        job.cancel();
+        return finish(grpc::Status(grpc::StatusCode::CANCELLED, "client stream closed"));
+      }
+    }
+    if (job.done()) break;
+  }
+  return finish(service::to_grpc_status(job.status()));
+}
+
+grpc::Status GenerationServiceImpl::GetStatus(grpc::ServerContext*,
+                                              const v1::GetGenerationStatusRequest*,
+                                              v1::GenerationStatus* response) {
+  const Scheduler::Snapshot s = scheduler_->snapshot();
+  response->set_worker_id(worker_id_ ? worker_id_() : std::string());
+  response->set_weight_version(s.weight_version);
+  response->set_weight_format(s.weight_format);
+  response->set_queued_samples(static_cast<int32_t>(s.queued_samples));
+  response->set_running_samples(static_cast<int32_t>(s.running_samples));
+  response->set_kv_cache_usage(s.kv_cache_usage);
+  response->set_generated_tokens_total(s.generated_tokens);
+  response->set_ready(s.ready);
+  return grpc::Status::OK;
+}
+
+}  // namespace fp8rl::generation

@@ -1,0 +1,124 @@
+// Assembly, swap path and ordered shutdown of a generation worker (see generation_worker.h).
+#include "services/generation_worker/generation_worker.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/log.h"
+#include "model/precision.h"
+
+namespace fp8rl::generation {
+namespace {
+
+constexpr char kComponent[] = "generation-worker";
+
+std::shared_ptr<grpc::Channel> insecure_channel(const std::string& address) {
+  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
+    const GenerationWorkerConfig& config) {
+  if (absl::Status s = validate_scheduler_options(config.scheduler); !s.ok()) return s;
+  std::unique_ptr<GenerationWorker> w(new GenerationWorker(config));
+  absl::StatusOr<std::unique_ptr<GenerationMetrics>> metrics =
+      GenerationMetrics::create(&w->registry_);
+  if (!metrics.ok()) return metrics.status();
+  w->metrics_ = std::move(*metrics);
+  w->scheduler_ = std::make_unique<Scheduler>(config.scheduler, w->metrics_.get());
+  GenerationWorker* self = w.get();
+  w->service_ = std::make_unique<GenerationServiceImpl>(
+      w->scheduler_.get(), w->metrics_.get(), config.max_samples_per_request, [self] {
+        Registrar* registrar = self->registrar_ptr_.load();
+        return registrar != nullptr ? registrar->worker_id() : std::string();
+      });
+
+  service::GrpcServerOptions grpc_options;
+  grpc_options.address = service::listen_address(config.service, config.service.grpc_port);
+  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc =
+      service::GrpcServer::start(grpc_options, {w->service_.get()});
+  if (!grpc.ok()) return grpc.status();
+  w->grpc_ = std::move(*grpc);
+
+  service::HttpServerOptions http_options;
+  http_options.host = config.service.listen_host;
+  http_options.port = config.metrics_port;
+  http_options.max_body_bytes = config.service.max_body_bytes;
+  w->http_ = std::make_unique<service::HttpServer>(http_options, &w->registry_,
+                                                   [self] { return !self->shut_down_.load(); });
+  absl::StatusOr<int> http_port = w->http_->start();
+  if (!http_port.ok()) return http_port.status();  // the destructor stops the gRPC server
+  w->http_port_ = *http_port;
+
+  const std::string address = service::advertise_address(config.service, w->grpc_->port());
+  w->name_ = config.worker_id.empty() ? address : config.worker_id;
+
+  weight_sync::SubscriberOptions sub_options;
+  sub_options.worker_id = w->name_;
+  w->subscriber_ = std::make_unique<weight_sync::WeightSubscriber>(
+      insecure_channel(config.weight_sync), sub_options,
+      [self](model::WeightSet set) { return self->install_weights(std::move(set)); });
+  if (absl::Status s = w->subscriber_->start(); !s.ok()) return s;
+
+  RegistrarOptions reg_options;
+  reg_options.name = w->name_;
+  reg_options.address = address;
+  reg_options.metrics_address = service::advertise_address(config.service, w->http_port_);
+  w->registrar_ = std::make_unique<
+      Registrar>(insecure_channel(config.service.coordinator), reg_options, [self] {
+    const Scheduler::Snapshot s = self->scheduler_->snapshot();
+    return WorkerLoad{s.weight_version, static_cast<int32_t>(s.queued_samples + s.running_samples)};
+  });
+  if (absl::Status s = w->registrar_->start(); !s.ok()) return s;
+  w->registrar_ptr_.store(w->registrar_.get());
+
+  service::log_info(kComponent, "serving",
+                    {{"name", w->name_},
+                     {"grpc_port", absl::StrCat(w->grpc_->port())},
+                     {"metrics_port", absl::StrCat(w->http_port_)},
+                     {"coordinator", config.service.coordinator},
+                     {"weight_sync", config.weight_sync}});
+  return w;
+}
+
+GenerationWorker::~GenerationWorker() { shutdown(std::chrono::milliseconds(0)); }
+
+absl::Status GenerationWorker::install_weights(model::WeightSet set) {
+  const int64_t version = set.version;
+  absl::StatusOr<LoadedWeights> loaded = load_weights(set, config_.precision);
+  if (!loaded.ok()) {
+    service::log_warn(
+        kComponent, "weight version rejected",
+        {{"version", absl::StrCat(version)}, {"error", std::string(loaded.status().message())}});
+    return loaded.status();
+  }
+  const model::PrecisionPolicy policy = loaded->policy;
+  if (absl::Status s = scheduler_->install(std::move(*loaded)); !s.ok()) return s;
+  service::log_info(kComponent, "weights swapped in",
+                    {{"version", absl::StrCat(version)},
+                     {"linear", std::string(model::precision_name(policy.linear))},
+                     {"kv_cache", std::string(model::kv_cache_dtype_name(policy.kv_cache))},
+                     {"pow2_scales", policy.pow2_scales ? "true" : "false"},
+                     {"bf16_first_layers", absl::StrCat(policy.bf16_first_layers)},
+                     {"bf16_last_layers", absl::StrCat(policy.bf16_last_layers)}});
+  return absl::OkStatus();
+}
+
+void GenerationWorker::shutdown(std::chrono::milliseconds grace) {
+  std::lock_guard lock(shutdown_mu_);
+  if (shut_down_.exchange(true)) return;
+  // 1. Stop admitting; running and queued samples get `grace` to finish (their callers get the
+  //    results), the rest fail with UNAVAILABLE so the coordinator re-dispatches them.
+  if (scheduler_) scheduler_->shutdown(grace);
+  // 2. No more weight versions (an install waiting for the drain has returned by now).
+  if (subscriber_) subscriber_->stop();
+  // 3. Leave the registry so no new work is sent here.
+  if (registrar_) registrar_->stop(/*deregister=*/true);
+  // 4. The handlers have their final status; close the servers.
+  if (grpc_) grpc_->shutdown(std::chrono::milliseconds(1000));
+  if (http_) http_->stop();
+  service::log_info(kComponent, "stopped", {{"name", name_}});
+}
+
+}  // namespace fp8rl::generation

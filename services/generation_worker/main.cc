@@ -1,0 +1,51 @@
+// fp8rl-generation-worker: parses flags, starts a GenerationWorker (scheduler, gRPC service,
+// /metrics, weight-sync subscriber, coordinator registration) and drains it on SIGTERM.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/service/log.h"
+#include "common/service/shutdown.h"
+#include "services/generation_worker/generation_worker.h"
+#include "services/generation_worker/worker_config.h"
+
+namespace {
+
+using namespace fp8rl;  // NOLINT: main() only
+
+int fail(const absl::Status& status, int code = 1) {
+  std::fprintf(stderr, "fp8rl-generation-worker: %s\n", std::string(status.message()).c_str());
+  return code;
+}
+
+int run(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << service::service_options_usage(generation::default_generation_worker_options());
+      return 0;
+    }
+  }
+  absl::StatusOr<generation::GenerationWorkerConfig> config =
+      generation::parse_generation_worker_config(args);
+  if (!config.ok()) return fail(config.status(), 2);
+  absl::StatusOr<service::LogLevel> level = service::parse_log_level(config->service.log_level);
+  if (!level.ok()) return fail(level.status(), 2);
+  service::set_log_level(*level);
+  if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) return fail(s);
+
+  absl::StatusOr<std::unique_ptr<generation::GenerationWorker>> worker =
+      generation::GenerationWorker::start(*config);
+  if (!worker.ok()) return fail(worker.status());
+
+  service::wait_for_shutdown();
+  service::log_info("generation-worker", "shutting down");
+  (*worker)->shutdown(std::chrono::milliseconds(
+      static_cast<int64_t>(config->service.shutdown_grace_seconds * 1000.0)));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run(std::vector<std::string>(argv + 1, argv + argc)); }

@@ -1,0 +1,302 @@
+// The scheduler thread of the generation worker: admission, batched steps, result hand-off and
+// between-batch weight swaps (see scheduler.h).
+#include "services/generation_worker/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace fp8rl::generation {
+
+using Clock = std::chrono::steady_clock;
+
+absl::Status validate_scheduler_options(const SchedulerOptions& o) {
+  if (o.max_batch_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch_tokens: must be >= 1, got ", o.max_batch_tokens));
+  }
+  if (o.kv_cache_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_tokens: must be >= 1, got ", o.kv_cache_tokens));
+  }
+  if (o.max_queued_samples < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_queued_samples: must be >= 1, got ", o.max_queued_samples));
+  }
+  if (o.batch_wait.count() < 0 || o.batch_wait > std::chrono::seconds(10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_wait: must be in [0, 10000] ms, got ", o.batch_wait.count()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<SampleOutcome> GenerationRequest::take(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !ready_.empty() || remaining_ == 0 || !error_.ok(); });
+  std::vector<SampleOutcome> out;
+  out.swap(ready_);
+  return out;
+}
+
+bool GenerationRequest::done() const {
+  std::lock_guard lock(mu_);
+  return !error_.ok() || (remaining_ == 0 && ready_.empty());
+}
+
+absl::Status GenerationRequest::status() const {
+  std::lock_guard lock(mu_);
+  return error_;
+}
+
+void GenerationRequest::deliver(SampleOutcome outcome) {
+  std::lock_guard lock(mu_);
+  if (!error_.ok() || remaining_ == 0) return;
+  ready_.push_back(std::move(outcome));
+  --remaining_;
+  cv_.notify_all();
+}
+
+void GenerationRequest::fail(absl::Status error) {
+  std::lock_guard lock(mu_);
+  if (error_.ok()) error_ = std::move(error);
+  cancelled_.store(true);
+  cv_.notify_all();
+}
+
+Scheduler::Scheduler(SchedulerOptions options, GenerationMetrics* metrics)
+    : options_(std::move(options)), metrics_(metrics) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() { shutdown(std::chrono::milliseconds(0)); }
+
+absl::StatusOr<std::shared_ptr<GenerationRequest>> Scheduler::submit(
+    std::vector<SampleSpec> samples, int64_t min_weight_version) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return absl::UnavailableError("worker shutting down");
+  if (current_.model == nullptr) return absl::UnavailableError("no weights yet");
+  if (min_weight_version > current_.version) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("min_weight_version: worker holds version ", current_.version,
+                     ", the request needs >= ", min_weight_version));
+  }
+  const int64_t queued = static_cast<int64_t>(queue_.size());
+  if (queued + static_cast<int64_t>(samples.size()) > options_.max_queued_samples) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("queue full: ", queued, " samples waiting, ", samples.size(),
+                     " more would exceed max_queued_samples ", options_.max_queued_samples));
+  }
+  auto request = std::make_shared<GenerationRequest>(samples.size());
+  const Clock::time_point now = Clock::now();
+  for (SampleSpec& s : samples) queue_.push_back({request, std::move(s), now});
+  stats_.queued_samples = static_cast<int64_t>(queue_.size());
+  if (metrics_) metrics_->queue_depth->get().set(static_cast<double>(queue_.size()));
+  cv_.notify_all();
+  return request;
+}
+
+absl::Status Scheduler::install(LoadedWeights weights) {
+  std::lock_guard install_lock(install_mu_);
+  std::unique_lock lock(mu_);
+  if (stopping_) return absl::UnavailableError("worker shutting down");
+  if (weights.model == nullptr) return absl::InvalidArgumentError("weights: no model");
+  if (weights.version <= current_.version) {
+    return absl::FailedPreconditionError(absl::StrCat("weight version ", weights.version,
+                                                      " is not newer than the held version ",
+                                                      current_.version));
+  }
+  const int64_t version = weights.version;
+  pending_ = std::move(weights);
+  cv_.notify_all();
+  swapped_cv_.wait(lock, [&] { return current_.version >= version || thread_done_; });
+  if (current_.version < version) {
+    pending_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("worker shut down before weight version ", version, " was swapped in"));
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::shutdown(std::chrono::milliseconds grace) {
+  {
+    std::lock_guard lock(mu_);
+    const Clock::time_point deadline = Clock::now() + grace;
+    if (!stopping_) {
+      stopping_ = true;
+      drain_deadline_ = deadline;
+    } else {
+      drain_deadline_ = std::min(drain_deadline_, deadline);
+    }
+    stats_.ready = false;
+    cv_.notify_all();
+  }
+  std::lock_guard join_lock(join_mu_);
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<const model::Model> Scheduler::model() const {
+  std::lock_guard lock(mu_);
+  return current_.model;
+}
+
+Scheduler::Snapshot Scheduler::snapshot() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Scheduler::apply_pending_locked() {
+  if (!pending_.has_value()) return;
+  if (generator_ != nullptr && !generator_->idle()) return;
+  current_ = std::move(*pending_);
+  pending_.reset();
+  if (generator_ == nullptr || !generator_->set_model(current_.model).ok()) {
+    generator_ = std::make_unique<model::Generator>(current_.model, options_.max_batch_tokens);
+  }
+  stats_.weight_version = current_.version;
+  stats_.weight_format = current_.format;
+  stats_.swaps += 1;
+  stats_.ready = !stopping_;
+  if (metrics_) {
+    metrics_->weight_version->get().set(static_cast<double>(current_.version));
+    metrics_->weight_swaps->get().inc();
+  }
+  swapped_cv_.notify_all();
+}
+
+void Scheduler::admit_locked() {
+  while (!queue_.empty()) {
+    Queued& q = queue_.front();
+    if (q.request->cancelled()) {
+      queue_.pop_front();
+      continue;
+    }
+    const int64_t prompt_tokens = static_cast<int64_t>(q.spec.prompt.size());
+    const int64_t slots = prompt_tokens + q.spec.params.max_new_tokens;
+    if (!running_.empty() && reserved_kv_slots_ + slots > options_.kv_cache_tokens) break;
+    absl::StatusOr<int64_t> id = generator_->add(std::move(q.spec.prompt), q.spec.params, 0);
+    if (!id.ok()) {
+      q.request->fail(absl::Status(id.status().code(), absl::StrCat("sample '", q.spec.sample_id,
+                                                                    "': ", id.status().message())));
+      queue_.pop_front();
+      continue;
+    }
+    running_[*id] = {q.request, std::move(q.spec.sample_id), current_.version, slots};
+    reserved_kv_slots_ += slots;
+    if (metrics_) metrics_->tokens->with({"prompt"}).inc(static_cast<double>(prompt_tokens));
+    queue_.pop_front();
+  }
+}
+
+void Scheduler::reset_generator_locked(const absl::Status& error) {
+  for (auto& [id, r] : running_) {
+    if (!r.request->cancelled()) r.request->fail(error);
+  }
+  running_.clear();
+  reserved_kv_slots_ = 0;
+  if (current_.model != nullptr) {
+    generator_ = std::make_unique<model::Generator>(current_.model, options_.max_batch_tokens);
+  }
+}
+
+void Scheduler::publish_gauges_locked() {
+  stats_.queued_samples = static_cast<int64_t>(queue_.size());
+  stats_.running_samples = static_cast<int64_t>(running_.size());
+  stats_.kv_cache_usage = std::min(
+      1.0, static_cast<double>(reserved_kv_slots_) / static_cast<double>(options_.kv_cache_tokens));
+  stats_.kv_cache_bytes = generator_ ? generator_->kv_cache_bytes() : 0;
+  if (metrics_) {
+    metrics_->queue_depth->get().set(static_cast<double>(stats_.queued_samples));
+    metrics_->batch_size->get().set(static_cast<double>(stats_.running_samples));
+    metrics_->kv_cache_usage->get().set(stats_.kv_cache_usage);
+    metrics_->kv_cache_bytes->get().set(static_cast<double>(stats_.kv_cache_bytes));
+  }
+}
+
+void Scheduler::run() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    const bool busy = generator_ != nullptr && !generator_->idle();
+    if (stopping_) {
+      if (!busy && queue_.empty()) break;
+      if (Clock::now() >= drain_deadline_) {
+        const absl::Status error =
+            absl::UnavailableError("worker shut down before the sample finished");
+        for (Queued& q : queue_) {
+          if (!q.request->cancelled()) q.request->fail(error);
+        }
+        queue_.clear();
+        reset_generator_locked(error);
+        break;
+      }
+    }
+    apply_pending_locked();
+    // A new batch waits briefly so that requests arriving together are admitted together.
+    if (!busy && !pending_.has_value() && !queue_.empty() && !stopping_) {
+      const Clock::time_point start = queue_.front().enqueued + options_.batch_wait;
+      if (Clock::now() < start) {
+        cv_.wait_until(lock, start);
+        continue;
+      }
+    }
+    // No admission while a newer version waits: the running batch drains, then it is swapped in.
+    if (!pending_.has_value() && generator_ != nullptr) admit_locked();
+    publish_gauges_locked();
+    if (generator_ == nullptr || generator_->idle()) {
+      if (stopping_) {
+        cv_.wait_until(lock, drain_deadline_);
+      } else {
+        cv_.wait(lock);
+      }
+      continue;
+    }
+
+    // One batched forward, outside the lock (only this thread touches the generator).
+    stats_.peak_batch_size =
+        std::max<int64_t>(stats_.peak_batch_size, static_cast<int64_t>(running_.size()));
+    model::Generator* generator = generator_.get();
+    lock.unlock();
+    const absl::Status step = generator->step();
+    std::vector<model::GenerationResult> finished;
+    if (step.ok()) finished = generator->take_finished();
+    lock.lock();
+    stats_.steps += 1;
+    if (!step.ok()) {
+      reset_generator_locked(
+          absl::InternalError(absl::StrCat("generation step failed: ", step.message())));
+      continue;
+    }
+    for (model::GenerationResult& r : finished) {
+      auto it = running_.find(r.id);
+      if (it == running_.end()) continue;
+      Running& run = it->second;
+      reserved_kv_slots_ -= run.kv_slots;
+      stats_.generated_tokens += r.tokens.size();
+      if (metrics_) {
+        metrics_->tokens->with({"generated"}).inc(static_cast<double>(r.tokens.size()));
+      }
+      if (!run.request->cancelled()) {
+        SampleOutcome outcome;
+        outcome.sample_id = std::move(run.sample_id);
+        outcome.tokens = std::move(r.tokens);
+        outcome.logprobs = std::move(r.logprobs);
+        outcome.weight_version = run.weight_version;
+        outcome.reason = r.reason;
+        run.request->deliver(std::move(outcome));
+      }
+      running_.erase(it);
+    }
+    // Every running sample was abandoned by its caller: drop the batch instead of finishing it.
+    if (!running_.empty() && std::all_of(running_.begin(), running_.end(), [](const auto& entry) {
+          return entry.second.request->cancelled();
+        })) {
+      reset_generator_locked(absl::CancelledError("request cancelled"));
+    }
+  }
+  publish_gauges_locked();
+  thread_done_ = true;
+  stats_.ready = false;
+  swapped_cv_.notify_all();
+}
+
+}  // namespace fp8rl::generation

@@ -1,0 +1,178 @@
+// The continuous-batching scheduler of a generation worker. One thread owns the model::Generator:
+// every step it admits queued samples of any number of concurrent Generate calls (within a row
+// and KV-cache budget), runs one batched forward, and hands finished samples back to their
+// requests. Weight versions are swapped in only between batches, so a sample admitted at
+// version v finishes at v, and every queued sample after the swap runs at the newest version.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fp8rl/v1/common.pb.h"
+#include "model/generator.h"
+#include "model/sampler.h"
+#include "services/generation_worker/generation_metrics.h"
+#include "services/generation_worker/weight_loader.h"
+
+namespace fp8rl::generation {
+
+struct SchedulerOptions {
+  // Rows of one forward step (prefill tokens + one per decoding sequence); a prompt longer than
+  // this still runs, alone.
+  int64_t max_batch_tokens = 2048;
+  // KV-cache slot budget: running sequences reserve prompt + max_new_tokens slots each; a sample
+  // waits while it does not fit (one always runs when nothing else does).
+  int64_t kv_cache_tokens = 262144;
+  // Samples waiting to be admitted, over all requests; more are refused (RESOURCE_EXHAUSTED).
+  int64_t max_queued_samples = 65536;
+  // When the batch is empty, the first queued sample waits this long for company before the
+  // first step, so requests arriving together start together.
+  std::chrono::milliseconds batch_wait{2};
+};
+
+// Checks ranges; InvalidArgument naming the field.
+absl::Status validate_scheduler_options(const SchedulerOptions& options);
+
+// One sample of a request. `params.seed` is the sample's seed; the sampling stream is
+// derive_seed(seed, 0), so a sample's tokens are those of model::generate(model, {prompt},
+// params) whatever else shares its batch.
+struct SampleSpec {
+  std::string sample_id;
+  std::vector<int32_t> prompt;
+  model::SamplingParams params;
+};
+
+struct SampleOutcome {
+  std::string sample_id;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  int64_t weight_version = 0;
+  model::FinishReason reason = model::FinishReason::kLength;
+};
+
+// The handle of one submitted request, shared by the caller and the scheduler thread.
+class GenerationRequest {
+ public:
+  explicit GenerationRequest(size_t samples) : remaining_(samples) {}
+
+  // Waits until a result is ready, the request ends or `timeout` passes; moves out the ready
+  // results (possibly none).
+  std::vector<SampleOutcome> take(std::chrono::milliseconds timeout);
+  // Every result was taken, or the request failed.
+  bool done() const;
+  // OK, or why the request failed (its remaining samples are dropped).
+  absl::Status status() const;
+  // The caller is gone: queued samples are dropped and running ones discarded.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  friend class Scheduler;
+  void deliver(SampleOutcome outcome);
+  void fail(absl::Status error);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<SampleOutcome> ready_;
+  size_t remaining_;
+  absl::Status error_;
+  std::atomic<bool> cancelled_{false};
+};
+
+class Scheduler {
+ public:
+  // Starts the scheduler thread. `metrics` may be null (not owned; must outlive the scheduler).
+  Scheduler(SchedulerOptions options, GenerationMetrics* metrics);
+  ~Scheduler();  // shutdown(0)
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues the samples (already validated against model()). Errors: UNAVAILABLE "no weights yet"
+  // or when shutting down; FAILED_PRECONDITION when min_weight_version is newer than the held
+  // version; RESOURCE_EXHAUSTED when the queue is full.
+  absl::StatusOr<std::shared_ptr<GenerationRequest>> submit(std::vector<SampleSpec> samples,
+                                                            int64_t min_weight_version);
+
+  // Serves `weights` from the next batch boundary on and returns once it is being served (after
+  // the running batch drains; queued samples wait for it). FAILED_PRECONDITION when the version is
+  // not newer than the held one; UNAVAILABLE when the scheduler shuts down first.
+  absl::Status install(LoadedWeights weights);
+
+  // Stops admitting requests, lets in-flight samples finish for up to `grace`, fails the rest with
+  // UNAVAILABLE, and joins the thread. Idempotent.
+  void shutdown(std::chrono::milliseconds grace);
+
+  // The model being served (null before the first install).
+  std::shared_ptr<const model::Model> model() const;
+
+  struct Snapshot {
+    int64_t weight_version = 0;
+    v1::WeightFormat weight_format = v1::WEIGHT_FORMAT_UNSPECIFIED;
+    int64_t queued_samples = 0;
+    int64_t running_samples = 0;
+    double kv_cache_usage = 0;  // reserved / budgeted KV slots
+    int64_t kv_cache_bytes = 0;
+    uint64_t generated_tokens = 0;
+    int64_t steps = 0;            // batched forward steps run
+    int64_t peak_batch_size = 0;  // most sequences in one step since start
+    int64_t swaps = 0;            // versions installed
+    bool ready = false;           // weights loaded and accepting requests
+  };
+  Snapshot snapshot() const;
+
+ private:
+  struct Queued {
+    std::shared_ptr<GenerationRequest> request;
+    SampleSpec spec;
+    std::chrono::steady_clock::time_point enqueued;
+  };
+  struct Running {
+    std::shared_ptr<GenerationRequest> request;
+    std::string sample_id;
+    int64_t weight_version = 0;
+    int64_t kv_slots = 0;
+  };
+
+  void run();
+  // Under mu_: swaps in pending weights when the batch is empty.
+  void apply_pending_locked();
+  // Under mu_: moves queued samples into the generator while they fit.
+  void admit_locked();
+  // Under mu_: fails every running sample with `error` and starts a fresh generator.
+  void reset_generator_locked(const absl::Status& error);
+  void publish_gauges_locked();
+
+  const SchedulerOptions options_;
+  GenerationMetrics* const metrics_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;          // work for the thread
+  std::condition_variable swapped_cv_;  // install() waiters
+  std::mutex install_mu_;               // one install at a time
+  std::mutex join_mu_;                  // one shutdown joins the thread
+  bool stopping_ = false;
+  bool thread_done_ = false;
+  std::chrono::steady_clock::time_point drain_deadline_;
+  std::optional<LoadedWeights> pending_;
+  LoadedWeights current_;
+  std::unique_ptr<model::Generator> generator_;  // touched by the scheduler thread only
+  std::deque<Queued> queue_;
+  std::unordered_map<int64_t, Running> running_;  // by generator id
+  int64_t reserved_kv_slots_ = 0;
+  Snapshot stats_;
+  std::thread thread_;
+};
+
+}  // namespace fp8rl::generation

@@ -1,0 +1,130 @@
+// Flag and YAML parsing for fp8rl-generation-worker (see worker_config.h).
+#include "services/generation_worker/worker_config.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace fp8rl::generation {
+namespace {
+
+// An extra option as an integer in [lo, hi]; errors name the flag.
+absl::StatusOr<int64_t> int_flag(const service::ServiceOptions& options, const std::string& key,
+                                 int64_t lo, int64_t hi) {
+  std::string flag = absl::StrCat("--", key);
+  for (char& c : flag) c = c == '_' ? '-' : c;
+  const std::string text = service::extra_string(options, key);
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected an integer, got '", text, "'"));
+  }
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": must be in [", lo, ", ", hi, "], got ", value));
+  }
+  return value;
+}
+
+// host:port with a non-empty host and a port in [1, 65535].
+absl::Status check_address(const std::string& flag, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected host:port, got '", address, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+service::ServiceOptions default_generation_worker_options() {
+  service::ServiceOptions o;
+  o.name = "generation-worker";
+  o.grpc_port = kDefaultGrpcPort;
+  o.http_port = kDefaultMetricsPort;
+  o.shutdown_grace_seconds = 10.0;
+  const SchedulerOptions scheduler;
+  o.extra = {
+      {"metrics_port", absl::StrCat(kDefaultMetricsPort)},
+      {"weight_sync", "localhost:50052"},
+      {"worker_id", ""},
+      {"precision", ""},
+      {"kv_cache", ""},
+      {"max_batch_tokens", absl::StrCat(scheduler.max_batch_tokens)},
+      {"kv_cache_tokens", absl::StrCat(scheduler.kv_cache_tokens)},
+      {"max_queued_samples", absl::StrCat(scheduler.max_queued_samples)},
+      {"batch_wait_ms", absl::StrCat(scheduler.batch_wait.count())},
+      {"max_samples_per_request", "4096"},
+  };
+  return o;
+}
+
+absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
+    const std::vector<std::string>& args) {
+  const service::ServiceOptions defaults = default_generation_worker_options();
+  absl::StatusOr<service::ServiceOptions> parsed = service::parse_service_options(defaults, args);
+  if (!parsed.ok()) return parsed.status();
+  GenerationWorkerConfig config;
+  config.service = *parsed;
+
+  absl::StatusOr<int64_t> metrics_port = int_flag(config.service, "metrics_port", 0, 65535);
+  if (!metrics_port.ok()) return metrics_port.status();
+  const bool metrics_set = *metrics_port != kDefaultMetricsPort;
+  const bool http_set = config.service.http_port != kDefaultMetricsPort;
+  if (metrics_set && http_set && *metrics_port != config.service.http_port) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port: ", *metrics_port, " disagrees with --http-port ",
+                     config.service.http_port, " (they name the same port; give one)"));
+  }
+  config.metrics_port = metrics_set ? static_cast<int>(*metrics_port) : config.service.http_port;
+  config.service.http_port = config.metrics_port;
+
+  if (absl::Status s = check_address("--coordinator", config.service.coordinator); !s.ok()) {
+    return s;
+  }
+  config.weight_sync = service::extra_string(config.service, "weight_sync");
+  if (absl::Status s = check_address("--weight-sync", config.weight_sync); !s.ok()) return s;
+  config.worker_id = service::extra_string(config.service, "worker_id");
+
+  if (const std::string p = service::extra_string(config.service, "precision"); !p.empty()) {
+    absl::StatusOr<model::Precision> precision = model::parse_precision(p);
+    if (!precision.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--precision: ", precision.status().message()));
+    }
+    config.precision.linear = *precision;
+  }
+  if (const std::string k = service::extra_string(config.service, "kv_cache"); !k.empty()) {
+    absl::StatusOr<model::KvCacheDtype> kv = model::parse_kv_cache_dtype(k);
+    if (!kv.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kv-cache: ", kv.status().message()));
+    }
+    config.precision.kv_cache = *kv;
+  }
+
+  absl::StatusOr<int64_t> max_batch_tokens =
+      int_flag(config.service, "max_batch_tokens", 1, int64_t{1} << 24);
+  if (!max_batch_tokens.ok()) return max_batch_tokens.status();
+  absl::StatusOr<int64_t> kv_tokens =
+      int_flag(config.service, "kv_cache_tokens", 1, int64_t{1} << 34);
+  if (!kv_tokens.ok()) return kv_tokens.status();
+  absl::StatusOr<int64_t> max_queued =
+      int_flag(config.service, "max_queued_samples", 1, int64_t{1} << 24);
+  if (!max_queued.ok()) return max_queued.status();
+  absl::StatusOr<int64_t> batch_wait = int_flag(config.service, "batch_wait_ms", 0, 10000);
+  if (!batch_wait.ok()) return batch_wait.status();
+  absl::StatusOr<int64_t> max_samples =
+      int_flag(config.service, "max_samples_per_request", 1, int64_t{1} << 20);
+  if (!max_samples.ok()) return max_samples.status();
+  config.scheduler.max_batch_tokens = *max_batch_tokens;
+  config.scheduler.kv_cache_tokens = *kv_tokens;
+  config.scheduler.max_queued_samples = *max_queued;
+  config.scheduler.batch_wait = std::chrono::milliseconds(*batch_wait);
+  config.max_samples_per_request = *max_samples;
+  if (absl::Status s = validate_scheduler_options(config.scheduler); !s.ok()) return s;
+  return config;
+}
+
+}  // namespace fp8rl::generation

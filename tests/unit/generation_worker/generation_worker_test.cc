@@ -1,0 +1,500 @@
+// The generation worker end to end, in-process over real gRPC on loopback: results bit-identical
+// to model::generate, continuous batching across concurrent calls, weight swaps between batches,
+// request validation, cancellation, metrics, weight sync through a real weight-sync service,
+// registration with a (fake) coordinator registry, and the SIGTERM drain.
+#include "services/generation_worker/generation_worker.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "fp8rl/v1/generation.grpc.pb.h"
+#include "fp8rl/v1/worker_registry.grpc.pb.h"
+#include "services/weight_sync/client.h"
+#include "services/weight_sync/weight_sync_service.h"
+#include "tests/unit/generation_worker/test_util.h"
+
+namespace fp8rl::generation {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::export_set;
+using testing::prompt_for;
+using testing::random_model;
+using testing::reference;
+
+const model::PrecisionPolicy kFp8Policy =
+    testing::policy_of(model::Precision::kFP8, model::KvCacheDtype::kBF16);
+
+// A WorkerRegistry that records calls; `reregister` makes the next heartbeat ask to register again.
+class FakeRegistry final : public v1::WorkerRegistry::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* req,
+                              v1::RegisterWorkerResponse* resp) override {
+    std::lock_guard lock(mu);
+    registers.push_back(*req);
+    resp->set_worker_id(absl::StrCat(req->name(), "#", registers.size()));
+    resp->set_heartbeat_interval_ms(30);
+    resp->set_expiry_ms(1000);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override {
+    std::lock_guard lock(mu);
+    heartbeats.push_back(*req);
+    resp->set_reregister(reregister.exchange(false));
+    return grpc::Status::OK;
+  }
+  grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req,
+                          v1::DeregisterResponse*) override {
+    std::lock_guard lock(mu);
+    deregistered.push_back(req->worker_id());
+    return grpc::Status::OK;
+  }
+
+  std::mutex mu;
+  std::vector<v1::RegisterWorkerRequest> registers;
+  std::vector<v1::HeartbeatRequest> heartbeats;
+  std::vector<std::string> deregistered;
+  std::atomic<bool> reregister{false};
+};
+
+struct CallResult {
+  grpc::Status status;
+  std::map<std::string, v1::SampleResult> results;  // by sample id
+  int messages = 0;
+};
+
+// Polls `done` every 10 ms for up to `timeout`.
+template <typename F>
+bool eventually(F done, std::chrono::milliseconds timeout = 5000ms) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+class GenerationWorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto ws_metrics = weight_sync::WeightSyncMetrics::create(&ws_registry_);
+    ASSERT_TRUE(ws_metrics.ok()) << ws_metrics.status();
+    ws_metrics_ = std::move(*ws_metrics);
+    weight_sync_ = std::make_unique<weight_sync::WeightSyncServiceImpl>(
+        weight_sync::WeightSyncOptions{}, ws_metrics_.get());
+    service::GrpcServerOptions options;
+    options.address = "127.0.0.1:0";
+    auto backend = service::GrpcServer::start(options, {weight_sync_.get(), &registry_});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = std::move(*backend);
+    backend_address_ = absl::StrCat("127.0.0.1:", backend_->port());
+  }
+
+  void TearDown() override {
+    worker_.reset();
+    weight_sync_->begin_shutdown();
+    backend_->shutdown(0ms);
+  }
+
+  GenerationWorkerConfig config(std::chrono::milliseconds batch_wait = 0ms) {
+    GenerationWorkerConfig c;
+    c.service = default_generation_worker_options();
+    c.service.listen_host = "127.0.0.1";
+    c.service.grpc_port = 0;
+    c.metrics_port = 0;
+    c.service.coordinator = backend_address_;
+    c.weight_sync = backend_address_;
+    c.worker_id = "gen-test";
+    c.scheduler.batch_wait = batch_wait;
+    c.max_samples_per_request = 16;
+    return c;
+  }
+
+  void start_worker(const GenerationWorkerConfig& c) {
+    auto w = GenerationWorker::start(c);
+    ASSERT_TRUE(w.ok()) << w.status();
+    worker_ = std::move(*w);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", worker_->grpc_port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::GenerationService::NewStub(channel_);
+  }
+
+  static v1::GenerateRequest make_request(const std::vector<int>& prompts, uint64_t seed0,
+                                          int max_new_tokens, float temperature = 1.0f) {
+    v1::GenerateRequest req;
+    req.set_request_id("test");
+    for (int n : prompts) {
+      v1::SampleRequest* s = req.add_samples();
+      s->set_sample_id(absl::StrCat("s", n));
+      const std::vector<int32_t> p = prompt_for(n);
+      s->mutable_prompt_tokens()->Add(p.begin(), p.end());
+      s->set_seed(seed0 + static_cast<uint64_t>(n));
+    }
+    req.mutable_sampling()->set_temperature(temperature);
+    req.mutable_sampling()->set_max_new_tokens(max_new_tokens);
+    return req;
+  }
+
+  CallResult call(const v1::GenerateRequest& req, std::chrono::milliseconds deadline = 30000ms) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + deadline);
+    CallResult out;
+    auto reader = stub_->Generate(&context, req);
+    v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      ++out.messages;
+      for (const v1::SampleResult& r : resp.results()) out.results[r.sample_id()] = r;
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  v1::GenerationStatus status() {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 5s);
+    v1::GenerationStatus s;
+    EXPECT_TRUE(stub_->GetStatus(&context, {}, &s).ok());
+    return s;
+  }
+
+  // Every result of `call` equals model::generate on `set` with the sample's prompt and seed,
+  // bit for bit (tokens and float logprobs).
+  static void expect_reference(const CallResult& result, const v1::GenerateRequest& req,
+                               const model::WeightSet& set, const model::PrecisionPolicy& policy,
+                               int64_t version) {
+    ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+    ASSERT_EQ(result.results.size(), static_cast<size_t>(req.samples_size()));
+    model::SamplingParams params;
+    params.temperature = req.sampling().temperature();
+    params.max_new_tokens = req.sampling().max_new_tokens();
+    params.stop_tokens.assign(req.sampling().stop_token_ids().begin(),
+                              req.sampling().stop_token_ids().end());
+    for (const v1::SampleRequest& s : req.samples()) {
+      const v1::SampleResult& got = result.results.at(s.sample_id());
+      const model::GenerationResult want = reference(
+          set, policy, {s.prompt_tokens().begin(), s.prompt_tokens().end()}, params, s.seed());
+      EXPECT_EQ(got.weight_version(), version) << s.sample_id();
+      ASSERT_EQ(std::vector<int32_t>(got.tokens().begin(), got.tokens().end()), want.tokens)
+          << s.sample_id();
+      ASSERT_EQ(got.logprobs_size(), static_cast<int>(want.logprobs.size()));
+      for (size_t i = 0; i < want.logprobs.size(); ++i) {
+        const float g = got.logprobs(static_cast<int>(i));
+        EXPECT_EQ(std::memcmp(&g, &want.logprobs[i], sizeof(float)), 0)
+            << s.sample_id() << " token " << i << ": " << g << " vs " << want.logprobs[i];
+        EXPECT_LT(g, 0.0f);
+      }
+      EXPECT_EQ(got.finish_reason(), want.reason == model::FinishReason::kStop
+                                         ? v1::FINISH_REASON_STOP
+                                         : v1::FINISH_REASON_LENGTH);
+    }
+  }
+
+  service::MetricsRegistry ws_registry_;
+  std::unique_ptr<weight_sync::WeightSyncMetrics> ws_metrics_;
+  std::unique_ptr<weight_sync::WeightSyncServiceImpl> weight_sync_;
+  FakeRegistry registry_;
+  std::unique_ptr<service::GrpcServer> backend_;
+  std::string backend_address_;
+  std::unique_ptr<GenerationWorker> worker_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::GenerationService::Stub> stub_;
+};
+
+TEST_F(GenerationWorkerTest, NoWeightsYetIsUnavailable) {
+  start_worker(config());
+  const CallResult r = call(make_request({1}, 7, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(r.status.error_message().find("no weights yet"), std::string::npos);
+  const v1::GenerationStatus s = status();
+  EXPECT_FALSE(s.ready());
+  EXPECT_EQ(s.weight_version(), 0);
+}
+
+TEST_F(GenerationWorkerTest, Fp8ResultsMatchModelGenerateBitExactly) {
+  start_worker(config());
+  auto m = random_model(11);
+  const model::WeightSet set = export_set(*m, model::WeightFormat::kFP8, 1);
+  ASSERT_TRUE(worker_->install_weights(set).ok());
+  const v1::GenerationStatus s = status();
+  EXPECT_TRUE(s.ready());
+  EXPECT_EQ(s.weight_version(), 1);
+  EXPECT_EQ(s.weight_format(), v1::WEIGHT_FORMAT_FP8);
+
+  v1::GenerateRequest req = make_request({0, 1, 2, 3, 4}, 100, 12);
+  req.mutable_sampling()->add_stop_token_ids(7);
+  const CallResult r = call(req);
+  expect_reference(r, req, set, kFp8Policy, 1);
+  // Different seeds and prompts give different samples (the comparison is not trivial).
+  std::set<std::vector<int32_t>> distinct;
+  for (const auto& [id, result] : r.results) {
+    distinct.insert({result.tokens().begin(), result.tokens().end()});
+  }
+  EXPECT_GT(distinct.size(), 1u);
+}
+
+TEST_F(GenerationWorkerTest, Bf16ResultsMatchModelGenerateBitExactly) {
+  start_worker(config());
+  auto m = random_model(12);
+  const model::WeightSet set = export_set(*m, model::WeightFormat::kBF16, 5);
+  ASSERT_TRUE(worker_->install_weights(set).ok());
+  EXPECT_EQ(status().weight_format(), v1::WEIGHT_FORMAT_BF16);
+  const v1::GenerateRequest req = make_request({5, 6, 7}, 9, 10, 0.8f);
+  expect_reference(call(req), req, set,
+                   testing::policy_of(model::Precision::kBF16, model::KvCacheDtype::kBF16), 5);
+  // Greedy too.
+  const v1::GenerateRequest greedy = make_request({8}, 1, 6, 0.0f);
+  expect_reference(call(greedy), greedy, set,
+                   testing::policy_of(model::Precision::kBF16, model::KvCacheDtype::kBF16), 5);
+}
+
+TEST_F(GenerationWorkerTest, ConcurrentCallsShareBatchesAndMatchRunningAlone) {
+  start_worker(config(/*batch_wait=*/300ms));
+  auto m = random_model(13);
+  const model::WeightSet set = export_set(*m, model::WeightFormat::kFP8, 1);
+  ASSERT_TRUE(worker_->install_weights(set).ok());
+  constexpr int kCalls = 4;
+  std::vector<v1::GenerateRequest> reqs;
+  for (int c = 0; c < kCalls; ++c)
+    reqs.push_back(make_request({3 * c, 3 * c + 1, 3 * c + 2}, 50, 10));
+  std::vector<std::future<CallResult>> futures;
+  for (int c = 0; c < kCalls; ++c) {
+    futures.push_back(std::async(std::launch::async, [&, c] { return call(reqs[c]); }));
+  }
+  for (int c = 0; c < kCalls; ++c) expect_reference(futures[c].get(), reqs[c], set, kFp8Policy, 1);
+  const Scheduler::Snapshot snap = worker_->scheduler().snapshot();
+  EXPECT_GT(snap.peak_batch_size, 3) << "samples of different calls never shared a batch";
+  // 12 samples x 10 tokens in far fewer steps than running them one after another.
+  EXPECT_LT(snap.steps, 12 * 10);
+  EXPECT_EQ(snap.generated_tokens, 12u * 10u);
+}
+
+TEST_F(GenerationWorkerTest, SwapBetweenBatchesChangesVersionAndResults) {
+  start_worker(config());
+  auto m1 = random_model(21);
+  auto m2 = random_model(22);
+  const model::WeightSet v1_set = export_set(*m1, model::WeightFormat::kFP8, 1);
+  const model::WeightSet v2_set = export_set(*m2, model::WeightFormat::kFP8, 2);
+  ASSERT_TRUE(worker_->install_weights(v1_set).ok());
+  const v1::GenerateRequest req = make_request({1, 2}, 5, 8);
+  const CallResult before = call(req);
+  expect_reference(before, req, v1_set, kFp8Policy, 1);
+
+  // A long request admitted at v1 keeps v1 even though v2 arrives while it runs.
+  const v1::GenerateRequest long_req = make_request({3}, 77, 100);
+  auto running = std::async(std::launch::async, [&] { return call(long_req); });
+  ASSERT_TRUE(eventually([&] { return worker_->scheduler().snapshot().running_samples > 0; }));
+  ASSERT_TRUE(worker_->install_weights(v2_set).ok());
+  expect_reference(running.get(), long_req, v1_set, kFp8Policy, 1);
+
+  EXPECT_EQ(status().weight_version(), 2);
+  const CallResult after = call(req);
+  expect_reference(after, req, v2_set, kFp8Policy, 2);
+  EXPECT_NE(std::vector<int32_t>(before.results.at("s1").tokens().begin(),
+                                 before.results.at("s1").tokens().end()),
+            std::vector<int32_t>(after.results.at("s1").tokens().begin(),
+                                 after.results.at("s1").tokens().end()));
+  // Older or equal versions are refused.
+  const absl::Status stale = worker_->install_weights(v1_set);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_EQ(worker_->scheduler().snapshot().swaps, 2);
+}
+
+TEST_F(GenerationWorkerTest, BadRequestsAreInvalidArgumentNamingTheField) {
+  start_worker(config());
+  auto m = random_model(31);
+  ASSERT_TRUE(worker_->install_weights(export_set(*m, model::WeightFormat::kFP8, 3)).ok());
+  const v1::GenerateRequest good = make_request({1, 2}, 1, 4);
+  struct Case {
+    std::string name;
+    std::function<void(v1::GenerateRequest&)> mutate;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {"no samples", [](auto& r) { r.clear_samples(); }, "samples"},
+      {"empty prompt", [](auto& r) { r.mutable_samples(1)->clear_prompt_tokens(); },
+       "samples[1].prompt_tokens"},
+      {"token out of vocab", [](auto& r) { r.mutable_samples(0)->set_prompt_tokens(2, 96); },
+       "samples[0].prompt_tokens[2]"},
+      {"negative token", [](auto& r) { r.mutable_samples(0)->set_prompt_tokens(0, -1); },
+       "samples[0].prompt_tokens[0]"},
+      {"negative temperature", [](auto& r) { r.mutable_sampling()->set_temperature(-1); },
+       "sampling.temperature"},
+      {"top_p above 1", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); }, "sampling.top_p"},
+      {"max_new_tokens 0", [](auto& r) { r.mutable_sampling()->set_max_new_tokens(0); },
+       "sampling.max_new_tokens"},
+      {"stop token out of vocab", [](auto& r) { r.mutable_sampling()->add_stop_token_ids(500); },
+       "sampling.stop_token_ids[0]"},
+      {"context overflow", [](auto& r) { r.mutable_sampling()->set_max_new_tokens(255); },
+       "samples[0].prompt_tokens"},
+      {"duplicate id", [](auto& r) { r.mutable_samples(1)->set_sample_id("s1"); },
+       "samples[1].sample_id"},
+      {"too many samples",
+       [](auto& r) {
+         for (int i = 0; i < 20; ++i) {
+           *r.add_samples() = r.samples(0);
+           r.mutable_samples(r.samples_size() - 1)->set_sample_id(absl::StrCat("x", i));
+         }
+       },
+       "samples"},
+      {"negative min version", [](auto& r) { r.set_min_weight_version(-1); }, "min_weight_version"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest req = good;
+    c.mutate(req);
+    const CallResult r = call(req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(r.status.error_message().rfind(c.field, 0), 0u)
+        << c.name << ": " << r.status.error_message();
+  }
+  v1::GenerateRequest newer = good;
+  newer.set_min_weight_version(4);
+  EXPECT_EQ(call(newer).status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // The worker keeps serving.
+  EXPECT_TRUE(call(good).status.ok());
+}
+
+TEST_F(GenerationWorkerTest, DeadlineDropsTheCallsSequences) {
+  start_worker(config());
+  auto m = random_model(41);
+  ASSERT_TRUE(worker_->install_weights(export_set(*m, model::WeightFormat::kFP8, 1)).ok());
+  // Far more work than fits in the deadline.
+  const v1::GenerateRequest big = make_request({0, 1, 2, 3, 4, 5, 6, 7}, 3, 110);
+  const CallResult r = call(big, 100ms);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(eventually([&] {
+    const Scheduler::Snapshot s = worker_->scheduler().snapshot();
+    return s.running_samples == 0 && s.queued_samples == 0;
+  }));
+  EXPECT_LT(worker_->scheduler().snapshot().generated_tokens, 8u * 110u);
+  EXPECT_TRUE(call(make_request({1}, 1, 3)).status.ok());
+}
+
+TEST_F(GenerationWorkerTest, MetricsEndpointExportsTheDocumentedNames) {
+  start_worker(config());
+  auto m = random_model(51);
+  ASSERT_TRUE(worker_->install_weights(export_set(*m, model::WeightFormat::kFP8, 6)).ok());
+  ASSERT_TRUE(call(make_request({1, 2}, 1, 5)).status.ok());
+  httplib::Client http("127.0.0.1", worker_->metrics_port());
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res) << "GET /metrics failed";
+  ASSERT_EQ(res->status, 200);
+  const std::string& text = res->body;
+  for (const char* name :
+       {"fp8rl_build_info{service=\"generation-worker\"} 1", "fp8rl_process_start_time_seconds",
+        "fp8rl_generation_tokens_total{kind=\"generated\"} 10",
+        "fp8rl_generation_tokens_total{kind=\"prompt\"}",
+        "fp8rl_generation_requests_total{status=\"ok\"} 1",
+        "fp8rl_generation_requests_total{status=\"error\"} 0", "fp8rl_generation_queue_depth",
+        "fp8rl_generation_batch_size", "fp8rl_generation_kv_cache_usage_ratio",
+        "fp8rl_generation_kv_cache_bytes", "fp8rl_generation_weight_version 6",
+        "fp8rl_generation_weight_swaps_total 1", "fp8rl_generation_request_seconds_count 1",
+        "fp8rl_generation_request_seconds_bucket"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name << "\n" << text;
+  }
+}
+
+TEST_F(GenerationWorkerTest, WeightSyncPushesVersionsThatAreServedAndAcked) {
+  start_worker(config());
+  auto m = random_model(61);
+  const model::WeightSet set = export_set(*m, model::WeightFormat::kFP8, 1);
+  auto ws_channel = grpc::CreateChannel(backend_address_, grpc::InsecureChannelCredentials());
+  auto uploaded = weight_sync::upload(ws_channel, set, v1::WEIGHT_FORMAT_FP8);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  ASSERT_TRUE(eventually([&] { return status().weight_version() == 1; }, 10000ms));
+  const v1::GenerateRequest req = make_request({2, 9}, 4, 9);
+  expect_reference(call(req), req, set, kFp8Policy, 1);
+  // The weight-sync service recorded the ack under the worker's name.
+  ASSERT_TRUE(eventually([&] {
+    for (const weight_sync::WorkerState& w : weight_sync_->workers().snapshot()) {
+      if (w.worker_id == "gen-test" && w.version == 1) return true;
+    }
+    return false;
+  }));
+  EXPECT_EQ(worker_->subscriber().stats().versions_loaded, 1);
+
+  // A BF16 v2 follows; results switch to it.
+  auto m2 = random_model(62);
+  const model::WeightSet set2 = export_set(*m2, model::WeightFormat::kBF16, 2);
+  ASSERT_TRUE(weight_sync::upload(ws_channel, set2, v1::WEIGHT_FORMAT_BF16).ok());
+  ASSERT_TRUE(eventually([&] { return status().weight_version() == 2; }, 10000ms));
+  expect_reference(call(req), req, set2,
+                   testing::policy_of(model::Precision::kBF16, model::KvCacheDtype::kBF16), 2);
+  EXPECT_EQ(status().weight_format(), v1::WEIGHT_FORMAT_BF16);
+}
+
+TEST_F(GenerationWorkerTest, RegistersHeartbeatsReregistersAndDeregisters) {
+  start_worker(config());
+  ASSERT_TRUE(eventually([&] { return !worker_->registrar().worker_id().empty(); }));
+  {
+    std::lock_guard lock(registry_.mu);
+    ASSERT_EQ(registry_.registers.size(), 1u);
+    const v1::RegisterWorkerRequest& r = registry_.registers[0];
+    EXPECT_EQ(r.kind(), v1::WORKER_KIND_GENERATION);
+    EXPECT_EQ(r.name(), "gen-test");
+    EXPECT_EQ(r.address(), absl::StrCat("127.0.0.1:", worker_->grpc_port()));
+    EXPECT_EQ(r.metrics_address(), absl::StrCat("127.0.0.1:", worker_->metrics_port()));
+  }
+  EXPECT_EQ(status().worker_id(), "gen-test#1");
+  auto m = random_model(71);
+  ASSERT_TRUE(worker_->install_weights(export_set(*m, model::WeightFormat::kFP8, 3)).ok());
+  // Heartbeats carry the held version.
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lock(registry_.mu);
+    return !registry_.heartbeats.empty() && registry_.heartbeats.back().weight_version() == 3 &&
+           registry_.heartbeats.back().worker_id() == "gen-test#1";
+  }));
+  // The coordinator forgot us (restart): the worker registers again.
+  registry_.reregister = true;
+  ASSERT_TRUE(eventually([&] { return worker_->registrar().worker_id() == "gen-test#2"; }));
+  {
+    std::lock_guard lock(registry_.mu);
+    EXPECT_EQ(registry_.registers.back().weight_version(), 3);
+  }
+  worker_->shutdown(1000ms);
+  std::lock_guard lock(registry_.mu);
+  ASSERT_EQ(registry_.deregistered.size(), 1u);
+  EXPECT_EQ(registry_.deregistered[0], "gen-test#2");
+}
+
+TEST_F(GenerationWorkerTest, ShutdownDrainsInFlightWorkWithinTheGrace) {
+  start_worker(config());
+  auto m = random_model(81);
+  const model::WeightSet set = export_set(*m, model::WeightFormat::kFP8, 1);
+  ASSERT_TRUE(worker_->install_weights(set).ok());
+  const v1::GenerateRequest req = make_request({4, 5}, 8, 60);
+  auto running = std::async(std::launch::async, [&] { return call(req); });
+  ASSERT_TRUE(eventually([&] { return worker_->scheduler().snapshot().running_samples > 0; }));
+  worker_->shutdown(10000ms);
+  expect_reference(running.get(), req, set, kFp8Policy, 1);
+}
+
+TEST_F(GenerationWorkerTest, ShutdownPastTheGraceCancelsInFlightWork) {
+  start_worker(config());
+  auto m = random_model(82);
+  ASSERT_TRUE(worker_->install_weights(export_set(*m, model::WeightFormat::kFP8, 1)).ok());
+  const v1::GenerateRequest req = make_request({0, 1, 2, 3, 4, 5, 6, 7}, 8, 110);
+  auto running = std::async(std::launch::async, [&] { return call(req); });
+  ASSERT_TRUE(eventually([&] { return worker_->scheduler().snapshot().running_samples > 0; }));
+  const auto start = std::chrono::steady_clock::now();
+  worker_->shutdown(0ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  const CallResult r = running.get();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+}
+
+}  // namespace
+}  // namespace fp8rl::generation

@@ -1,0 +1,61 @@
+// Flag parsing of fp8rl-generation-worker: defaults, the documented flags, and errors that name
+// the flag.
+#include "services/generation_worker/worker_config.h"
+
+#include <gtest/gtest.h>
+
+namespace fp8rl::generation {
+namespace {
+
+TEST(WorkerConfigTest, Defaults) {
+  auto c = parse_generation_worker_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.grpc_port, 50061);
+  EXPECT_EQ(c->metrics_port, 9461);
+  EXPECT_EQ(c->service.coordinator, "localhost:50051");
+  EXPECT_EQ(c->weight_sync, "localhost:50052");
+  EXPECT_EQ(c->service.advertise_host, "127.0.0.1");
+  EXPECT_TRUE(c->worker_id.empty());
+  EXPECT_FALSE(c->precision.linear.has_value());
+  EXPECT_FALSE(c->precision.kv_cache.has_value());
+}
+
+TEST(WorkerConfigTest, ComposeFlags) {
+  auto c = parse_generation_worker_config(
+      {"--grpc-port=50063", "--metrics-port=9463", "--coordinator=coordinator:50051",
+       "--weight-sync", "weight-sync:50052", "--advertise-host=gen-2", "--max-batch-tokens=512",
+       "--worker-id=gen-2", "--precision=fp8", "--kv-cache=fp8"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.grpc_port, 50063);
+  EXPECT_EQ(c->metrics_port, 9463);
+  EXPECT_EQ(c->service.coordinator, "coordinator:50051");
+  EXPECT_EQ(c->weight_sync, "weight-sync:50052");
+  EXPECT_EQ(c->service.advertise_host, "gen-2");
+  EXPECT_EQ(c->scheduler.max_batch_tokens, 512);
+  EXPECT_EQ(c->worker_id, "gen-2");
+  EXPECT_EQ(c->precision.linear, model::Precision::kFP8);
+  EXPECT_EQ(c->precision.kv_cache, model::KvCacheDtype::kFP8);
+}
+
+TEST(WorkerConfigTest, BadValuesNameTheFlag) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--max-batch-tokens=0"}, "--max-batch-tokens"},
+      {{"--max-batch-tokens=lots"}, "--max-batch-tokens"},
+      {{"--precision=fp4"}, "--precision"},
+      {{"--kv-cache=int8"}, "--kv-cache"},
+      {{"--weight-sync=nohost"}, "--weight-sync"},
+      {{"--coordinator=host:99999"}, "--coordinator"},
+      {{"--metrics-port=70000"}, "--metrics-port"},
+      {{"--batch-wait-ms=-1"}, "--batch-wait-ms"},
+      {{"--no-such-flag=1"}, "--no-such-flag"},
+  };
+  for (const auto& [args, flag] : cases) {
+    auto c = parse_generation_worker_config(args);
+    ASSERT_FALSE(c.ok()) << args[0];
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+    EXPECT_NE(c.status().message().find(flag), std::string::npos) << c.status();
+  }
+}
+
+}  // namespace
+}  // namespace fp8rl::generation
