@@ -1,0 +1,136 @@
+// fp8rl-trainer-worker: wires the Trainer, its gRPC service (health + reflection), the /metrics
+// HTTP endpoint, coordinator registration and graceful SIGTERM handling together. Logic lives in
+// the fp8rl_trainer_worker library.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <future>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "common/service/http_server.h"
+#include "common/service/log.h"
+#include "common/service/metrics.h"
+#include "common/service/shutdown.h"
+#include "services/trainer_worker/registration.h"
+#include "services/trainer_worker/trainer.h"
+#include "services/trainer_worker/trainer_config.h"
+#include "services/trainer_worker/trainer_metrics.h"
+#include "services/trainer_worker/trainer_service.h"
+#include "services/trainer_worker/weight_publisher.h"
+
+namespace {
+
+using namespace fp8rl;  // NOLINT: main() only
+
+constexpr std::chrono::minutes kPublishTimeout{10};
+
+int fail(const absl::Status& status) {
+  std::fprintf(stderr, "fp8rl-trainer-worker: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int run(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << service::service_options_usage(trainer::default_trainer_service_options());
+      return 0;
+    }
+  }
+  absl::StatusOr<trainer::TrainerConfig> config = trainer::parse_trainer_config(args);
+  if (!config.ok()) {
+    std::fprintf(stderr, "fp8rl-trainer-worker: %s\n",
+                 std::string(config.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<service::LogLevel> level = service::parse_log_level(config->service.log_level);
+  if (!level.ok()) return fail(level.status());
+  service::set_log_level(*level);
+  std::error_code ec;
+  std::filesystem::create_directories(config->service.data_dir, ec);
+  if (ec) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "--data-dir: cannot create '", config->service.data_dir, "': ", ec.message())));
+  }
+  if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) return fail(s);
+
+  service::MetricsRegistry registry;
+  absl::StatusOr<std::unique_ptr<trainer::TrainerMetrics>> metrics =
+      trainer::TrainerMetrics::create(&registry);
+  if (!metrics.ok()) return fail(metrics.status());
+  std::unique_ptr<trainer::WeightPublisher> publisher =
+      trainer::make_grpc_weight_publisher(kPublishTimeout);
+  trainer::TrainerOptions options;
+  options.worker_id = config->name;
+  options.default_weight_sync_address = config->weight_sync;
+  options.data_dir = config->service.data_dir;
+  trainer::Trainer trainer(options, publisher.get(), metrics->get());
+  trainer::TrainerServiceImpl service_impl(&trainer);
+
+  service::GrpcServerOptions grpc_options;
+  grpc_options.address = service::listen_address(config->service, config->service.grpc_port);
+  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc =
+      service::GrpcServer::start(grpc_options, {&service_impl});
+  if (!grpc.ok()) return fail(grpc.status());
+
+  service::HttpServerOptions http_options;
+  http_options.host = config->service.listen_host;
+  http_options.port = config->metrics_port;
+  http_options.max_body_bytes = config->service.max_body_bytes;
+  service::HttpServer http(http_options, &registry, [] { return !service::shutdown_requested(); });
+  absl::StatusOr<int> http_port = http.start();
+  if (!http_port.ok()) {
+    (*grpc)->shutdown(std::chrono::milliseconds(0));
+    return fail(http_port.status());
+  }
+
+  std::unique_ptr<trainer::WorkerRegistration> registration;
+  if (!config->service.coordinator.empty()) {
+    trainer::RegistrationOptions reg;
+    reg.coordinator = config->service.coordinator;
+    reg.kind = v1::WORKER_KIND_TRAINER;
+    reg.address = service::advertise_address(config->service, (*grpc)->port());
+    reg.metrics_address = service::advertise_address(config->service, *http_port);
+    reg.name = config->name;
+    reg.weight_version = [&trainer] { return trainer.status().published_version(); };
+    registration = std::make_unique<trainer::WorkerRegistration>(reg);
+    if (absl::Status s = registration->start(); !s.ok()) {
+      (*grpc)->shutdown(std::chrono::milliseconds(0));
+      http.stop();
+      return fail(s);
+    }
+  }
+  service::log_info("trainer", "serving",
+                    {{"grpc_port", absl::StrCat((*grpc)->port())},
+                     {"metrics_port", absl::StrCat(*http_port)},
+                     {"coordinator", config->service.coordinator},
+                     {"weight_sync", config->weight_sync},
+                     {"data_dir", config->service.data_dir}});
+
+  service::wait_for_shutdown();
+  service::log_info("trainer", "shutting down");
+  const auto grace = std::chrono::milliseconds(
+      static_cast<int64_t>(config->service.shutdown_grace_seconds * 1000.0));
+  if (registration) registration->stop();
+  // The in-flight call gets `grace` to finish; past that, a running update stops at its next
+  // minibatch boundary (UNAVAILABLE) so the gRPC drain below ends in bounded time.
+  std::promise<void> drained;
+  std::future<void> drained_future = drained.get_future();
+  std::thread watchdog([&] {
+    if (drained_future.wait_for(grace) != std::future_status::ready) trainer.begin_shutdown();
+  });
+  (*grpc)->shutdown(grace);
+  drained.set_value();
+  watchdog.join();
+  http.stop();
+  service::log_info("trainer", "stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run(std::vector<std::string>(argv + 1, argv + argc)); }

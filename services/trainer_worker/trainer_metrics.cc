@@ -1,0 +1,76 @@
+// Registration of the trainer worker's metric families (names from docs/metrics.md).
+#include "services/trainer_worker/trainer_metrics.h"
+
+#include <chrono>
+
+namespace fp8rl::trainer {
+
+absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
+    service::MetricsRegistry* registry) {
+  absl::StatusOr<service::GaugeFamily*> build_info =
+      registry->add_gauge("fp8rl_build_info", "Always 1; labels identify the binary.", {"service"});
+  if (!build_info.ok()) return build_info.status();
+  (*build_info)->with({"trainer"}).set(1);
+  absl::StatusOr<service::GaugeFamily*> start = registry->add_gauge(
+      "fp8rl_process_start_time_seconds", "Start time of the process, Unix seconds.");
+  if (!start.ok()) return start.status();
+  (*start)->get().set(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+
+  auto m = std::make_unique<TrainerMetrics>();
+  absl::Status status;
+  auto counter = [&](const char* name, const char* help,
+                     std::vector<std::string> labels) -> service::CounterFamily* {
+    if (!status.ok()) return nullptr;
+    absl::StatusOr<service::CounterFamily*> f =
+        registry->add_counter(name, help, std::move(labels));
+    if (!f.ok()) {
+      status = f.status();
+      return nullptr;
+    }
+    return *f;
+  };
+  auto gauge = [&](const char* name, const char* help,
+                   std::vector<std::string> labels) -> service::GaugeFamily* {
+    if (!status.ok()) return nullptr;
+    absl::StatusOr<service::GaugeFamily*> f = registry->add_gauge(name, help, std::move(labels));
+    if (!f.ok()) {
+      status = f.status();
+      return nullptr;
+    }
+    return *f;
+  };
+  m->steps = counter("fp8rl_trainer_steps_total", "Optimizer steps.", {"kind"});
+  m->tokens = counter("fp8rl_trainer_tokens_total", "Training tokens processed.", {});
+  m->loss = gauge("fp8rl_trainer_loss", "Last step's loss.", {});
+  m->grad_norm = gauge("fp8rl_trainer_grad_norm", "Last step's gradient norm before clipping.", {});
+  m->learning_rate = gauge("fp8rl_trainer_learning_rate", "Current learning rate.", {});
+  m->policy_version = gauge("fp8rl_trainer_policy_version", "Last published weight version.", {});
+  m->phase_seconds =
+      gauge("fp8rl_trainer_phase_seconds", "Time of each phase in the last step.", {"phase"});
+  m->is_weight = gauge("fp8rl_trainer_is_weight",
+                       "IS weights exp(prev - gen) of the last step, before truncation.", {"stat"});
+  m->token_mult_prob_error =
+      gauge("fp8rl_trainer_token_mult_prob_error", "Last step's mean(exp(|gen - prev|)).", {});
+  m->gen_kl_error =
+      gauge("fp8rl_trainer_gen_kl_error", "Last step's KL(gen || train) per token.", {});
+  m->sampling_importance_ratio = gauge("fp8rl_trainer_sampling_importance_ratio",
+                                       "Last step's mean IS weight before truncation.", {});
+  m->is_oob_ratio = gauge("fp8rl_trainer_is_oob_ratio",
+                          "Last step's fraction of tokens outside the IS bounds.", {});
+  m->probs_ratio_min =
+      gauge("fp8rl_trainer_probs_ratio_min", "Last step's min of exp(prev - gen).", {});
+  m->probs_ratio_max =
+      gauge("fp8rl_trainer_probs_ratio_max", "Last step's max of exp(prev - gen).", {});
+  m->recalibration_seconds =
+      gauge("fp8rl_trainer_recalibration_seconds",
+            "Re-quantization + KV calibration time of the last publish.", {});
+  m->weight_scale_inv = gauge("fp8rl_trainer_weight_scale_inv",
+                              "128x128 weight block scales of the last publish.", {"stat"});
+  m->kv_scale =
+      gauge("fp8rl_trainer_kv_scale", "KV-cache scales of the last publish.", {"tensor", "stat"});
+  if (!status.ok()) return status;
+  return m;
+}
+
+}  // namespace fp8rl::trainer

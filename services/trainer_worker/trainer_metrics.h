@@ -1,0 +1,36 @@
+// The trainer worker's Prometheus metrics: exactly the names docs/metrics.md lists for
+// `service="trainer"`, plus the fp8rl_build_info / fp8rl_process_start_time_seconds pair every
+// service exports. The Trainer writes them after each update and publish.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/service/metrics.h"
+
+namespace fp8rl::trainer {
+
+struct TrainerMetrics {
+  // Registers every family in `registry` (which must outlive the result).
+  static absl::StatusOr<std::unique_ptr<TrainerMetrics>> create(service::MetricsRegistry* registry);
+
+  service::CounterFamily* steps = nullptr;         // {kind: grpo|sft} optimizer steps
+  service::CounterFamily* tokens = nullptr;        // training tokens processed
+  service::GaugeFamily* loss = nullptr;            // last step's loss
+  service::GaugeFamily* grad_norm = nullptr;       // last step's grad norm (before clipping)
+  service::GaugeFamily* learning_rate = nullptr;   // current learning rate
+  service::GaugeFamily* policy_version = nullptr;  // last published version
+  service::GaugeFamily* phase_seconds = nullptr;   // {phase}: time of each phase, last step
+  service::GaugeFamily* is_weight = nullptr;       // {stat: mean|min|max} before truncation
+  service::GaugeFamily* token_mult_prob_error = nullptr;
+  service::GaugeFamily* gen_kl_error = nullptr;
+  service::GaugeFamily* sampling_importance_ratio = nullptr;
+  service::GaugeFamily* is_oob_ratio = nullptr;
+  service::GaugeFamily* probs_ratio_min = nullptr;
+  service::GaugeFamily* probs_ratio_max = nullptr;
+  service::GaugeFamily* recalibration_seconds = nullptr;  // quantize + calibrate, last publish
+  service::GaugeFamily* weight_scale_inv = nullptr;       // {stat: min|mean|max}
+  service::GaugeFamily* kv_scale = nullptr;               // {tensor: k|v, stat: min|mean|max}
+};
+
+}  // namespace fp8rl::trainer

@@ -1,0 +1,73 @@
+// The gRPC WeightPublisher: GetStatus for the latest version, weight_sync::upload for the data.
+#include "services/trainer_worker/weight_publisher.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "fp8rl/v1/weight_sync.grpc.pb.h"
+#include "services/weight_sync/client.h"
+
+namespace fp8rl::trainer {
+namespace {
+
+class GrpcWeightPublisher final : public WeightPublisher {
+ public:
+  explicit GrpcWeightPublisher(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+
+  absl::StatusOr<int64_t> latest_version(const std::string& address) override {
+    std::unique_ptr<v1::WeightSyncService::Stub> stub =
+        v1::WeightSyncService::NewStub(channel(address));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + timeout_);
+    v1::GetWeightSyncStatusRequest request;
+    v1::WeightSyncStatus status;
+    absl::Status s = service::from_grpc_status(stub->GetStatus(&context, request, &status));
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("weight sync at ", address, ": ", s.message()));
+    }
+    return status.latest_version();
+  }
+
+  absl::StatusOr<uint64_t> upload(const std::string& address, const model::WeightSet& set,
+                                  v1::WeightFormat format) override {
+    weight_sync::UploadOptions options;
+    options.timeout = timeout_;
+    absl::StatusOr<v1::UploadVersionResponse> response =
+        weight_sync::upload(channel(address), set, format, options);
+    if (!response.ok()) {
+      return absl::Status(
+          response.status().code(),
+          absl::StrCat("upload to weight sync at ", address, ": ", response.status().message()));
+    }
+    return response->bytes_received();
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = channels_.find(address);
+    if (it != channels_.end()) return it->second;
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(64 << 20);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    channels_.emplace(address, channel);
+    return channel;
+  }
+
+  const std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout) {
+  return std::make_unique<GrpcWeightPublisher>(timeout);
+}
+
+}  // namespace fp8rl::trainer

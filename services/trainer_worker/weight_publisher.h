@@ -1,0 +1,31 @@
+// How the trainer hands a re-quantized policy version to the weight-sync service. An interface,
+// so the Trainer can be tested with an in-memory recorder as well as the real gRPC client.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fp8rl/v1/common.pb.h"
+#include "model/weight_set.h"
+
+namespace fp8rl::trainer {
+
+class WeightPublisher {
+ public:
+  virtual ~WeightPublisher() = default;
+  // Newest version the weight-sync service at `address` holds (0 when none); the trainer
+  // publishes above it, so a fresh trainer never collides with an earlier job's versions.
+  virtual absl::StatusOr<int64_t> latest_version(const std::string& address) = 0;
+  // Uploads `set` (its version, config_json and tensors) as `format`; returns the bytes received.
+  virtual absl::StatusOr<uint64_t> upload(const std::string& address, const model::WeightSet& set,
+                                          v1::WeightFormat format) = 0;
+};
+
+// The real thing: services/weight_sync/client.h over a gRPC channel per address (cached).
+// `timeout` bounds each call.
+std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout);
+
+}  // namespace fp8rl::trainer

@@ -1,0 +1,333 @@
+// Tests of the trainer worker's service side on loopback: the gRPC API end to end with an
+// in-process weight-sync service (publish -> a subscriber receives the same tensors), status
+// codes over the wire, health/status/metrics answering while an update is in flight, the metric
+// names of docs/metrics.md, coordinator registration, and flag parsing.
+#include "services/trainer_worker/trainer_service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "common/service/grpc_server.h"
+#include "common/service/metrics.h"
+#include "fp8rl/v1/trainer.grpc.pb.h"
+#include "fp8rl/v1/worker_registry.grpc.pb.h"
+#include "services/trainer_worker/registration.h"
+#include "services/trainer_worker/trainer_config.h"
+#include "services/weight_sync/client.h"
+#include "services/weight_sync/weight_sync_metrics.h"
+#include "services/weight_sync/weight_sync_service.h"
+#include "tests/unit/common/temp_dir.h"
+#include "tests/unit/trainer_worker/trainer_test_util.h"
+
+namespace fp8rl::trainer {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::shared_ptr<grpc::Channel> channel_to(int port) {
+  return grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                             grpc::InsecureChannelCredentials());
+}
+
+// grpc.health.v1.Health/Check with an empty request (all services); true when SERVING.
+bool health_serving(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 2s);
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;
+  const grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
+                                         grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::Status s =
+      grpc::internal::BlockingUnaryCall(channel.get(), method, &context, request, &response);
+  if (!s.ok()) return false;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const grpc::Slice& sl : slices)
+    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  return bytes == std::string("\x08\x01", 2);  // status: SERVING
+}
+
+TEST(TrainerServiceTest, TrainAndPublishThroughWeightSync) {
+  service::MetricsRegistry sync_registry;
+  auto sync_metrics = weight_sync::WeightSyncMetrics::create(&sync_registry);
+  ASSERT_TRUE(sync_metrics.ok());
+  weight_sync::WeightSyncServiceImpl sync({}, sync_metrics->get());
+  auto sync_server = service::GrpcServer::start({"127.0.0.1:0"}, {&sync});
+  ASSERT_TRUE(sync_server.ok()) << sync_server.status();
+  const std::string sync_address = "127.0.0.1:" + std::to_string((*sync_server)->port());
+
+  service::MetricsRegistry registry;
+  auto metrics = TrainerMetrics::create(&registry);
+  ASSERT_TRUE(metrics.ok());
+  auto publisher = make_grpc_weight_publisher(30s);
+  TrainerOptions options;
+  options.default_weight_sync_address = sync_address;
+  Trainer trainer(options, publisher.get(), metrics->get());
+  TrainerServiceImpl impl(&trainer);
+  auto server = service::GrpcServer::start({"127.0.0.1:0"}, {&impl});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = channel_to((*server)->port());
+  auto stub = v1::TrainerService::NewStub(channel);
+  EXPECT_TRUE(health_serving(channel));
+
+  {
+    grpc::ClientContext ctx;
+    v1::InitPolicyResponse resp;
+    ASSERT_TRUE(stub->InitPolicy(&ctx, testing::init_request(), &resp).ok());
+    EXPECT_GT(resp.num_parameters(), 0);
+    EXPECT_NE(resp.model_config_json().find("\"hidden_size\""), std::string::npos);
+  }
+  v1::TrainStepRequest step = testing::random_step(31, 4);
+  {
+    grpc::ClientContext ctx;
+    v1::ComputeLogprobsRequest req;
+    *req.mutable_sequences() = step.batch();
+    v1::ComputeLogprobsResponse resp;
+    ASSERT_TRUE(stub->ComputeLogprobs(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.sequences_size(), 4);
+    for (int i = 0; i < 4; ++i) {
+      *step.mutable_batch(i)->mutable_gen_logprobs() = resp.sequences(i).logprobs();
+    }
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::TrainStepResponse resp;
+    grpc::Status s = stub->TrainStep(&ctx, step, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.mismatch().token_mult_prob_error(), 1.0);
+    EXPECT_EQ(resp.version(), 1);
+  }
+  {  // A bad request crosses the wire as INVALID_ARGUMENT naming the field.
+    v1::TrainStepRequest bad = step;
+    bad.mutable_batch(2)->set_prompt_length(0);
+    grpc::ClientContext ctx;
+    v1::TrainStepResponse resp;
+    grpc::Status s = stub->TrainStep(&ctx, bad, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("batch[2].prompt_length"), std::string::npos);
+  }
+
+  // A generation-side subscriber receives exactly what was published.
+  std::mutex mu;
+  model::WeightSet received;
+  weight_sync::SubscriberOptions sub_options;
+  sub_options.worker_id = "gen-0";
+  weight_sync::WeightSubscriber subscriber(channel_to((*sync_server)->port()), sub_options,
+                                           [&](model::WeightSet set) {
+                                             std::lock_guard<std::mutex> lock(mu);
+                                             received = std::move(set);
+                                             return absl::OkStatus();
+                                           });
+  ASSERT_TRUE(subscriber.start().ok());
+  {
+    grpc::ClientContext ctx;
+    v1::PublishRequest req;  // no address: the trainer's default (the weight sync above)
+    req.set_calibrate_kv_scales(true);
+    v1::PublishResponse resp;
+    grpc::Status s = stub->Publish(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.version(), 1);
+    EXPECT_GT(resp.bytes(), 0u);
+  }
+  EXPECT_EQ(sync.store().latest_version(), 1);
+  ASSERT_TRUE(subscriber.wait_for_version(1, 10s));
+  subscriber.stop();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const model::WeightSet& sent = trainer.last_published();
+    ASSERT_EQ(received.tensors.size(), sent.tensors.size());
+    for (size_t i = 0; i < sent.tensors.size(); ++i) {
+      const model::NamedTensor* t = received.find(sent.tensors[i].name);
+      ASSERT_NE(t, nullptr) << sent.tensors[i].name;
+      EXPECT_EQ(t->bytes, sent.tensors[i].bytes) << t->name;
+      EXPECT_EQ(t->dtype, sent.tensors[i].dtype) << t->name;
+    }
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::TrainerStatus st;
+    ASSERT_TRUE(stub->GetStatus(&ctx, v1::GetTrainerStatusRequest(), &st).ok());
+    EXPECT_TRUE(st.ready());
+    EXPECT_EQ(st.published_version(), 1);
+    EXPECT_EQ(st.job_id(), "job-1");
+  }
+
+  // Every trainer metric of docs/metrics.md is exported and the text passes promtool.
+  const std::string text = registry.render();
+  for (const char* name :
+       {"fp8rl_build_info", "fp8rl_process_start_time_seconds", "fp8rl_trainer_steps_total",
+        "fp8rl_trainer_tokens_total", "fp8rl_trainer_loss", "fp8rl_trainer_grad_norm",
+        "fp8rl_trainer_learning_rate", "fp8rl_trainer_policy_version",
+        "fp8rl_trainer_phase_seconds", "fp8rl_trainer_is_weight",
+        "fp8rl_trainer_token_mult_prob_error", "fp8rl_trainer_gen_kl_error",
+        "fp8rl_trainer_sampling_importance_ratio", "fp8rl_trainer_is_oob_ratio",
+        "fp8rl_trainer_probs_ratio_min", "fp8rl_trainer_probs_ratio_max",
+        "fp8rl_trainer_recalibration_seconds", "fp8rl_trainer_weight_scale_inv",
+        "fp8rl_trainer_kv_scale"}) {
+    EXPECT_NE(text.find(std::string("# TYPE ") + name + " "), std::string::npos) << name;
+  }
+  EXPECT_NE(text.find("fp8rl_trainer_steps_total{kind=\"grpo\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("fp8rl_trainer_policy_version 1"), std::string::npos);
+  EXPECT_NE(text.find("fp8rl_trainer_kv_scale{tensor=\"k\",stat=\"max\"}"), std::string::npos);
+  if (std::system("command -v promtool >/dev/null 2>&1") == 0) {
+    testing_util::TempDir dir;
+    std::ofstream(dir.file("metrics.txt")) << text;
+    const std::string cmd = "promtool check metrics < " + dir.file("metrics.txt") + " >&2";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << text;
+  }
+  sync.begin_shutdown();
+}
+
+TEST(TrainerServiceTest, HealthStatusAndMetricsAnswerWhileACallRuns) {
+  testing::RecordingPublisher publisher;
+  service::MetricsRegistry registry;
+  auto metrics = TrainerMetrics::create(&registry);
+  ASSERT_TRUE(metrics.ok());
+  Trainer trainer({}, &publisher, metrics->get());
+  TrainerServiceImpl impl(&trainer);
+  auto server = service::GrpcServer::start({"127.0.0.1:0"}, {&impl});
+  ASSERT_TRUE(server.ok());
+  auto channel = channel_to((*server)->port());
+  auto stub = v1::TrainerService::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    v1::InitPolicyResponse resp;
+    ASSERT_TRUE(stub->InitPolicy(&ctx, testing::init_request(), &resp).ok());
+  }
+  publisher.set_block(true);  // Publish will hold the trainer until released
+  std::future<grpc::Status> publish = std::async(std::launch::async, [&] {
+    grpc::ClientContext ctx;
+    v1::PublishResponse resp;
+    return stub->Publish(&ctx, v1::PublishRequest(), &resp);
+  });
+  publisher.wait_entered();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(health_serving(channel));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+    v1::TrainerStatus st;
+    ASSERT_TRUE(stub->GetStatus(&ctx, v1::GetTrainerStatusRequest(), &st).ok());
+    EXPECT_TRUE(st.ready());
+    EXPECT_EQ(st.published_version(), 0);
+  }
+  EXPECT_NE(registry.render().find("fp8rl_trainer_loss"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_EQ(publish.wait_for(0s), std::future_status::timeout);  // still in flight
+  publisher.set_block(false);
+  EXPECT_TRUE(publish.get().ok());
+  EXPECT_EQ(trainer.status().published_version(), 1);
+}
+
+// A coordinator stand-in: records registrations, asks to re-register once, records deregisters.
+class FakeRegistry final : public v1::WorkerRegistry::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override {
+    std::lock_guard<std::mutex> lock(mu);
+    registers.push_back(*request);
+    response->set_worker_id("trainer-" + std::to_string(registers.size()));
+    response->set_heartbeat_interval_ms(20);
+    response->set_expiry_ms(1000);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++heartbeats;
+    response->set_reregister(heartbeats == 2);
+    return grpc::Status::OK;
+  }
+  grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
+                          v1::DeregisterResponse*) override {
+    std::lock_guard<std::mutex> lock(mu);
+    deregistered.push_back(request->worker_id());
+    return grpc::Status::OK;
+  }
+  std::mutex mu;
+  std::vector<v1::RegisterWorkerRequest> registers;
+  int heartbeats = 0;
+  std::vector<std::string> deregistered;
+};
+
+TEST(RegistrationTest, RegistersHeartbeatsReregistersAndDeregisters) {
+  FakeRegistry fake;
+  auto server = service::GrpcServer::start({"127.0.0.1:0"}, {&fake});
+  ASSERT_TRUE(server.ok());
+  RegistrationOptions options;
+  options.coordinator = "127.0.0.1:" + std::to_string((*server)->port());
+  options.address = "127.0.0.1:50053";
+  options.metrics_address = "127.0.0.1:9403";
+  options.name = "trainer";
+  options.weight_version = [] { return int64_t{4}; };
+  WorkerRegistration registration(options);
+  ASSERT_TRUE(registration.start().ok());
+  ASSERT_TRUE(registration.wait_registered(5s));
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (registration.registrations() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(registration.registrations(), 2);
+  registration.stop();
+  std::lock_guard<std::mutex> lock(fake.mu);
+  ASSERT_GE(fake.registers.size(), 2u);
+  EXPECT_EQ(fake.registers[0].kind(), v1::WORKER_KIND_TRAINER);
+  EXPECT_EQ(fake.registers[0].address(), "127.0.0.1:50053");
+  EXPECT_EQ(fake.registers[0].metrics_address(), "127.0.0.1:9403");
+  EXPECT_EQ(fake.registers[0].weight_version(), 4);
+  EXPECT_EQ(fake.deregistered, std::vector<std::string>{"trainer-2"});
+
+  RegistrationOptions missing;
+  missing.coordinator = "x:1";  // no address
+  WorkerRegistration no_address(missing);
+  EXPECT_EQ(no_address.start().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TrainerConfigTest, DefaultsFlagsAndErrors) {
+  absl::StatusOr<TrainerConfig> c = parse_trainer_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.grpc_port, 50053);
+  EXPECT_EQ(c->metrics_port, 9403);
+  EXPECT_EQ(c->service.coordinator, "localhost:50051");
+  EXPECT_EQ(c->weight_sync, "localhost:50052");
+  EXPECT_EQ(c->service.advertise_host, "127.0.0.1");
+  EXPECT_EQ(c->service.data_dir, "./fp8rl-data/checkpoints");
+
+  c = parse_trainer_config({"--grpc-port", "6000", "--metrics-port=6001", "--weight-sync", "ws:1",
+                            "--coordinator", "co:2", "--advertise-host", "trainer", "--data-dir",
+                            "/tmp/x"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.grpc_port, 6000);
+  EXPECT_EQ(c->metrics_port, 6001);
+  EXPECT_EQ(c->weight_sync, "ws:1");
+  EXPECT_EQ(c->service.coordinator, "co:2");
+  EXPECT_EQ(c->service.advertise_host, "trainer");
+  EXPECT_EQ(c->service.data_dir, "/tmp/x");
+
+  testing_util::TempDir dir;
+  std::ofstream(dir.file("trainer.yaml")) << "metrics_port: 7001\nweight_sync: yaml:3\n";
+  c = parse_trainer_config({"--config", dir.file("trainer.yaml"), "--weight-sync", "flag:4"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics_port, 7001);
+  EXPECT_EQ(c->weight_sync, "flag:4");  // flags override the file
+
+  c = parse_trainer_config({"--metrics-port", "abc"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("--metrics-port"), std::string::npos) << c.status();
+  c = parse_trainer_config({"--no-such-flag", "1"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("no-such-flag"), std::string::npos) << c.status();
+}
+
+}  // namespace
+}  // namespace fp8rl::trainer
