@@ -1,0 +1,630 @@
+// Spawning, health-checking, supervising and stopping the local cluster's child processes.
+#include "tools/fp8rl/cluster.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/fs.h"
+#include "nlohmann/json.hpp"
+
+namespace fp8rl::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// A socket address for an IPv4 literal host ("127.0.0.1"); "localhost" means loopback.
+absl::StatusOr<sockaddr_in> ipv4_address(const std::string& host, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const std::string literal = host == "localhost" ? "127.0.0.1" : host;
+  if (inet_pton(AF_INET, literal.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host '", host, "': expected an IPv4 address such as 127.0.0.1"));
+  }
+  return addr;
+}
+
+// A connected TCP socket (caller closes it), or Unavailable.
+absl::StatusOr<int> tcp_connect(const std::string& host, int port,
+                                std::chrono::milliseconds timeout) {
+  absl::StatusOr<sockaddr_in> addr = ipv4_address(host, port);
+  if (!addr.ok()) return addr.status();
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", errno_text(errno)));
+  int rc = connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr));
+  if (rc != 0 && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    rc = poll(&p, 1, static_cast<int>(timeout.count()));
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+      rc = 0;
+    } else {
+      errno = rc == 0 ? ETIMEDOUT : (err != 0 ? err : errno);
+      rc = -1;
+    }
+  }
+  if (rc != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", host, ":", port, ": ", errno_text(err)));
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+std::string port_flag(const std::string& name, int port) {
+  return absl::StrCat("--", name, "=", port);
+}
+
+std::string now_text() {
+  const std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+}  // namespace
+
+absl::StatusOr<int> http_get(const std::string& host, int port, const std::string& path,
+                             std::chrono::milliseconds timeout, std::string* body) {
+  absl::StatusOr<int> fd = tcp_connect(host, port, timeout);
+  if (!fd.ok()) return fd.status();
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(*fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", host, ":", port,
+                                           "\r\nConnection: close\r\nAccept: */*\r\n\r\n");
+  size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = send(*fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) {
+      close(*fd);
+      return absl::UnavailableError(absl::StrCat("GET ", path, " on port ", port, ": send failed"));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = recv(*fd, buf, sizeof(buf), 0);
+    if (n > 0) {
+      response.append(buf, static_cast<size_t>(n));
+      if (response.size() > (16u << 20)) break;
+    } else {
+      break;  // EOF (Connection: close), timeout or error: parse what arrived
+    }
+  }
+  close(*fd);
+  // "HTTP/1.1 200 OK\r\n..."
+  int status = 0;
+  if (response.rfind("HTTP/1.", 0) != 0 || response.size() < 12 ||
+      std::sscanf(response.c_str() + 9, "%3d", &status) != 1) {
+    return absl::UnavailableError(
+        absl::StrCat("GET ", path, " on port ", port, ": no HTTP response"));
+  }
+  if (body != nullptr) {
+    const size_t split = response.find("\r\n\r\n");
+    *body = split == std::string::npos ? "" : response.substr(split + 4);
+  }
+  return status;
+}
+
+absl::Status validate_cluster_options(const ClusterOptions& options) {
+  if (options.workers < 1 || options.workers > kMaxGenerationWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--workers: must be in [1, ", kMaxGenerationWorkers, "], got ", options.workers));
+  }
+  // The lowest default port is 8080 and the highest 50061 + workers - 1.
+  const int highest = kGenerationGrpcPort + options.workers - 1 + options.port_offset;
+  const int lowest = kCoordinatorHttpPort + options.port_offset;
+  if (lowest < 1024 || highest > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port-offset: ", options.port_offset,
+                                                   " moves the ports to [", lowest, ", ", highest,
+                                                   "]; they must stay within [1024, 65535]"));
+  }
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("--data-dir: must not be empty");
+  if (options.bin_dir.empty()) return absl::InvalidArgumentError("--bin-dir: must not be empty");
+  if (options.startup_timeout.count() <= 0) {
+    return absl::InvalidArgumentError("--startup-timeout: must be > 0");
+  }
+  if (absl::StatusOr<sockaddr_in> a = ipv4_address(options.host, 1); !a.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--host: ", a.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
+  namespace fs = std::filesystem;
+  const int off = options.port_offset;
+  const std::string& host = options.host;
+  const fs::path bin(options.bin_dir);
+  const fs::path data(options.data_dir);
+  const std::string coordinator = absl::StrCat(host, ":", kCoordinatorGrpcPort + off);
+  const std::string weight_sync = absl::StrCat(host, ":", kWeightSyncGrpcPort + off);
+  auto common = [&](const std::string& name) {
+    return std::vector<std::string>{"--listen-host=" + host, "--advertise-host=" + host,
+                                    "--log-level=" + options.log_level,
+                                    "--data-dir=" + (data / name).string()};
+  };
+  auto log_path = [&](const std::string& name) {
+    return (data / "logs" / (name + ".log")).string();
+  };
+  std::vector<ServiceSpec> out;
+
+  ServiceSpec ws;
+  ws.name = "weight-sync";
+  ws.binary = (bin / "fp8rl-weight-sync").string();
+  ws.grpc_port = kWeightSyncGrpcPort + off;
+  ws.http_port = kWeightSyncMetricsPort + off;
+  ws.args = common(ws.name);
+  ws.args.push_back(port_flag("grpc-port", ws.grpc_port));
+  ws.args.push_back(port_flag("metrics-port", ws.http_port));
+  ws.log_path = log_path(ws.name);
+  out.push_back(ws);
+
+  ServiceSpec co;
+  co.name = "coordinator";
+  co.binary = (bin / "fp8rl-coordinator").string();
+  co.grpc_port = kCoordinatorGrpcPort + off;
+  co.http_port = kCoordinatorHttpPort + off;
+  co.args = common(co.name);
+  co.args.push_back(port_flag("grpc-port", co.grpc_port));
+  co.args.push_back(port_flag("http-port", co.http_port));
+  co.log_path = log_path(co.name);
+  out.push_back(co);
+
+  ServiceSpec tr;
+  tr.name = "trainer";
+  tr.binary = (bin / "fp8rl-trainer-worker").string();
+  tr.grpc_port = kTrainerGrpcPort + off;
+  tr.http_port = kTrainerMetricsPort + off;
+  tr.args = common(tr.name);
+  tr.args.push_back(port_flag("grpc-port", tr.grpc_port));
+  tr.args.push_back(port_flag("metrics-port", tr.http_port));
+  tr.args.push_back("--coordinator=" + coordinator);
+  tr.args.push_back("--weight-sync=" + weight_sync);
+  tr.log_path = log_path(tr.name);
+  out.push_back(tr);
+
+  for (int i = 0; i < options.workers; ++i) {
+    ServiceSpec gw;
+    gw.name = absl::StrCat("generation-worker-", i);
+    gw.binary = (bin / "fp8rl-generation-worker").string();
+    gw.grpc_port = kGenerationGrpcPort + i + off;
+    gw.http_port = kGenerationMetricsPort + i + off;
+    gw.essential = false;
+    gw.args = {"--listen-host=" + host, "--advertise-host=" + host,
+               "--log-level=" + options.log_level};
+    gw.args.push_back(port_flag("grpc-port", gw.grpc_port));
+    gw.args.push_back(port_flag("metrics-port", gw.http_port));
+    gw.args.push_back("--coordinator=" + coordinator);
+    gw.args.push_back("--weight-sync=" + weight_sync);
+    gw.args.push_back("--worker-id=" + gw.name);
+    gw.log_path = log_path(gw.name);
+    out.push_back(gw);
+  }
+  return out;
+}
+
+absl::Status check_ports_free(const std::vector<ServiceSpec>& plan, const std::string& host) {
+  for (const ServiceSpec& s : plan) {
+    const std::pair<int, const char*> ports[] = {
+        {s.grpc_port, "gRPC"}, {s.http_port, s.name == "coordinator" ? "HTTP" : "metrics"}};
+    for (const auto& [port, what] : ports) {
+      absl::StatusOr<sockaddr_in> addr = ipv4_address(host, port);
+      if (!addr.ok()) return addr.status();
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", errno_text(errno)));
+      // SO_REUSEADDR like the services themselves, so sockets in TIME_WAIT do not count; a
+      // listening socket (on this address or the wildcard) still makes bind() fail.
+      const int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      const int rc = bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr));
+      const int err = errno;
+      close(fd);
+      if (rc != 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("port ", port, " (", s.name, " ", what, ") is not free on ", host, ": ",
+                         errno_text(err), "; stop what uses it or pick another --port-offset"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string tail_file(const std::string& path, int max_lines) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::deque<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    lines.push_back(line);
+    if (static_cast<int>(lines.size()) > max_lines) lines.pop_front();
+  }
+  std::string out;
+  for (const std::string& l : lines) absl::StrAppend(&out, "    ", l, "\n");
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ChildProcess
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::spawn(
+    const std::string& binary, const std::vector<std::string>& args, const std::string& log_path) {
+  if (access(binary.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("'", binary, "' is not an executable file (",
+                                            errno_text(errno), "); build it or pass --bin-dir"));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(log_path).parent_path(), ec);
+  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open log file '", log_path, "': ", errno_text(errno)));
+  }
+  // Everything the child needs is prepared before fork(): after it only async-signal-safe calls.
+  std::vector<std::string> argv_storage;
+  argv_storage.push_back(binary);
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string header =
+      absl::StrCat("=== fp8rl launcher: starting ", binary, " at ", now_text(), " ===\n");
+  (void)!write(log_fd, header.data(), header.size());
+  // exec failure is reported through a close-on-exec pipe: EOF means exec succeeded.
+  int error_pipe[2];
+  if (pipe2(error_pipe, O_CLOEXEC) != 0) {
+    close(log_fd);
+    return absl::InternalError(absl::StrCat("pipe: ", errno_text(errno)));
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int err = errno;
+    close(log_fd);
+    close(error_pipe[0]);
+    close(error_pipe[1]);
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", errno_text(err)));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    const int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    const int err = errno;
+    (void)!write(error_pipe[1], &err, sizeof(err));
+    _exit(127);
+  }
+  close(log_fd);
+  close(error_pipe[1]);
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = read(error_pipe[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  close(error_pipe[0]);
+  auto child = std::unique_ptr<ChildProcess>(new ChildProcess(pid));
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    child->wait_for_exit(std::chrono::milliseconds(5000));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot execute '", binary, "': ", errno_text(child_errno)));
+  }
+  return child;
+}
+
+ChildProcess::~ChildProcess() { stop(std::chrono::milliseconds(5000)); }
+
+bool ChildProcess::running() {
+  if (wait_status_) return false;
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(pid_, &status, WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == pid_) {
+    wait_status_ = status;
+    return false;
+  }
+  if (r < 0) {  // not our child any more (should not happen): treat as gone
+    wait_status_ = 0;
+    return false;
+  }
+  return true;
+}
+
+std::string ChildProcess::exit_description() const {
+  if (!wait_status_) return "";
+  const int s = *wait_status_;
+  if (WIFEXITED(s)) return absl::StrCat("exited with code ", WEXITSTATUS(s));
+  if (WIFSIGNALED(s)) {
+    return absl::StrCat("killed by signal ", WTERMSIG(s), " (", strsignal(WTERMSIG(s)), ")");
+  }
+  return "ended";
+}
+
+bool ChildProcess::exited_cleanly() const {
+  return wait_status_ && WIFEXITED(*wait_status_) && WEXITSTATUS(*wait_status_) == 0;
+}
+
+void ChildProcess::send_signal(int signal) {
+  if (running()) kill(pid_, signal);
+}
+
+bool ChildProcess::wait_for_exit(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (running()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+bool ChildProcess::stop(std::chrono::milliseconds grace) {
+  if (!running()) return true;
+  kill(pid_, SIGTERM);
+  if (wait_for_exit(grace)) return true;
+  kill(pid_, SIGKILL);
+  wait_for_exit(std::chrono::milliseconds(10'000));
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// LocalCluster
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(
+    const ClusterOptions& options, std::ostream* progress,
+    const std::function<bool()>& interrupted) {
+  if (absl::Status s = validate_cluster_options(options); !s.ok()) return s;
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  cluster->options_ = options;
+  cluster->specs_ = plan_cluster(options);
+  for (const ServiceSpec& s : cluster->specs_) {
+    if (access(s.binary.c_str(), X_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(s.name, ": '", s.binary,
+                                              "' is not an executable file; build the services "
+                                              "or pass --bin-dir"));
+    }
+  }
+  if (absl::Status s = check_ports_free(cluster->specs_, options.host); !s.ok()) return s;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(options.data_dir) / "logs", ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--data-dir: cannot create '", options.data_dir, "': ", ec.message()));
+  }
+  if (progress != nullptr) {
+    *progress << "fp8rl: starting " << cluster->specs_.size() << " services, logs in "
+              << (std::filesystem::path(options.data_dir) / "logs").string() << "\n"
+              << std::flush;
+  }
+
+  // Weight sync and the coordinator first (the others connect to them), then everyone else.
+  const size_t first_wave = 2;
+  size_t next = 0;
+  for (size_t wave_end : {first_wave, cluster->specs_.size()}) {
+    const size_t wave_begin = next;
+    const auto wave_start = Clock::now();
+    for (; next < wave_end; ++next) {
+      const ServiceSpec& s = cluster->specs_[next];
+      absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+          ChildProcess::spawn(s.binary, s.args, s.log_path);
+      if (!child.ok()) {
+        cluster->stop();
+        return absl::Status(child.status().code(),
+                            absl::StrCat(s.name, ": ", child.status().message()));
+      }
+      cluster->children_.push_back(std::move(*child));
+      cluster->reported_.push_back(false);
+    }
+    std::vector<bool> ready(wave_end - wave_begin, false);
+    size_t remaining = ready.size();
+    std::vector<std::string> last_error(ready.size());
+    while (remaining > 0) {
+      for (size_t i = wave_begin; i < wave_end; ++i) {
+        if (ready[i - wave_begin]) continue;
+        const ServiceSpec& s = cluster->specs_[i];
+        ChildProcess& child = *cluster->children_[i];
+        if (!child.running()) {
+          const std::string why = child.exit_description();
+          cluster->reported_[i] = true;
+          cluster->stop();
+          return absl::UnavailableError(absl::StrCat(s.name, " ", why,
+                                                     " during startup; last lines of ", s.log_path,
+                                                     ":\n", tail_file(s.log_path, 15)));
+        }
+        std::string body;
+        absl::StatusOr<int> code =
+            http_get(options.host, s.http_port, "/healthz", std::chrono::milliseconds(1000), &body);
+        bool ok = code.ok() && *code == 200;
+        if (!code.ok()) {
+          last_error[i - wave_begin] = std::string(code.status().message());
+        } else if (*code != 200) {
+          last_error[i - wave_begin] = absl::StrCat("GET /healthz answered ", *code);
+        }
+        if (ok) {
+          absl::StatusOr<int> fd =
+              tcp_connect(options.host, s.grpc_port, std::chrono::milliseconds(1000));
+          if (fd.ok()) {
+            close(*fd);
+          } else {
+            ok = false;
+            last_error[i - wave_begin] = absl::StrCat("gRPC port: ", fd.status().message());
+          }
+        }
+        if (ok) {
+          ready[i - wave_begin] = true;
+          --remaining;
+          if (progress != nullptr) {
+            const double secs = std::chrono::duration<double>(Clock::now() - wave_start).count();
+            *progress << absl::StrFormat("  %-22s ready  (pid %d, %.1f s)\n", s.name,
+                                         static_cast<int>(child.pid()), secs)
+                      << std::flush;
+          }
+        }
+      }
+      if (remaining == 0) break;
+      if (interrupted && interrupted()) {
+        cluster->stop();
+        return absl::CancelledError("interrupted while the cluster was starting; stopped it");
+      }
+      if (Clock::now() - wave_start > options.startup_timeout) {
+        for (size_t i = wave_begin; i < wave_end; ++i) {
+          if (ready[i - wave_begin]) continue;
+          const ServiceSpec& s = cluster->specs_[i];
+          const std::string message = absl::StrCat(
+              s.name, " did not become healthy within ",
+              std::chrono::duration_cast<std::chrono::seconds>(options.startup_timeout).count(),
+              " s (", last_error[i - wave_begin], "); last lines of ", s.log_path, ":\n",
+              tail_file(s.log_path, 15));
+          cluster->stop();
+          return absl::DeadlineExceededError(message);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+  // cluster.json: what runs where, for scripts and tests (pids to signal, logs to read).
+  nlohmann::ordered_json state;
+  state["host"] = options.host;
+  state["port_offset"] = options.port_offset;
+  state["data_dir"] = options.data_dir;
+  state["launcher_pid"] = static_cast<int>(getpid());
+  state["coordinator_grpc"] = cluster->coordinator_grpc_address();
+  state["coordinator_http"] = cluster->coordinator_http_url();
+  nlohmann::ordered_json services = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < cluster->specs_.size(); ++i) {
+    const ServiceSpec& s = cluster->specs_[i];
+    services.push_back({{"name", s.name},
+                        {"pid", static_cast<int>(cluster->children_[i]->pid())},
+                        {"grpc_port", s.grpc_port},
+                        {"http_port", s.http_port},
+                        {"log", s.log_path}});
+  }
+  state["services"] = services;
+  if (absl::Status s = write_file_atomic(cluster->state_path(), state.dump(2) + "\n"); !s.ok()) {
+    cluster->stop();
+    return absl::Status(s.code(), absl::StrCat("--data-dir: ", s.message()));
+  }
+  return cluster;
+}
+
+LocalCluster::~LocalCluster() { stop(); }
+
+std::string LocalCluster::coordinator_grpc_address() const {
+  return absl::StrCat(options_.host, ":", kCoordinatorGrpcPort + options_.port_offset);
+}
+
+std::string LocalCluster::coordinator_http_url() const {
+  return absl::StrCat("http://", options_.host, ":", kCoordinatorHttpPort + options_.port_offset);
+}
+
+std::string LocalCluster::state_path() const {
+  return (std::filesystem::path(options_.data_dir) / "cluster.json").string();
+}
+
+std::vector<ChildFailure> LocalCluster::poll_failures() {
+  std::vector<ChildFailure> out;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    if (reported_[i] || children_[i]->running()) continue;
+    reported_[i] = true;
+    const ServiceSpec& s = specs_[i];
+    out.push_back({s.name, s.essential, children_[i]->exit_description(), s.log_path,
+                   tail_file(s.log_path, 10)});
+  }
+  return out;
+}
+
+std::string LocalCluster::stop() {
+  if (stopped_) return "";
+  stopped_ = true;
+  std::string report;
+  // Waves: generation workers and trainer, then the coordinator, then weight sync. Each wave gets
+  // SIGTERM together and one shared grace period.
+  std::vector<std::vector<size_t>> waves(3);
+  for (size_t i = 0; i < children_.size(); ++i) {
+    const std::string& name = specs_[i].name;
+    waves[name == "weight-sync" ? 2 : name == "coordinator" ? 1 : 0].push_back(i);
+  }
+  for (const std::vector<size_t>& wave : waves) {
+    std::vector<size_t> signalled;
+    for (size_t i : wave) {
+      if (children_[i]->running()) {
+        children_[i]->send_signal(SIGTERM);
+        signalled.push_back(i);
+      } else if (!reported_[i] && !children_[i]->exited_cleanly()) {
+        absl::StrAppend(&report, specs_[i].name, " had ", children_[i]->exit_description(),
+                        " (log: ", specs_[i].log_path, ")\n");
+      }
+      reported_[i] = true;
+    }
+    const auto deadline = Clock::now() + options_.stop_grace;
+    for (size_t i : signalled) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (!children_[i]->stop(std::max(left, std::chrono::milliseconds(0)))) {
+        absl::StrAppend(&report, specs_[i].name, " ignored SIGTERM for ",
+                        options_.stop_grace.count() / 1000.0,
+                        " s and was killed (log: ", specs_[i].log_path, ")\n");
+      } else if (!children_[i]->exited_cleanly()) {
+        absl::StrAppend(&report, specs_[i].name, " stopped: ", children_[i]->exit_description(),
+                        " (log: ", specs_[i].log_path, ")\n");
+      }
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove(state_path(), ec);
+  return report;
+}
+
+std::string format_endpoints(const std::vector<ServiceSpec>& services, const std::string& host) {
+  std::string out;
+  for (const ServiceSpec& s : services) {
+    const char* http_kind = s.name == "coordinator" ? "REST+/metrics" : "/metrics";
+    absl::StrAppend(&out, absl::StrFormat("  %-22s gRPC %s:%d   %s http://%s:%d\n", s.name, host,
+                                          s.grpc_port, http_kind, host, s.http_port));
+  }
+  return out;
+}
+
+}  // namespace fp8rl::cli

@@ -1,0 +1,266 @@
+// `fp8rl up` (run a local cluster until Ctrl-C) and `fp8rl run CONFIG` (local cluster + one job
+// with live progress and a summary): the one-command ways to use fp8rl on a single machine.
+#include "tools/fp8rl/job_client.h"
+
+// The launcher needs the service libraries (shutdown handling) and the JobService client: both
+// exist exactly when the services are built.
+#ifdef FP8RL_CLI_HAS_GRPC
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/service/shutdown.h"
+#include "tools/fp8rl/args.h"
+#include "tools/fp8rl/cluster.h"
+#include "tools/fp8rl/command.h"
+
+namespace fp8rl::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kInterruptedExit = 130;
+
+// The folder of the running fp8rl binary: the service binaries are built next to it.
+std::string own_bin_dir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : exe.parent_path().string();
+}
+
+FlagSpec cluster_flags() {
+  FlagSpec spec;
+  spec.value_flags = {"port-offset", "base-port-offset", "data-dir",  "workers",
+                      "bin-dir",     "startup-timeout",  "log-level", "stop-timeout"};
+  return spec;
+}
+
+absl::StatusOr<ClusterOptions> cluster_options(const Args& args) {
+  ClusterOptions o;
+  o.bin_dir = args.get("bin-dir").value_or(own_bin_dir());
+  o.data_dir = std::filesystem::absolute(args.get("data-dir").value_or("fp8rl-data")).string();
+  absl::StatusOr<int64_t> workers = args.get_int("workers", 2);
+  if (!workers.ok()) return workers.status();
+  const char* offset_flag = args.has("port-offset") ? "port-offset" : "base-port-offset";
+  if (args.has("port-offset") && args.has("base-port-offset")) {
+    return absl::InvalidArgumentError(
+        "--port-offset and --base-port-offset are the same flag; "
+        "give one");
+  }
+  absl::StatusOr<int64_t> offset = args.get_int(offset_flag, 0);
+  if (!offset.ok()) return offset.status();
+  absl::StatusOr<double> startup = args.get_double("startup-timeout", 90.0);
+  if (!startup.ok()) return startup.status();
+  absl::StatusOr<double> stop = args.get_double("stop-timeout", 15.0);
+  if (!stop.ok()) return stop.status();
+  if (*workers < 0 || *workers > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers: must be in [1, ", kMaxGenerationWorkers, "], got ", *workers));
+  }
+  if (*offset < -65535 || *offset > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port-offset: must be in [-65535, 65535], got ", *offset));
+  }
+  if (!(*startup > 0 && *startup <= 3600)) {
+    return absl::InvalidArgumentError("--startup-timeout: must be in (0, 3600] seconds");
+  }
+  if (!(*stop >= 0 && *stop <= 3600)) {
+    return absl::InvalidArgumentError("--stop-timeout: must be in [0, 3600] seconds");
+  }
+  o.workers = static_cast<int>(*workers);
+  o.port_offset = static_cast<int>(*offset);
+  o.startup_timeout = std::chrono::milliseconds(static_cast<int64_t>(*startup * 1000));
+  o.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(*stop * 1000));
+  o.log_level = args.get("log-level").value_or("info");
+  if (o.log_level != "debug" && o.log_level != "info" && o.log_level != "warn" &&
+      o.log_level != "error") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log-level: must be one of debug, info, warn, error, got '", o.log_level, "'"));
+  }
+  if (absl::Status s = validate_cluster_options(o); !s.ok()) return s;
+  return o;
+}
+
+void print_failure(const char* name, const ChildFailure& f) {
+  std::fprintf(stderr, "fp8rl %s: %s %s (%s); last lines of %s:\n%s", name, f.service.c_str(),
+               f.description.c_str(), f.essential ? "the cluster cannot continue" : "continuing",
+               f.log_path.c_str(), f.log_tail.c_str());
+}
+
+// Stops the cluster and reports children that did not stop cleanly.
+void stop_cluster(const char* name, LocalCluster& cluster) {
+  std::printf("stopping the cluster...\n");
+  std::fflush(stdout);
+  const std::string report = cluster.stop();
+  if (!report.empty()) std::fprintf(stderr, "fp8rl %s: %s", name, report.c_str());
+  std::printf("cluster stopped\n");
+  std::fflush(stdout);
+}
+
+int up_main(const std::vector<std::string>& argv) {
+  constexpr const char* kName = "up";
+  absl::StatusOr<Args> args = Args::Parse(argv, cluster_flags());
+  if (!args.ok()) return usage_error(kName, std::string(args.status().message()));
+  absl::StatusOr<ClusterOptions> options = cluster_options(*args);
+  if (!options.ok()) return usage_error(kName, std::string(options.status().message()));
+  if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) {
+    return failure(kName, std::string(s.message()));
+  }
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::start(*options, &std::cout, [] { return service::shutdown_requested(); });
+  if (!cluster.ok()) {
+    failure(kName, std::string(cluster.status().message()));
+    return cluster.status().code() == absl::StatusCode::kCancelled ? kInterruptedExit : 1;
+  }
+  std::printf("fp8rl cluster is up (launcher pid %d):\n%s", static_cast<int>(getpid()),
+              format_endpoints((*cluster)->services(), options->host).c_str());
+  std::printf("coordinator: gRPC %s, REST %s\n", (*cluster)->coordinator_grpc_address().c_str(),
+              (*cluster)->coordinator_http_url().c_str());
+  std::printf("logs: %s/logs   state: %s\n", options->data_dir.c_str(),
+              (*cluster)->state_path().c_str());
+  std::printf("press Ctrl-C (or send SIGTERM) to stop\n");
+  std::fflush(stdout);
+
+  int code = 0;
+  int workers_alive = options->workers;
+  while (!service::wait_for_shutdown(std::chrono::milliseconds(250))) {
+    bool fatal = false;
+    for (const ChildFailure& f : (*cluster)->poll_failures()) {
+      print_failure(kName, f);
+      if (f.essential) fatal = true;
+      if (!f.essential && --workers_alive == 0) {
+        std::fprintf(stderr, "fp8rl up: no generation worker is left\n");
+        fatal = true;
+      }
+    }
+    if (fatal) {
+      code = 1;
+      break;
+    }
+  }
+  stop_cluster(kName, **cluster);
+  return code;
+}
+
+int run_main(const std::vector<std::string>& argv) {
+  constexpr const char* kName = "run";
+  FlagSpec spec = cluster_flags();
+  spec.max_positionals = 1;
+  absl::StatusOr<Args> args = Args::Parse(argv, spec);
+  if (!args.ok()) return usage_error(kName, std::string(args.status().message()));
+  if (args->positionals().size() != 1) return usage_error(kName, "expected one CONFIG file");
+  absl::StatusOr<ClusterOptions> options = cluster_options(*args);
+  if (!options.ok()) return usage_error(kName, std::string(options.status().message()));
+  // Validate the config before starting anything.
+  absl::StatusOr<std::string> config =
+      prepare_job_config(args->positionals()[0], std::filesystem::current_path().string());
+  if (!config.ok()) return failure(kName, std::string(config.status().message()));
+  if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) {
+    return failure(kName, std::string(s.message()));
+  }
+  const auto start = Clock::now();
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::start(*options, &std::cout, [] { return service::shutdown_requested(); });
+  if (!cluster.ok()) {
+    failure(kName, std::string(cluster.status().message()));
+    return cluster.status().code() == absl::StatusCode::kCancelled ? kInterruptedExit : 1;
+  }
+  LocalCluster& c = **cluster;
+  auto fail_and_stop = [&](const std::string& message) {
+    std::fprintf(stderr, "fp8rl run: %s\n", message.c_str());
+    stop_cluster(kName, c);
+    return 1;
+  };
+
+  absl::StatusOr<std::unique_ptr<JobClient>> client =
+      JobClient::connect(c.coordinator_grpc_address(), std::chrono::seconds(10));
+  if (!client.ok()) return fail_and_stop(std::string(client.status().message()));
+  absl::StatusOr<v1::Job> submitted = (*client)->submit(*config);
+  if (!submitted.ok()) return fail_and_stop(std::string(submitted.status().message()));
+  const std::string id = submitted->id();
+  std::printf("job %s submitted (%lld steps); coordinator REST %s/v1/jobs/%s\n", id.c_str(),
+              static_cast<long long>(submitted->total_steps()), c.coordinator_http_url().c_str(),
+              id.c_str());
+  std::fflush(stdout);
+
+  ProgressPrinter printer(client->get(), stdout);
+  bool interrupted = false;
+  Clock::time_point cancel_deadline{};
+  v1::Job job = *submitted;
+  int workers_alive = options->workers;
+  while (true) {
+    if (!interrupted && service::shutdown_requested()) {
+      interrupted = true;
+      std::fprintf(stderr, "fp8rl run: interrupted; cancelling %s\n", id.c_str());
+      absl::StatusOr<v1::Job> cancelled = (*client)->cancel(id);
+      if (!cancelled.ok() && cancelled.status().code() != absl::StatusCode::kFailedPrecondition) {
+        std::fprintf(stderr, "fp8rl run: cancel failed: %s\n",
+                     std::string(cancelled.status().message()).c_str());
+        break;
+      }
+      cancel_deadline = Clock::now() + std::chrono::seconds(60);
+    }
+    for (const ChildFailure& f : c.poll_failures()) {
+      print_failure(kName, f);
+      if (f.essential) {
+        return fail_and_stop(absl::StrCat(f.service, " ", f.description, "; job ", id,
+                                          " cannot finish (log: ", f.log_path, ")"));
+      }
+      if (--workers_alive == 0) {
+        return fail_and_stop(
+            absl::StrCat("every generation worker exited; job ", id, " cannot finish"));
+      }
+    }
+    absl::StatusOr<v1::Job> current = (*client)->get(id);
+    if (!current.ok()) return fail_and_stop(std::string(current.status().message()));
+    job = *current;
+    if (absl::Status s = printer.update(job); !s.ok()) {
+      return fail_and_stop(std::string(s.message()));
+    }
+    if (is_terminal(job.state())) break;
+    if (interrupted && Clock::now() > cancel_deadline) {
+      std::fprintf(stderr, "fp8rl run: %s did not stop within 60 s of the cancel request\n",
+                   id.c_str());
+      break;
+    }
+    if (interrupted) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    } else {
+      service::wait_for_shutdown(std::chrono::milliseconds(300));
+    }
+  }
+  if (absl::Status s = printer.finish(id, job.total_steps()); !s.ok()) {
+    std::fprintf(stderr, "fp8rl run: metrics: %s\n", std::string(s.message()).c_str());
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  std::fputs(format_summary(job, printer.rows(), secs).c_str(), stdout);
+  std::fflush(stdout);
+  stop_cluster(kName, c);
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) return 0;
+  if (interrupted) return kInterruptedExit;
+  std::fprintf(stderr, "fp8rl run: job %s %s: %s\n", id.c_str(),
+               job_state_name(job.state()).c_str(),
+               job.error().empty() ? "(no error recorded)" : job.error().c_str());
+  return 1;
+}
+
+}  // namespace
+
+FP8RL_COMMAND("up",
+              "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
+              "[--startup-timeout S] [--stop-timeout S] [--log-level L]",
+              up_main);
+FP8RL_COMMAND("run", "run CONFIG [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR]",
+              run_main);
+
+}  // namespace fp8rl::cli
+
+#endif  // FP8RL_CLI_HAS_GRPC

@@ -1,0 +1,108 @@
+// The CLI's side of the coordinator's gRPC JobService: a small client (submit, get, list, cancel,
+// watch, metrics) whose errors read well on a terminal, job-config preparation (validate locally,
+// resolve relative paths) and the text views shared by `fp8rl run/submit/status/list/watch`:
+// progress lines and the end-of-job summary.
+#pragma once
+
+#if __has_include(<fp8rl/v1/job_service.grpc.pb.h>)
+#define FP8RL_CLI_HAS_GRPC 1
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fp8rl/v1/job_service.grpc.pb.h"
+
+namespace fp8rl::cli {
+
+inline constexpr char kDefaultCoordinator[] = "localhost:50051";
+
+class JobClient {
+ public:
+  // Connects to "host:port" and waits up to `timeout` for the channel to be ready. Unavailable
+  // "cannot reach the coordinator at ADDR (...)" when nothing answers.
+  static absl::StatusOr<std::unique_ptr<JobClient>> connect(
+      const std::string& address, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+  const std::string& address() const { return address_; }
+
+  // `config` is YAML or JSON. INVALID_ARGUMENT keeps the server's message (it names the field).
+  absl::StatusOr<v1::Job> submit(const std::string& config);
+  absl::StatusOr<v1::Job> get(const std::string& id);
+  absl::StatusOr<std::vector<v1::Job>> list(v1::JobState state = v1::JOB_STATE_UNSPECIFIED,
+                                            int limit = 0);
+  absl::StatusOr<v1::Job> cancel(const std::string& id);
+  absl::StatusOr<std::vector<v1::StepMetrics>> metrics(const std::string& id);
+  // Streams WatchJob: `on_event` gets the current job, then every change; returns when the job
+  // reaches a terminal state (OK), when `on_event` returns false (OK), when stop_watch() is
+  // called (Cancelled) or on an RPC error.
+  absl::Status watch(const std::string& id, const std::function<bool(const v1::Job&)>& on_event);
+  // Ends a watch() running on another thread. Safe to call at any time.
+  void stop_watch();
+
+ private:
+  JobClient(std::string address, std::shared_ptr<grpc::Channel> channel);
+  absl::Status to_status(const grpc::Status& status, const std::string& what) const;
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+  std::mutex watch_mu_;
+  grpc::ClientContext* watch_context_ = nullptr;
+  bool watch_stopped_ = false;
+};
+
+// Prints a job's progress: one line per recorded metrics row (row 0 included), each once.
+// update() fetches the metrics only when the job's step, latest row or state changed.
+class ProgressPrinter {
+ public:
+  ProgressPrinter(JobClient* client, std::FILE* out) : client_(client), out_(out) {}
+  absl::Status update(const v1::Job& job);
+  // Fetches and prints whatever is left (call once the job ended); keeps the rows for a summary.
+  absl::Status finish(const std::string& job_id, int64_t total_steps);
+  const std::vector<v1::StepMetrics>& rows() const { return rows_; }
+
+ private:
+  absl::Status fetch_and_print(const std::string& job_id, int64_t total_steps);
+  JobClient* client_;
+  std::FILE* out_;
+  std::vector<v1::StepMetrics> rows_;
+  int64_t printed_through_ = -1;
+  std::string last_key_;
+};
+
+// Reads a job config file, validates it (errors start with the path and name the field), makes
+// relative paths absolute and returns it as JSON text for SubmitJob. Relative input paths
+// (model.checkpoint, model.init.config, task.params.train_path/val_path) are looked up in
+// `working_dir` first, then in the config file's folder; checkpoint.dir (an output) is resolved
+// against `working_dir`.
+absl::StatusOr<std::string> prepare_job_config(const std::string& path,
+                                               const std::string& working_dir);
+
+std::string job_state_name(v1::JobState state);  // "RUNNING"
+bool is_terminal(v1::JobState state);
+// Parses "running", "RUNNING" or "JOB_STATE_RUNNING" (for `fp8rl list --state`).
+absl::StatusOr<v1::JobState> parse_job_state(const std::string& text);
+
+// `fp8rl status ID`: several lines (id, state, step, error, latest metrics).
+std::string format_job_details(const v1::Job& job);
+// `fp8rl list`: a header line and one row per job.
+std::string format_job_table(const std::vector<v1::Job>& jobs);
+// One progress line per recorded step: step/total, reward, validation accuracy when evaluated,
+// token_mult_prob_error, sampling_importance_ratio and the seconds of each phase.
+std::string format_step_line(const v1::StepMetrics& row, int64_t total_steps);
+// The end-of-job summary: final state, accuracy before and after RL and the best, mean mismatch
+// metrics over the RL steps, the time split by phase and the total.
+std::string format_summary(const v1::Job& job, const std::vector<v1::StepMetrics>& rows,
+                           double wall_seconds);
+
+}  // namespace fp8rl::cli
+
+#endif  // __has_include(job_service.grpc.pb.h)
