@@ -746,6 +746,21 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
   start = Clock::now();
   absl::StatusOr<model::WeightSet> set = export_for_generation(format, version);
   if (!set.ok()) return set.status();
+  // Tell generation workers the policy to run this payload with (services/generation_worker/
+  // weight_loader.h reads the "fp8rl_precision" object), so both sides compute the same function.
+  {
+    nlohmann::json config = nlohmann::json::parse(set->config_json, nullptr, false);
+    if (config.is_discarded() || !config.is_object()) {
+      return absl::InternalError("exported config.json is not a JSON object");
+    }
+    config["fp8rl_precision"] = {
+        {"linear", format == v1::WEIGHT_FORMAT_FP8 ? "fp8" : "bf16"},
+        {"kv_cache", precision_.kv_cache() == v1::WEIGHT_FORMAT_FP8 ? "fp8" : "bf16"},
+        {"pow2_scales", precision_.pow2_scales()},
+        {"bf16_first_layers", precision_.bf16_first_layers()},
+        {"bf16_last_layers", precision_.bf16_last_layers()}};
+    set->config_json = config.dump(2);
+  }
   const double quantize_seconds = seconds_since(start);
 
   start = Clock::now();

@@ -1,0 +1,167 @@
+// config.json <-> ModelConfig with field-named errors.
+#include "model/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/json_util.h"
+
+namespace fp8rl::model {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+absl::Status field_error(const std::string& field, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: ", field, ": ", message));
+}
+
+absl::Status read_int(const Json& j, const char* key, bool required, int64_t* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    return required ? field_error(key, "missing") : absl::OkStatus();
+  }
+  if (!it->is_number_integer()) {
+    return field_error(key, absl::StrCat("expected an integer, got ", json_type_name(*it)));
+  }
+  *out = it->get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status read_double(const Json& j, const char* key, double* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) {
+    return field_error(key, absl::StrCat("expected a number, got ", json_type_name(*it)));
+  }
+  *out = it->get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status read_bool(const Json& j, const char* key, bool* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_boolean()) {
+    return field_error(key, absl::StrCat("expected a boolean, got ", json_type_name(*it)));
+  }
+  *out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+// eos_token_id may be an int or a list of ints (HF); we keep the first.
+absl::Status read_token_id(const Json& j, const char* key, int64_t* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (it->is_number_integer()) {
+    *out = it->get<int64_t>();
+  } else if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
+    *out = (*it)[0].get<int64_t>();
+  } else {
+    return field_error(key, "expected an integer or a list of integers");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status validate_model_config(const ModelConfig& c) {
+  if (c.model_type != "llama" && c.model_type != "qwen2") {
+    return field_error("model_type", absl::StrCat("unsupported '", c.model_type,
+                                                  "' (expected \"llama\" or \"qwen2\")"));
+  }
+  const std::pair<const char*, int64_t> positive[] = {
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_dim},
+      {"max_position_embeddings", c.max_position_embeddings}};
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) return field_error(name, absl::StrCat("must be > 0, got ", value));
+  }
+  if (c.vocab_size > (int64_t{1} << 31) - 1) return field_error("vocab_size", "too large");
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    return field_error("num_key_value_heads",
+                       absl::StrCat("must divide num_attention_heads (", c.num_attention_heads,
+                                    "), got ", c.num_key_value_heads));
+  }
+  if (c.head_dim % 2 != 0) return field_error("head_dim", "must be even (rotary embeddings)");
+  if (!(c.rms_norm_eps > 0)) return field_error("rms_norm_eps", "must be > 0");
+  if (!(c.rope_theta > 0)) return field_error("rope_theta", "must be > 0");
+  if (c.bos_token_id >= c.vocab_size) return field_error("bos_token_id", "must be < vocab_size");
+  if (c.eos_token_id >= c.vocab_size) return field_error("eos_token_id", "must be < vocab_size");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text) {
+  auto parsed = parse_json_strict(json_text, "config.json");
+  if (!parsed.ok()) return parsed.status();
+  const Json& j = *parsed;
+  if (!j.is_object()) return absl::InvalidArgumentError("config.json: expected a JSON object");
+  ModelConfig c;
+  if (auto it = j.find("model_type"); it != j.end()) {
+    if (!it->is_string()) return field_error("model_type", "expected a string");
+    c.model_type = it->get<std::string>();
+  }
+  absl::Status s;
+  if (!(s = read_int(j, "vocab_size", true, &c.vocab_size)).ok()) return s;
+  if (!(s = read_int(j, "hidden_size", true, &c.hidden_size)).ok()) return s;
+  if (!(s = read_int(j, "intermediate_size", true, &c.intermediate_size)).ok()) return s;
+  if (!(s = read_int(j, "num_hidden_layers", true, &c.num_hidden_layers)).ok()) return s;
+  if (!(s = read_int(j, "num_attention_heads", true, &c.num_attention_heads)).ok()) return s;
+  c.num_key_value_heads = c.num_attention_heads;
+  if (!(s = read_int(j, "num_key_value_heads", false, &c.num_key_value_heads)).ok()) return s;
+  c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+  if (!(s = read_int(j, "head_dim", false, &c.head_dim)).ok()) return s;
+  if (!(s = read_int(j, "max_position_embeddings", false, &c.max_position_embeddings)).ok()) {
+    return s;
+  }
+  if (!(s = read_double(j, "rms_norm_eps", &c.rms_norm_eps)).ok()) return s;
+  if (!(s = read_double(j, "rope_theta", &c.rope_theta)).ok()) return s;
+  if (!(s = read_bool(j, "tie_word_embeddings", &c.tie_word_embeddings)).ok()) return s;
+  c.attention_bias = c.model_type == "qwen2";
+  if (!(s = read_bool(j, "attention_bias", &c.attention_bias)).ok()) return s;
+  if (!(s = read_token_id(j, "bos_token_id", &c.bos_token_id)).ok()) return s;
+  if (!(s = read_token_id(j, "eos_token_id", &c.eos_token_id)).ok()) return s;
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    return field_error("rope_scaling", "not supported (only plain rotary embeddings)");
+  }
+  if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu") {
+    return field_error("hidden_act", "only \"silu\" is supported");
+  }
+  if (auto st = validate_model_config(c); !st.ok()) return st;
+  return c;
+}
+
+std::string model_config_to_json(const ModelConfig& c, bool fp8_block_quantization) {
+  Json j;
+  j["architectures"] =
+      Json::array({c.model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = c.model_type;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["attention_bias"] = c.attention_bias;
+  j["hidden_act"] = "silu";
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  j["torch_dtype"] = "float32";
+  if (fp8_block_quantization) {
+    j["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"activation_scheme", "dynamic"},
+                                {"weight_block_size", Json::array({128, 128})}};
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace fp8rl::model

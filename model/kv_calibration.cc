@@ -1,0 +1,53 @@
+// Percentile-based KV scale calibration.
+#include "model/kv_calibration.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/formats.h"
+
+namespace fp8rl::model {
+
+float percentile_of(std::vector<float> values, double percentile) {
+  if (values.empty()) return 0.0f;
+  std::sort(values.begin(), values.end());
+  const double rank = std::clamp(percentile, 0.0, 100.0) / 100.0 * (values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(lo + 1, values.size() - 1);
+  const double frac = rank - lo;
+  return static_cast<float>(values[lo] + (values[hi] - values[lo]) * frac);
+}
+
+void KvCalibrator::record(int64_t layer, float k_amax, float v_amax) {
+  std::lock_guard<std::mutex> lock(mu_);
+  k_[layer].push_back(k_amax);
+  v_[layer].push_back(v_amax);
+}
+
+int64_t KvCalibrator::num_records() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return k_.empty() ? 0 : static_cast<int64_t>(k_[0].size());
+}
+
+KvScales KvCalibrator::scales(double percentile, double margin) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  KvScales out;
+  auto to_scale = [&](const std::vector<float>& amaxes) {
+    const float p = percentile_of(amaxes, percentile);
+    const float s = static_cast<float>(p * margin / kernels::kE4M3Max);
+    return (s > 0 && std::isfinite(s)) ? s : 1.0f;
+  };
+  for (size_t l = 0; l < k_.size(); ++l) {
+    out.k.push_back(to_scale(k_[l]));
+    out.v.push_back(to_scale(v_[l]));
+  }
+  return out;
+}
+
+void KvCalibrator::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& a : k_) a.clear();
+  for (auto& a : v_) a.clear();
+}
+
+}  // namespace fp8rl::model

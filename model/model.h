@@ -1,0 +1,154 @@
+// The Llama/Qwen2 decoder engine shared by generation and training: HF checkpoints in and out,
+// a training forward over packed sequences that returns per-token logprobs and keeps what the
+// backward needs, a backward driven by a caller-supplied dL/dlogprob per token (how rl/ plugs in
+// GRPO losses), and a KV-cache forward for batched prefill and incremental decode. Every linear
+// layer runs in the precision policy's format through model/linear.h (the backend boundary).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/kv_calibration.h"
+#include "model/linear.h"
+#include "model/params.h"
+#include "model/precision.h"
+#include "model/weight_set.h"
+
+namespace fp8rl::model {
+
+// Checkpoint / payload formats. kFP8: linear weights F8_E4M3 + "<name>_scale_inv" F32
+// [ceil(N/128), ceil(K/128)] (layers the policy keeps bf16 stay BF16), everything else BF16.
+// Every format carries "model.layers.{i}.self_attn.k_scale" / "v_scale" (F32 scalars).
+enum class WeightFormat { kF32, kBF16, kFP8 };
+absl::StatusOr<WeightFormat> parse_weight_format(std::string_view name);  // f32|bf16|fp8
+
+// A list of independent token sequences (causal attention within each; "packed" batch).
+using TokenBatch = std::vector<std::vector<int32_t>>;
+// Per sequence, n-1 values: [i-1] belongs to token i (log p(tokens[i] | tokens[:i])).
+using TokenValues = std::vector<std::vector<float>>;
+
+struct TrainForwardOptions {
+  float temperature = 1.0f;  // logprobs of logits / temperature
+  // Records per-layer K/V amax of this call when set.
+  KvCalibrator* calibrator = nullptr;
+};
+
+// Activations saved by a training forward for its backward (one per micro-batch).
+struct LayerActivations {
+  std::vector<float> x, inv1, h1, q, k, v, o, x2, inv2, h2, g, u, act;
+};
+struct ForwardContext {
+  TokenBatch tokens;
+  std::vector<int64_t> row0;  // first packed row of each sequence
+  std::vector<int32_t> pos;   // position of each packed row
+  std::vector<LayerActivations> layers;
+  std::vector<float> x_final, inv_final, h_final;  // [M, H]
+  std::vector<float> lse;                          // logsumexp(logits/T) of each target row
+  float temperature = 1.0f;
+};
+
+// A piece of a sequence processed by the KV-cache forward: n new tokens at positions
+// [pos0, pos0 + n) appended to `cache` (which must already hold positions [0, pos0)).
+struct CachedSegment {
+  KvCache* cache = nullptr;
+  const int32_t* tokens = nullptr;
+  int64_t n = 0;
+  int64_t pos0 = 0;
+};
+
+// Scratch of the KV-cache forward, kept by the caller across steps so decoding does not allocate.
+struct InferenceWorkspace {
+  LayerActivations a;
+  std::vector<int32_t> pos;
+  std::vector<float> tmp, sel;
+};
+
+class Model {
+ public:
+  // Random init: linear/embedding weights N(0, init_std), norms 1, biases 0.
+  static absl::StatusOr<std::unique_ptr<Model>> Init(const ModelConfig& config,
+                                                     const PrecisionPolicy& policy, uint64_t seed,
+                                                     float init_std = 0.02f);
+  // An HF checkpoint folder (F32/BF16/F16 or FP8 block weights; FP8 weights are used as is,
+  // codes and scales, by layers the policy runs in FP8).
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                                     const PrecisionPolicy& policy);
+  static absl::StatusOr<std::unique_ptr<Model>> FromWeightSet(const WeightSet& set,
+                                                              const PrecisionPolicy& policy);
+
+  // Tensors in checkpoint layout, with config.json and the version.
+  absl::StatusOr<WeightSet> export_weights(WeightFormat format, int64_t version = 0) const;
+  // Writes an HF checkpoint folder atomically.
+  absl::Status save(const std::string& dir, WeightFormat format = WeightFormat::kF32) const;
+
+  const ModelConfig& config() const { return config_; }
+  const PrecisionPolicy& policy() const { return policy_; }
+  const ParamLayout& layout() const { return layout_; }
+  int64_t num_params() const { return layout_.total(); }
+  // The fp32 master parameters (flat, layout() order). After changing them call refresh().
+  std::span<float> params() { return params_; }
+  std::span<const float> params() const { return params_; }
+  // Re-derives every working copy (bf16 rounding, FP8 requantization with fresh block scales).
+  void refresh();
+
+  const KvScales& kv_scales() const { return kv_scales_; }
+  absl::Status set_kv_scales(const KvScales& scales);
+
+  // Checks every id is in [0, vocab_size) and the length fits max_position_embeddings.
+  absl::Status check_tokens(const std::vector<int32_t>& tokens, int64_t extra = 0) const;
+
+  // Training forward: per-token logprobs at opts.temperature. With ctx, saves what backward needs.
+  absl::StatusOr<TokenValues> forward(const TokenBatch& batch, const TrainForwardOptions& opts,
+                                      ForwardContext* ctx) const;
+  // Accumulates dL/dparams into grads[num_params()] given dL/dlogprob (same shape as forward's
+  // result; zeros allowed).
+  absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp, float* grads) const;
+  // Full logits [T, vocab] of one sequence (tests, debugging), before temperature.
+  absl::StatusOr<std::vector<float>> logits(const std::vector<int32_t>& tokens) const;
+
+  // A KV cache for one sequence of up to `capacity` tokens, in the policy's cache format.
+  std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const;
+  // Runs the segments (prefill and/or decode rows of many sequences in one batch), appending to
+  // their caches; writes the logits of each segment's last token to logits[i * vocab].
+  absl::Status forward_cached(const std::vector<CachedSegment>& segments, float* logits,
+                              InferenceWorkspace* ws) const;
+
+ private:
+  Model(const ModelConfig& config, const PrecisionPolicy& policy);
+  struct Source;
+  absl::Status load_from(const Source& source);
+
+  // Runs decoder layer l on rows [M] in place on x; `attention` fills a.o from a.q/a.k/a.v.
+  template <typename AttentionFn>
+  absl::Status layer_forward(int64_t l, int64_t m, const int32_t* pos, float* x,
+                             LayerActivations& a, bool save, KvCalibrator* calibrator,
+                             bool train_kv, const AttentionFn& attention) const;
+  void embed(const int32_t* tokens, int64_t m, float* x) const;
+  // Working copy of a norm weight or bias (bf16-rounded when activations are bf16) by offset.
+  const float* small_param(int64_t offset) const;
+  const LinearWeight& head() const;
+
+  ModelConfig config_;
+  PrecisionPolicy policy_;
+  ParamLayout layout_;
+  std::vector<float> params_;
+  std::vector<std::array<LinearWeight, 7>> linears_;  // q k v o gate up down
+  LinearWeight embed_w_, head_w_;
+  std::vector<float> rope_cos_, rope_sin_;
+  KvScales kv_scales_;
+  std::vector<bool> fp8_pinned_;
+  std::vector<float> small_;  // norms and biases as the forward uses them
+  std::vector<std::pair<int64_t, int64_t>>
+      small_index_;  // (param offset, offset in small_)  // per layer: FP8 codes came from a
+                     // checkpoint
+};
+
+}  // namespace fp8rl::model

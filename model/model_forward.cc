@@ -1,0 +1,476 @@
+// The decoder's forward passes (training over packed sequences, KV-cache prefill/decode) and the
+// training backward. Both forwards run the same per-layer code (layer_forward) and the same
+// attention row routine, so generation and training compute identical numbers.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/parallel.h"
+#include "model/model.h"
+#include "model/ops.h"
+
+namespace fp8rl::model {
+namespace {
+
+constexpr int64_t kHeadChunk = 64;  // lm_head rows per chunk (bounds the logits buffer)
+
+// Runs fn(begin, end) over rows in parallel (chunks of at least `grain` rows).
+template <typename Fn>
+void rows_parallel(int64_t rows, int64_t grain, const Fn& fn) {
+  parallel_for(
+      rows, [&](int64_t b, int64_t e) { fn(b, e); }, grain);
+}
+
+float amax_of(const float* x, int64_t n) {
+  float m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+}
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace
+
+void Model::embed(const int32_t* tokens, int64_t m, float* x) const {
+  const int64_t h = config_.hidden_size;
+  const float* table = embed_w_.dense();
+  for (int64_t r = 0; r < m; ++r) {
+    std::memcpy(x + r * h, table + static_cast<int64_t>(tokens[r]) * h, h * sizeof(float));
+  }
+}
+
+template <typename AttentionFn>
+absl::Status Model::layer_forward(int64_t l, int64_t m, const int32_t* pos, float* x,
+                                  LayerActivations& a, bool save, KvCalibrator* calibrator,
+                                  bool train_kv, const AttentionFn& attention) const {
+  const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim(),
+                f = config_.intermediate_size, hd = config_.head_dim;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const bool rb = policy_.bf16_activations();
+  const LayerOffsets& lo = layout_.layer(l);
+  const auto& W = linears_[l];
+  const int64_t grain = std::max<int64_t>(1, 4096 / h);
+
+  if (save) a.x.assign(x, x + m * h);
+  a.inv1.resize(m);
+  a.h1.resize(m * h);
+  rows_parallel(m, grain, [&](int64_t b, int64_t e) {
+    ops::rmsnorm_forward(x + b * h, small_param(lo.input_norm), e - b, h, eps, a.h1.data() + b * h,
+                         a.inv1.data() + b);
+    if (rb) ops::round_bf16_inplace(a.h1.data() + b * h, (e - b) * h);
+  });
+  a.q.resize(m * qd);
+  a.k.resize(m * kvd);
+  a.v.resize(m * kvd);
+  auto bias = [&](int64_t off) { return off >= 0 ? small_param(off) : nullptr; };
+  if (auto s = linear_forward(W[0], a.h1.data(), m, bias(lo.q_bias), a.q.data()); !s.ok()) return s;
+  if (auto s = linear_forward(W[1], a.h1.data(), m, bias(lo.k_bias), a.k.data()); !s.ok()) return s;
+  if (auto s = linear_forward(W[2], a.h1.data(), m, bias(lo.v_bias), a.v.data()); !s.ok()) return s;
+  const ops::RopeTable rope{hd / 2, config_.max_position_embeddings,
+                            const_cast<float*>(rope_cos_.data()),
+                            const_cast<float*>(rope_sin_.data())};
+  rows_parallel(m, grain, [&](int64_t b, int64_t e) {
+    ops::rope_apply(rope, pos + b, e - b, config_.num_attention_heads, hd, a.q.data() + b * qd,
+                    false);
+    ops::rope_apply(rope, pos + b, e - b, config_.num_key_value_heads, hd, a.k.data() + b * kvd,
+                    false);
+    if (rb) {
+      ops::round_bf16_inplace(a.q.data() + b * qd, (e - b) * qd);
+      ops::round_bf16_inplace(a.k.data() + b * kvd, (e - b) * kvd);
+    }
+  });
+  if (calibrator) calibrator->record(l, amax_of(a.k.data(), m * kvd), amax_of(a.v.data(), m * kvd));
+  if (train_kv && policy_.train_kv_fake_quant) {
+    kv_round_trip(policy_.kv_cache, a.k.data(), m * kvd, kv_scales_.k[l]);
+    kv_round_trip(policy_.kv_cache, a.v.data(), m * kvd, kv_scales_.v[l]);
+  }
+  a.o.resize(m * qd);
+  attention(l, a);
+  if (rb) ops::round_bf16_inplace(a.o.data(), m * qd);
+  a.x2.resize(m * h);
+  if (auto s = linear_forward(W[3], a.o.data(), m, nullptr, a.x2.data()); !s.ok()) return s;
+  a.inv2.resize(m);
+  a.h2.resize(m * h);
+  rows_parallel(m, grain, [&](int64_t b, int64_t e) {
+    add_inplace(a.x2.data() + b * h, x + b * h, (e - b) * h);
+    if (rb) ops::round_bf16_inplace(a.x2.data() + b * h, (e - b) * h);
+    ops::rmsnorm_forward(a.x2.data() + b * h, small_param(lo.post_norm), e - b, h, eps,
+                         a.h2.data() + b * h, a.inv2.data() + b);
+    if (rb) ops::round_bf16_inplace(a.h2.data() + b * h, (e - b) * h);
+  });
+  a.g.resize(m * f);
+  a.u.resize(m * f);
+  a.act.resize(m * f);
+  if (auto s = linear_forward(W[4], a.h2.data(), m, nullptr, a.g.data()); !s.ok()) return s;
+  if (auto s = linear_forward(W[5], a.h2.data(), m, nullptr, a.u.data()); !s.ok()) return s;
+  rows_parallel(m, grain, [&](int64_t b, int64_t e) {
+    ops::swiglu_forward(a.g.data() + b * f, a.u.data() + b * f, (e - b) * f, a.act.data() + b * f);
+    if (rb) ops::round_bf16_inplace(a.act.data() + b * f, (e - b) * f);
+  });
+  // x <- x2 + down(act)
+  if (auto s = linear_forward(W[6], a.act.data(), m, nullptr, x); !s.ok()) return s;
+  rows_parallel(m, grain, [&](int64_t b, int64_t e) {
+    add_inplace(x + b * h, a.x2.data() + b * h, (e - b) * h);
+    if (rb) ops::round_bf16_inplace(x + b * h, (e - b) * h);
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainForwardOptions& opts,
+                                           ForwardContext* ctx) const {
+  if (!(opts.temperature > 0) || !std::isfinite(opts.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature: must be > 0, got ", opts.temperature));
+  }
+  if (batch.empty()) return absl::InvalidArgumentError("batch: no sequences");
+  ForwardContext local;
+  ForwardContext& c = ctx ? *ctx : local;
+  c.tokens = batch;
+  c.temperature = opts.temperature;
+  c.row0.clear();
+  c.pos.clear();
+  std::vector<int32_t> flat;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    if (batch[s].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("batch: sequence ", s, " is empty"));
+    }
+    if (auto st = check_tokens(batch[s]); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("batch: sequence ", s, ": ", st.message()));
+    }
+    c.row0.push_back(static_cast<int64_t>(flat.size()));
+    for (size_t i = 0; i < batch[s].size(); ++i) {
+      flat.push_back(batch[s][i]);
+      c.pos.push_back(static_cast<int32_t>(i));
+    }
+  }
+  const int64_t m = static_cast<int64_t>(flat.size()), h = config_.hidden_size,
+                hd = config_.head_dim, qd = config_.q_dim(), kvd = config_.kv_dim(),
+                n_heads = config_.num_attention_heads,
+                group = config_.num_attention_heads / config_.num_key_value_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t n_seq = static_cast<int64_t>(batch.size());
+  std::vector<float> x(m * h);
+  embed(flat.data(), m, x.data());
+  c.layers.assign(ctx ? config_.num_hidden_layers : 1, {});
+
+  auto attention = [&](int64_t, LayerActivations& a) {
+    parallel_for(n_seq * n_heads, [&](int64_t b, int64_t e) {
+      std::vector<float> scores;
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t s = t / n_heads, hh = t % n_heads, g = hh / group;
+        const int64_t r0 = c.row0[s], len = static_cast<int64_t>(batch[s].size());
+        scores.resize(len);
+        const float* kb = a.k.data() + r0 * kvd + g * hd;
+        const float* vb = a.v.data() + r0 * kvd + g * hd;
+        for (int64_t i = 0; i < len; ++i) {
+          ops::attend_row(a.q.data() + (r0 + i) * qd + hh * hd, kb, kvd, vb, kvd, i + 1, hd, scale,
+                          scores.data(), a.o.data() + (r0 + i) * qd + hh * hd);
+        }
+      }
+    });
+  };
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    LayerActivations& a = c.layers[ctx ? l : 0];
+    if (auto s = layer_forward(l, m, c.pos.data(), x.data(), a, ctx != nullptr, opts.calibrator,
+                               true, attention);
+        !s.ok()) {
+      return s;
+    }
+  }
+  c.inv_final.resize(m);
+  c.h_final.resize(m * h);
+  const bool rb = policy_.bf16_activations();
+  rows_parallel(m, 16, [&](int64_t b, int64_t e) {
+    ops::rmsnorm_forward(x.data() + b * h, small_param(layout_.final_norm()), e - b, h,
+                         static_cast<float>(config_.rms_norm_eps), c.h_final.data() + b * h,
+                         c.inv_final.data() + b);
+    if (rb) ops::round_bf16_inplace(c.h_final.data() + b * h, (e - b) * h);
+  });
+  if (ctx) c.x_final = std::move(x);
+
+  // Logprobs of each next token, lm_head in chunks of rows.
+  const int64_t vocab = config_.vocab_size;
+  const float inv_t = 1.0f / opts.temperature;
+  TokenValues out(n_seq);
+  c.lse.assign(m, 0.0f);
+  std::vector<float> logits(kHeadChunk * vocab);
+  for (int64_t s = 0; s < n_seq; ++s) {
+    const int64_t len = static_cast<int64_t>(batch[s].size()), r0 = c.row0[s];
+    out[s].resize(len - 1);
+    for (int64_t i0 = 0; i0 < len - 1; i0 += kHeadChunk) {
+      const int64_t rows = std::min(kHeadChunk, len - 1 - i0);
+      if (auto st = linear_forward(head(), c.h_final.data() + (r0 + i0) * h, rows, nullptr,
+                                   logits.data());
+          !st.ok()) {
+        return st;
+      }
+      rows_parallel(rows, 1, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const float* z = logits.data() + r * vocab;
+          const float lse = ops::logsumexp_scaled(z, vocab, inv_t);
+          c.lse[r0 + i0 + r] = lse;
+          out[s][i0 + r] = z[batch[s][i0 + r + 1]] * inv_t - lse;
+        }
+      });
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> Model::logits(const std::vector<int32_t>& tokens) const {
+  ForwardContext c;
+  auto lp = forward({tokens}, {}, &c);
+  if (!lp.ok()) return lp.status();
+  const int64_t t = static_cast<int64_t>(tokens.size());
+  std::vector<float> out(t * config_.vocab_size);
+  if (auto s = linear_forward(head(), c.h_final.data(), t, nullptr, out.data()); !s.ok()) return s;
+  return out;
+}
+
+absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
+                             float* grads) const {
+  const int64_t n_seq = static_cast<int64_t>(c.tokens.size());
+  if (static_cast<int64_t>(c.layers.size()) != config_.num_hidden_layers || c.x_final.empty()) {
+    return absl::FailedPreconditionError("backward: the forward did not save activations");
+  }
+  if (static_cast<int64_t>(dlogp.size()) != n_seq) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backward: dlogp has ", dlogp.size(), " sequences, the forward had ", n_seq));
+  }
+  for (int64_t s = 0; s < n_seq; ++s) {
+    if (dlogp[s].size() + 1 != c.tokens[s].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("backward: dlogp[", s, "] has ",
+                                                     dlogp[s].size(), " values, expected ",
+                                                     c.tokens[s].size() - 1));
+    }
+    for (float v : dlogp[s]) {
+      if (!std::isfinite(v)) {
+        return absl::InvalidArgumentError(absl::StrCat("backward: dlogp[", s, "] not finite"));
+      }
+    }
+  }
+  const int64_t m = static_cast<int64_t>(c.pos.size()), h = config_.hidden_size,
+                hd = config_.head_dim, qd = config_.q_dim(), kvd = config_.kv_dim(),
+                f = config_.intermediate_size, vocab = config_.vocab_size,
+                n_kv = config_.num_key_value_heads,
+                group = config_.num_attention_heads / config_.num_key_value_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float inv_t = 1.0f / c.temperature;
+
+  // lm_head: dlogits = dlogp * (onehot - softmax(z/T)) / T, recomputed per chunk.
+  std::vector<float> dx(m * h, 0.0f), tmp(m * std::max(h, std::max(qd, f)));
+  std::vector<float> logits(kHeadChunk * vocab), dchunk(kHeadChunk * h);
+  for (int64_t s = 0; s < n_seq; ++s) {
+    const int64_t len = static_cast<int64_t>(c.tokens[s].size()), r0 = c.row0[s];
+    for (int64_t i0 = 0; i0 < len - 1; i0 += kHeadChunk) {
+      const int64_t rows = std::min(kHeadChunk, len - 1 - i0);
+      bool any = false;
+      for (int64_t r = 0; r < rows; ++r) any |= dlogp[s][i0 + r] != 0.0f;
+      if (!any) continue;
+      const float* hs = c.h_final.data() + (r0 + i0) * h;
+      if (auto st = linear_forward(head(), hs, rows, nullptr, logits.data()); !st.ok()) return st;
+      rows_parallel(rows, 1, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          float* z = logits.data() + r * vocab;
+          const float lse = c.lse[r0 + i0 + r], g = dlogp[s][i0 + r];
+          for (int64_t j = 0; j < vocab; ++j) z[j] = -g * std::exp(z[j] * inv_t - lse) * inv_t;
+          z[c.tokens[s][i0 + r + 1]] += g * inv_t;
+        }
+      });
+      if (auto st = linear_backward(head(), hs, logits.data(), rows, dchunk.data(),
+                                    grads + layout_.lm_head(), nullptr);
+          !st.ok()) {
+        return st;
+      }
+      add_inplace(dx.data() + (r0 + i0) * h, dchunk.data(), rows * h);
+    }
+  }
+  // Final norm (in place: dx becomes the gradient at the last layer's output).
+  ops::rmsnorm_backward(c.x_final.data(), small_param(layout_.final_norm()), c.inv_final.data(),
+                        dx.data(), m, h, tmp.data(), grads + layout_.final_norm());
+  std::copy(tmp.begin(), tmp.begin() + m * h, dx.begin());
+
+  std::vector<float> dact(m * f), dg(m * f), du(m * f), dq(m * qd), dk(m * kvd), dv(m * kvd),
+      dh(m * h), dO(m * qd);
+  for (int64_t l = config_.num_hidden_layers - 1; l >= 0; --l) {
+    const LayerActivations& a = c.layers[l];
+    const LayerOffsets& lo = layout_.layer(l);
+    const auto& W = linears_[l];
+    // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
+    if (auto s = linear_backward(W[6], a.act.data(), dx.data(), m, dact.data(), grads + lo.down,
+                                 nullptr);
+        !s.ok()) {
+      return s;
+    }
+    ops::swiglu_backward(a.g.data(), a.u.data(), dact.data(), m * f, dg.data(), du.data());
+    if (auto s =
+            linear_backward(W[4], a.h2.data(), dg.data(), m, dh.data(), grads + lo.gate, nullptr);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s =
+            linear_backward(W[5], a.h2.data(), du.data(), m, tmp.data(), grads + lo.up, nullptr);
+        !s.ok()) {
+      return s;
+    }
+    add_inplace(dh.data(), tmp.data(), m * h);
+    ops::rmsnorm_backward(a.x2.data(), small_param(lo.post_norm), a.inv2.data(), dh.data(), m, h,
+                          tmp.data(), grads + lo.post_norm);
+    add_inplace(dx.data(), tmp.data(), m * h);  // dx is now d x2
+    // Attention: x2 = x + o_proj(attn(q, k, v)).
+    if (auto s = linear_backward(W[3], a.o.data(), dx.data(), m, dO.data(), grads + lo.o, nullptr);
+        !s.ok()) {
+      return s;
+    }
+    std::fill(dq.begin(), dq.end(), 0.0f);
+    std::fill(dk.begin(), dk.end(), 0.0f);
+    std::fill(dv.begin(), dv.end(), 0.0f);
+    parallel_for(n_seq * n_kv, [&](int64_t b, int64_t e) {
+      std::vector<float> scores, dscores;
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t s = t / n_kv, g = t % n_kv;
+        const int64_t r0 = c.row0[s], len = static_cast<int64_t>(c.tokens[s].size());
+        scores.resize(len);
+        dscores.resize(len);
+        const int64_t kv_off = r0 * kvd + g * hd;
+        for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
+          for (int64_t i = 0; i < len; ++i) {
+            const int64_t q_off = (r0 + i) * qd + hh * hd;
+            ops::attend_row_backward(a.q.data() + q_off, a.k.data() + kv_off, kvd,
+                                     a.v.data() + kv_off, kvd, i + 1, hd, scale, dO.data() + q_off,
+                                     scores.data(), dscores.data(), dq.data() + q_off,
+                                     dk.data() + kv_off, dv.data() + kv_off);
+          }
+        }
+      }
+    });
+    // K/V rounding is straight-through; undo the rotation.
+    const ops::RopeTable rope{hd / 2, config_.max_position_embeddings,
+                              const_cast<float*>(rope_cos_.data()),
+                              const_cast<float*>(rope_sin_.data())};
+    ops::rope_apply(rope, c.pos.data(), m, config_.num_attention_heads, hd, dq.data(), true);
+    ops::rope_apply(rope, c.pos.data(), m, n_kv, hd, dk.data(), true);
+    auto bias = [&](int64_t off) { return off >= 0 ? grads + off : nullptr; };
+    if (auto s = linear_backward(W[0], a.h1.data(), dq.data(), m, dh.data(), grads + lo.q,
+                                 bias(lo.q_bias));
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = linear_backward(W[1], a.h1.data(), dk.data(), m, tmp.data(), grads + lo.k,
+                                 bias(lo.k_bias));
+        !s.ok()) {
+      return s;
+    }
+    add_inplace(dh.data(), tmp.data(), m * h);
+    if (auto s = linear_backward(W[2], a.h1.data(), dv.data(), m, tmp.data(), grads + lo.v,
+                                 bias(lo.v_bias));
+        !s.ok()) {
+      return s;
+    }
+    add_inplace(dh.data(), tmp.data(), m * h);
+    ops::rmsnorm_backward(a.x.data(), small_param(lo.input_norm), a.inv1.data(), dh.data(), m, h,
+                          tmp.data(), grads + lo.input_norm);
+    add_inplace(dx.data(), tmp.data(), m * h);  // dx is now d x (layer input)
+  }
+  // Embedding rows (serial: repeated tokens add into the same row).
+  float* de = grads + layout_.embed();
+  int64_t r = 0;
+  for (int64_t s = 0; s < n_seq; ++s) {
+    for (int32_t tok : c.tokens[s]) {
+      add_inplace(de + static_cast<int64_t>(tok) * h, dx.data() + r * h, h);
+      ++r;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::forward_cached(const std::vector<CachedSegment>& segments, float* logits,
+                                   InferenceWorkspace* ws) const {
+  const int64_t h = config_.hidden_size, hd = config_.head_dim, qd = config_.q_dim(),
+                kvd = config_.kv_dim(), n_kv = config_.num_key_value_heads,
+                group = config_.num_attention_heads / config_.num_key_value_heads;
+  const int64_t n_seg = static_cast<int64_t>(segments.size());
+  if (n_seg == 0) return absl::OkStatus();
+  int64_t m = 0;
+  std::vector<int64_t> row0(n_seg);  // small: one entry per sequence of the step
+  for (int64_t s = 0; s < n_seg; ++s) {
+    const CachedSegment& seg = segments[s];
+    if (!seg.cache || seg.n <= 0 || seg.pos0 < 0 || seg.pos0 + seg.n > seg.cache->capacity() ||
+        seg.pos0 + seg.n > config_.max_position_embeddings) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward_cached: segment ", s, " does not fit its cache"));
+    }
+    for (int64_t i = 0; i < seg.n; ++i) {
+      if (seg.tokens[i] < 0 || seg.tokens[i] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token id ", seg.tokens[i], " is out of range [0, ", config_.vocab_size, ")"));
+      }
+    }
+    row0[s] = m;
+    m += seg.n;
+  }
+  ws->pos.resize(m);
+  ws->tmp.resize(m * h);
+  float* x = ws->tmp.data();
+  for (int64_t s = 0; s < n_seg; ++s) {
+    embed(segments[s].tokens, segments[s].n, x + row0[s] * h);
+    for (int64_t i = 0; i < segments[s].n; ++i) {
+      ws->pos[row0[s] + i] = static_cast<int32_t>(segments[s].pos0 + i);
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  auto attention = [&](int64_t l, LayerActivations& a) {
+    const float ks = kv_scales_.k[l], vs = kv_scales_.v[l];
+    for (int64_t s = 0; s < n_seg; ++s) {
+      for (int64_t i = 0; i < segments[s].n; ++i) {
+        const int64_t r = row0[s] + i;
+        segments[s].cache->write(l, segments[s].pos0 + i, a.k.data() + r * kvd,
+                                 a.v.data() + r * kvd, ks, vs);
+      }
+    }
+    parallel_for(n_seg * n_kv, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> kbuf, vbuf, scores;
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t s = t / n_kv, g = t % n_kv;
+        const CachedSegment& seg = segments[s];
+        const int64_t len = seg.pos0 + seg.n;
+        if (static_cast<int64_t>(kbuf.size()) < len * hd) {
+          kbuf.resize(len * hd);
+          vbuf.resize(len * hd);
+        }
+        if (static_cast<int64_t>(scores.size()) < len) scores.resize(len);
+        const float* kp = seg.cache->keys(l, g, len, ks, kbuf.data());
+        const float* vp = seg.cache->values(l, g, len, vs, vbuf.data());
+        for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
+          for (int64_t i = 0; i < seg.n; ++i) {
+            const int64_t off = (row0[s] + i) * qd + hh * hd;
+            ops::attend_row(a.q.data() + off, kp, hd, vp, hd, seg.pos0 + i + 1, hd, scale,
+                            scores.data(), a.o.data() + off);
+          }
+        }
+      }
+    });
+  };
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (auto s = layer_forward(l, m, ws->pos.data(), x, ws->a, false, nullptr, false, attention);
+        !s.ok()) {
+      return s;
+    }
+  }
+  // Final norm and lm_head on each segment's last row.
+  ws->sel.resize(n_seg * h);
+  std::vector<float> inv(n_seg);
+  for (int64_t s = 0; s < n_seg; ++s) {
+    const float* xr = x + (row0[s] + segments[s].n - 1) * h;
+    ops::rmsnorm_forward(xr, small_param(layout_.final_norm()), 1, h,
+                         static_cast<float>(config_.rms_norm_eps), ws->sel.data() + s * h,
+                         inv.data() + s);
+  }
+  if (policy_.bf16_activations()) ops::round_bf16_inplace(ws->sel.data(), n_seg * h);
+  return linear_forward(head(), ws->sel.data(), n_seg, nullptr, logits);
+}
+
+}  // namespace fp8rl::model

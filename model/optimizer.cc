@@ -1,0 +1,166 @@
+// AdamW, learning-rate schedule and training checkpoints.
+#include "model/optimizer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "common/safetensors.h"
+
+namespace fp8rl::model {
+
+absl::StatusOr<LrSchedule> parse_lr_schedule(std::string_view name) {
+  if (name == "constant") return LrSchedule::kConstant;
+  if (name == "cosine") return LrSchedule::kCosine;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown lr schedule '", std::string(name), "' (expected constant or cosine)"));
+}
+
+absl::Status validate_adamw_config(const AdamWConfig& c) {
+  auto bad = [](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+  };
+  if (!(c.lr > 0) || !std::isfinite(c.lr)) return bad("lr", "must be > 0");
+  if (!(c.beta1 >= 0 && c.beta1 < 1)) return bad("beta1", "must be in [0, 1)");
+  if (!(c.beta2 >= 0 && c.beta2 < 1)) return bad("beta2", "must be in [0, 1)");
+  if (!(c.eps > 0)) return bad("eps", "must be > 0");
+  if (!(c.weight_decay >= 0)) return bad("weight_decay", "must be >= 0");
+  if (!(c.max_grad_norm >= 0)) return bad("max_grad_norm", "must be >= 0");
+  if (c.warmup_steps < 0) return bad("warmup_steps", "must be >= 0");
+  if (c.schedule == LrSchedule::kCosine && c.total_steps <= 0) {
+    return bad("total_steps", "must be > 0 with the cosine schedule");
+  }
+  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1))
+    return bad("min_lr_ratio", "must be in [0, 1]");
+  return absl::OkStatus();
+}
+
+AdamW::AdamW(const Model& model, const AdamWConfig& config) : config_(config) {
+  const int64_t n = model.num_params();
+  m_.assign(n, 0.0f);
+  v_.assign(n, 0.0f);
+  decay_.assign(n, 0);
+  for (const ParamInfo& p : model.layout().params()) {
+    const bool matrix = p.kind == ParamKind::kLinear || p.kind == ParamKind::kEmbedding ||
+                        p.kind == ParamKind::kLmHead;
+    std::fill(decay_.begin() + p.offset, decay_.begin() + p.offset + p.numel, matrix ? 1 : 0);
+  }
+}
+
+double AdamW::lr_at(int64_t step) const {
+  const AdamWConfig& c = config_;
+  if (c.warmup_steps > 0 && step < c.warmup_steps) {
+    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  }
+  if (c.schedule == LrSchedule::kConstant) return c.lr;
+  const double span = std::max<int64_t>(1, c.total_steps - c.warmup_steps);
+  const double t = std::min(1.0, static_cast<double>(step - c.warmup_steps) / span);
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * t));
+  return c.lr * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * cosine);
+}
+
+absl::StatusOr<OptimizerStepStats> AdamW::step(Model& model, float* grads, float grad_scale) {
+  const int64_t n = model.num_params();
+  if (n != static_cast<int64_t>(m_.size())) {
+    return absl::InvalidArgumentError("optimizer: model does not match the optimizer's size");
+  }
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    grads[i] *= grad_scale;
+    sq += static_cast<double>(grads[i]) * grads[i];
+  }
+  OptimizerStepStats stats;
+  stats.grad_norm = std::sqrt(sq);
+  if (!std::isfinite(stats.grad_norm)) {
+    return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");
+  }
+  float clip = 1.0f;
+  if (config_.max_grad_norm > 0 && stats.grad_norm > config_.max_grad_norm) {
+    clip = static_cast<float>(config_.max_grad_norm / (stats.grad_norm + 1e-6));
+    stats.clipped = true;
+  }
+  stats.lr = lr_at(step_);
+  ++step_;
+  stats.step = step_;
+  const double b1 = config_.beta1, b2 = config_.beta2;
+  const double c1 = 1.0 - std::pow(b1, static_cast<double>(step_));
+  const double c2 = 1.0 - std::pow(b2, static_cast<double>(step_));
+  const float lr = static_cast<float>(stats.lr), wd = static_cast<float>(config_.weight_decay),
+              eps = static_cast<float>(config_.eps);
+  const float step_size = static_cast<float>(stats.lr / c1);
+  const float inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(c2));
+  float* p = model.params().data();
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grads[i] * clip;
+    grads[i] = g;
+    m_[i] = static_cast<float>(b1) * m_[i] + static_cast<float>(1 - b1) * g;
+    v_[i] = static_cast<float>(b2) * v_[i] + static_cast<float>(1 - b2) * g * g;
+    if (decay_[i]) p[i] -= lr * wd * p[i];
+    p[i] -= step_size * m_[i] / (std::sqrt(v_[i]) * inv_sqrt_c2 + eps);
+  }
+  model.refresh();
+  return stats;
+}
+
+absl::Status AdamW::save_state(const std::string& path) const {
+  SafetensorsWriter w;
+  const int64_t n = static_cast<int64_t>(m_.size());
+  if (auto s = w.add_f32("adamw.exp_avg", {n}, m_); !s.ok()) return s;
+  if (auto s = w.add_f32("adamw.exp_avg_sq", {n}, v_); !s.ok()) return s;
+  w.set_metadata("step", absl::StrCat(step_));
+  return w.write(path);
+}
+
+absl::Status AdamW::load_state(const std::string& path) {
+  auto f = SafetensorsFile::Open(path);
+  if (!f.ok()) return f.status();
+  auto m = f->read_f32("adamw.exp_avg");
+  if (!m.ok()) return m.status();
+  auto v = f->read_f32("adamw.exp_avg_sq");
+  if (!v.ok()) return v.status();
+  if (m->size() != m_.size() || v->size() != v_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has ", m->size(),
+                                                   " values, the model has ", m_.size()));
+  }
+  auto it = f->metadata().find("step");
+  int64_t step = 0;
+  if (it == f->metadata().end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": missing or bad 'step' metadata"));
+  }
+  m_ = std::move(*m);
+  v_ = std::move(*v);
+  step_ = step;
+  return absl::OkStatus();
+}
+
+absl::Status save_training_checkpoint(const std::string& dir, const Model& model,
+                                      const AdamW& optimizer) {
+  auto set = model.export_weights(WeightFormat::kF32);
+  if (!set.ok()) return set.status();
+  // The optimizer file is staged beside the folder, then copied into the new folder.
+  const std::string staged = temp_path_for(dir + ".optimizer.safetensors");
+  if (auto s = optimizer.save_state(staged); !s.ok()) return s;
+  absl::Status st = write_dir_atomic(dir, [&](const std::string& tmp) -> absl::Status {
+    SafetensorsWriter writer;
+    if (auto s = add_to_writer(*set, &writer); !s.ok()) return s;
+    writer.set_metadata("format", "pt");
+    if (auto s = write_file_atomic(tmp + "/config.json", set->config_json); !s.ok()) return s;
+    if (auto s = writer.write(tmp + "/model.safetensors"); !s.ok()) return s;
+    return copy_file(staged, tmp + "/optimizer.safetensors");
+  });
+  remove_all_quietly(staged);
+  return st;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> load_training_checkpoint(const std::string& dir,
+                                                                const PrecisionPolicy& policy,
+                                                                AdamW* optimizer) {
+  auto model = Model::Load(dir, policy);
+  if (!model.ok()) return model.status();
+  if (auto s = optimizer->load_state(dir + "/optimizer.safetensors"); !s.ok()) return s;
+  return model;
+}
+
+}  // namespace fp8rl::model

@@ -1,0 +1,74 @@
+// AdamW on the fp32 master weights with decoupled weight decay, global grad-norm clipping and a
+// warmup + constant/cosine learning-rate schedule; plus training checkpoints (HF folder with the
+// optimizer state beside the weights) so a trainer can stop and resume.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/model.h"
+
+namespace fp8rl::model {
+
+enum class LrSchedule { kConstant, kCosine };
+absl::StatusOr<LrSchedule> parse_lr_schedule(std::string_view name);  // constant | cosine
+
+struct AdamWConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;   // matrices only (not norms or biases)
+  double max_grad_norm = 1.0;  // 0: no clipping
+  int64_t warmup_steps = 0;    // linear warmup from lr / warmup_steps
+  LrSchedule schedule = LrSchedule::kConstant;
+  int64_t total_steps = 0;  // cosine: decays to min_lr_ratio * lr at total_steps
+  double min_lr_ratio = 0.0;
+};
+absl::Status validate_adamw_config(const AdamWConfig& config);  // errors name the field
+
+struct OptimizerStepStats {
+  int64_t step = 0;  // steps taken, this one included
+  double lr = 0;
+  double grad_norm = 0;  // before clipping (after grad_scale)
+  bool clipped = false;
+};
+
+class AdamW {
+ public:
+  AdamW(const Model& model, const AdamWConfig& config);
+
+  // Learning rate of 0-based step `step`.
+  double lr_at(int64_t step) const;
+  // grads (num_params, accumulated over micro-batches) times grad_scale is the gradient; clips it,
+  // updates the model's master weights and refresh()es its working copies. Non-finite gradients
+  // fail without touching the model. grads is left scaled/clipped.
+  absl::StatusOr<OptimizerStepStats> step(Model& model, float* grads, float grad_scale = 1.0f);
+  int64_t steps() const { return step_; }
+  const AdamWConfig& config() const { return config_; }
+
+  // Optimizer state as one safetensors file (m, v, step).
+  absl::Status save_state(const std::string& path) const;
+  absl::Status load_state(const std::string& path);
+
+ private:
+  AdamWConfig config_;
+  std::vector<uint8_t> decay_;  // per parameter element: 1 when weight decay applies
+  std::vector<float> m_, v_;
+  int64_t step_ = 0;
+};
+
+// A training checkpoint: the HF folder (F32 weights + k/v scales) with optimizer.safetensors,
+// written atomically.
+absl::Status save_training_checkpoint(const std::string& dir, const Model& model,
+                                      const AdamW& optimizer);
+// Loads the weights into a new model and the optimizer state into `optimizer` (built for a model
+// of the same config).
+absl::StatusOr<std::unique_ptr<Model>> load_training_checkpoint(const std::string& dir,
+                                                                const PrecisionPolicy& policy,
+                                                                AdamW* optimizer);
+
+}  // namespace fp8rl::model

@@ -1,0 +1,50 @@
+// Where every parameter lives: one flat fp32 buffer in a fixed order with HF tensor names, so the
+// optimizer, gradient clipping and checkpoint I/O treat all parameters the same way.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace fp8rl::model {
+
+enum class ParamKind { kEmbedding, kLinear, kBias, kNorm, kLmHead };
+
+struct ParamInfo {
+  std::string name;            // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // [out, in] for linears
+  int64_t offset = 0;          // into the flat buffer
+  int64_t numel = 0;
+  ParamKind kind = ParamKind::kLinear;
+  int64_t layer = -1;  // decoder layer, -1 for embedding / final norm / lm_head
+};
+
+// Offsets of one decoder layer's parameters (bias offsets are -1 without attention_bias).
+struct LayerOffsets {
+  int64_t input_norm, q, k, v, o, q_bias, k_bias, v_bias, post_norm, gate, up, down;
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const ModelConfig& config);
+
+  const std::vector<ParamInfo>& params() const { return params_; }
+  int64_t total() const { return total_; }
+  const LayerOffsets& layer(int64_t i) const { return layers_[i]; }
+  int64_t embed() const { return embed_; }
+  int64_t final_norm() const { return final_norm_; }
+  // The lm_head weight: the embedding when tied.
+  int64_t lm_head() const { return lm_head_; }
+  // Index into params() by name, -1 if unknown.
+  int64_t find(const std::string& name) const;
+
+ private:
+  int64_t add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer);
+  std::vector<ParamInfo> params_;
+  std::vector<LayerOffsets> layers_;
+  int64_t total_ = 0, embed_ = 0, final_norm_ = 0, lm_head_ = 0;
+};
+
+}  // namespace fp8rl::model

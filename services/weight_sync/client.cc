@@ -1,0 +1,264 @@
+// Weight upload and the reconnecting, verifying subscriber (see client.h).
+#include "services/weight_sync/client.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "common/service/log.h"
+
+namespace fp8rl::weight_sync {
+namespace {
+
+constexpr std::string_view kComponent = "weight-sync-client";
+
+}  // namespace
+
+absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInterface* stub,
+                                                 const model::WeightSet& set,
+                                                 v1::WeightFormat format,
+                                                 const UploadOptions& options) {
+  if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes: must be in [1, ", kMaxChunkBytes,
+                                                   "], got ", options.chunk_bytes));
+  }
+  if (options.timeout.count() <= 0) return absl::InvalidArgumentError("timeout: must be > 0");
+  absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
+  if (!manifest.ok()) return manifest.status();
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options.timeout);
+  v1::UploadVersionResponse response;
+  std::unique_ptr<grpc::ClientWriterInterface<v1::UploadVersionRequest>> writer =
+      stub->UploadVersion(&context, &response);
+  v1::UploadVersionRequest request;
+  *request.mutable_manifest() = std::move(*manifest);
+  bool stream_ok = writer->Write(request);
+  if (stream_ok) {
+    // A failed Write means the service ended the call (it rejected the upload or went away);
+    // Finish() below reports why.
+    const absl::Status sent =
+        for_each_chunk(set, options.chunk_bytes, [&](uint64_t offset, std::string_view data) {
+          v1::WeightChunk* chunk = request.mutable_chunk();
+          chunk->set_version(set.version);
+          chunk->set_offset(offset);
+          chunk->set_data(data.data(), data.size());
+          if (!writer->Write(request)) return absl::AbortedError("upload stream closed");
+          return absl::OkStatus();
+        });
+    stream_ok = sent.ok();
+  }
+  if (stream_ok) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return service::from_grpc_status(status);
+  if (!stream_ok) return absl::UnavailableError("upload stream closed before the payload was sent");
+  return response;
+}
+
+absl::StatusOr<v1::UploadVersionResponse> upload(
+    const std::shared_ptr<grpc::ChannelInterface>& channel, const model::WeightSet& set,
+    v1::WeightFormat format, const UploadOptions& options) {
+  std::unique_ptr<v1::WeightSyncService::Stub> stub = v1::WeightSyncService::NewStub(channel);
+  return upload(stub.get(), set, format, options);
+}
+
+WeightSubscriber::WeightSubscriber(std::shared_ptr<grpc::ChannelInterface> channel,
+                                   SubscriberOptions options, WeightSetHandler handler)
+    : channel_(std::move(channel)),
+      stub_(v1::WeightSyncService::NewStub(channel_)),
+      options_(std::move(options)),
+      handler_(std::move(handler)),
+      held_version_(options_.held_version) {}
+
+WeightSubscriber::~WeightSubscriber() { stop(); }
+
+absl::Status WeightSubscriber::start() {
+  if (options_.worker_id.empty()) return absl::InvalidArgumentError("worker_id: empty");
+  if (options_.held_version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("held_version: must be >= 0, got ", options_.held_version));
+  }
+  if (options_.initial_backoff.count() <= 0 || options_.max_backoff < options_.initial_backoff) {
+    return absl::InvalidArgumentError(
+        "initial_backoff/max_backoff: need 0 < initial_backoff <= max_backoff");
+  }
+  if (options_.ack_timeout.count() <= 0) {
+    return absl::InvalidArgumentError("ack_timeout: must be > 0");
+  }
+  if (!handler_) return absl::InvalidArgumentError("handler: empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return absl::FailedPreconditionError("subscriber already started");
+  started_ = true;
+  thread_ = std::thread([this] { run(); });
+  return absl::OkStatus();
+}
+
+void WeightSubscriber::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    if (active_context_ != nullptr) active_context_->TryCancel();
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t WeightSubscriber::held_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_version_;
+}
+
+bool WeightSubscriber::wait_for_version(int64_t version, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return held_version_ >= version; });
+}
+
+WeightSubscriber::Stats WeightSubscriber::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void WeightSubscriber::run() {
+  std::minstd_rand rng(static_cast<uint32_t>(std::hash<std::string>{}(options_.worker_id)));
+  std::chrono::milliseconds backoff = options_.initial_backoff;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    if (stream_once()) backoff = options_.initial_backoff;
+    // Up to 25% jitter, so many workers do not reconnect in lockstep.
+    const auto delay = backoff + std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(
+                                     0, backoff.count() / 4)(rng));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, delay, [&] { return stopping_; })) return;
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+bool WeightSubscriber::stream_once() {
+  grpc::ClientContext context;
+  v1::SubscribeRequest request;
+  request.set_worker_id(options_.worker_id);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+    active_context_ = &context;
+    request.set_held_version(held_version_);
+    ++stats_.streams_opened;
+  }
+  std::unique_ptr<grpc::ClientReaderInterface<v1::SubscribeResponse>> reader =
+      stub_->Subscribe(&context, request);
+  PayloadAssembler assembler(options_.max_version_bytes);
+  int64_t skipping = 0;  // a rejected version whose remaining chunks are dropped
+  bool received = false;
+  v1::SubscribeResponse message;
+  while (reader->Read(&message)) {
+    received = true;
+    if (message.has_manifest()) {
+      const int64_t version = message.manifest().version();
+      skipping = 0;
+      if (absl::Status s = assembler.begin(std::move(*message.mutable_manifest())); !s.ok()) {
+        reject(version, s);
+        skipping = version;
+        continue;
+      }
+    } else if (message.has_chunk()) {
+      if (skipping != 0 && message.chunk().version() == skipping) continue;
+      const int64_t version = assembler.active() ? assembler.version() : message.chunk().version();
+      if (absl::Status s = assembler.add(message.chunk()); !s.ok()) {
+        reject(version, s);
+        skipping = version;
+        continue;
+      }
+    } else {
+      continue;  // an empty message carries nothing
+    }
+    if (assembler.complete()) {
+      const int64_t number = assembler.version();
+      absl::StatusOr<AssembledVersion> version = assembler.finish();
+      if (version.ok()) {
+        deliver(std::move(*version));
+      } else {
+        reject(number, version.status());
+      }
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  bool stopping = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_context_ = nullptr;
+    stopping = stopping_;
+    if (!stopping) {
+      stats_.last_error =
+          absl::StrCat("subscribe stream ended: ", status.ok() ? "OK" : status.error_message());
+    }
+  }
+  if (!stopping) {
+    service::log_warn(kComponent, "subscribe stream ended, reconnecting",
+                      {{"worker", options_.worker_id},
+                       {"code", absl::StrCat(static_cast<int>(status.error_code()))},
+                       {"error", status.error_message()}});
+  }
+  return received;
+}
+
+void WeightSubscriber::deliver(AssembledVersion version) {
+  const int64_t number = version.manifest.version();
+  if (number <= held_version()) return;  // already serving it (or newer)
+  absl::StatusOr<model::WeightSet> set = to_weight_set(version.manifest, version.payload);
+  // The tensors hold their own copy now; drop the assembled bytes before the swap.
+  version.payload = std::string();
+  if (!set.ok()) {
+    reject(number, set.status());
+    return;
+  }
+  if (absl::Status s = handler_(std::move(*set)); !s.ok()) {
+    reject(number, s);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_version_ = number;
+    ++stats_.versions_loaded;
+  }
+  cv_.notify_all();
+  service::log_info(kComponent, "version loaded",
+                    {{"worker", options_.worker_id}, {"version", absl::StrCat(number)}});
+  send_ack(number, true, "");
+}
+
+void WeightSubscriber::reject(int64_t version, const absl::Status& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.versions_rejected;
+    stats_.last_error = std::string(error.message());
+  }
+  service::log_warn(kComponent, "version rejected",
+                    {{"worker", options_.worker_id},
+                     {"version", absl::StrCat(version)},
+                     {"error", std::string(error.message())}});
+  if (version > 0) send_ack(version, false, std::string(error.message()));
+}
+
+void WeightSubscriber::send_ack(int64_t version, bool ok, const std::string& error) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
+  v1::AckRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_version(version);
+  request.set_ok(ok);
+  request.set_error(error);
+  v1::AckResponse response;
+  const grpc::Status status = stub_->Ack(&context, request, &response);
+  if (!status.ok()) {
+    service::log_warn(kComponent, "ack failed",
+                      {{"worker", options_.worker_id},
+                       {"version", absl::StrCat(version)},
+                       {"error", status.error_message()}});
+  }
+}
+
+}  // namespace fp8rl::weight_sync

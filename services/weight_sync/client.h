@@ -1,0 +1,108 @@
+// The client side of weight sync. The trainer calls upload() to publish a version (manifest with
+// a CRC-32C per tensor, then <= 4 MiB chunks). A generation worker runs a WeightSubscriber: it
+// keeps a Subscribe stream open (reconnecting with backoff when it breaks), reassembles and
+// verifies every pushed version, hands it to the worker as a model::WeightSet, and acknowledges
+// the version (ok, or the reason it was rejected).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fp8rl/v1/weight_sync.grpc.pb.h"
+#include "model/weight_set.h"
+#include "services/weight_sync/payload.h"
+
+namespace fp8rl::weight_sync {
+
+struct UploadOptions {
+  uint64_t chunk_bytes = kDefaultChunkBytes;                    // in [1, kMaxChunkBytes]
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};  // whole upload deadline
+};
+
+// Publishes `set` (its version and config_json) as `format`. Errors: InvalidArgument for a bad
+// set or options (before anything is sent); otherwise the service's status (INVALID_ARGUMENT,
+// DATA_LOSS, UNAVAILABLE, ...).
+absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInterface* stub,
+                                                 const model::WeightSet& set,
+                                                 v1::WeightFormat format,
+                                                 const UploadOptions& options = {});
+absl::StatusOr<v1::UploadVersionResponse> upload(
+    const std::shared_ptr<grpc::ChannelInterface>& channel, const model::WeightSet& set,
+    v1::WeightFormat format, const UploadOptions& options = {});
+
+struct SubscriberOptions {
+  std::string worker_id;                           // registry id of this worker (required)
+  int64_t held_version = 0;                        // version already loaded (0: none)
+  std::chrono::milliseconds initial_backoff{100};  // first reconnect delay
+  std::chrono::milliseconds max_backoff{5000};     // reconnect delay cap (doubles up to it)
+  std::chrono::milliseconds ack_timeout{5000};     // deadline of each Ack call
+  uint64_t max_version_bytes = kDefaultMaxVersionBytes;
+};
+
+// Receives a verified version and swaps it in. OK: the worker now serves it (acked ok).
+// An error: the version is acknowledged as rejected with the error's message.
+using WeightSetHandler = std::function<absl::Status(model::WeightSet set)>;
+
+class WeightSubscriber {
+ public:
+  WeightSubscriber(std::shared_ptr<grpc::ChannelInterface> channel, SubscriberOptions options,
+                   WeightSetHandler handler);
+  ~WeightSubscriber();  // stop()
+  WeightSubscriber(const WeightSubscriber&) = delete;
+  WeightSubscriber& operator=(const WeightSubscriber&) = delete;
+
+  // Starts the background stream. InvalidArgument naming the option for an empty worker_id, a
+  // negative held_version, bad backoffs or an empty handler; FailedPrecondition when already
+  // started.
+  absl::Status start();
+  // Cancels the stream and joins the thread (bounded: the stream is cancelled, not drained; a
+  // handler call in progress finishes first). Idempotent.
+  void stop();
+
+  // The version the handler last accepted (or options.held_version).
+  int64_t held_version() const;
+  // Waits until held_version() >= version; false when `timeout` passes first.
+  bool wait_for_version(int64_t version, std::chrono::milliseconds timeout) const;
+
+  struct Stats {
+    int64_t versions_loaded = 0;    // accepted by the handler and acked ok
+    int64_t versions_rejected = 0;  // failed verification or the handler, acked with an error
+    int64_t streams_opened = 0;     // Subscribe calls made (1 + reconnects)
+    std::string last_error;         // last rejection or stream error
+  };
+  Stats stats() const;
+
+ private:
+  void run();
+  // One Subscribe call until it ends; true when it delivered at least one message.
+  bool stream_once();
+  void deliver(AssembledVersion version);
+  void reject(int64_t version, const absl::Status& error);
+  void send_ack(int64_t version, bool ok, const std::string& error);
+
+  std::shared_ptr<grpc::ChannelInterface> channel_;
+  std::unique_ptr<v1::WeightSyncService::Stub> stub_;
+  const SubscriberOptions options_;
+  WeightSetHandler handler_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool started_ = false;
+  bool stopping_ = false;
+  grpc::ClientContext* active_context_ = nullptr;  // the open stream's context, for stop()
+  int64_t held_version_ = 0;
+  Stats stats_;
+  std::thread thread_;
+};
+
+}  // namespace fp8rl::weight_sync

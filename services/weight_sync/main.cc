@@ -1,0 +1,93 @@
+// fp8rl-weight-sync: wires the weight-sync service, its gRPC server (health + reflection), the
+// /metrics HTTP endpoint and graceful SIGTERM handling together. Logic lives in the library.
+#include <grpc/grpc.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "common/service/http_server.h"
+#include "common/service/log.h"
+#include "common/service/metrics.h"
+#include "common/service/shutdown.h"
+#include "services/weight_sync/weight_sync_config.h"
+#include "services/weight_sync/weight_sync_metrics.h"
+#include "services/weight_sync/weight_sync_service.h"
+
+namespace {
+
+namespace service = fp8rl::service;
+namespace weight_sync = fp8rl::weight_sync;
+
+int fail(const absl::Status& status) {
+  std::fprintf(stderr, "fp8rl-weight-sync: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int run(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << service::service_options_usage(
+          weight_sync::default_weight_sync_service_options());
+      return 0;
+    }
+  }
+  absl::StatusOr<weight_sync::WeightSyncConfig> config =
+      weight_sync::parse_weight_sync_config(args);
+  if (!config.ok()) {
+    std::fprintf(stderr, "fp8rl-weight-sync: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  // Held for the life of the process (never released): the last release runs grpc_shutdown(),
+  // which can wait up to 10 s for gRPC's executor thread and would stretch the bounded shutdown.
+  grpc_init();
+  absl::StatusOr<service::LogLevel> level = service::parse_log_level(config->service.log_level);
+  if (!level.ok()) return fail(level.status());
+  service::set_log_level(*level);
+  if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) return fail(s);
+
+  service::MetricsRegistry registry;
+  absl::StatusOr<std::unique_ptr<weight_sync::WeightSyncMetrics>> metrics =
+      weight_sync::WeightSyncMetrics::create(&registry);
+  if (!metrics.ok()) return fail(metrics.status());
+  weight_sync::WeightSyncServiceImpl sync(config->sync, metrics->get());
+
+  service::GrpcServerOptions grpc_options;
+  grpc_options.address = service::listen_address(config->service, config->service.grpc_port);
+  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc =
+      service::GrpcServer::start(grpc_options, {&sync});
+  if (!grpc.ok()) return fail(grpc.status());
+
+  service::HttpServerOptions http_options;
+  http_options.host = config->service.listen_host;
+  http_options.port = config->metrics_port;
+  http_options.max_body_bytes = config->service.max_body_bytes;
+  service::HttpServer http(http_options, &registry, [&sync] { return !sync.store().closed(); });
+  absl::StatusOr<int> http_port = http.start();
+  if (!http_port.ok()) {
+    (*grpc)->shutdown(std::chrono::milliseconds(0));
+    return fail(http_port.status());
+  }
+  service::log_info("weight-sync", "serving",
+                    {{"grpc_port", absl::StrCat((*grpc)->port())},
+                     {"metrics_port", absl::StrCat(*http_port)},
+                     {"keep_versions", absl::StrCat(config->sync.keep_versions)}});
+
+  service::wait_for_shutdown();
+  service::log_info("weight-sync", "shutting down");
+  const auto grace = std::chrono::milliseconds(
+      static_cast<int64_t>(config->service.shutdown_grace_seconds * 1000.0));
+  sync.begin_shutdown();  // ends Subscribe streams so the gRPC drain is not held open by them
+  (*grpc)->shutdown(grace);
+  http.stop();
+  service::log_info("weight-sync", "stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run(std::vector<std::string>(argv + 1, argv + argc)); }

@@ -1,0 +1,331 @@
+// Manifest building and validation, chunking and verified reassembly (see payload.h).
+#include "services/weight_sync/payload.h"
+
+#include <algorithm>
+#include <map>
+#include <new>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/dtype.h"
+#include "common/service/crc32c.h"
+
+namespace fp8rl::weight_sync {
+namespace {
+
+constexpr int64_t kBlock = 128;  // FP8 weight block edge (ARCHITECTURE.md "FP8 recipe")
+constexpr char kScaleSuffix[] = "_scale_inv";
+
+std::string shape_text(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string where(int index, const v1::TensorManifestEntry& t) {
+  return absl::StrCat("manifest.tensors[", index, "] (", t.name(), ")");
+}
+
+// numel * element size, or an error when a dim is negative or the product overflows.
+absl::StatusOr<uint64_t> expected_bytes(const v1::TensorManifestEntry& t, int64_t elem_size,
+                                        int index) {
+  uint64_t bytes = static_cast<uint64_t>(elem_size);
+  for (int64_t d : t.shape()) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(index, t), ".shape: negative dimension ", d));
+    }
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(index, t), ".shape: ", shape_text(t.shape()), " is too large"));
+    }
+  }
+  return bytes;
+}
+
+absl::Status check_fp8_scales(const v1::VersionManifest& manifest,
+                              const std::map<std::string, int, std::less<>>& index_of) {
+  for (int i = 0; i < manifest.tensors_size(); ++i) {
+    const v1::TensorManifestEntry& t = manifest.tensors(i);
+    if (t.dtype() != dtype_name(DType::kF8E4M3)) continue;
+    if (t.shape_size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(i, t), ".shape: an F8_E4M3 weight must be 2-D [N, K], got ",
+                       shape_text(t.shape())));
+    }
+    const std::string scale_name = absl::StrCat(t.name(), kScaleSuffix);
+    auto it = index_of.find(scale_name);
+    if (it == index_of.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(i, t), ": F8_E4M3 weight without its scale tensor '", scale_name, "'"));
+    }
+    const v1::TensorManifestEntry& s = manifest.tensors(it->second);
+    const int64_t rows = (t.shape(0) + kBlock - 1) / kBlock;
+    const int64_t cols = (t.shape(1) + kBlock - 1) / kBlock;
+    if (s.dtype() != dtype_name(DType::kF32) || s.shape_size() != 2 || s.shape(0) != rows ||
+        s.shape(1) != cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(it->second, s), ": expected F32 [", rows, ", ", cols, "] block scales for ",
+          t.name(), " ", shape_text(t.shape()), ", got ", s.dtype(), " ", shape_text(s.shape())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view format_label(v1::WeightFormat format) {
+  switch (format) {
+    case v1::WEIGHT_FORMAT_FP8:
+      return "fp8";
+    case v1::WEIGHT_FORMAT_BF16:
+      return "bf16";
+    default:
+      return "unspecified";
+  }
+}
+
+absl::Status validate_manifest(const v1::VersionManifest& manifest, uint64_t max_version_bytes) {
+  if (manifest.version() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.version: must be > 0, got ", manifest.version()));
+  }
+  if (manifest.format() != v1::WEIGHT_FORMAT_FP8 && manifest.format() != v1::WEIGHT_FORMAT_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.format: must be WEIGHT_FORMAT_FP8 or WEIGHT_FORMAT_BF16, got ",
+                     v1::WeightFormat_Name(manifest.format())));
+  }
+  const auto config = nlohmann::json::parse(manifest.model_config_json(), nullptr, false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError("manifest.model_config_json: not a JSON object");
+  }
+  if (manifest.tensors_size() == 0) {
+    return absl::InvalidArgumentError("manifest.tensors: empty");
+  }
+  std::map<std::string, int, std::less<>> index_of;
+  uint64_t offset = 0;
+  for (int i = 0; i < manifest.tensors_size(); ++i) {
+    const v1::TensorManifestEntry& t = manifest.tensors(i);
+    if (t.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest.tensors[", i, "].name: empty"));
+    }
+    if (!index_of.emplace(t.name(), i).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(i, t), ".name: duplicate of manifest.tensors[", index_of[t.name()], "]"));
+    }
+    absl::StatusOr<DType> dtype = parse_dtype(t.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(i, t), ".dtype: unknown dtype '", t.dtype(), "'"));
+    }
+    if (manifest.format() == v1::WEIGHT_FORMAT_BF16 && *dtype == DType::kF8E4M3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(i, t), ".dtype: F8_E4M3 in a WEIGHT_FORMAT_BF16 version"));
+    }
+    absl::StatusOr<uint64_t> want = expected_bytes(t, dtype_size(*dtype), i);
+    if (!want.ok()) return want.status();
+    if (t.byte_size() != *want) {
+      return absl::InvalidArgumentError(absl::StrCat(where(i, t), ".byte_size: ", t.byte_size(),
+                                                     " but ", t.dtype(), " ", shape_text(t.shape()),
+                                                     " is ", *want, " bytes"));
+    }
+    if (t.offset() != offset) {
+      return absl::InvalidArgumentError(absl::StrCat(where(i, t), ".offset: ", t.offset(),
+                                                     ", expected ", offset,
+                                                     " (tensors are contiguous, in order)"));
+    }
+    if (__builtin_add_overflow(offset, t.byte_size(), &offset) || offset > max_version_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest.tensors: payload exceeds the limit of ", max_version_bytes, " bytes"));
+    }
+  }
+  if (manifest.total_bytes() != offset) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.total_bytes: ", manifest.total_bytes(),
+                                                   " but the tensors add up to ", offset));
+  }
+  if (manifest.format() == v1::WEIGHT_FORMAT_FP8) return check_fp8_scales(manifest, index_of);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::VersionManifest> build_manifest(const model::WeightSet& set,
+                                                   v1::WeightFormat format) {
+  if (absl::Status s = model::validate_weight_set(set); !s.ok()) return s;
+  v1::VersionManifest manifest;
+  manifest.set_version(set.version);
+  manifest.set_format(format);
+  manifest.set_model_config_json(set.config_json);
+  uint64_t offset = 0;
+  for (const model::NamedTensor& t : set.tensors) {
+    v1::TensorManifestEntry* e = manifest.add_tensors();
+    e->set_name(t.name);
+    e->set_dtype(std::string(dtype_name(t.dtype)));
+    for (int64_t d : t.shape) e->add_shape(d);
+    e->set_byte_size(t.bytes.size());
+    e->set_offset(offset);
+    e->set_crc32c(service::crc32c(t.bytes.data(), t.bytes.size()));
+    offset += t.bytes.size();
+  }
+  manifest.set_total_bytes(offset);
+  if (absl::Status s = validate_manifest(manifest); !s.ok()) return s;
+  return manifest;
+}
+
+absl::Status for_each_chunk(const model::WeightSet& set, uint64_t chunk_bytes,
+                            const std::function<absl::Status(uint64_t, std::string_view)>& emit) {
+  if (chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes: must be > 0");
+  std::string buffer;
+  buffer.reserve(chunk_bytes);
+  uint64_t offset = 0;  // payload offset of buffer[0]
+  for (const model::NamedTensor& t : set.tensors) {
+    const char* p = reinterpret_cast<const char*>(t.bytes.data());
+    uint64_t left = t.bytes.size();
+    while (left > 0) {
+      const uint64_t n = std::min<uint64_t>(left, chunk_bytes - buffer.size());
+      buffer.append(p, n);
+      p += n;
+      left -= n;
+      if (buffer.size() == chunk_bytes) {
+        if (absl::Status s = emit(offset, buffer); !s.ok()) return s;
+        offset += buffer.size();
+        buffer.clear();
+      }
+    }
+  }
+  if (!buffer.empty()) return emit(offset, buffer);
+  return absl::OkStatus();
+}
+
+void PayloadAssembler::reset() {
+  active_ = false;
+  manifest_.Clear();
+  payload_ = std::string();
+  received_ = 0;
+  next_tensor_ = 0;
+  crc_ = 0;
+  crc_upto_ = 0;
+}
+
+absl::Status PayloadAssembler::begin(v1::VersionManifest manifest) {
+  reset();
+  if (absl::Status s = validate_manifest(manifest, max_version_bytes_); !s.ok()) return s;
+  try {
+    payload_.reserve(manifest.total_bytes());
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("manifest.total_bytes: cannot allocate ", manifest.total_bytes(), " bytes"));
+  }
+  manifest_ = std::move(manifest);
+  active_ = true;
+  // Empty tensors at the front are complete already.
+  return check_finished_tensors();
+}
+
+absl::Status PayloadAssembler::add(const v1::WeightChunk& chunk) {
+  if (!active_) {
+    return absl::InvalidArgumentError("chunk before a manifest (the first message is a manifest)");
+  }
+  absl::Status error;
+  if (chunk.version() != manifest_.version()) {
+    error = absl::InvalidArgumentError(absl::StrCat(
+        "chunk.version: ", chunk.version(), " but the manifest is version ", manifest_.version()));
+  } else if (chunk.offset() > received_) {
+    error = absl::InvalidArgumentError(absl::StrCat("chunk.offset: gap: chunk starts at ",
+                                                    chunk.offset(), " but ", received_,
+                                                    " bytes were received"));
+  } else if (chunk.offset() < received_) {
+    error = absl::InvalidArgumentError(absl::StrCat("chunk.offset: overlap: chunk starts at ",
+                                                    chunk.offset(), " but ", received_,
+                                                    " bytes were received"));
+  } else if (chunk.data().empty()) {
+    error = absl::InvalidArgumentError(
+        absl::StrCat("chunk.data: empty chunk at offset ", chunk.offset()));
+  } else if (chunk.data().size() > kMaxChunkBytes) {
+    error = absl::InvalidArgumentError(absl::StrCat(
+        "chunk.data: ", chunk.data().size(), " bytes, more than the limit of ", kMaxChunkBytes));
+  } else if (chunk.data().size() > manifest_.total_bytes() - received_) {
+    error = absl::InvalidArgumentError(
+        absl::StrCat("chunk.data: runs past total_bytes: ", received_ + chunk.data().size(), " > ",
+                     manifest_.total_bytes()));
+  }
+  if (!error.ok()) {
+    reset();
+    return error;
+  }
+  payload_.append(chunk.data());
+  received_ += chunk.data().size();
+  if (absl::Status s = check_finished_tensors(); !s.ok()) {
+    reset();
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PayloadAssembler::check_finished_tensors() {
+  while (next_tensor_ < manifest_.tensors_size()) {
+    const v1::TensorManifestEntry& t = manifest_.tensors(next_tensor_);
+    const uint64_t end = t.offset() + t.byte_size();
+    const uint64_t upto = std::min(received_, end);
+    if (upto > crc_upto_) {
+      crc_ = service::crc32c(payload_.data() + crc_upto_, upto - crc_upto_, crc_);
+      crc_upto_ = upto;
+    }
+    if (received_ < end) break;
+    if (crc_ != t.crc32c()) {
+      return absl::DataLossError(
+          absl::StrFormat("tensor %s: crc32c mismatch: manifest says %08x, payload has %08x",
+                          t.name(), t.crc32c(), crc_));
+    }
+    ++next_tensor_;
+    crc_ = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AssembledVersion> PayloadAssembler::finish() {
+  if (!active_) return absl::InvalidArgumentError("no version in progress (no manifest)");
+  if (received_ != manifest_.total_bytes()) {
+    const absl::Status s = absl::DataLossError(
+        absl::StrCat("incomplete payload for version ", manifest_.version(), ": received ",
+                     received_, " of ", manifest_.total_bytes(), " bytes"));
+    reset();
+    return s;
+  }
+  AssembledVersion out{std::move(manifest_), std::move(payload_)};
+  reset();
+  return out;
+}
+
+absl::StatusOr<model::WeightSet> to_weight_set(const v1::VersionManifest& manifest,
+                                               std::string_view payload) {
+  if (payload.size() != manifest.total_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("payload: ", payload.size(),
+                                                   " bytes but manifest.total_bytes is ",
+                                                   manifest.total_bytes()));
+  }
+  model::WeightSet set;
+  set.version = manifest.version();
+  set.config_json = manifest.model_config_json();
+  set.tensors.reserve(manifest.tensors_size());
+  for (int i = 0; i < manifest.tensors_size(); ++i) {
+    const v1::TensorManifestEntry& e = manifest.tensors(i);
+    absl::StatusOr<DType> dtype = parse_dtype(e.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(i, e), ".dtype: unknown dtype '", e.dtype(), "'"));
+    }
+    if (e.offset() > payload.size() || e.byte_size() > payload.size() - e.offset()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(i, e), ": bytes lie outside the payload"));
+    }
+    model::NamedTensor t;
+    t.name = e.name();
+    t.dtype = *dtype;
+    t.shape.assign(e.shape().begin(), e.shape().end());
+    const auto* p = reinterpret_cast<const uint8_t*>(payload.data() + e.offset());
+    t.bytes.assign(p, p + e.byte_size());
+    set.tensors.push_back(std::move(t));
+  }
+  return set;
+}
+
+}  // namespace fp8rl::weight_sync

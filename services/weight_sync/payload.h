@@ -1,0 +1,98 @@
+// The weight-sync wire format in one place, shared by the service and its clients: building a
+// version manifest (with a CRC-32C per tensor) from a model::WeightSet, validating a manifest,
+// reassembling the chunk stream with the same ordering and checksum rules on both ends, and
+// turning a verified payload back into a WeightSet. Keeping both ends on one implementation is
+// what makes "a corrupt version is never served and never loaded" a single, tested rule.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fp8rl/v1/weight_sync.pb.h"
+#include "model/weight_set.h"
+
+namespace fp8rl::weight_sync {
+
+// Chunk size used by uploads and by the service's pushes: just under 4 MiB, so a chunk message
+// with its framing still fits gRPC's default 4 MiB receive limit on any client channel.
+inline constexpr uint64_t kDefaultChunkBytes = (uint64_t{4} << 20) - 4096;
+// Largest chunk either end accepts (proto/fp8rl/v1/weight_sync.proto: "at most 8 MiB").
+inline constexpr uint64_t kMaxChunkBytes = uint64_t{8} << 20;
+// Largest version accepted unless a limit is given (a DoS guard, not a model-size limit).
+inline constexpr uint64_t kDefaultMaxVersionBytes = uint64_t{64} << 30;
+
+// "fp8" | "bf16" (metric labels, logs); "unspecified" otherwise.
+std::string_view format_label(v1::WeightFormat format);
+
+// Checks a manifest on its own: version > 0; format FP8 or BF16; model_config_json a JSON object;
+// at least one tensor; names non-empty and unique; dtypes known; shapes non-negative and
+// byte_size == numel * dtype size; offsets contiguous in order; total_bytes the sum and at most
+// `max_version_bytes`. Format rules: BF16 versions carry no F8_E4M3 tensor; in FP8 versions every
+// F8_E4M3 tensor is 2-D [N, K] with an F32 "<name>_scale_inv" of shape [ceil(N/128),
+// ceil(K/128)]. InvalidArgument naming the field ("manifest.tensors[2] (w): ...").
+absl::Status validate_manifest(const v1::VersionManifest& manifest,
+                               uint64_t max_version_bytes = kDefaultMaxVersionBytes);
+
+// The manifest of `set` in `format` (version and config from the set), with offsets and a
+// CRC-32C per tensor; validated with validate_manifest.
+absl::StatusOr<v1::VersionManifest> build_manifest(const model::WeightSet& set,
+                                                   v1::WeightFormat format);
+
+// Calls `emit(offset, data)` for consecutive slices of the concatenated tensor bytes of `set`,
+// each at most `chunk_bytes` (> 0) and all but the last exactly that long. Stops at and returns
+// the first error `emit` returns.
+absl::Status for_each_chunk(const model::WeightSet& set, uint64_t chunk_bytes,
+                            const std::function<absl::Status(uint64_t, std::string_view)>& emit);
+
+// A verified version: its manifest and the concatenated payload bytes.
+struct AssembledVersion {
+  v1::VersionManifest manifest;
+  std::string payload;
+};
+
+// Reassembles one version from a manifest and its chunks, checking as it goes: chunks carry the
+// manifest's version, start exactly where the previous one ended (a gap or an overlap is an
+// error), are non-empty, at most kMaxChunkBytes and never run past total_bytes; each tensor's
+// CRC-32C is checked as soon as its last byte arrives. Errors: InvalidArgument for protocol
+// violations, DataLoss for a checksum mismatch or an incomplete payload. After an error the
+// assembler is reset (a new begin() is needed).
+class PayloadAssembler {
+ public:
+  explicit PayloadAssembler(uint64_t max_version_bytes = kDefaultMaxVersionBytes)
+      : max_version_bytes_(max_version_bytes) {}
+
+  // Starts a version (validate_manifest first). Discards any unfinished one.
+  absl::Status begin(v1::VersionManifest manifest);
+  absl::Status add(const v1::WeightChunk& chunk);
+  // The finished version; DataLoss naming received vs expected bytes when incomplete.
+  absl::StatusOr<AssembledVersion> finish();
+  void reset();
+
+  bool active() const { return active_; }
+  bool complete() const { return active_ && received_ == manifest_.total_bytes(); }
+  int64_t version() const { return active_ ? manifest_.version() : 0; }
+  uint64_t received() const { return received_; }
+
+ private:
+  // Checks every tensor whose bytes are all in, advancing next_tensor_.
+  absl::Status check_finished_tensors();
+
+  uint64_t max_version_bytes_;
+  bool active_ = false;
+  v1::VersionManifest manifest_;
+  std::string payload_;
+  uint64_t received_ = 0;
+  int next_tensor_ = 0;    // first tensor whose checksum is not yet verified
+  uint32_t crc_ = 0;       // running CRC-32C of next_tensor_'s bytes received so far
+  uint64_t crc_upto_ = 0;  // payload offset up to which crc_ has consumed bytes
+};
+
+// The WeightSet of a verified version (tensor bytes copied out of the payload).
+absl::StatusOr<model::WeightSet> to_weight_set(const v1::VersionManifest& manifest,
+                                               std::string_view payload);
+
+}  // namespace fp8rl::weight_sync

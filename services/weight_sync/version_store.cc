@@ -1,0 +1,75 @@
+// Bounded in-memory version store with blocking waits (see version_store.h).
+#include "services/weight_sync/version_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace fp8rl::weight_sync {
+
+VersionStore::VersionStore(int keep) : keep_(static_cast<size_t>(std::max(keep, 1))) {}
+
+absl::Status VersionStore::add(StoredVersionPtr version) {
+  if (version == nullptr) return absl::InvalidArgumentError("version store: null version");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!versions_.empty() && version->version() <= versions_.back()->version()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest.version: ", version->version(), " is not newer than the latest stored version ",
+          versions_.back()->version()));
+    }
+    versions_.push_back(std::move(version));
+    while (versions_.size() > keep_) versions_.pop_front();
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+StoredVersionPtr VersionStore::latest() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return versions_.empty() ? nullptr : versions_.back();
+}
+
+int64_t VersionStore::latest_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return versions_.empty() ? 0 : versions_.back()->version();
+}
+
+StoredVersionPtr VersionStore::get(int64_t version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const StoredVersionPtr& v : versions_) {
+    if (v->version() == version) return v;
+  }
+  return nullptr;
+}
+
+std::vector<int64_t> VersionStore::versions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> out;
+  for (const StoredVersionPtr& v : versions_) out.push_back(v->version());
+  return out;
+}
+
+StoredVersionPtr VersionStore::wait_newer(int64_t held, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool ready = cv_.wait_for(lock, timeout, [&] {
+    return closed_ || (!versions_.empty() && versions_.back()->version() > held);
+  });
+  if (!ready || closed_) return nullptr;
+  return versions_.back();
+}
+
+void VersionStore::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool VersionStore::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+}  // namespace fp8rl::weight_sync

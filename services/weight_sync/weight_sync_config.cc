@@ -1,0 +1,79 @@
+// Flag and YAML parsing for fp8rl-weight-sync (see weight_sync_config.h).
+#include "services/weight_sync/weight_sync_config.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace fp8rl::weight_sync {
+namespace {
+
+// An extra option as an integer in [lo, hi]; errors name the flag.
+absl::StatusOr<int64_t> int_flag(const service::ServiceOptions& options, const std::string& key,
+                                 const std::string& flag, int64_t lo, int64_t hi) {
+  const std::string text = service::extra_string(options, key);
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected an integer, got '", text, "'"));
+  }
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": must be in [", lo, ", ", hi, "], got ", value));
+  }
+  return value;
+}
+
+}  // namespace
+
+service::ServiceOptions default_weight_sync_service_options() {
+  service::ServiceOptions o;
+  o.name = "weight-sync";
+  o.grpc_port = kDefaultGrpcPort;
+  o.http_port = kDefaultMetricsPort;
+  o.shutdown_grace_seconds = 5.0;
+  o.extra = {
+      {"metrics_port", absl::StrCat(kDefaultMetricsPort)},
+      {"keep_versions", "2"},
+      {"chunk_bytes", absl::StrCat(kDefaultChunkBytes)},
+      {"max_version_bytes", absl::StrCat(kDefaultMaxVersionBytes)},
+  };
+  return o;
+}
+
+absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std::string>& args) {
+  const service::ServiceOptions defaults = default_weight_sync_service_options();
+  absl::StatusOr<service::ServiceOptions> parsed = service::parse_service_options(defaults, args);
+  if (!parsed.ok()) return parsed.status();
+  WeightSyncConfig config;
+  config.service = *parsed;
+
+  absl::StatusOr<int64_t> metrics_port =
+      int_flag(config.service, "metrics_port", "--metrics-port", 0, 65535);
+  if (!metrics_port.ok()) return metrics_port.status();
+  const bool metrics_set = *metrics_port != kDefaultMetricsPort;
+  const bool http_set = config.service.http_port != kDefaultMetricsPort;
+  if (metrics_set && http_set && *metrics_port != config.service.http_port) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port: ", *metrics_port, " disagrees with --http-port ",
+                     config.service.http_port, " (they name the same port; give one)"));
+  }
+  config.metrics_port = metrics_set ? static_cast<int>(*metrics_port) : config.service.http_port;
+  config.service.http_port = config.metrics_port;
+
+  absl::StatusOr<int64_t> keep =
+      int_flag(config.service, "keep_versions", "--keep-versions", 1, 64);
+  if (!keep.ok()) return keep.status();
+  absl::StatusOr<int64_t> chunk = int_flag(config.service, "chunk_bytes", "--chunk-bytes", 1,
+                                           static_cast<int64_t>(kMaxChunkBytes));
+  if (!chunk.ok()) return chunk.status();
+  absl::StatusOr<int64_t> max_bytes =
+      int_flag(config.service, "max_version_bytes", "--max-version-bytes", 1, int64_t{1} << 40);
+  if (!max_bytes.ok()) return max_bytes.status();
+  config.sync.keep_versions = static_cast<int>(*keep);
+  config.sync.chunk_bytes = static_cast<uint64_t>(*chunk);
+  config.sync.max_version_bytes = static_cast<uint64_t>(*max_bytes);
+  if (absl::Status s = validate_options(config.sync); !s.ok()) return s;
+  return config;
+}
+
+}  // namespace fp8rl::weight_sync

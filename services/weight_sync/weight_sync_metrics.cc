@@ -1,0 +1,66 @@
+// Registration of the weight-sync metrics (see weight_sync_metrics.h).
+#include "services/weight_sync/weight_sync_metrics.h"
+
+#include <chrono>
+
+namespace fp8rl::weight_sync {
+
+absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> WeightSyncMetrics::create(
+    service::MetricsRegistry* registry) {
+  auto m = std::make_unique<WeightSyncMetrics>();
+  absl::StatusOr<service::GaugeFamily*> build_info =
+      registry->add_gauge("fp8rl_build_info", "Always 1; labels identify the binary.", {"service"});
+  if (!build_info.ok()) return build_info.status();
+  (*build_info)->with({"weight-sync"}).set(1);
+  absl::StatusOr<service::GaugeFamily*> start_time = registry->add_gauge(
+      "fp8rl_process_start_time_seconds", "Start time of the process, Unix seconds.");
+  if (!start_time.ok()) return start_time.status();
+  (*start_time)
+      ->get()
+      .set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+               .count());
+
+  absl::Status status;
+  // Keeps the first registration error; later calls are skipped once one failed.
+  auto take = [&status](auto result, auto** field) {
+    if (!status.ok()) return;
+    if (!result.ok()) {
+      status = result.status();
+      return;
+    }
+    *field = *result;
+  };
+  take(registry->add_gauge("fp8rl_weight_sync_latest_version", "Newest complete weight version."),
+       &m->latest_version);
+  take(registry->add_counter("fp8rl_weight_sync_uploads_total", "Uploads received, by result.",
+                             {"result"}),
+       &m->uploads);
+  take(registry->add_counter("fp8rl_weight_sync_received_bytes_total",
+                             "Payload bytes received from uploaders."),
+       &m->received_bytes);
+  take(registry->add_counter("fp8rl_weight_sync_sent_bytes_total",
+                             "Payload bytes streamed to workers."),
+       &m->sent_bytes);
+  take(registry->add_gauge("fp8rl_weight_sync_subscribers",
+                           "Generation workers with an open Subscribe stream."),
+       &m->subscribers);
+  take(registry->add_gauge("fp8rl_weight_sync_worker_version",
+                           "Weight version each worker acknowledged.", {"worker"}),
+       &m->worker_version);
+  take(registry->add_histogram("fp8rl_weight_sync_push_seconds",
+                               "Time from a version's arrival to the last subscribed worker's ack.",
+                               {}, service::default_seconds_buckets()),
+       &m->push_seconds);
+  take(registry->add_gauge("fp8rl_weight_sync_version_bytes",
+                           "Payload size of the latest version, by format.", {"format"}),
+       &m->version_bytes);
+  if (!status.ok()) return status;
+  // Both results exist from the start, so a scrape before the first upload shows them.
+  m->uploads->with({"accepted"});
+  m->uploads->with({"rejected"});
+  m->subscribers->get();
+  m->latest_version->get();
+  return m;
+}
+
+}  // namespace fp8rl::weight_sync

@@ -1,0 +1,28 @@
+// The weight-sync service's Prometheus metrics, exactly the names docs/metrics.md lists for
+// `service="weight-sync"` plus the fp8rl_build_info / fp8rl_process_start_time_seconds pair every
+// service exports.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/service/metrics.h"
+
+namespace fp8rl::weight_sync {
+
+struct WeightSyncMetrics {
+  // Registers every family in `registry` (which must outlive the result).
+  static absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> create(
+      service::MetricsRegistry* registry);
+
+  service::GaugeFamily* latest_version = nullptr;    // newest complete version
+  service::CounterFamily* uploads = nullptr;         // {result: accepted|rejected}
+  service::CounterFamily* received_bytes = nullptr;  // payload bytes received
+  service::CounterFamily* sent_bytes = nullptr;      // payload bytes streamed to workers
+  service::GaugeFamily* subscribers = nullptr;       // workers with an open stream
+  service::GaugeFamily* worker_version = nullptr;    // {worker}: acknowledged version
+  service::HistogramFamily* push_seconds = nullptr;  // arrival -> last worker's ack
+  service::GaugeFamily* version_bytes = nullptr;     // {format: fp8|bf16}: latest's size
+};
+
+}  // namespace fp8rl::weight_sync

@@ -1,0 +1,242 @@
+// Upload validation, version push and ack bookkeeping of the weight-sync service (see
+// weight_sync_service.h).
+#include "services/weight_sync/weight_sync_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "common/service/log.h"
+
+namespace fp8rl::weight_sync {
+namespace {
+
+constexpr std::string_view kComponent = "weight-sync";
+
+int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+absl::Status validate_options(const WeightSyncOptions& options) {
+  if (options.keep_versions < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_versions: must be >= 1, got ", options.keep_versions));
+  }
+  if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes: must be in [1, ", kMaxChunkBytes,
+                                                   "], got ", options.chunk_bytes));
+  }
+  if (options.max_version_bytes == 0) {
+    return absl::InvalidArgumentError("max_version_bytes: must be > 0");
+  }
+  if (options.poll_interval.count() <= 0) {
+    return absl::InvalidArgumentError("poll_interval: must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSyncMetrics* metrics)
+    : options_(std::move(options)), metrics_(metrics), store_(options_.keep_versions) {}
+
+grpc::Status WeightSyncServiceImpl::reject_upload(const absl::Status& status, int64_t version) {
+  rejected_.fetch_add(1);
+  metrics_->uploads->with({"rejected"}).inc();
+  service::log_warn(kComponent, "upload rejected",
+                    {{"version", absl::StrCat(version)}, {"error", std::string(status.message())}});
+  return service::to_grpc_status(status);
+}
+
+grpc::Status WeightSyncServiceImpl::UploadVersion(
+    grpc::ServerContext* context, grpc::ServerReader<v1::UploadVersionRequest>* reader,
+    v1::UploadVersionResponse* response) {
+  if (shutting_down_.load()) {
+    return reject_upload(absl::UnavailableError("weight sync is shutting down"), 0);
+  }
+  PayloadAssembler assembler(options_.max_version_bytes);
+  v1::UploadVersionRequest request;
+  bool have_manifest = false;
+  int64_t version = 0;
+  while (reader->Read(&request)) {
+    if (!have_manifest) {
+      if (!request.has_manifest()) {
+        return reject_upload(
+            absl::InvalidArgumentError("the first upload message must be a manifest"), 0);
+      }
+      version = request.manifest().version();
+      if (const int64_t latest = store_.latest_version(); version <= latest) {
+        return reject_upload(absl::InvalidArgumentError(absl::StrCat(
+                                 "manifest.version: ", version,
+                                 " is not newer than the latest stored version ", latest)),
+                             version);
+      }
+      if (absl::Status s = assembler.begin(std::move(*request.mutable_manifest())); !s.ok()) {
+        return reject_upload(s, version);
+      }
+      have_manifest = true;
+      continue;
+    }
+    if (request.has_manifest()) {
+      return reject_upload(absl::InvalidArgumentError("a second manifest in one upload"), version);
+    }
+    if (!request.has_chunk()) {
+      return reject_upload(absl::InvalidArgumentError("a message with neither manifest nor chunk"),
+                           version);
+    }
+    metrics_->received_bytes->get().inc(static_cast<double>(request.chunk().data().size()));
+    if (absl::Status s = assembler.add(request.chunk()); !s.ok()) return reject_upload(s, version);
+  }
+  if (context->IsCancelled()) {
+    return reject_upload(absl::CancelledError("upload cancelled by the client"), version);
+  }
+  if (!have_manifest) {
+    return reject_upload(absl::InvalidArgumentError("empty upload: no manifest"), version);
+  }
+  absl::StatusOr<AssembledVersion> assembled = assembler.finish();
+  if (!assembled.ok()) return reject_upload(assembled.status(), version);
+
+  auto stored = std::make_shared<StoredVersion>();
+  stored->manifest = std::move(assembled->manifest);
+  stored->payload = std::move(assembled->payload);
+  stored->arrived = std::chrono::steady_clock::now();
+  const uint64_t bytes = stored->payload.size();
+  const v1::WeightFormat format = stored->manifest.format();
+  const int num_tensors = stored->manifest.tensors_size();
+  // Registered as pending before the store wakes the Subscribe streams, so no ack is missed.
+  workers_.published(version, stored->arrived);
+  if (absl::Status s = store_.add(std::move(stored)); !s.ok()) return reject_upload(s, version);
+
+  metrics_->uploads->with({"accepted"}).inc();
+  metrics_->latest_version->get().set(static_cast<double>(version));
+  for (v1::WeightFormat f : {v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_BF16}) {
+    metrics_->version_bytes->with({std::string(format_label(f))})
+        .set(f == format ? static_cast<double>(bytes) : 0.0);
+  }
+  service::log_info(kComponent, "version stored",
+                    {{"version", absl::StrCat(version)},
+                     {"format", std::string(format_label(format))},
+                     {"tensors", absl::StrCat(num_tensors)},
+                     {"bytes", absl::StrCat(bytes)}});
+  response->set_version(version);
+  response->set_bytes_received(bytes);
+  return grpc::Status::OK;
+}
+
+bool WeightSyncServiceImpl::send_version(const StoredVersion& version, grpc::ServerContext* context,
+                                         grpc::ServerWriter<v1::SubscribeResponse>* writer) {
+  v1::SubscribeResponse message;
+  *message.mutable_manifest() = version.manifest;
+  if (!writer->Write(message)) return false;
+  const std::string& payload = version.payload;
+  for (uint64_t offset = 0; offset < payload.size(); offset += options_.chunk_bytes) {
+    if (context->IsCancelled() || shutting_down_.load()) return false;
+    const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, payload.size() - offset);
+    v1::WeightChunk* chunk = message.mutable_chunk();
+    chunk->set_version(version.version());
+    chunk->set_offset(offset);
+    chunk->set_data(payload.data() + offset, n);
+    if (!writer->Write(message)) return false;
+    metrics_->sent_bytes->get().inc(static_cast<double>(n));
+  }
+  return true;
+}
+
+void WeightSyncServiceImpl::record_push_latency(std::optional<double> seconds) {
+  if (seconds) metrics_->push_seconds->get().observe(*seconds);
+}
+
+grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
+                                              const v1::SubscribeRequest* request,
+                                              grpc::ServerWriter<v1::SubscribeResponse>* writer) {
+  const std::string& worker = request->worker_id();
+  if (worker.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id: empty");
+  }
+  if (request->held_version() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("held_version: must be >= 0, got ", request->held_version()));
+  }
+  if (shutting_down_.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "weight sync is shutting down");
+  }
+  workers_.stream_opened(worker);
+  metrics_->subscribers->get().set(workers_.subscribed_workers());
+  service::log_info(kComponent, "subscriber connected",
+                    {{"worker", worker}, {"held_version", absl::StrCat(request->held_version())}});
+
+  grpc::Status status = grpc::Status::OK;
+  int64_t held = request->held_version();
+  while (!context->IsCancelled()) {
+    StoredVersionPtr next = store_.wait_newer(held, options_.poll_interval);
+    if (shutting_down_.load()) {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "weight sync is shutting down");
+      break;
+    }
+    if (next == nullptr) continue;
+    if (!send_version(*next, context, writer)) {
+      status = shutting_down_.load()
+                   ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "weight sync is shutting down")
+                   : grpc::Status(grpc::StatusCode::CANCELLED, "subscriber stream closed");
+      break;
+    }
+    held = next->version();
+  }
+  record_push_latency(workers_.stream_closed(worker));
+  metrics_->subscribers->get().set(workers_.subscribed_workers());
+  service::log_info(kComponent, "subscriber disconnected",
+                    {{"worker", worker}, {"sent_version", absl::StrCat(held)}});
+  return status;
+}
+
+grpc::Status WeightSyncServiceImpl::Ack(grpc::ServerContext* context, const v1::AckRequest* request,
+                                        v1::AckResponse* response) {
+  if (const int64_t latest = store_.latest_version(); request->version() > latest) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("version: ", request->version(),
+                                     " was never published (latest is ", latest, ")"));
+  }
+  absl::StatusOr<std::optional<double>> latency =
+      workers_.ack(request->worker_id(), request->version(), request->ok(), request->error(),
+                   unix_ms_now(), std::chrono::steady_clock::now());
+  if (!latency.ok()) return service::to_grpc_status(latency.status());
+  record_push_latency(*latency);
+  if (request->ok()) {
+    service::Gauge& gauge = metrics_->worker_version->with({request->worker_id()});
+    gauge.set(std::max(gauge.value(), static_cast<double>(request->version())));
+    service::log_info(
+        kComponent, "version acknowledged",
+        {{"worker", request->worker_id()}, {"version", absl::StrCat(request->version())}});
+  } else {
+    service::log_warn(kComponent, "version rejected by worker",
+                      {{"worker", request->worker_id()},
+                       {"version", absl::StrCat(request->version())},
+                       {"error", request->error()}});
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WeightSyncServiceImpl::GetStatus(grpc::ServerContext* context,
+                                              const v1::GetWeightSyncStatusRequest* request,
+                                              v1::WeightSyncStatus* response) {
+  response->set_latest_version(store_.latest_version());
+  for (int64_t v : store_.versions()) response->add_stored_versions(v);
+  for (const WorkerState& w : workers_.snapshot()) {
+    v1::WorkerVersion* out = response->add_workers();
+    out->set_worker_id(w.worker_id);
+    out->set_version(w.version);
+    out->set_acked_unix_ms(w.acked_unix_ms);
+    out->set_subscribed(w.open_streams > 0);
+  }
+  response->set_rejected_uploads(rejected_.load());
+  return grpc::Status::OK;
+}
+
+void WeightSyncServiceImpl::begin_shutdown() {
+  if (shutting_down_.exchange(true)) return;
+  store_.close();
+}
+
+}  // namespace fp8rl::weight_sync

@@ -1,0 +1,74 @@
+// The fp8rl.v1.WeightSyncService implementation: accepts verified uploads from the trainer into
+// the version store, pushes each new version to every Subscribe stream, records worker acks, and
+// reports status. Corrupt or incomplete uploads are rejected before they reach the store, so
+// nothing unverified is ever served.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "fp8rl/v1/weight_sync.grpc.pb.h"
+#include "services/weight_sync/payload.h"
+#include "services/weight_sync/version_store.h"
+#include "services/weight_sync/weight_sync_metrics.h"
+#include "services/weight_sync/worker_table.h"
+
+namespace fp8rl::weight_sync {
+
+struct WeightSyncOptions {
+  int keep_versions = 2;                                 // versions kept in memory (>= 1)
+  uint64_t chunk_bytes = kDefaultChunkBytes;             // size of pushed chunks
+  uint64_t max_version_bytes = kDefaultMaxVersionBytes;  // larger uploads are rejected
+  // How often an idle Subscribe stream checks whether its client went away.
+  std::chrono::milliseconds poll_interval{200};
+};
+
+// InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
+// max_version_bytes == 0 or a non-positive poll_interval.
+absl::Status validate_options(const WeightSyncOptions& options);
+
+class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
+ public:
+  // `metrics` must outlive the service; options must pass validate_options.
+  WeightSyncServiceImpl(WeightSyncOptions options, WeightSyncMetrics* metrics);
+
+  grpc::Status UploadVersion(grpc::ServerContext* context,
+                             grpc::ServerReader<v1::UploadVersionRequest>* reader,
+                             v1::UploadVersionResponse* response) override;
+  grpc::Status Subscribe(grpc::ServerContext* context, const v1::SubscribeRequest* request,
+                         grpc::ServerWriter<v1::SubscribeResponse>* writer) override;
+  grpc::Status Ack(grpc::ServerContext* context, const v1::AckRequest* request,
+                   v1::AckResponse* response) override;
+  grpc::Status GetStatus(grpc::ServerContext* context,
+                         const v1::GetWeightSyncStatusRequest* request,
+                         v1::WeightSyncStatus* response) override;
+
+  // Ends every open Subscribe stream (UNAVAILABLE) and refuses new streams and uploads, so the
+  // gRPC server's Shutdown does not wait on them. Call before GrpcServer::shutdown. Idempotent.
+  void begin_shutdown();
+
+  const VersionStore& store() const { return store_; }
+  const WorkerTable& workers() const { return workers_; }
+  uint64_t rejected_uploads() const { return rejected_.load(); }
+
+ private:
+  grpc::Status reject_upload(const absl::Status& status, int64_t version);
+  // Streams one version (manifest, then chunks); false when the stream broke or shutdown began.
+  bool send_version(const StoredVersion& version, grpc::ServerContext* context,
+                    grpc::ServerWriter<v1::SubscribeResponse>* writer);
+  void record_push_latency(std::optional<double> seconds);
+
+  const WeightSyncOptions options_;
+  WeightSyncMetrics* metrics_;
+  VersionStore store_;
+  WorkerTable workers_;
+  std::atomic<uint64_t> rejected_{0};
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace fp8rl::weight_sync

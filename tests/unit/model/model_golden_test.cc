@@ -1,0 +1,194 @@
+// The fp32 engine against an independent PyTorch implementation (tests/reference/llama_ref.py, run
+// in float64): logits and the gradient of every parameter, for GQA / MHA, tied / untied, Llama and
+// Qwen2 (q/k/v bias); plus a finite-difference check of the backward on a micro config.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
+#include "model/model.h"
+#include "tests/unit/model/model_test_util.h"
+
+namespace fp8rl::model {
+namespace {
+
+using testing::kGradRelTol;
+using testing::kLogitRelTol;
+
+struct GoldenCase {
+  std::string name;
+  ModelConfig config;
+  float temperature;
+};
+
+const GoldenCase kCases[] = {
+    {"llama_gqa_untied", testing::make_config(61, 64, 96, 2, 4, 2, false), 1.0f},
+    {"llama_mha_tied", testing::make_config(53, 48, 80, 2, 3, 3, true), 0.7f},
+    {"qwen2_gqa_bias_tied", testing::make_config(47, 64, 112, 2, 8, 2, true, true), 1.3f},
+};
+
+// One case's model, batch and the oracle's answers.
+struct Prepared {
+  std::unique_ptr<Model> model;
+  TokenBatch batch;
+  TokenValues dlogp;
+  std::unique_ptr<SafetensorsFile> golden;
+};
+
+// Builds every case and runs the oracle once for all of them (torch starts in seconds).
+class GoldenTest : public ::testing::TestWithParam<int> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    std::string cmd =
+        absl::StrCat("/usr/bin/python3 ", testing::source_dir(), "/tests/reference/llama_ref.py");
+    for (size_t c = 0; c < std::size(kCases); ++c) {
+      const GoldenCase& gc = kCases[c];
+      Prepared& p = prepared_[c];
+      auto made = Model::Init(gc.config, {}, 1);
+      ASSERT_TRUE(made.ok()) << made.status();
+      p.model = std::move(*made);
+      testing::randomize(*p.model, 7 + c);
+      const std::string ckpt = *dir_ / gc.name;
+      ASSERT_TRUE(p.model->save(ckpt).ok());
+      Rng rng(11 + c);
+      p.batch = {testing::random_tokens(rng, 9, gc.config.vocab_size),
+                 testing::random_tokens(rng, 14, gc.config.vocab_size),
+                 testing::random_tokens(rng, 1, gc.config.vocab_size)};
+      for (const auto& s : p.batch) {
+        p.dlogp.emplace_back(s.size() - 1);
+        for (auto& v : p.dlogp.back()) v = static_cast<float>(rng.normal());
+      }
+      nlohmann::json req = {
+          {"sequences", p.batch}, {"dlogp", p.dlogp}, {"temperature", gc.temperature}};
+      std::ofstream(ckpt + ".json") << req.dump();
+      absl::StrAppend(&cmd, " ", ckpt, " ", ckpt, ".json ", ckpt, ".out.safetensors");
+    }
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    for (size_t c = 0; c < std::size(kCases); ++c) {
+      auto golden = SafetensorsFile::Open(*dir_ / kCases[c].name + ".out.safetensors");
+      ASSERT_TRUE(golden.ok()) << golden.status();
+      prepared_[c].golden = std::make_unique<SafetensorsFile>(std::move(*golden));
+    }
+  }
+  static void TearDownTestSuite() {
+    for (auto& p : prepared_) p = {};
+    delete dir_;
+  }
+  static inline testing::TempDir* dir_ = nullptr;
+  static inline Prepared prepared_[std::size(kCases)];
+};
+
+TEST_P(GoldenTest, LogitsAndEveryGradientMatchPyTorch) {
+  const GoldenCase& gc = kCases[GetParam()];
+  Prepared& p = prepared_[GetParam()];
+  ASSERT_TRUE(p.golden) << "oracle did not run";
+  Model& m = *p.model;
+  const TokenBatch& batch = p.batch;
+  const TokenValues& dlogp = p.dlogp;
+  ForwardContext ctx;
+  auto lp = m.forward(batch, {.temperature = gc.temperature}, &ctx);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  for (size_t s = 0; s < batch.size(); ++s) {
+    auto ref_logits = p.golden->read_f32(absl::StrCat("logits.", s));
+    ASSERT_TRUE(ref_logits.ok());
+    auto logits = m.logits(batch[s]);
+    ASSERT_TRUE(logits.ok());
+    ASSERT_EQ(logits->size(), ref_logits->size());
+    const double scale = testing::max_abs(ref_logits->data(), ref_logits->size());
+    ASSERT_GT(scale, 0.1) << "logits must be non-trivial";
+    const double err =
+        testing::max_abs_diff(logits->data(), ref_logits->data(), logits->size()) / scale;
+    EXPECT_LE(err, kLogitRelTol) << "sequence " << s;
+    auto ref_lp = p.golden->read_f32(absl::StrCat("logprobs.", s));
+    ASSERT_TRUE(ref_lp.ok());
+    ASSERT_EQ(ref_lp->size(), (*lp)[s].size());
+    for (size_t i = 0; i < ref_lp->size(); ++i) EXPECT_NEAR((*lp)[s][i], (*ref_lp)[i], 1e-4);
+  }
+
+  std::vector<float> grads(m.num_params(), 0.0f);
+  ASSERT_TRUE(m.backward(ctx, dlogp, grads.data()).ok());
+  double worst = 0;
+  for (const ParamInfo& info : m.layout().params()) {
+    auto ref = p.golden->read_f32("grad." + info.name);
+    ASSERT_TRUE(ref.ok()) << info.name;
+    ASSERT_EQ(static_cast<int64_t>(ref->size()), info.numel);
+    const double scale = testing::max_abs(ref->data(), info.numel);
+    ASSERT_GT(scale, 0.0) << info.name << ": oracle gradient is zero";
+    const double err =
+        testing::max_abs_diff(grads.data() + info.offset, ref->data(), info.numel) / scale;
+    EXPECT_LE(err, kGradRelTol) << info.name;
+    worst = std::max(worst, err);
+  }
+  std::printf("[golden] %s: %zu parameter gradients, worst relative error %.2e\n", gc.name.c_str(),
+              m.layout().params().size(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, GoldenTest, ::testing::Range(0, 3),
+                         [](const auto& info) { return kCases[info.param].name; });
+
+// Directional finite differences of L = sum dlogp * logprobs in fp32 on a micro config:
+// (L(p + e d) - L(p - e d)) / 2e vs grad . d, per parameter tensor.
+TEST(FiniteDifference, BackwardMatchesCentralDifferences) {
+  ModelConfig c = testing::make_config(13, 16, 24, 2, 2, 1, false, true);
+  auto made = Model::Init(c, {}, 3);
+  ASSERT_TRUE(made.ok());
+  Model& m = **made;
+  testing::randomize(m, 5, 0.3);
+  Rng rng(9);
+  TokenBatch batch = {testing::random_tokens(rng, 6, c.vocab_size),
+                      testing::random_tokens(rng, 4, c.vocab_size)};
+  TokenValues dlogp;
+  for (const auto& s : batch) {
+    dlogp.emplace_back(s.size() - 1);
+    for (auto& v : dlogp.back()) v = static_cast<float>(rng.normal());
+  }
+  auto loss = [&]() {
+    auto lp = m.forward(batch, {.temperature = 0.9f}, nullptr);
+    double l = 0;
+    for (size_t s = 0; s < batch.size(); ++s) {
+      for (size_t i = 0; i < dlogp[s].size(); ++i)
+        l += static_cast<double>(dlogp[s][i]) * (*lp)[s][i];
+    }
+    return l;
+  };
+  ForwardContext ctx;
+  ASSERT_TRUE(m.forward(batch, {.temperature = 0.9f}, &ctx).ok());
+  std::vector<float> grads(m.num_params(), 0.0f);
+  ASSERT_TRUE(m.backward(ctx, dlogp, grads.data()).ok());
+  const std::vector<float> base(m.params().begin(), m.params().end());
+  const double eps = 2e-3;
+  for (const ParamInfo& p : m.layout().params()) {
+    // A random unit direction, so the step is eps in parameter space.
+    std::vector<double> d(p.numel);
+    double norm = 0;
+    for (auto& x : d) {
+      x = rng.normal();
+      norm += x * x;
+    }
+    double analytic = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      d[i] /= std::sqrt(norm);
+      analytic += d[i] * grads[p.offset + i];
+    }
+    double lossp = 0, lossm = 0;
+    for (int sign : {1, -1}) {
+      for (int64_t i = 0; i < p.numel; ++i) {
+        m.params()[p.offset + i] = static_cast<float>(base[p.offset + i] + sign * eps * d[i]);
+      }
+      m.refresh();
+      (sign > 0 ? lossp : lossm) = loss();
+    }
+    std::copy(base.begin(), base.end(), m.params().begin());
+    m.refresh();
+    const double numeric = (lossp - lossm) / (2 * eps);
+    EXPECT_NEAR(analytic, numeric, 2e-3 + 1e-2 * std::fabs(numeric)) << p.name;
+    ASSERT_GT(std::fabs(analytic), 1e-3) << p.name << ": gradient too small to test";
+  }
+}
+
+}  // namespace
+}  // namespace fp8rl::model

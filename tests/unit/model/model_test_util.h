@@ -1,0 +1,107 @@
+// Shared helpers of the model tests: small configs, random non-zero parameters, temp folders,
+// running the PyTorch oracle, and the named tolerances the tests compare with.
+#pragma once
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/model.h"
+#include "model/rng.h"
+
+namespace fp8rl::model::testing {
+
+// fp32 engine vs the float64 PyTorch oracle (relative to the tensor's max |value|).
+inline constexpr double kLogitRelTol = 1e-5;
+inline constexpr double kGradRelTol = 2e-5;
+// Consistency of generation and training logprobs (issue 3).
+inline constexpr double kConsistencyMaxAbsTol = 1e-4;   // fp32 / bf16: max |d|
+inline constexpr double kConsistencyMeanAbsTol = 1e-5;  // fp8: mean |d|
+
+inline ModelConfig make_config(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers,
+                               int64_t heads, int64_t kv_heads, bool tied, bool qwen2 = false) {
+  ModelConfig c;
+  c.model_type = qwen2 ? "qwen2" : "llama";
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = inter;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = qwen2 ? 1000000.0 : 10000.0;
+  c.tie_word_embeddings = tied;
+  c.attention_bias = qwen2;
+  return c;
+}
+
+// Random non-zero parameters with O(1) activations: weights N(0, std), norms 1 + N(0, 0.1),
+// biases N(0, 0.05).
+inline void randomize(Model& m, uint64_t seed, double std = 0.08) {
+  Rng rng(seed);
+  auto p = m.params();
+  for (const ParamInfo& info : m.layout().params()) {
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const double n = rng.normal();
+      float& w = p[info.offset + i];
+      switch (info.kind) {
+        case ParamKind::kNorm:
+          w = static_cast<float>(1.0 + 0.1 * n);
+          break;
+        case ParamKind::kBias:
+          w = static_cast<float>(0.05 * n);
+          break;
+        default:
+          w = static_cast<float>(std * n);
+      }
+    }
+  }
+  m.refresh();
+}
+
+inline std::vector<int32_t> random_tokens(Rng& rng, int64_t n, int64_t vocab) {
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+// A fresh temporary folder removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "fp8rl_model_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline std::string source_dir() {
+  const char* s = std::getenv("FP8RL_SOURCE_DIR");
+  return s ? s : FP8RL_TEST_SOURCE_DIR;
+}
+
+inline double max_abs(const float* x, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(x[i])));
+  return m;
+}
+
+inline double max_abs_diff(const float* a, const float* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+}  // namespace fp8rl::model::testing

@@ -1,0 +1,179 @@
+// Tests of the service's state: the bounded version store and its waits, worker versions and push
+// latency, and the binary's flag/YAML configuration.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "services/weight_sync/version_store.h"
+#include "services/weight_sync/weight_sync_config.h"
+#include "services/weight_sync/worker_table.h"
+
+namespace fp8rl::weight_sync {
+namespace {
+
+using namespace std::chrono_literals;
+
+StoredVersionPtr make_version(int64_t v, const std::string& payload) {
+  auto out = std::make_shared<StoredVersion>();
+  out->manifest.set_version(v);
+  out->payload = payload;
+  out->arrived = std::chrono::steady_clock::now();
+  return out;
+}
+
+TEST(VersionStore, KeepsTheNewestKAndRefusesOlderVersions) {
+  VersionStore store(2);
+  EXPECT_EQ(store.latest(), nullptr);
+  EXPECT_EQ(store.latest_version(), 0);
+  ASSERT_TRUE(store.add(make_version(3, "abc")).ok());
+  ASSERT_TRUE(store.add(make_version(5, "defg")).ok());
+  const StoredVersionPtr held = store.get(3);  // a stream still sending version 3
+  ASSERT_TRUE(store.add(make_version(9, "hi")).ok());
+  EXPECT_EQ(store.versions(), (std::vector<int64_t>{5, 9}));
+  EXPECT_EQ(store.get(3), nullptr);
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->payload, "abc");  // evicted but alive while shared
+  EXPECT_EQ(store.latest()->payload, "hi");
+
+  for (int64_t v : {9, 8}) {
+    const absl::Status s = store.add(make_version(v, "x"));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("not newer than the latest stored version 9"), std::string::npos)
+        << s;
+  }
+  EXPECT_EQ(store.latest_version(), 9);
+}
+
+TEST(VersionStore, WaitNewerWakesOnAddAndOnClose) {
+  VersionStore store(1);
+  ASSERT_TRUE(store.add(make_version(1, "one")).ok());
+  EXPECT_EQ(store.wait_newer(0, 10ms)->version(), 1);  // already newer: immediate
+  EXPECT_EQ(store.wait_newer(1, 20ms), nullptr);       // timeout
+  std::thread adder([&] {
+    std::this_thread::sleep_for(30ms);
+    ASSERT_TRUE(store.add(make_version(2, "two")).ok());
+  });
+  const StoredVersionPtr got = store.wait_newer(1, 5s);
+  adder.join();
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->payload, "two");
+
+  std::thread closer([&] {
+    std::this_thread::sleep_for(30ms);
+    store.close();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(store.wait_newer(2, 5s), nullptr);
+  closer.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_TRUE(store.closed());
+  EXPECT_EQ(store.wait_newer(0, 5s), nullptr);  // closed: no more waiting
+}
+
+TEST(WorkerTable, TracksAcksAndStreams) {
+  WorkerTable table;
+  const auto now = std::chrono::steady_clock::now();
+  table.stream_opened("gen-0");
+  table.stream_opened("gen-1");
+  EXPECT_EQ(table.subscribed_workers(), 2);
+  ASSERT_TRUE(table.ack("gen-0", 4, true, "", 1000, now).ok());
+  ASSERT_TRUE(table.ack("gen-0", 3, true, "", 2000, now).ok());  // older ack does not go back
+  ASSERT_TRUE(table.ack("gen-1", 4, false, "crc mismatch", 3000, now).ok());
+  table.stream_closed("gen-1");
+  const auto snap = table.snapshot();
+  ASSERT_EQ(snap.size(), 2u);
+  EXPECT_EQ(snap[0].worker_id, "gen-0");
+  EXPECT_EQ(snap[0].version, 4);
+  EXPECT_EQ(snap[0].acked_unix_ms, 1000);
+  EXPECT_EQ(snap[0].open_streams, 1);
+  EXPECT_EQ(snap[1].version, 0);
+  EXPECT_EQ(snap[1].last_error, "crc mismatch");
+  EXPECT_EQ(snap[1].open_streams, 0);
+  EXPECT_EQ(table.subscribed_workers(), 1);
+
+  EXPECT_EQ(table.ack("", 1, true, "", 0, now).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table.ack("gen-0", 0, true, "", 0, now).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WorkerTable, PushLatencyEndsAtTheLastSubscribedWorkersAck) {
+  WorkerTable table;
+  const auto t0 = std::chrono::steady_clock::now();
+  table.stream_opened("a");
+  table.stream_opened("b");
+  table.stream_opened("c");
+  table.published(2, t0);
+  auto r = table.ack("a", 2, true, "", 1, t0 + 100ms);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->has_value());
+  r = table.ack("b", 2, false, "bad", 1, t0 + 150ms);  // a rejection does not complete the push
+  EXPECT_FALSE(r->has_value());
+  r = table.ack("b", 2, true, "", 1, t0 + 250ms);
+  EXPECT_FALSE(r->has_value());
+  // c disconnects without acknowledging: the push is done at b's ack.
+  const std::optional<double> latency = table.stream_closed("c");
+  ASSERT_TRUE(latency.has_value());
+  EXPECT_NEAR(*latency, 0.25, 1e-9);
+
+  // A version published with nobody subscribed records nothing.
+  WorkerTable empty;
+  empty.published(1, t0);
+  EXPECT_FALSE(empty.ack("x", 1, true, "", 1, t0 + 1s)->has_value());
+}
+
+TEST(Config, DefaultsFlagsAndYaml) {
+  absl::StatusOr<WeightSyncConfig> c = parse_weight_sync_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.grpc_port, 50052);
+  EXPECT_EQ(c->metrics_port, 9402);
+  EXPECT_EQ(c->sync.keep_versions, 2);
+  EXPECT_EQ(c->sync.chunk_bytes, kDefaultChunkBytes);
+
+  c = parse_weight_sync_config({"--grpc-port", "6000", "--metrics-port=9999", "--keep-versions",
+                                "5", "--chunk-bytes", "1048576"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.grpc_port, 6000);
+  EXPECT_EQ(c->metrics_port, 9999);
+  EXPECT_EQ(c->service.http_port, 9999);
+  EXPECT_EQ(c->sync.keep_versions, 5);
+  EXPECT_EQ(c->sync.chunk_bytes, 1u << 20);
+
+  c = parse_weight_sync_config({"--http-port", "9500"});  // the common alias
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics_port, 9500);
+
+  const std::string path = ::testing::TempDir() + "/weight_sync_config_test.yaml";
+  {
+    std::ofstream f(path);
+    f << "keep_versions: 3\nmetrics_port: 9411\ngrpc_port: 50111\n";
+  }
+  c = parse_weight_sync_config({"--config", path, "--keep-versions", "4"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sync.keep_versions, 4);  // flags override the file
+  EXPECT_EQ(c->metrics_port, 9411);
+  EXPECT_EQ(c->service.grpc_port, 50111);
+}
+
+TEST(Config, BadValuesNameTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--keep-versions", "0"}, "--keep-versions: must be in [1, 64], got 0"},
+      {{"--keep-versions", "two"}, "--keep-versions: expected an integer, got 'two'"},
+      {{"--chunk-bytes", "9000000000"}, "--chunk-bytes: must be in [1, 8388608]"},
+      {{"--metrics-port", "70000"}, "--metrics-port: must be in [0, 65535]"},
+      {{"--metrics-port", "9600", "--http-port", "9700"}, "--metrics-port: 9600 disagrees"},
+      {{"--grpc-port", "-3"}, "--grpc-port"},
+      {{"--bogus", "1"}, "--bogus: unknown flag"},
+  };
+  for (const auto& [args, expect] : cases) {
+    SCOPED_TRACE(expect);
+    const absl::StatusOr<WeightSyncConfig> c = parse_weight_sync_config(args);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(expect), std::string::npos) << c.status();
+  }
+}
+
+}  // namespace
+}  // namespace fp8rl::weight_sync

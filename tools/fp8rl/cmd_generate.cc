@@ -1,0 +1,123 @@
+// `fp8rl generate`: batched sampling from a checkpoint with the KV-cache engine the generation
+// worker uses, printing the generated tokens and the logprob each was sampled with.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "model/generator.h"
+#include "model/model.h"
+#include "model/token_jsonl.h"
+#include "tools/fp8rl/args.h"
+#include "tools/fp8rl/command.h"
+
+namespace fp8rl::cli {
+namespace {
+
+constexpr char kName[] = "generate";
+
+int run_generate(const std::vector<std::string>& argv) {
+  FlagSpec spec;
+  spec.value_flags = {
+      "model",           "precision", "in",   "out",      "max-new-tokens", "temperature",
+      "top-p",           "top-k",     "seed", "kv-cache", "stop-token",     "bf16-first-layers",
+      "bf16-last-layers"};
+  spec.bool_flags = {"pow2-scales"};
+  auto args = Args::Parse(argv, spec);
+  if (!args.ok()) return usage_error(kName, std::string(args.status().message()));
+  std::string v[5];
+  const char* required[5] = {"model", "precision", "in", "out", "max-new-tokens"};
+  for (int i = 0; i < 5; ++i) {
+    auto r = args->required(required[i]);
+    if (!r.ok()) return usage_error(kName, std::string(r.status().message()));
+    v[i] = *r;
+  }
+  model::PrecisionPolicy policy;
+  auto precision = model::parse_precision(v[1]);
+  if (!precision.ok()) {
+    return usage_error(kName, absl::StrCat("--precision: ", precision.status().message()));
+  }
+  policy.linear = *precision;
+  auto kv = model::parse_kv_cache_dtype(args->get("kv-cache").value_or("fp32"));
+  if (!kv.ok()) return usage_error(kName, absl::StrCat("--kv-cache: ", kv.status().message()));
+  policy.kv_cache = *kv;
+  policy.pow2_scales = args->has("pow2-scales");
+  model::SamplingParams sp;
+  auto max_new = args->get_int("max-new-tokens", 0);
+  auto first = args->get_int("bf16-first-layers", 0);
+  auto last = args->get_int("bf16-last-layers", 0);
+  auto temperature = args->get_double("temperature", 1.0);
+  auto top_p = args->get_double("top-p", 1.0);
+  auto top_k = args->get_int("top-k", 0);
+  auto seed = args->get_int("seed", 0);
+  for (const absl::Status& s :
+       {max_new.status(), first.status(), last.status(), temperature.status(), top_p.status(),
+        top_k.status(), seed.status()}) {
+    if (!s.ok()) return usage_error(kName, std::string(s.message()));
+  }
+  if (*max_new < 1) return usage_error(kName, "--max-new-tokens: must be >= 1");
+  if (*first < 0 || *last < 0) return usage_error(kName, "--bf16-first/last-layers: must be >= 0");
+  if (*seed < 0) return usage_error(kName, "--seed: must be >= 0");
+  policy.bf16_first_layers = *first;
+  policy.bf16_last_layers = *last;
+  sp.max_new_tokens = *max_new;
+  sp.temperature = static_cast<float>(*temperature);
+  sp.top_p = static_cast<float>(*top_p);
+  sp.top_k = *top_k;
+  sp.seed = static_cast<uint64_t>(*seed);
+  for (const std::string& s : args->get_all("stop-token")) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(s, &id)) {
+      return usage_error(kName, absl::StrCat("--stop-token: expected an integer, got '", s, "'"));
+    }
+    sp.stop_tokens.push_back(id);
+  }
+  auto lines = model::read_token_jsonl(v[2], "prompt_tokens");
+  if (!lines.ok()) return failure(kName, std::string(lines.status().message()));
+  auto loaded = model::Model::Load(v[0], policy);
+  if (!loaded.ok()) return failure(kName, std::string(loaded.status().message()));
+  std::shared_ptr<const model::Model> m = std::move(*loaded);
+  if (auto s = model::validate_sampling_params(sp, m->config().vocab_size); !s.ok()) {
+    return usage_error(kName, absl::StrCat("--", s.message()));
+  }
+  model::Generator gen(m);
+  for (size_t i = 0; i < lines->rows.size(); ++i) {
+    auto id = gen.add(lines->rows[i], sp, i);
+    if (!id.ok()) {
+      return failure(kName, absl::StrCat(v[2], ":", lines->line[i], ": ", id.status().message()));
+    }
+  }
+  std::vector<model::GenerationResult> results(lines->rows.size());
+  while (true) {
+    for (auto& r : gen.take_finished()) results[r.id] = std::move(r);
+    if (gen.idle()) break;
+    if (auto s = gen.step(); !s.ok()) return failure(kName, std::string(s.message()));
+  }
+  std::string text;
+  for (const auto& r : results) {
+    nlohmann::json j;
+    j["prompt_tokens"] = r.prompt;
+    j["tokens"] = r.tokens;
+    j["logprobs"] = nlohmann::json::array();
+    for (float lp : r.logprobs) j["logprobs"].push_back(static_cast<double>(lp));
+    text += j.dump() + "\n";
+  }
+  if (auto s = write_file_atomic(v[3], text); !s.ok()) {
+    return failure(kName, std::string(s.message()));
+  }
+  return 0;
+}
+
+}  // namespace
+
+FP8RL_COMMAND(kName,
+              "generate --model DIR --precision fp32|bf16|fp8 --in FILE --out FILE "
+              "--max-new-tokens N [--temperature T] [--top-p P] [--top-k K] [--seed S] "
+              "[--kv-cache fp32|bf16|fp8] [--stop-token ID ...] [--bf16-first-layers N] "
+              "[--bf16-last-layers N] [--pow2-scales]",
+              run_generate);
+
+}  // namespace fp8rl::cli
