@@ -1,5 +1,10 @@
-// Registration of the coordinator's metric families (see coordinator_metrics.h).
+// Registration and updates of the coordinator's metric families (see coordinator_metrics.h;
+// names, labels and meanings are the contract in docs/metrics.md).
 #include "services/coordinator/coordinator_metrics.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
 
 namespace fp8rl::coordinator {
 
@@ -10,36 +15,106 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
   {                                           \
     auto result = (expr);                     \
     if (!result.ok()) return result.status(); \
-    m->field = *result;                       \
+    field = *result;                          \
   }
-  FP8RL_ASSIGN(jobs, registry->add_gauge("fp8rl_coordinator_jobs", "Jobs in the store by state.",
-                                         {"state"}));
-  FP8RL_ASSIGN(job_step, registry->add_gauge("fp8rl_coordinator_job_step",
-                                             "RL steps completed by the running job."));
-  FP8RL_ASSIGN(reward_mean, registry->add_gauge("fp8rl_coordinator_reward_mean",
-                                                "Mean reward of the latest RL step's samples."));
-  FP8RL_ASSIGN(validation_accuracy,
-               registry->add_gauge("fp8rl_coordinator_validation_accuracy",
-                                   "Exact-match accuracy of the latest validation, in [0, 1]."));
-  FP8RL_ASSIGN(live_workers,
-               registry->add_gauge("fp8rl_coordinator_live_workers",
-                                   "Registered workers with a recent heartbeat.", {"kind"}));
-  FP8RL_ASSIGN(weight_version,
-               registry->add_gauge("fp8rl_coordinator_weight_version",
-                                   "Latest policy version published by the trainer."));
-  FP8RL_ASSIGN(steps, registry->add_counter("fp8rl_coordinator_steps_total",
-                                            "RL steps completed (all jobs)."));
-  FP8RL_ASSIGN(samples, registry->add_counter("fp8rl_coordinator_samples_total",
-                                              "Samples generated and scored (all jobs)."));
-  FP8RL_ASSIGN(redispatched,
+  service::GaugeFamily* build_info = nullptr;
+  FP8RL_ASSIGN(build_info,
+               registry->add_gauge("fp8rl_build_info", "Always 1; labels identify the binary.",
+                                   {"service"}));
+  build_info->with({"coordinator"}).set(1);
+  service::GaugeFamily* start_time = nullptr;
+  FP8RL_ASSIGN(start_time, registry->add_gauge("fp8rl_process_start_time_seconds",
+                                               "Start time of the process, Unix seconds."));
+  start_time->get().set(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+
+  FP8RL_ASSIGN(m->jobs, registry->add_gauge("fp8rl_coordinator_jobs", "Jobs in the store by state.",
+                                            {"state"}));
+  FP8RL_ASSIGN(m->jobs_submitted, registry->add_counter("fp8rl_coordinator_jobs_submitted_total",
+                                                        "Jobs accepted (REST and gRPC)."));
+  FP8RL_ASSIGN(m->requests_rejected,
+               registry->add_counter("fp8rl_coordinator_requests_rejected_total",
+                                     "Job API requests rejected as invalid (HTTP 400 / "
+                                     "INVALID_ARGUMENT), by API (rest, grpc).",
+                                     {"api"}));
+  FP8RL_ASSIGN(
+      m->live_workers,
+      registry->add_gauge("fp8rl_coordinator_live_workers",
+                          "Registered workers with a fresh heartbeat, by kind.", {"kind"}));
+  FP8RL_ASSIGN(m->step, registry->add_gauge("fp8rl_rl_step",
+                                            "RL steps completed by the running job (0 before "
+                                            "the first update)."));
+  FP8RL_ASSIGN(m->steps,
+               registry->add_counter("fp8rl_rl_steps_total", "RL steps completed (all jobs)."));
+  FP8RL_ASSIGN(m->reward_mean, registry->add_gauge("fp8rl_rl_reward_mean",
+                                                   "Mean reward of the last RL step's samples."));
+  FP8RL_ASSIGN(m->validation_accuracy,
+               registry->add_gauge("fp8rl_rl_validation_accuracy",
+                                   "Exact-match accuracy of the last validation, in [0, 1]."));
+  FP8RL_ASSIGN(
+      m->step_phase_seconds,
+      registry->add_gauge("fp8rl_rl_step_phase_seconds",
+                          "Time of each phase in the last RL step (0: not run).", {"phase"}));
+  FP8RL_ASSIGN(m->phase_seconds_total,
+               registry->add_counter("fp8rl_rl_phase_seconds_total",
+                                     "Total time spent in each RL phase.", {"phase"}));
+  FP8RL_ASSIGN(m->phase_seconds,
+               registry->add_histogram("fp8rl_coordinator_phase_seconds",
+                                       "Distribution of the time of each RL phase.", {"phase"},
+                                       service::default_seconds_buckets()));
+  FP8RL_ASSIGN(m->samples, registry->add_counter("fp8rl_rl_samples_total",
+                                                 "Samples generated and scored (all jobs)."));
+  FP8RL_ASSIGN(m->redispatched_requests,
+               registry->add_counter("fp8rl_rl_redispatched_requests_total",
+                                     "Generation calls that failed or timed out; their "
+                                     "unfinished samples were re-sent."));
+  FP8RL_ASSIGN(m->redispatched_samples,
                registry->add_counter("fp8rl_coordinator_redispatched_samples_total",
                                      "Samples re-dispatched after a worker failed or timed out."));
-  FP8RL_ASSIGN(phase_seconds,
-               registry->add_histogram("fp8rl_coordinator_phase_seconds",
-                                       "Wall time of each phase of an RL step.", {"phase"},
-                                       service::default_seconds_buckets()));
+  FP8RL_ASSIGN(m->weight_version,
+               registry->add_gauge("fp8rl_coordinator_weight_version",
+                                   "Latest policy version published by the trainer."));
+  for (std::string_view name : kRlMismatchMetrics) {
+    service::GaugeFamily* family = nullptr;
+    FP8RL_ASSIGN(family,
+                 registry->add_gauge(absl::StrCat("fp8rl_rl_", std::string(name)),
+                                     absl::StrCat("Last RL step's ", std::string(name),
+                                                  " (ARCHITECTURE.md), from the trainer.")));
+    m->mismatch.emplace(std::string(name), family);
+  }
 #undef FP8RL_ASSIGN
+  // Labelled series exist from the start, so a scrape before the first job shows them at 0.
+  m->requests_rejected->with({"rest"});
+  m->requests_rejected->with({"grpc"});
+  for (std::string_view phase : kRlPhases) {
+    m->step_phase_seconds->with({std::string(phase)});
+    m->phase_seconds_total->with({std::string(phase)});
+  }
   return m;
+}
+
+void CoordinatorMetrics::record_phases(const std::map<std::string, double>& row) {
+  for (std::string_view name : kRlPhases) {
+    const std::string phase(name);
+    auto it = row.find(absl::StrCat("time_", phase, "_seconds"));
+    if (it == row.end()) {
+      step_phase_seconds->with({phase}).set(0.0);
+      continue;
+    }
+    step_phase_seconds->with({phase}).set(it->second);
+    phase_seconds_total->with({phase}).inc(it->second);
+    phase_seconds->with({phase}).observe(it->second);
+  }
+}
+
+void CoordinatorMetrics::record_mismatch(const std::map<std::string, double>& values) {
+  for (const auto& [name, family] : mismatch) {
+    if (auto it = values.find(name); it != values.end()) family->get().set(it->second);
+  }
+}
+
+void CoordinatorMetrics::count_rejected(std::string_view api) {
+  requests_rejected->with({std::string(api)}).inc();
 }
 
 }  // namespace fp8rl::coordinator

@@ -1,27 +1,61 @@
-// The coordinator's Prometheus metrics (docs/metrics.md): jobs by state, the running job's step,
-// reward and validation accuracy, time per phase, live workers, dispatch re-tries.
+// The coordinator's Prometheus metrics, exactly the coordinator section of docs/metrics.md: jobs
+// by state, rejected API requests, live workers, and the RL loop's step, reward, validation
+// accuracy, mismatch metrics (from the trainer's TrainStep answer) and time per phase.
 #pragma once
+
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/service/metrics.h"
 
 namespace fp8rl::coordinator {
 
+// The phases of the RL loop, as the `phase` label and the `time_<phase>_seconds` keys of a
+// metrics row: sft (warm start, before step 1), then per step generate, score, train, publish,
+// sync, and at their cadence validate and checkpoint.
+inline constexpr std::array<std::string_view, 8> kRlPhases = {
+    "sft", "validate", "generate", "score", "train", "publish", "sync", "checkpoint"};
+
+// The mismatch metrics (ARCHITECTURE.md) the coordinator re-exports as fp8rl_rl_<name>.
+inline constexpr std::array<std::string_view, 6> kRlMismatchMetrics = {
+    "token_mult_prob_error", "gen_kl_error",    "sampling_importance_ratio",
+    "is_oob_ratio",          "probs_ratio_min", "probs_ratio_max"};
+
 class CoordinatorMetrics {
  public:
   static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> create(
       service::MetricsRegistry* registry);
 
-  service::GaugeFamily* jobs = nullptr;                 // {state}
-  service::GaugeFamily* job_step = nullptr;             // running job's completed steps
-  service::GaugeFamily* reward_mean = nullptr;          // last step's mean reward
-  service::GaugeFamily* validation_accuracy = nullptr;  // last validation accuracy
-  service::GaugeFamily* live_workers = nullptr;         // {kind}
-  service::GaugeFamily* weight_version = nullptr;       // last published policy version
-  service::CounterFamily* steps = nullptr;              // RL steps completed
-  service::CounterFamily* samples = nullptr;            // samples generated and scored
-  service::CounterFamily* redispatched = nullptr;       // samples re-dispatched after a failure
-  service::HistogramFamily* phase_seconds = nullptr;    // {phase}
+  // Phase times of one metrics row (keys `time_<phase>_seconds`, phases of kRlPhases): the
+  // last-step gauge of every phase is set (0 for a phase the row lacks), the totals and the
+  // histogram grow by the phases the row has.
+  void record_phases(const std::map<std::string, double>& row);
+  // The mismatch gauges from a train step's statistics (keys of kRlMismatchMetrics); keys the
+  // trainer did not send leave their gauge unchanged.
+  void record_mismatch(const std::map<std::string, double>& values);
+  // One request rejected as invalid; api is "rest" or "grpc".
+  void count_rejected(std::string_view api);
+
+  service::GaugeFamily* jobs = nullptr;                     // {state}
+  service::CounterFamily* jobs_submitted = nullptr;         // jobs accepted
+  service::CounterFamily* requests_rejected = nullptr;      // {api}
+  service::GaugeFamily* live_workers = nullptr;             // {kind}
+  service::GaugeFamily* step = nullptr;                     // running job's completed steps
+  service::CounterFamily* steps = nullptr;                  // RL steps completed
+  service::GaugeFamily* reward_mean = nullptr;              // last step's mean reward
+  service::GaugeFamily* validation_accuracy = nullptr;      // last validation accuracy
+  service::GaugeFamily* step_phase_seconds = nullptr;       // {phase}, last step
+  service::CounterFamily* phase_seconds_total = nullptr;    // {phase}
+  service::HistogramFamily* phase_seconds = nullptr;        // {phase}, distribution
+  service::CounterFamily* samples = nullptr;                // samples generated and scored
+  service::CounterFamily* redispatched_requests = nullptr;  // failed generation calls re-sent
+  service::CounterFamily* redispatched_samples = nullptr;   // samples those calls carried
+  service::GaugeFamily* weight_version = nullptr;           // last published policy version
+  std::map<std::string, service::GaugeFamily*, std::less<>> mismatch;  // kRlMismatchMetrics
 };
 
 }  // namespace fp8rl::coordinator

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
+#include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
 namespace {
@@ -51,24 +52,35 @@ grpc::Status bad_id(const std::string& id) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "id: must not be empty");
 }
 
+// Counts an INVALID_ARGUMENT answer as a rejected request
+// (fp8rl_coordinator_requests_rejected_total{api="grpc"}) and passes it on.
+grpc::Status counted(JobManager* jobs, grpc::Status status) {
+  if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+      jobs->coordinator_metrics() != nullptr) {
+    jobs->coordinator_metrics()->count_rejected("grpc");
+  }
+  return status;
+}
+
 }  // namespace
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* resp) {
   if (req->config().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "config: empty; expected a job config");
+    return counted(jobs_, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                       "config: empty; expected a job config"));
   }
   absl::StatusOr<JobRecord> job = jobs_->submit_text(req->config());
-  if (!job.ok()) return service::to_grpc_status(job.status());
+  if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
   fill_job(*jobs_, *job, true, resp->mutable_job());
   return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
                                     v1::Job* resp) {
-  if (req->id().empty()) return bad_id(req->id());
+  if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<JobRecord> job = jobs_->get(req->id());
-  if (!job.ok()) return service::to_grpc_status(job.status());
+  if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
   fill_job(*jobs_, *job, true, resp);
   return grpc::Status::OK;
 }
@@ -95,35 +107,35 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
       state = JobState::kCancelled;
       break;
     default:
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("state: unknown value ", req->state()));
+      return counted(jobs_, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         absl::StrCat("state: unknown value ", req->state())));
   }
   if (req->limit() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "limit: must be >= 0");
+    return counted(jobs_, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "limit: must be >= 0"));
   }
   absl::StatusOr<std::vector<JobRecord>> list = jobs_->list(state, req->limit());
-  if (!list.ok()) return service::to_grpc_status(list.status());
+  if (!list.ok()) return counted(jobs_, service::to_grpc_status(list.status()));
   for (const JobRecord& job : *list) fill_job(*jobs_, job, false, resp->add_jobs());
   return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
                                        v1::CancelJobResponse* resp) {
-  if (req->id().empty()) return bad_id(req->id());
+  if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<JobRecord> job = jobs_->cancel(req->id());
-  if (!job.ok()) return service::to_grpc_status(job.status());
+  if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
   fill_job(*jobs_, *job, false, resp->mutable_job());
   return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (req->id().empty()) return bad_id(req->id());
+  if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   int64_t last_updated = -1, last_step = -1;
   JobState last_state = JobState::kQueued;
   while (!context->IsCancelled()) {
     absl::StatusOr<JobRecord> job = jobs_->get(req->id());
-    if (!job.ok()) return service::to_grpc_status(job.status());
+    if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
     auto latest = jobs_->latest_metrics(job->id);
     const int64_t latest_step = latest.ok() && latest->has_value() ? (*latest)->step : -1;
     if (last_updated < 0 || job->state != last_state || latest_step != last_step ||
@@ -144,9 +156,9 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
 grpc::Status JobServiceImpl::GetJobMetrics(grpc::ServerContext*,
                                            const v1::GetJobMetricsRequest* req,
                                            v1::GetJobMetricsResponse* resp) {
-  if (req->id().empty()) return bad_id(req->id());
+  if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<std::vector<MetricsRow>> rows = jobs_->metrics(req->id());
-  if (!rows.ok()) return service::to_grpc_status(rows.status());
+  if (!rows.ok()) return counted(jobs_, service::to_grpc_status(rows.status()));
   for (const MetricsRow& row : *rows) fill_metrics(row, resp->add_steps());
   return grpc::Status::OK;
 }
@@ -166,12 +178,13 @@ grpc::Status WorkerRegistryImpl::RegisterWorker(grpc::ServerContext*,
       kind = WorkerKind::kWeightSync;
       break;
     default:
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "kind: must be GENERATION, TRAINER or WEIGHT_SYNC");
+      return counted(jobs_, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         "kind: must be GENERATION, TRAINER or WEIGHT_SYNC"));
   }
   if (req->address().empty() || req->address().find(':') == std::string::npos) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("address: expected host:port, got '", req->address(), "'"));
+    return counted(jobs_, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                       absl::StrCat("address: expected host:port, got '",
+                                                    req->address(), "'")));
   }
   const std::string id = registry_->register_worker(kind, req->address(), req->metrics_address(),
                                                     req->name(), req->weight_version());

@@ -41,6 +41,7 @@ absl::StatusOr<JobRecord> JobManager::submit(const rl::JobConfig& config) {
       store_->create_job(rl::job_config_to_json(config).dump(), config.algorithm.steps);
   if (!job.ok()) return job.status();
   service::log_info(kLog, "job submitted", {{"job", job->id}});
+  if (metrics_ != nullptr) metrics_->jobs_submitted->get().inc();
   refresh_gauges();
   cv_.notify_all();
   return job;

@@ -48,6 +48,8 @@ class JobManager {
 
   // Updates the jobs-by-state and live-worker gauges.
   void refresh_gauges();
+  // The metrics the front ends update (rejected requests); null in tests without metrics.
+  CoordinatorMetrics* coordinator_metrics() const { return metrics_; }
 
  private:
   void run_loop();

@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/json_util.h"
+#include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
 namespace {
@@ -30,6 +31,18 @@ service::HttpResponse submit(JobManager& jobs, const service::HttpRequest& req) 
   absl::StatusOr<JobRecord> job = jobs.submit(*config);
   if (!job.ok()) return error_response(job.status());
   return json_response(201, {{"id", job->id}, {"state", std::string(job_state_name(job->state))}});
+}
+
+// Counts the route's 400 answers as rejected requests
+// (fp8rl_coordinator_requests_rejected_total{api="rest"}).
+service::HttpHandler counting_rejects(JobManager& jobs, service::HttpHandler handler) {
+  return [&jobs, handler = std::move(handler)](const service::HttpRequest& req) {
+    service::HttpResponse response = handler(req);
+    if (response.status == 400 && jobs.coordinator_metrics() != nullptr) {
+      jobs.coordinator_metrics()->count_rejected("rest");
+    }
+    return response;
+  };
 }
 
 }  // namespace
@@ -74,52 +87,58 @@ nlohmann::json job_to_json(const JobRecord& job, const std::optional<MetricsRow>
 }
 
 void add_rest_routes(service::HttpServer& server, JobManager& jobs) {
-  server.post("/v1/jobs", [&jobs](const service::HttpRequest& req) { return submit(jobs, req); });
+  server.post("/v1/jobs", counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
+                return submit(jobs, req);
+              }));
 
-  server.get("/v1/jobs", [&jobs](const service::HttpRequest& req) {
-    std::optional<JobState> state;
-    if (auto it = req.query.find("state"); it != req.query.end() && !it->second.empty()) {
-      absl::StatusOr<JobState> parsed = parse_job_state(it->second);
-      if (!parsed.ok()) return error_response(parsed.status());
-      state = *parsed;
-    }
-    int64_t limit = 0;
-    if (auto it = req.query.find("limit"); it != req.query.end()) {
-      if (!absl::SimpleAtoi(it->second, &limit) || limit < 0) {
-        return service::json_error(
-            400, absl::StrCat("limit: expected an integer >= 0, got '", it->second, "'"));
-      }
-    }
-    absl::StatusOr<std::vector<JobRecord>> list = jobs.list(state, limit);
-    if (!list.ok()) return error_response(list.status());
-    nlohmann::json out = nlohmann::json::array();
-    for (const JobRecord& job : *list) {
-      auto latest = jobs.latest_metrics(job.id);
-      out.push_back(job_to_json(job, latest.ok() ? *latest : std::nullopt, false));
-    }
-    return json_response(200, {{"jobs", out}});
-  });
+  server.get(
+      "/v1/jobs", counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
+        std::optional<JobState> state;
+        if (auto it = req.query.find("state"); it != req.query.end() && !it->second.empty()) {
+          absl::StatusOr<JobState> parsed = parse_job_state(it->second);
+          if (!parsed.ok()) return error_response(parsed.status());
+          state = *parsed;
+        }
+        int64_t limit = 0;
+        if (auto it = req.query.find("limit"); it != req.query.end()) {
+          if (!absl::SimpleAtoi(it->second, &limit) || limit < 0) {
+            return service::json_error(
+                400, absl::StrCat("limit: expected an integer >= 0, got '", it->second, "'"));
+          }
+        }
+        absl::StatusOr<std::vector<JobRecord>> list = jobs.list(state, limit);
+        if (!list.ok()) return error_response(list.status());
+        nlohmann::json out = nlohmann::json::array();
+        for (const JobRecord& job : *list) {
+          auto latest = jobs.latest_metrics(job.id);
+          out.push_back(job_to_json(job, latest.ok() ? *latest : std::nullopt, false));
+        }
+        return json_response(200, {{"jobs", out}});
+      }));
 
-  server.get(R"(/v1/jobs/([^/:]+))", [&jobs](const service::HttpRequest& req) {
-    absl::StatusOr<JobRecord> job = jobs.get(req.params[0]);
-    if (!job.ok()) return error_response(job.status());
-    auto latest = jobs.latest_metrics(job->id);
-    return json_response(200, job_to_json(*job, latest.ok() ? *latest : std::nullopt, true));
-  });
+  server.get(
+      R"(/v1/jobs/([^/:]+))", counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
+        absl::StatusOr<JobRecord> job = jobs.get(req.params[0]);
+        if (!job.ok()) return error_response(job.status());
+        auto latest = jobs.latest_metrics(job->id);
+        return json_response(200, job_to_json(*job, latest.ok() ? *latest : std::nullopt, true));
+      }));
 
-  server.post(R"(/v1/jobs/([^/:]+):cancel)", [&jobs](const service::HttpRequest& req) {
-    absl::StatusOr<JobRecord> job = jobs.cancel(req.params[0]);
-    if (!job.ok()) return error_response(job.status());
-    return json_response(200, job_to_json(*job, std::nullopt, false));
-  });
+  server.post(R"(/v1/jobs/([^/:]+):cancel)",
+              counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
+                absl::StatusOr<JobRecord> job = jobs.cancel(req.params[0]);
+                if (!job.ok()) return error_response(job.status());
+                return json_response(200, job_to_json(*job, std::nullopt, false));
+              }));
 
-  server.get(R"(/v1/jobs/([^/:]+)/metrics)", [&jobs](const service::HttpRequest& req) {
-    absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
-    if (!rows.ok()) return error_response(rows.status());
-    nlohmann::json out = nlohmann::json::array();
-    for (const MetricsRow& row : *rows) out.push_back(metrics_row_to_json(row));
-    return json_response(200, {{"id", req.params[0]}, {"steps", out}});
-  });
+  server.get(R"(/v1/jobs/([^/:]+)/metrics)",
+             counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
+               absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
+               if (!rows.ok()) return error_response(rows.status());
+               nlohmann::json out = nlohmann::json::array();
+               for (const MetricsRow& row : *rows) out.push_back(metrics_row_to_json(row));
+               return json_response(200, {{"id", req.params[0]}, {"steps", out}});
+             }));
 }
 
 }  // namespace fp8rl::coordinator

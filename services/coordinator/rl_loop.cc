@@ -141,6 +141,18 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
   size_t results_seen = 0;
   auto failed_cleared_at = Clock::now();
   std::unique_lock<std::mutex> lock(state->mu);
+  // Ends the dispatch (caller holds mu): late results are dropped, the stats are kept and the
+  // re-dispatch counters grow, whichever way the dispatch ends.
+  auto close = [&] {
+    state->closed = true;
+    dispatch_stats_ = state->stats;
+    if (hooks_.metrics != nullptr) {
+      hooks_.metrics->redispatched_requests->get().inc(
+          static_cast<double>(state->stats.failed_calls));
+      hooks_.metrics->redispatched_samples->get().inc(
+          static_cast<double>(state->stats.redispatched_samples));
+    }
+  };
   while (state->results.size() < samples.size()) {
     lock.unlock();
     const std::vector<WorkerRef> live = cluster_->live_generation_workers();
@@ -196,24 +208,18 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
     if (!state->pending.empty() && state->busy_workers.empty() &&
         Clock::now() - last_progress > options_.worker_wait) {
       const size_t left = samples.size() - state->results.size();
-      state->closed = true;
-      dispatch_stats_ = state->stats;
+      close();
       return absl::UnavailableError(absl::StrCat("no live generation worker could finish ", left,
                                                  " of ", samples.size(), " samples within ",
                                                  options_.worker_wait.count() / 1000.0, " s"));
     }
     if (absl::Status s = check_cancelled(); !s.ok()) {
-      state->closed = true;
-      dispatch_stats_ = state->stats;
+      close();
       return s;
     }
     state->cv.wait_for(lock, options_.poll_interval);
   }
-  state->closed = true;
-  dispatch_stats_ = state->stats;
-  if (hooks_.metrics != nullptr) {
-    hooks_.metrics->redispatched->get().inc(static_cast<double>(state->stats.redispatched_samples));
-  }
+  close();
   return state->results;
 }
 
@@ -292,9 +298,6 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
     std::this_thread::sleep_for(options_.poll_interval);
   }
-  auto observe = [&](const char* phase, double seconds) {
-    if (metrics != nullptr) metrics->phase_seconds->with({phase}).observe(seconds);
-  };
 
   int64_t start_step = 0;
   std::map<std::string, double> row0;
@@ -338,9 +341,10 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
       }
       row0["sft_loss"] = loss;
       row0["time_sft_seconds"] = seconds_since(start);
-      observe("sft", row0["time_sft_seconds"]);
     }
   }
+
+  if (metrics != nullptr) metrics->step->get().set(static_cast<double>(start_step));
 
   // Give every generation worker the starting weights.
   auto publish = [&](bool calibrate) -> absl::StatusOr<int64_t> {
@@ -363,9 +367,11 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     row0["val_accuracy"] = *accuracy;
     row0["time_validate_seconds"] = seconds_since(start);
     row0["weight_version"] = static_cast<double>(*version);
-    observe("validate", row0["time_validate_seconds"]);
     if (absl::Status s = store->put_metrics(job.id, 0, row0); !s.ok()) return s;
-    if (metrics != nullptr) metrics->validation_accuracy->get().set(*accuracy);
+    if (metrics != nullptr) {
+      metrics->validation_accuracy->get().set(*accuracy);
+      metrics->record_phases(row0);
+    }
     if (hooks_.on_progress) hooks_.on_progress();
   }
 
@@ -444,6 +450,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     }
     for (const auto& [key, value] : stats->values) row[key] = value;
     row["time_train_seconds"] = seconds_since(start);
+    if (metrics != nullptr) metrics->record_mismatch(stats->values);
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
 
     // 6-7. Publish and wait until every live worker holds the new version.
@@ -478,18 +485,14 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
       row["time_checkpoint_seconds"] = seconds_since(start);
     }
     row["time_step_seconds"] = seconds_since(step_start);
-    for (const auto& [key, value] : row) {
-      if (key.starts_with("time_") && key.ends_with("_seconds") && key != "time_step_seconds") {
-        observe(key.substr(5, key.size() - 13).c_str(), value);
-      }
-    }
     if (absl::Status s = store->put_metrics(job.id, step, row); !s.ok()) return s;
     if (absl::Status s = store->set_step(job.id, step); !s.ok()) return s;
     if (metrics != nullptr) {
-      metrics->job_step->get().set(static_cast<double>(step));
+      metrics->step->get().set(static_cast<double>(step));
       metrics->reward_mean->get().set(row["reward_mean"]);
       metrics->steps->get().inc();
       metrics->samples->get().inc(n);
+      metrics->record_phases(row);
     }
     service::log_info(kLog, "step done",
                       {{"job", job.id},

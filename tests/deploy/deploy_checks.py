@@ -39,6 +39,50 @@ SERVICES = {
 GPU_SERVICES = ("trainer", "generation-worker")
 BINARIES = ["fp8rl"] + [b for b, _, _, _ in SERVICES.values()]
 
+# The flags each binary accepts (common/service/options.h plus each binary's `extra` keys in
+# services/*/main.cc and *_config.cc). When the built binaries are at FP8RL_BIN_DIR, their
+# `--help` output is the source of truth instead, so this table cannot drift unnoticed.
+COMMON_FLAGS = {"--config", "--listen-host", "--grpc-port", "--http-port", "--advertise-host",
+                "--coordinator", "--data-dir", "--log-level", "--shutdown-grace-seconds",
+                "--max-body-bytes"}
+BINARY_FLAGS = {
+    "fp8rl-coordinator": COMMON_FLAGS | {
+        "--job-store", "--heartbeat-interval-ms", "--worker-expiry-ms",
+        "--generate-deadline-seconds", "--worker-wait-seconds", "--trainer-timeout-seconds"},
+    "fp8rl-weight-sync": COMMON_FLAGS | {
+        "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes"},
+    "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name"},
+    "fp8rl-generation-worker": COMMON_FLAGS | {
+        "--metrics-port", "--weight-sync", "--worker-id", "--precision", "--kv-cache",
+        "--max-batch-tokens", "--kv-cache-tokens", "--max-queued-samples", "--batch-wait-ms",
+        "--max-samples-per-request"},
+}
+_HELP_FLAGS = {}
+
+
+def accepted_flags(binary):
+    """(flags, source) for a service binary: from `BIN --help` when built, else BINARY_FLAGS."""
+    if binary not in _HELP_FLAGS:
+        path = os.path.join(os.environ.get("FP8RL_BIN_DIR", ""), binary)
+        found = None
+        if os.environ.get("FP8RL_BIN_DIR") and os.access(path, os.X_OK):
+            r = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30)
+            words = set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", r.stdout + r.stderr))
+            if r.returncode == 0 and words:
+                found = (words | {"--config"}, f"{path} --help")
+        _HELP_FLAGS[binary] = found or (BINARY_FLAGS[binary], "BINARY_FLAGS")
+    return _HELP_FLAGS[binary]
+
+
+def check_flags_exist(c, label, name, binary, words):
+    """Every --flag a deployment passes must be one the binary accepts."""
+    known, source = accepted_flags(binary)
+    for w in words[1:]:
+        if w.startswith("--"):
+            flag = w.split("=", 1)[0]
+            c.expect(flag in known, f"{label}: {name} passes {flag}, which {binary} does not "
+                     f"accept (per {source})")
+
 
 class Checker:
     def __init__(self, name):
@@ -134,13 +178,28 @@ def check_compose_services(c, config, label):
         c.expect(os.path.isfile(dockerfile), f"{label}: {name} dockerfile {dockerfile} missing")
         c.expect(os.path.realpath(s.get("build", {}).get("context", "")) ==
                  os.path.realpath(SOURCE_DIR), f"{label}: {name} build context is not the repo")
-        if name != "weight-sync":
+        check_flags_exist(c, label, name, binary, words)
+        if name in ("trainer", "generation-worker"):
             c.expect(f.get("--weight-sync") == "weight-sync:50052",
                      f"{label}: {name} --weight-sync={f.get('--weight-sync')}")
-        if name in ("trainer", "generation-worker"):
+        if name == "coordinator":
+            # Weight sync registers itself (kind WEIGHT_SYNC); the coordinator is not told.
+            c.expect("--weight-sync" not in f and "--coordinator" not in f,
+                     f"{label}: coordinator must take no --weight-sync/--coordinator")
+            c.expect("weight-sync" not in (s.get("depends_on") or {}),
+                     f"{label}: coordinator must not wait for weight-sync (it registers later)")
+        if name == "weight-sync":
+            c.expect(f.get("--advertise-host") == "weight-sync",
+                     f"{label}: weight-sync --advertise-host={f.get('--advertise-host')}, "
+                     "want its compose service name")
+        if name != "coordinator":
             c.expect(f.get("--coordinator") == "coordinator:50051",
                      f"{label}: {name} --coordinator={f.get('--coordinator')}")
             c.expect("--advertise-host" in f, f"{label}: {name} has no --advertise-host")
+            deps = s.get("depends_on", {})
+            c.expect(isinstance(deps, dict) and
+                     deps.get("coordinator", {}).get("condition") == "service_healthy",
+                     f"{label}: {name} must wait for a healthy coordinator")
             deps = s.get("depends_on", {})
             c.expect(isinstance(deps, dict) and
                      deps.get("coordinator", {}).get("condition") == "service_healthy",
@@ -425,6 +484,15 @@ def k8s():
         args = container.get("args") or container.get("command") or []
         f = flags(args)
         c.expect(args[:1] == [binary], f"{name}: runs {args[:1]}, want {binary}")
+        check_flags_exist(c, "k8s", name, binary, args)
+        if name != "coordinator":
+            c.expect(f.get("--coordinator") == "$(FP8RL_COORDINATOR)",
+                     f"{name}: --coordinator={f.get('--coordinator')}, want $(FP8RL_COORDINATOR)")
+        if name == "weight-sync":
+            # The Service DNS name, which the trainer resolves when the coordinator hands it over.
+            c.expect(f.get("--advertise-host") == "weight-sync" and "weight-sync" in services,
+                     f"weight-sync: --advertise-host={f.get('--advertise-host')}, want its "
+                     "Service name weight-sync")
         c.expect(f.get("--grpc-port") == str(grpc_port) and grpc_port in ports.values(),
                  f"{name}: gRPC port {grpc_port} not served/declared")
         c.expect(f.get(metrics_flag) == str(metrics_port) and metrics_port in ports.values(),

@@ -68,11 +68,25 @@ class BrokenDeployment(unittest.TestCase):
                   "    ports: [\"9461:9461\"]\n    deploy:\n      replicas: 2\n")
         self.edit("deploy/docker-compose.yml", "--metrics-port=9403", "--metrics-port=9999")
         self.edit("deploy/docker-compose.gpu.yml", "driver: nvidia", "driver: cdi")
+        # A flag the coordinator binary does not have (weight sync registers itself).
+        self.edit("deploy/docker-compose.yml", "      - --data-dir=/var/lib/fp8rl/jobs\n",
+                  "      - --data-dir=/var/lib/fp8rl/jobs\n      - --weight-sync=weight-sync:50052\n")
         rc, out = self.run_script("deploy_checks.py", "compose")
         self.assertEqual(rc, 1, out)
         self.assertIn("generation-worker publishes host ports", out)
         self.assertIn("trainer --metrics-port=9999", out)
         self.assertIn("gpu: trainer reserves no NVIDIA GPU", out)
+        self.assertIn("coordinator passes --weight-sync, which fp8rl-coordinator does not accept",
+                      out)
+
+    @unittest.skipUnless(HAVE_COMPOSE, "docker-compose not installed")
+    def test_compose_weight_sync_not_registering(self):
+        self.edit("deploy/docker-compose.yml", "      - --coordinator=coordinator:50051\n"
+                  "      - --advertise-host=weight-sync\n", "")
+        rc, out = self.run_script("deploy_checks.py", "compose")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("weight-sync --coordinator=None", out)
+        self.assertIn("weight-sync --advertise-host=None", out)
 
     @unittest.skipUnless(HAVE_PROMTOOL, "promtool not installed")
     def test_prometheus_wrong_worker_port(self):
@@ -123,6 +137,16 @@ class BrokenDeployment(unittest.TestCase):
         self.edit("deploy/k8s/trainer.yaml", "--coordinator=$(FP8RL_COORDINATOR)",
                   "--coordinator=$(FP8RL_COORD)")
         self.assert_fails("deploy_checks.py", ["k8s"], "undefined $(FP8RL_COORD)")
+
+    def test_k8s_unknown_flag(self):
+        self.edit("deploy/k8s/weight-sync.yaml", "- --metrics-port=9402", "- --metric-port=9402")
+        self.assert_fails("deploy_checks.py", ["k8s"],
+                          "weight-sync passes --metric-port, which fp8rl-weight-sync does not")
+
+    def test_k8s_weight_sync_advertises_pod_name(self):
+        self.edit("deploy/k8s/weight-sync.yaml", "--advertise-host=weight-sync",
+                  "--advertise-host=$(HOSTNAME)")
+        self.assert_fails("deploy_checks.py", ["k8s"], "weight-sync: --advertise-host=$(HOSTNAME)")
 
     def test_k8s_unparsable_yaml(self):
         self.edit("deploy/k8s/pvc.yaml", "accessModes: [ReadWriteOnce]", "accessModes: [Read")

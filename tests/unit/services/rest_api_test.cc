@@ -79,6 +79,11 @@ TEST_F(RestApiTest, BadBodiesAnswer400NamingTheField) {
   auto [status, list] = get("/v1/jobs");
   EXPECT_EQ(status, 200);
   EXPECT_TRUE(list["jobs"].empty());
+  // The six rejected by the route count; the oversized body never reaches it (the HTTP server
+  // answers it, counted in fp8rl_http_requests_total{code="400"}).
+  EXPECT_EQ(metrics_->requests_rejected->with({"rest"}).value(), 6.0);
+  EXPECT_EQ(metrics_->requests_rejected->with({"grpc"}).value(), 0.0);
+  EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
 }
 
 TEST_F(RestApiTest, SubmitGetListCancelMetrics) {
@@ -116,6 +121,13 @@ TEST_F(RestApiTest, SubmitGetListCancelMetrics) {
   EXPECT_NE(res->body.find("fp8rl_coordinator_jobs{state=\"cancelled\"} 1"), std::string::npos)
       << res->body;
   EXPECT_NE(res->body.find("fp8rl_http_requests_total{code=\"404\"}"), std::string::npos);
+  // One job accepted; one bad filter rejected (404s are not rejections).
+  EXPECT_NE(res->body.find("fp8rl_coordinator_jobs_submitted_total 1\n"), std::string::npos)
+      << res->body;
+  EXPECT_NE(res->body.find("fp8rl_coordinator_requests_rejected_total{api=\"rest\"} 1\n"),
+            std::string::npos)
+      << res->body;
+  EXPECT_NE(res->body.find("fp8rl_build_info{service=\"coordinator\"} 1\n"), std::string::npos);
 }
 
 }  // namespace

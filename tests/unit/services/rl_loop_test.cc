@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "rl/tokenizer.h"
+#include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
 namespace {
@@ -188,7 +189,9 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
   const rl::JobConfig config = small_config("/ckpt");
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
   int progress = 0;
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, [&] { ++progress; }}, fast_options());
+  service::MetricsRegistry registry;
+  auto metrics = CoordinatorMetrics::create(&registry).value();
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, [&] { ++progress; }}, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
 
   FakeTrainer& t = *cluster.trainer_;
@@ -244,6 +247,38 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
                      static_cast<double>(step + 1));
     EXPECT_GE(rows[static_cast<size_t>(step)].values.at("time_step_seconds"), 0.0);
   }
+
+  // The Prometheus view of the same run (docs/metrics.md names).
+  EXPECT_EQ(metrics->step->get().value(), 3.0);
+  EXPECT_EQ(metrics->steps->get().value(), 3.0);
+  EXPECT_EQ(metrics->samples->get().value(), 36.0);
+  EXPECT_DOUBLE_EQ(metrics->reward_mean->get().value(), rows[3].values.at("reward_mean"));
+  EXPECT_DOUBLE_EQ(metrics->validation_accuracy->get().value(), rows[3].values.at("val_accuracy"));
+  EXPECT_DOUBLE_EQ(metrics->mismatch.at("token_mult_prob_error")->get().value(), 1.01);
+  EXPECT_EQ(metrics->weight_version->get().value(), 4.0);
+  EXPECT_EQ(metrics->redispatched_requests->get().value(), 0.0);
+  // Last step (3): validates, no checkpoint; totals add up every recorded phase time.
+  EXPECT_DOUBLE_EQ(metrics->step_phase_seconds->with({"validate"}).value(),
+                   rows[3].values.at("time_validate_seconds"));
+  EXPECT_EQ(metrics->step_phase_seconds->with({"checkpoint"}).value(), 0.0);
+  EXPECT_EQ(metrics->step_phase_seconds->with({"sft"}).value(), 0.0);
+  for (std::string_view phase : kRlPhases) {
+    const std::string key = absl::StrCat("time_", std::string(phase), "_seconds");
+    double total = 0.0;
+    uint64_t count = 0;
+    for (const MetricsRow& row : rows) {
+      if (row.values.contains(key)) {
+        total += row.values.at(key);
+        ++count;
+      }
+    }
+    EXPECT_DOUBLE_EQ(metrics->phase_seconds_total->with({std::string(phase)}).value(), total)
+        << phase;
+    EXPECT_EQ(metrics->phase_seconds->with({std::string(phase)}).snapshot().count, count) << phase;
+  }
+  EXPECT_EQ(metrics->phase_seconds->with({"sft"}).snapshot().count, 1u);
+  EXPECT_EQ(metrics->phase_seconds->with({"validate"}).snapshot().count, 3u);  // steps 0, 2, 3
+  EXPECT_EQ(metrics->phase_seconds->with({"checkpoint"}).snapshot().count, 1u);
 }
 
 TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {
@@ -253,7 +288,9 @@ TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {
   auto dup = cluster.add("w1");
   dup->duplicate = true;
   auto store = JobStore::open(":memory:").value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}}, fast_options());
+  service::MetricsRegistry registry;
+  auto metrics = CoordinatorMetrics::create(&registry).value();
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}}, fast_options());
   const auto samples = make_samples(24);
   GenParams params;
   auto results = loop.dispatch("t", samples, params);
@@ -267,6 +304,8 @@ TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {
   EXPECT_EQ(stats.failed_calls, 1);
   EXPECT_EQ(stats.redispatched_samples, 9);  // 12-sample chunk, 3 finished
   EXPECT_GE(stats.duplicate_results, 21);
+  EXPECT_EQ(metrics->redispatched_requests->get().value(), 1.0);
+  EXPECT_EQ(metrics->redispatched_samples->get().value(), 9.0);
 }
 
 TEST(RlLoop, StaleResultsAreRejectedAndRetried) {
