@@ -30,8 +30,8 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   GenerationWorker* self = w.get();
   w->service_ = std::make_unique<GenerationServiceImpl>(
       w->scheduler_.get(), w->metrics_.get(), config.max_samples_per_request, [self] {
-        Registrar* registrar = self->registrar_ptr_.load();
-        return registrar != nullptr ? registrar->worker_id() : std::string();
+        service::WorkerRegistration* registration = self->registration_ptr_.load();
+        return registration != nullptr ? registration->worker_id() : std::string();
       });
 
   service::GrpcServerOptions grpc_options;
@@ -61,17 +61,21 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
       [self](model::WeightSet set) { return self->install_weights(std::move(set)); });
   if (absl::Status s = w->subscriber_->start(); !s.ok()) return s;
 
-  RegistrarOptions reg_options;
+  service::WorkerRegistrationOptions reg_options;
+  reg_options.coordinator = config.service.coordinator;
+  reg_options.kind = v1::WORKER_KIND_GENERATION;
   reg_options.name = w->name_;
   reg_options.address = address;
   reg_options.metrics_address = service::advertise_address(config.service, w->http_port_);
-  w->registrar_ = std::make_unique<
-      Registrar>(insecure_channel(config.service.coordinator), reg_options, [self] {
+  reg_options.log_component = kComponent;
+  reg_options.load = [self] {
     const Scheduler::Snapshot s = self->scheduler_->snapshot();
-    return WorkerLoad{s.weight_version, static_cast<int32_t>(s.queued_samples + s.running_samples)};
-  });
-  if (absl::Status s = w->registrar_->start(); !s.ok()) return s;
-  w->registrar_ptr_.store(w->registrar_.get());
+    return service::WorkerLoad{s.weight_version,
+                               static_cast<int32_t>(s.queued_samples + s.running_samples)};
+  };
+  w->registration_ = std::make_unique<service::WorkerRegistration>(std::move(reg_options));
+  if (absl::Status s = w->registration_->start(); !s.ok()) return s;
+  w->registration_ptr_.store(w->registration_.get());
 
   service::log_info(kComponent, "serving",
                     {{"name", w->name_},
@@ -114,7 +118,7 @@ void GenerationWorker::shutdown(std::chrono::milliseconds grace) {
   // 2. No more weight versions (an install waiting for the drain has returned by now).
   if (subscriber_) subscriber_->stop();
   // 3. Leave the registry so no new work is sent here.
-  if (registrar_) registrar_->stop(/*deregister=*/true);
+  if (registration_) registration_->stop(/*deregister=*/true);
   // 4. The handlers have their final status; close the servers.
   if (grpc_) grpc_->shutdown(std::chrono::milliseconds(1000));
   if (http_) http_->stop();

@@ -1,6 +1,6 @@
 // One generation worker, assembled: the scheduler, the GenerationService on a gRPC server (with
 // health and reflection), /metrics over HTTP, the weight-sync subscriber whose verified versions
-// are swapped in through install_weights(), and the coordinator registrar. main.cc only parses
+// are swapped in through install_weights(), and the coordinator registration. main.cc only parses
 // flags and waits for SIGTERM; tests run the same object in-process.
 #pragma once
 
@@ -15,10 +15,10 @@
 #include "common/service/grpc_server.h"
 #include "common/service/http_server.h"
 #include "common/service/metrics.h"
+#include "common/service/worker_registration.h"
 #include "model/weight_set.h"
 #include "services/generation_worker/generation_metrics.h"
 #include "services/generation_worker/generation_service.h"
-#include "services/generation_worker/registrar.h"
 #include "services/generation_worker/scheduler.h"
 #include "services/generation_worker/worker_config.h"
 #include "services/weight_sync/client.h"
@@ -51,7 +51,7 @@ class GenerationWorker {
   void shutdown(std::chrono::milliseconds grace);
 
   Scheduler& scheduler() { return *scheduler_; }
-  Registrar& registrar() { return *registrar_; }
+  service::WorkerRegistration& registration() { return *registration_; }
   weight_sync::WeightSubscriber& subscriber() { return *subscriber_; }
   service::MetricsRegistry& metrics_registry() { return registry_; }
 
@@ -68,8 +68,9 @@ class GenerationWorker {
   std::unique_ptr<service::HttpServer> http_;
   int http_port_ = 0;
   std::unique_ptr<weight_sync::WeightSubscriber> subscriber_;
-  std::unique_ptr<Registrar> registrar_;
-  std::atomic<Registrar*> registrar_ptr_{nullptr};  // for GetStatus, which may run during start
+  std::unique_ptr<service::WorkerRegistration> registration_;
+  // For GetStatus, which may run during start.
+  std::atomic<service::WorkerRegistration*> registration_ptr_{nullptr};
   std::mutex shutdown_mu_;
   std::atomic<bool> shut_down_{false};
 };

@@ -16,7 +16,7 @@
 #include "common/service/log.h"
 #include "common/service/metrics.h"
 #include "common/service/shutdown.h"
-#include "services/trainer_worker/registration.h"
+#include "common/service/worker_registration.h"
 #include "services/trainer_worker/trainer.h"
 #include "services/trainer_worker/trainer_config.h"
 #include "services/trainer_worker/trainer_metrics.h"
@@ -88,16 +88,17 @@ int run(const std::vector<std::string>& args) {
     return fail(http_port.status());
   }
 
-  std::unique_ptr<trainer::WorkerRegistration> registration;
+  std::unique_ptr<service::WorkerRegistration> registration;
   if (!config->service.coordinator.empty()) {
-    trainer::RegistrationOptions reg;
+    service::WorkerRegistrationOptions reg;
     reg.coordinator = config->service.coordinator;
     reg.kind = v1::WORKER_KIND_TRAINER;
     reg.address = service::advertise_address(config->service, (*grpc)->port());
     reg.metrics_address = service::advertise_address(config->service, *http_port);
     reg.name = config->name;
-    reg.weight_version = [&trainer] { return trainer.status().published_version(); };
-    registration = std::make_unique<trainer::WorkerRegistration>(reg);
+    reg.log_component = "trainer";
+    reg.load = [&trainer] { return service::WorkerLoad{trainer.status().published_version(), 0}; };
+    registration = std::make_unique<service::WorkerRegistration>(std::move(reg));
     if (absl::Status s = registration->start(); !s.ok()) {
       (*grpc)->shutdown(std::chrono::milliseconds(0));
       http.stop();
@@ -115,7 +116,7 @@ int run(const std::vector<std::string>& args) {
   service::log_info("trainer", "shutting down");
   const auto grace = std::chrono::milliseconds(
       static_cast<int64_t>(config->service.shutdown_grace_seconds * 1000.0));
-  if (registration) registration->stop();
+  if (registration) registration->stop(/*deregister=*/true);
   // The in-flight call gets `grace` to finish; past that, a running update stops at its next
   // minibatch boundary (UNAVAILABLE) so the gRPC drain below ends in bounded time.
   std::promise<void> drained;

@@ -1,10 +1,12 @@
 // fp8rl-weight-sync: wires the weight-sync service, its gRPC server (health + reflection), the
-// /metrics HTTP endpoint and graceful SIGTERM handling together. Logic lives in the library.
+// /metrics HTTP endpoint, registration with the coordinator (kind WEIGHT_SYNC, so the coordinator
+// can find it) and graceful SIGTERM handling together. Logic lives in the libraries.
 #include <grpc/grpc.h>
 
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "common/service/log.h"
 #include "common/service/metrics.h"
 #include "common/service/shutdown.h"
+#include "common/service/worker_registration.h"
 #include "services/weight_sync/weight_sync_config.h"
 #include "services/weight_sync/weight_sync_metrics.h"
 #include "services/weight_sync/weight_sync_service.h"
@@ -32,7 +35,9 @@ int run(const std::vector<std::string>& args) {
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::cout << service::service_options_usage(
-          weight_sync::default_weight_sync_service_options());
+                       weight_sync::default_weight_sync_service_options())
+                << "Registers with --coordinator as WEIGHT_SYNC at --advertise-host:<grpc port>;\n"
+                   "--coordinator \"\" serves without registering.\n";
       return 0;
     }
   }
@@ -72,13 +77,33 @@ int run(const std::vector<std::string>& args) {
     (*grpc)->shutdown(std::chrono::milliseconds(0));
     return fail(http_port.status());
   }
+  std::unique_ptr<service::WorkerRegistration> registration;
+  if (config->registers()) {
+    service::WorkerRegistrationOptions reg;
+    reg.coordinator = config->service.coordinator;
+    reg.kind = fp8rl::v1::WORKER_KIND_WEIGHT_SYNC;
+    reg.name = config->service.name;
+    reg.address = service::advertise_address(config->service, (*grpc)->port());
+    reg.metrics_address = service::advertise_address(config->service, *http_port);
+    reg.log_component = "weight-sync";
+    reg.load = [&sync] { return service::WorkerLoad{sync.store().latest_version(), 0}; };
+    registration = std::make_unique<service::WorkerRegistration>(std::move(reg));
+    if (absl::Status s = registration->start(); !s.ok()) {
+      (*grpc)->shutdown(std::chrono::milliseconds(0));
+      http.stop();
+      return fail(s);
+    }
+  }
   service::log_info("weight-sync", "serving",
                     {{"grpc_port", absl::StrCat((*grpc)->port())},
                      {"metrics_port", absl::StrCat(*http_port)},
+                     {"coordinator", config->registers() ? config->service.coordinator : "(none)"},
                      {"keep_versions", absl::StrCat(config->sync.keep_versions)}});
 
   service::wait_for_shutdown();
   service::log_info("weight-sync", "shutting down");
+  // Leave the registry first so the coordinator stops routing to us (bounded by its rpc timeout).
+  if (registration) registration->stop(/*deregister=*/true);
   const auto grace = std::chrono::milliseconds(
       static_cast<int64_t>(config->service.shutdown_grace_seconds * 1000.0));
   sync.begin_shutdown();  // ends Subscribe streams so the gRPC drain is not held open by them

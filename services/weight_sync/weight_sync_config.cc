@@ -1,6 +1,8 @@
 // Flag and YAML parsing for fp8rl-weight-sync (see weight_sync_config.h).
 #include "services/weight_sync/weight_sync_config.h"
 
+#include <utility>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -23,6 +25,38 @@ absl::StatusOr<int64_t> int_flag(const service::ServiceOptions& options, const s
   return value;
 }
 
+constexpr char kCoordinatorFlag[] = "--coordinator";
+
+// Takes every --coordinator with an empty value out of `args` (the common option parser rejects
+// empty strings); true when the last --coordinator given is empty, i.e. registration is off.
+bool strip_empty_coordinator(std::vector<std::string>* args) {
+  std::vector<std::string> kept;
+  bool disabled = false;
+  const std::string with_equals = absl::StrCat(kCoordinatorFlag, "=");
+  for (size_t i = 0; i < args->size(); ++i) {
+    const std::string& a = (*args)[i];
+    if (a == with_equals) {
+      disabled = true;
+      continue;
+    }
+    if (a == kCoordinatorFlag && i + 1 < args->size()) {
+      if ((*args)[i + 1].empty()) {
+        disabled = true;
+        ++i;
+        continue;
+      }
+      disabled = false;
+      kept.push_back(a);
+      kept.push_back((*args)[++i]);
+      continue;
+    }
+    if (a.starts_with(with_equals)) disabled = false;
+    kept.push_back(a);
+  }
+  *args = std::move(kept);
+  return disabled;
+}
+
 }  // namespace
 
 service::ServiceOptions default_weight_sync_service_options() {
@@ -42,10 +76,13 @@ service::ServiceOptions default_weight_sync_service_options() {
 
 absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std::string>& args) {
   const service::ServiceOptions defaults = default_weight_sync_service_options();
-  absl::StatusOr<service::ServiceOptions> parsed = service::parse_service_options(defaults, args);
+  std::vector<std::string> flags = args;
+  const bool no_coordinator = strip_empty_coordinator(&flags);
+  absl::StatusOr<service::ServiceOptions> parsed = service::parse_service_options(defaults, flags);
   if (!parsed.ok()) return parsed.status();
   WeightSyncConfig config;
   config.service = *parsed;
+  if (no_coordinator) config.service.coordinator.clear();
 
   absl::StatusOr<int64_t> metrics_port =
       int_flag(config.service, "metrics_port", "--metrics-port", 0, 65535);

@@ -188,6 +188,7 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   ws.args = common(ws.name);
   ws.args.push_back(port_flag("grpc-port", ws.grpc_port));
   ws.args.push_back(port_flag("metrics-port", ws.http_port));
+  ws.args.push_back("--coordinator=" + coordinator);  // registers as the job's weight sync
   ws.log_path = log_path(ws.name);
   out.push_back(ws);
 

@@ -438,7 +438,7 @@ TEST_F(GenerationWorkerTest, WeightSyncPushesVersionsThatAreServedAndAcked) {
 
 TEST_F(GenerationWorkerTest, RegistersHeartbeatsReregistersAndDeregisters) {
   start_worker(config());
-  ASSERT_TRUE(eventually([&] { return !worker_->registrar().worker_id().empty(); }));
+  ASSERT_TRUE(eventually([&] { return !worker_->registration().worker_id().empty(); }));
   {
     std::lock_guard lock(registry_.mu);
     ASSERT_EQ(registry_.registers.size(), 1u);
@@ -459,7 +459,7 @@ TEST_F(GenerationWorkerTest, RegistersHeartbeatsReregistersAndDeregisters) {
   }));
   // The coordinator forgot us (restart): the worker registers again.
   registry_.reregister = true;
-  ASSERT_TRUE(eventually([&] { return worker_->registrar().worker_id() == "gen-test#2"; }));
+  ASSERT_TRUE(eventually([&] { return worker_->registration().worker_id() == "gen-test#2"; }));
   {
     std::lock_guard lock(registry_.mu);
     EXPECT_EQ(registry_.registers.back().weight_version(), 3);

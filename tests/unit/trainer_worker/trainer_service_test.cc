@@ -1,7 +1,7 @@
 // Tests of the trainer worker's service side on loopback: the gRPC API end to end with an
 // in-process weight-sync service (publish -> a subscriber receives the same tensors), status
 // codes over the wire, health/status/metrics answering while an update is in flight, the metric
-// names of docs/metrics.md, coordinator registration, and flag parsing.
+// names of docs/metrics.md, and flag parsing (registration: tests/unit/services).
 #include "services/trainer_worker/trainer_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -19,8 +19,6 @@
 #include "common/service/grpc_server.h"
 #include "common/service/metrics.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
-#include "fp8rl/v1/worker_registry.grpc.pb.h"
-#include "services/trainer_worker/registration.h"
 #include "services/trainer_worker/trainer_config.h"
 #include "services/weight_sync/client.h"
 #include "services/weight_sync/weight_sync_metrics.h"
@@ -227,70 +225,6 @@ TEST(TrainerServiceTest, HealthStatusAndMetricsAnswerWhileACallRuns) {
   publisher.set_block(false);
   EXPECT_TRUE(publish.get().ok());
   EXPECT_EQ(trainer.status().published_version(), 1);
-}
-
-// A coordinator stand-in: records registrations, asks to re-register once, records deregisters.
-class FakeRegistry final : public v1::WorkerRegistry::Service {
- public:
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
-                              v1::RegisterWorkerResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu);
-    registers.push_back(*request);
-    response->set_worker_id("trainer-" + std::to_string(registers.size()));
-    response->set_heartbeat_interval_ms(20);
-    response->set_expiry_ms(1000);
-    return grpc::Status::OK;
-  }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu);
-    ++heartbeats;
-    response->set_reregister(heartbeats == 2);
-    return grpc::Status::OK;
-  }
-  grpc::Status Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
-                          v1::DeregisterResponse*) override {
-    std::lock_guard<std::mutex> lock(mu);
-    deregistered.push_back(request->worker_id());
-    return grpc::Status::OK;
-  }
-  std::mutex mu;
-  std::vector<v1::RegisterWorkerRequest> registers;
-  int heartbeats = 0;
-  std::vector<std::string> deregistered;
-};
-
-TEST(RegistrationTest, RegistersHeartbeatsReregistersAndDeregisters) {
-  FakeRegistry fake;
-  auto server = service::GrpcServer::start({"127.0.0.1:0"}, {&fake});
-  ASSERT_TRUE(server.ok());
-  RegistrationOptions options;
-  options.coordinator = "127.0.0.1:" + std::to_string((*server)->port());
-  options.address = "127.0.0.1:50053";
-  options.metrics_address = "127.0.0.1:9403";
-  options.name = "trainer";
-  options.weight_version = [] { return int64_t{4}; };
-  WorkerRegistration registration(options);
-  ASSERT_TRUE(registration.start().ok());
-  ASSERT_TRUE(registration.wait_registered(5s));
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (registration.registrations() < 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
-  EXPECT_EQ(registration.registrations(), 2);
-  registration.stop();
-  std::lock_guard<std::mutex> lock(fake.mu);
-  ASSERT_GE(fake.registers.size(), 2u);
-  EXPECT_EQ(fake.registers[0].kind(), v1::WORKER_KIND_TRAINER);
-  EXPECT_EQ(fake.registers[0].address(), "127.0.0.1:50053");
-  EXPECT_EQ(fake.registers[0].metrics_address(), "127.0.0.1:9403");
-  EXPECT_EQ(fake.registers[0].weight_version(), 4);
-  EXPECT_EQ(fake.deregistered, std::vector<std::string>{"trainer-2"});
-
-  RegistrationOptions missing;
-  missing.coordinator = "x:1";  // no address
-  WorkerRegistration no_address(missing);
-  EXPECT_EQ(no_address.start().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TrainerConfigTest, DefaultsFlagsAndErrors) {

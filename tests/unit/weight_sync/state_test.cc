@@ -1,10 +1,12 @@
 // Tests of the service's state: the bounded version store and its waits, worker versions and push
-// latency, and the binary's flag/YAML configuration.
+// latency, and the binary's flag/YAML configuration (registration flags included).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <fstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "services/weight_sync/version_store.h"
 #include "services/weight_sync/weight_sync_config.h"
@@ -154,6 +156,39 @@ TEST(Config, DefaultsFlagsAndYaml) {
   EXPECT_EQ(c->sync.keep_versions, 4);  // flags override the file
   EXPECT_EQ(c->metrics_port, 9411);
   EXPECT_EQ(c->service.grpc_port, 50111);
+}
+
+TEST(Config, CoordinatorAndAdvertiseHost) {
+  absl::StatusOr<WeightSyncConfig> c = parse_weight_sync_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.coordinator, "localhost:50051");
+  EXPECT_EQ(c->service.advertise_host, "127.0.0.1");
+  EXPECT_TRUE(c->registers());
+
+  c = parse_weight_sync_config({"--coordinator", "coord:51051", "--advertise-host", "ws-host"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.coordinator, "coord:51051");
+  EXPECT_EQ(service::advertise_address(c->service, 51052), "ws-host:51052");
+  EXPECT_TRUE(c->registers());
+
+  // An empty coordinator, either spelling, turns registration off; the last one given wins.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--coordinator", ""}, std::vector<std::string>{"--coordinator="},
+        std::vector<std::string>{"--coordinator", "c:1", "--coordinator", ""},
+        std::vector<std::string>{"--coordinator", "", "--grpc-port", "6001"}}) {
+    c = parse_weight_sync_config(args);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_FALSE(c->registers()) << args[0];
+    EXPECT_EQ(c->service.coordinator, "");
+  }
+  c = parse_weight_sync_config({"--coordinator", "", "--coordinator=c:2"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->service.coordinator, "c:2");
+  EXPECT_TRUE(c->registers());
+
+  c = parse_weight_sync_config({"--advertise-host", ""});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("--advertise-host"), std::string::npos) << c.status();
 }
 
 TEST(Config, BadValuesNameTheFlag) {
