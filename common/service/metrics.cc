@@ -2,6 +2,7 @@
 #include "common/service/metrics.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -314,6 +315,21 @@ std::string format_metric_value(double value) {
     if (std::strtod(buffer, nullptr) == value) break;
   }
   return buffer;
+}
+
+absl::Status register_process_metrics(MetricsRegistry* registry, std::string_view service) {
+  absl::StatusOr<GaugeFamily*> build_info =
+      registry->add_gauge("fp8rl_build_info", "Always 1; labels identify the binary.", {"service"});
+  if (!build_info.ok()) return build_info.status();
+  (*build_info)->with({std::string(service)}).set(1);
+  absl::StatusOr<GaugeFamily*> start_time = registry->add_gauge(
+      "fp8rl_process_start_time_seconds", "Start time of the process, Unix seconds.");
+  if (!start_time.ok()) return start_time.status();
+  (*start_time)
+      ->get()
+      .set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+               .count());
+  return absl::OkStatus();
 }
 
 }  // namespace fp8rl::service

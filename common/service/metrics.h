@@ -147,4 +147,8 @@ inline constexpr std::string_view kPrometheusContentType =
 // Formats a sample value the way Prometheus parses it (+Inf, -Inf, NaN, shortest round-trip).
 std::string format_metric_value(double value);
 
+// Registers the metrics every service exports: fp8rl_build_info{service} (always 1) and
+// fp8rl_process_start_time_seconds (set to now).
+absl::Status register_process_metrics(MetricsRegistry* registry, std::string_view service);
+
 }  // namespace fp8rl::service

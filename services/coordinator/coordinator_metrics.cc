@@ -2,8 +2,6 @@
 // names, labels and meanings are the contract in docs/metrics.md).
 #include "services/coordinator/coordinator_metrics.h"
 
-#include <chrono>
-
 #include "absl/strings/str_cat.h"
 
 namespace fp8rl::coordinator {
@@ -17,16 +15,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
     if (!result.ok()) return result.status(); \
     field = *result;                          \
   }
-  service::GaugeFamily* build_info = nullptr;
-  FP8RL_ASSIGN(build_info,
-               registry->add_gauge("fp8rl_build_info", "Always 1; labels identify the binary.",
-                                   {"service"}));
-  build_info->with({"coordinator"}).set(1);
-  service::GaugeFamily* start_time = nullptr;
-  FP8RL_ASSIGN(start_time, registry->add_gauge("fp8rl_process_start_time_seconds",
-                                               "Start time of the process, Unix seconds."));
-  start_time->get().set(
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  if (absl::Status s = service::register_process_metrics(registry, "coordinator"); !s.ok()) {
+    return s;
+  }
 
   FP8RL_ASSIGN(m->jobs, registry->add_gauge("fp8rl_coordinator_jobs", "Jobs in the store by state.",
                                             {"state"}));

@@ -1,21 +1,11 @@
 // Registration of the trainer worker's metric families (names from docs/metrics.md).
 #include "services/trainer_worker/trainer_metrics.h"
 
-#include <chrono>
-
 namespace fp8rl::trainer {
 
 absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
     service::MetricsRegistry* registry) {
-  absl::StatusOr<service::GaugeFamily*> build_info =
-      registry->add_gauge("fp8rl_build_info", "Always 1; labels identify the binary.", {"service"});
-  if (!build_info.ok()) return build_info.status();
-  (*build_info)->with({"trainer"}).set(1);
-  absl::StatusOr<service::GaugeFamily*> start = registry->add_gauge(
-      "fp8rl_process_start_time_seconds", "Start time of the process, Unix seconds.");
-  if (!start.ok()) return start.status();
-  (*start)->get().set(
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  if (absl::Status s = service::register_process_metrics(registry, "trainer"); !s.ok()) return s;
 
   auto m = std::make_unique<TrainerMetrics>();
   absl::Status status;

@@ -1,24 +1,14 @@
 // Registration of the weight-sync metrics (see weight_sync_metrics.h).
 #include "services/weight_sync/weight_sync_metrics.h"
 
-#include <chrono>
-
 namespace fp8rl::weight_sync {
 
 absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> WeightSyncMetrics::create(
     service::MetricsRegistry* registry) {
   auto m = std::make_unique<WeightSyncMetrics>();
-  absl::StatusOr<service::GaugeFamily*> build_info =
-      registry->add_gauge("fp8rl_build_info", "Always 1; labels identify the binary.", {"service"});
-  if (!build_info.ok()) return build_info.status();
-  (*build_info)->with({"weight-sync"}).set(1);
-  absl::StatusOr<service::GaugeFamily*> start_time = registry->add_gauge(
-      "fp8rl_process_start_time_seconds", "Start time of the process, Unix seconds.");
-  if (!start_time.ok()) return start_time.status();
-  (*start_time)
-      ->get()
-      .set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-               .count());
+  if (absl::Status s = service::register_process_metrics(registry, "weight-sync"); !s.ok()) {
+    return s;
+  }
 
   absl::Status status;
   // Keeps the first registration error; later calls are skipped once one failed.
