@@ -26,6 +26,6 @@ int failure(const char* name, const std::string& message);
 
 #define FP8RL_CONCAT_INNER(a, b) a##b
 #define FP8RL_CONCAT(a, b) FP8RL_CONCAT_INNER(a, b)
-#define FP8RL_COMMAND(name, usage, fn)                              \
+#define FP8RL_COMMAND(name, usage, fn)                                \
   [[maybe_unused]] static const bool FP8RL_CONCAT(kRegistered_, fn) = \
       ::fp8rl::cli::register_command({name, usage, fn})
