@@ -148,6 +148,7 @@ class GrpcTrainerClient final : public TrainerClient {
     auto* a = req.mutable_algorithm();
     a->set_clip_epsilon(alg.clip_eps);
     a->set_kl_beta(alg.kl_beta);
+    a->set_temperature(alg.temperature);
     switch (alg.is.rule) {
       case rl::IsRule::kNone:
         a->set_is_rule(v1::IS_RULE_NONE);

@@ -185,6 +185,15 @@ model::TokenValues scatter_response(const PackedBatch& batch, const std::vector<
   return out;
 }
 
+// The temperature whose logits / T distribution the logprobs are taken of: the sampling
+// temperature of the rollouts; 0 (unset, or greedy rollouts) means 1.
+absl::StatusOr<float> logprob_temperature(double t, const char* field) {
+  if (!std::isfinite(t) || t < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": must be >= 0 and finite, got ", t));
+  }
+  return t == 0 ? 1.0f : static_cast<float>(t);
+}
+
 }  // namespace
 
 PackedBatch PackedBatch::slice(int64_t begin, int64_t end) const {
@@ -196,6 +205,7 @@ PackedBatch PackedBatch::slice(int64_t begin, int64_t end) const {
   out.gen_logprobs.assign(gen_logprobs.begin() + begin * length,
                           gen_logprobs.begin() + end * length);
   out.advantages.assign(advantages.begin() + begin, advantages.begin() + end);
+  out.temperature = temperature;
   for (uint8_t m : out.mask) out.valid_tokens += m;
   return out;
 }
@@ -336,7 +346,9 @@ absl::StatusOr<rl::PolicyLossConfig> Trainer::loss_config(const v1::AlgorithmPar
 absl::StatusOr<std::vector<float>> Trainer::response_logprobs(const model::Model& model,
                                                               const PackedBatch& batch,
                                                               model::ForwardContext* ctx) const {
-  absl::StatusOr<model::TokenValues> lp = model.forward(batch.tokens, {}, ctx);
+  model::TrainForwardOptions options;
+  options.temperature = batch.temperature;
+  absl::StatusOr<model::TokenValues> lp = model.forward(batch.tokens, options, ctx);
   if (!lp.ok()) return lp.status();
   const int64_t L = batch.length;
   std::vector<float> out(batch.size() * L, 0.0f);
@@ -464,6 +476,9 @@ absl::StatusOr<v1::ComputeLogprobsResponse> Trainer::compute_logprobs(
   }
   absl::StatusOr<PackedBatch> batch = pack(request.sequences(), "sequences", false);
   if (!batch.ok()) return batch.status();
+  absl::StatusOr<float> temperature = logprob_temperature(request.temperature(), "temperature");
+  if (!temperature.ok()) return temperature.status();
+  batch->temperature = *temperature;
   absl::StatusOr<std::vector<float>> lp =
       response_logprobs(request.use_reference() ? *reference_ : *model_, *batch, nullptr);
   if (!lp.ok()) return lp.status();
@@ -485,6 +500,10 @@ absl::StatusOr<Trainer::PreparedStep> Trainer::prepare_step(const v1::TrainStepR
   if (!batch.ok()) return batch.status();
   p.batch = std::move(*batch);
   const v1::AlgorithmParams& alg = request.algorithm();
+  absl::StatusOr<float> temperature =
+      logprob_temperature(alg.temperature(), "algorithm.temperature");
+  if (!temperature.ok()) return temperature.status();
+  p.batch.temperature = *temperature;
   absl::StatusOr<rl::PolicyLossConfig> config = loss_config(alg);
   if (!config.ok()) return config.status();
   p.config = *config;

@@ -59,6 +59,7 @@ struct PackedBatch {
   std::vector<float> gen_logprobs;     // [B*L] (0 where absent)
   std::vector<float> advantages;       // [B]
   int64_t valid_tokens = 0;
+  float temperature = 1.0f;  // logprobs are of logits / temperature (the sampling temperature)
 
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
   rl::TokenLayout layout() const { return {size(), length}; }

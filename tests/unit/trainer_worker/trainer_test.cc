@@ -504,4 +504,40 @@ TEST_F(TrainerTest, BadRequestsAreRejectedNamingTheField) {
 }
 
 }  // namespace
+// Rollouts sampled at temperature T: the trainer must take logprobs of logits / T, or every token
+// looks off-policy.
+TEST_F(TrainerTest, LogprobsFollowTheSamplingTemperature) {
+  init(init_request());
+  v1::TrainStepRequest step = random_step(14, 3);
+  v1::ComputeLogprobsRequest req;
+  *req.mutable_sequences() = step.batch();
+  req.set_temperature(2.0);
+  absl::StatusOr<v1::ComputeLogprobsResponse> hot = trainer_.compute_logprobs(req);
+  ASSERT_TRUE(hot.ok()) << hot.status();
+  req.set_temperature(0.0);  // unset = 1
+  absl::StatusOr<v1::ComputeLogprobsResponse> cold = trainer_.compute_logprobs(req);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  double diff = 0;
+  for (int i = 0; i < step.batch_size(); ++i) {
+    ASSERT_EQ(hot->sequences(i).logprobs_size(), cold->sequences(i).logprobs_size());
+    for (int j = 0; j < hot->sequences(i).logprobs_size(); ++j) {
+      diff += std::abs(hot->sequences(i).logprobs(j) - cold->sequences(i).logprobs(j));
+    }
+    *step.mutable_batch(i)->mutable_gen_logprobs() = hot->sequences(i).logprobs();
+  }
+  EXPECT_GT(diff, 0.1);
+
+  v1::TrainStepRequest at_one = step;
+  step.mutable_algorithm()->set_temperature(2.0);
+  absl::StatusOr<v1::TrainStepResponse> r = trainer_.train_step(step);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mismatch().token_mult_prob_error(), 1.0);
+  EXPECT_EQ(r->mismatch().sampling_importance_ratio(), 1.0);
+
+  at_one.mutable_algorithm()->set_temperature(-1.0);
+  expect_invalid(trainer_.train_step(at_one).status(), "algorithm.temperature");
+  req.set_temperature(std::nan(""));
+  expect_invalid(trainer_.compute_logprobs(req).status(), "temperature");
+}
+
 }  // namespace fp8rl::trainer
