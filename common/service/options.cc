@@ -227,6 +227,23 @@ std::string extra_string(const ServiceOptions& options, std::string_view key) {
   return it == options.extra.end() ? std::string() : it->second;
 }
 
+absl::StatusOr<int64_t> extra_int_in_range(const ServiceOptions& options, std::string_view key,
+                                           int64_t lo, int64_t hi) {
+  std::string flag = absl::StrCat("--", std::string(key));
+  for (char& c : flag) c = c == '_' ? '-' : c;
+  const std::string text = extra_string(options, key);
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected an integer, got '", text, "'"));
+  }
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": must be in [", lo, ", ", hi, "], got ", value));
+  }
+  return value;
+}
+
 std::string listen_address(const ServiceOptions& options, int port) {
   return absl::StrCat(options.listen_host, ":", port);
 }

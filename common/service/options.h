@@ -41,6 +41,10 @@ std::string service_options_usage(const ServiceOptions& defaults);
 absl::StatusOr<int64_t> extra_int(const ServiceOptions& options, std::string_view key);
 absl::StatusOr<double> extra_double(const ServiceOptions& options, std::string_view key);
 std::string extra_string(const ServiceOptions& options, std::string_view key);
+// An extra setting as an integer in [lo, hi]; errors name the flag ("--keep-versions: must be in
+// [1, 64], got 0").
+absl::StatusOr<int64_t> extra_int_in_range(const ServiceOptions& options, std::string_view key,
+                                           int64_t lo, int64_t hi);
 
 // "host:port" for gRPC / HTTP listening and for advertising.
 std::string listen_address(const ServiceOptions& options, int port);

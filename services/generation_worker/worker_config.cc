@@ -7,24 +7,6 @@
 namespace fp8rl::generation {
 namespace {
 
-// An extra option as an integer in [lo, hi]; errors name the flag.
-absl::StatusOr<int64_t> int_flag(const service::ServiceOptions& options, const std::string& key,
-                                 int64_t lo, int64_t hi) {
-  std::string flag = absl::StrCat("--", key);
-  for (char& c : flag) c = c == '_' ? '-' : c;
-  const std::string text = service::extra_string(options, key);
-  int64_t value = 0;
-  if (!absl::SimpleAtoi(text, &value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected an integer, got '", text, "'"));
-  }
-  if (value < lo || value > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": must be in [", lo, ", ", hi, "], got ", value));
-  }
-  return value;
-}
-
 // host:port with a non-empty host and a port in [1, 65535].
 absl::Status check_address(const std::string& flag, const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -69,7 +51,8 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
   GenerationWorkerConfig config;
   config.service = *parsed;
 
-  absl::StatusOr<int64_t> metrics_port = int_flag(config.service, "metrics_port", 0, 65535);
+  absl::StatusOr<int64_t> metrics_port =
+      service::extra_int_in_range(config.service, "metrics_port", 0, 65535);
   if (!metrics_port.ok()) return metrics_port.status();
   const bool metrics_set = *metrics_port != kDefaultMetricsPort;
   const bool http_set = config.service.http_port != kDefaultMetricsPort;
@@ -105,18 +88,19 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
   }
 
   absl::StatusOr<int64_t> max_batch_tokens =
-      int_flag(config.service, "max_batch_tokens", 1, int64_t{1} << 24);
+      service::extra_int_in_range(config.service, "max_batch_tokens", 1, int64_t{1} << 24);
   if (!max_batch_tokens.ok()) return max_batch_tokens.status();
   absl::StatusOr<int64_t> kv_tokens =
-      int_flag(config.service, "kv_cache_tokens", 1, int64_t{1} << 34);
+      service::extra_int_in_range(config.service, "kv_cache_tokens", 1, int64_t{1} << 34);
   if (!kv_tokens.ok()) return kv_tokens.status();
   absl::StatusOr<int64_t> max_queued =
-      int_flag(config.service, "max_queued_samples", 1, int64_t{1} << 24);
+      service::extra_int_in_range(config.service, "max_queued_samples", 1, int64_t{1} << 24);
   if (!max_queued.ok()) return max_queued.status();
-  absl::StatusOr<int64_t> batch_wait = int_flag(config.service, "batch_wait_ms", 0, 10000);
+  absl::StatusOr<int64_t> batch_wait =
+      service::extra_int_in_range(config.service, "batch_wait_ms", 0, 10000);
   if (!batch_wait.ok()) return batch_wait.status();
   absl::StatusOr<int64_t> max_samples =
-      int_flag(config.service, "max_samples_per_request", 1, int64_t{1} << 20);
+      service::extra_int_in_range(config.service, "max_samples_per_request", 1, int64_t{1} << 20);
   if (!max_samples.ok()) return max_samples.status();
   config.scheduler.max_batch_tokens = *max_batch_tokens;
   config.scheduler.kv_cache_tokens = *kv_tokens;

@@ -9,22 +9,6 @@
 namespace fp8rl::weight_sync {
 namespace {
 
-// An extra option as an integer in [lo, hi]; errors name the flag.
-absl::StatusOr<int64_t> int_flag(const service::ServiceOptions& options, const std::string& key,
-                                 const std::string& flag, int64_t lo, int64_t hi) {
-  const std::string text = service::extra_string(options, key);
-  int64_t value = 0;
-  if (!absl::SimpleAtoi(text, &value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": expected an integer, got '", text, "'"));
-  }
-  if (value < lo || value > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": must be in [", lo, ", ", hi, "], got ", value));
-  }
-  return value;
-}
-
 constexpr char kCoordinatorFlag[] = "--coordinator";
 
 // Takes every --coordinator with an empty value out of `args` (the common option parser rejects
@@ -85,7 +69,7 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
   if (no_coordinator) config.service.coordinator.clear();
 
   absl::StatusOr<int64_t> metrics_port =
-      int_flag(config.service, "metrics_port", "--metrics-port", 0, 65535);
+      service::extra_int_in_range(config.service, "metrics_port", 0, 65535);
   if (!metrics_port.ok()) return metrics_port.status();
   const bool metrics_set = *metrics_port != kDefaultMetricsPort;
   const bool http_set = config.service.http_port != kDefaultMetricsPort;
@@ -98,13 +82,13 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
   config.service.http_port = config.metrics_port;
 
   absl::StatusOr<int64_t> keep =
-      int_flag(config.service, "keep_versions", "--keep-versions", 1, 64);
+      service::extra_int_in_range(config.service, "keep_versions", 1, 64);
   if (!keep.ok()) return keep.status();
-  absl::StatusOr<int64_t> chunk = int_flag(config.service, "chunk_bytes", "--chunk-bytes", 1,
-                                           static_cast<int64_t>(kMaxChunkBytes));
+  absl::StatusOr<int64_t> chunk = service::extra_int_in_range(config.service, "chunk_bytes", 1,
+                                                              static_cast<int64_t>(kMaxChunkBytes));
   if (!chunk.ok()) return chunk.status();
   absl::StatusOr<int64_t> max_bytes =
-      int_flag(config.service, "max_version_bytes", "--max-version-bytes", 1, int64_t{1} << 40);
+      service::extra_int_in_range(config.service, "max_version_bytes", 1, int64_t{1} << 40);
   if (!max_bytes.ok()) return max_bytes.status();
   config.sync.keep_versions = static_cast<int>(*keep);
   config.sync.chunk_bytes = static_cast<uint64_t>(*chunk);
