@@ -96,9 +96,12 @@ void run_call(std::shared_ptr<DispatchState> state, std::shared_ptr<GenerationCl
   bool missing = false;
   for (const GenSample& s : call.chunk) missing |= !state->results.contains(s.sample_id);
   if (!status.ok() || missing) {
-    ++state->stats.failed_calls;
-    state->failed_workers.insert(call.worker_id);
-    if (!call.abandoned) state->stats.redispatched_samples += state->requeue_locked(call);
+    // An abandoned call (its worker expired) was already counted and re-queued.
+    if (!call.abandoned) {
+      ++state->stats.failed_calls;
+      state->failed_workers.insert(call.worker_id);
+      state->stats.redispatched_samples += state->requeue_locked(call);
+    }
     fp8rl::service::log_warn(kLog, "generation call failed; re-dispatching",
                              {{"worker", call.worker_id},
                               {"request", request_id},
@@ -163,6 +166,7 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
     for (auto& [id, call] : state->calls) {
       if (!call.finished && !call.abandoned && !live_ids.contains(call.worker_id)) {
         call.abandoned = true;
+        ++state->stats.failed_calls;  // a request given up and re-dispatched
         state->failed_workers.insert(call.worker_id);
         state->stats.redispatched_samples += state->requeue_locked(call);
       }

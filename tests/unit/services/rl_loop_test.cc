@@ -299,11 +299,15 @@ TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {
   for (const GenSample& s : samples) EXPECT_TRUE(results->contains(s.sample_id));
   EXPECT_TRUE(dying->dead);
   EXPECT_EQ(dying->emitted, 3);
-  EXPECT_EQ(dup->emitted, 21);  // everything the dead worker did not finish
+  // Everything the dead worker did not finish came from w1. The fake counts a result after
+  // delivering it, and the dispatch returns as soon as the last one is delivered, so the last
+  // emission (and the duplicate that follows it) may not be counted yet when we read.
+  EXPECT_GE(dup->emitted, 20);
+  EXPECT_LE(dup->emitted, 21);
   const DispatchStats& stats = loop.dispatch_stats();
-  EXPECT_EQ(stats.failed_calls, 1);
+  EXPECT_EQ(stats.failed_calls, 1);  // whether the call failed first or its worker expired first
   EXPECT_EQ(stats.redispatched_samples, 9);  // 12-sample chunk, 3 finished
-  EXPECT_GE(stats.duplicate_results, 21);
+  EXPECT_GE(stats.duplicate_results, 20);
   EXPECT_EQ(metrics->redispatched_requests->get().value(), 1.0);
   EXPECT_EQ(metrics->redispatched_samples->get().value(), 9.0);
 }
