@@ -244,6 +244,20 @@ absl::StatusOr<int64_t> extra_int_in_range(const ServiceOptions& options, std::s
   return value;
 }
 
+absl::StatusOr<int> resolve_metrics_port(ServiceOptions* options, int default_port) {
+  absl::StatusOr<int64_t> metrics_port = extra_int_in_range(*options, "metrics_port", 0, 65535);
+  if (!metrics_port.ok()) return metrics_port.status();
+  const bool metrics_set = *metrics_port != default_port;
+  const bool http_set = options->http_port != default_port;
+  if (metrics_set && http_set && *metrics_port != options->http_port) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port: ", *metrics_port, " disagrees with --http-port ",
+                     options->http_port, " (they name the same port; give one)"));
+  }
+  options->http_port = metrics_set ? static_cast<int>(*metrics_port) : options->http_port;
+  return options->http_port;
+}
+
 std::string listen_address(const ServiceOptions& options, int port) {
   return absl::StrCat(options.listen_host, ":", port);
 }

@@ -46,6 +46,10 @@ std::string extra_string(const ServiceOptions& options, std::string_view key);
 absl::StatusOr<int64_t> extra_int_in_range(const ServiceOptions& options, std::string_view key,
                                            int64_t lo, int64_t hi);
 
+// Workers take --metrics-port as the name of their HTTP (/metrics) port, --http-port as an alias:
+// returns the port (also written to options->http_port); both given and different is an error.
+absl::StatusOr<int> resolve_metrics_port(ServiceOptions* options, int default_port);
+
 // "host:port" for gRPC / HTTP listening and for advertising.
 std::string listen_address(const ServiceOptions& options, int port);
 std::string advertise_address(const ServiceOptions& options, int port);

@@ -51,18 +51,10 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
   GenerationWorkerConfig config;
   config.service = *parsed;
 
-  absl::StatusOr<int64_t> metrics_port =
-      service::extra_int_in_range(config.service, "metrics_port", 0, 65535);
+  absl::StatusOr<int> metrics_port =
+      service::resolve_metrics_port(&config.service, kDefaultMetricsPort);
   if (!metrics_port.ok()) return metrics_port.status();
-  const bool metrics_set = *metrics_port != kDefaultMetricsPort;
-  const bool http_set = config.service.http_port != kDefaultMetricsPort;
-  if (metrics_set && http_set && *metrics_port != config.service.http_port) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port: ", *metrics_port, " disagrees with --http-port ",
-                     config.service.http_port, " (they name the same port; give one)"));
-  }
-  config.metrics_port = metrics_set ? static_cast<int>(*metrics_port) : config.service.http_port;
-  config.service.http_port = config.metrics_port;
+  config.metrics_port = *metrics_port;
 
   if (absl::Status s = check_address("--coordinator", config.service.coordinator); !s.ok()) {
     return s;

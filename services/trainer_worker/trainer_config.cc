@@ -29,25 +29,10 @@ absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string
   TrainerConfig config;
   config.service = *parsed;
 
-  const std::string text = service::extra_string(config.service, "metrics_port");
-  int64_t metrics_port = 0;
-  if (!absl::SimpleAtoi(text, &metrics_port)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port: expected an integer, got '", text, "'"));
-  }
-  if (metrics_port < 0 || metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port: must be in [0, 65535], got ", metrics_port));
-  }
-  const bool metrics_set = metrics_port != kDefaultMetricsPort;
-  const bool http_set = config.service.http_port != kDefaultMetricsPort;
-  if (metrics_set && http_set && metrics_port != config.service.http_port) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port: ", metrics_port, " disagrees with --http-port ",
-                     config.service.http_port, " (they name the same port; give one)"));
-  }
-  config.metrics_port = metrics_set ? static_cast<int>(metrics_port) : config.service.http_port;
-  config.service.http_port = config.metrics_port;
+  absl::StatusOr<int> metrics_port =
+      service::resolve_metrics_port(&config.service, kDefaultMetricsPort);
+  if (!metrics_port.ok()) return metrics_port.status();
+  config.metrics_port = *metrics_port;
   config.weight_sync = service::extra_string(config.service, "weight_sync");
   if (config.weight_sync.empty()) {
     return absl::InvalidArgumentError("--weight-sync: must be a host:port");

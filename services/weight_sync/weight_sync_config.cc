@@ -68,18 +68,10 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
   config.service = *parsed;
   if (no_coordinator) config.service.coordinator.clear();
 
-  absl::StatusOr<int64_t> metrics_port =
-      service::extra_int_in_range(config.service, "metrics_port", 0, 65535);
+  absl::StatusOr<int> metrics_port =
+      service::resolve_metrics_port(&config.service, kDefaultMetricsPort);
   if (!metrics_port.ok()) return metrics_port.status();
-  const bool metrics_set = *metrics_port != kDefaultMetricsPort;
-  const bool http_set = config.service.http_port != kDefaultMetricsPort;
-  if (metrics_set && http_set && *metrics_port != config.service.http_port) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port: ", *metrics_port, " disagrees with --http-port ",
-                     config.service.http_port, " (they name the same port; give one)"));
-  }
-  config.metrics_port = metrics_set ? static_cast<int>(*metrics_port) : config.service.http_port;
-  config.service.http_port = config.metrics_port;
+  config.metrics_port = *metrics_port;
 
   absl::StatusOr<int64_t> keep =
       service::extra_int_in_range(config.service, "keep_versions", 1, 64);
