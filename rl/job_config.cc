@@ -2,6 +2,7 @@
 // and serialization back to JSON. The schema table is in job_config.h.
 #include "rl/job_config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -425,6 +426,7 @@ absl::Status validate_job_config(const JobConfig& c) {
       a.minibatches <= a.batch_size(), "algorithm.minibatches",
       absl::StrCat("must be <= prompts_per_step * samples_per_prompt (", a.batch_size(), ")")));
   FP8RL_RETURN_IF_ERROR(require(a.epochs >= 1, "algorithm.epochs", "must be >= 1"));
+  FP8RL_RETURN_IF_ERROR(require(a.epochs <= 64, "algorithm.epochs", "must be <= 64"));
   FP8RL_RETURN_IF_ERROR(
       require(a.clip_eps > 0.0 && a.clip_eps < 1.0, "algorithm.clip_eps", "must be in (0, 1)"));
   FP8RL_RETURN_IF_ERROR(
@@ -603,6 +605,15 @@ void resolve_paths(JobConfig& config, const std::string& base_dir) {
   resolve(config.task.train_path);
   resolve(config.task.val_path);
   resolve(config.checkpoint.dir);
+}
+
+double learning_rate_at(const AlgorithmConfig& algorithm, int64_t step) {
+  if (algorithm.warmup_steps <= 0 || step >= algorithm.warmup_steps) {
+    return algorithm.learning_rate;
+  }
+  const int64_t s = std::max<int64_t>(step, 1);
+  return algorithm.learning_rate * static_cast<double>(s) /
+         static_cast<double>(algorithm.warmup_steps);
 }
 
 }  // namespace fp8rl::rl

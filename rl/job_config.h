@@ -188,6 +188,10 @@ absl::Status validate_job_config(const JobConfig& config);
 // The whole config with every default filled in; only the params of task.name are written.
 nlohmann::ordered_json job_config_to_json(const JobConfig& config);
 
+// The learning rate of RL step `step` (1-based): algorithm.learning_rate after a linear warmup
+// over the first warmup_steps steps (step s < warmup gets learning_rate * s / warmup_steps).
+double learning_rate_at(const AlgorithmConfig& algorithm, int64_t step);
+
 // Makes relative input paths (model.checkpoint, model.init.config, task.params.train_path,
 // task.params.val_path, checkpoint.dir) absolute against base_dir. The CLI calls it with its
 // working directory before submitting, because the coordinator may run elsewhere.

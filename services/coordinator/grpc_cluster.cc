@@ -170,7 +170,8 @@ class GrpcTrainerClient final : public TrainerClient {
       a->set_is_upper(alg.is.hi);
     }
     a->set_minibatches(static_cast<int32_t>(alg.minibatches));
-    a->set_learning_rate(alg.learning_rate);
+    a->set_epochs(static_cast<int32_t>(alg.epochs));
+    a->set_learning_rate(rl::learning_rate_at(alg, step));
     v1::TrainStepResponse resp;
     if (absl::Status s = call(&v1::TrainerService::Stub::TrainStep, req, &resp); !s.ok()) return s;
     TrainStepStats stats;

@@ -24,6 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr char kNoPolicy[] = "no policy loaded: call InitPolicy or LoadCheckpoint first";
+constexpr int64_t kMaxEpochs = 64;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -216,11 +217,10 @@ Trainer::Trainer(TrainerOptions options, WeightPublisher* publisher, TrainerMetr
 }
 
 absl::Status Trainer::check_job(const std::string& job_id) const {
-  if (!model_) return absl::FailedPreconditionError(kNoPolicy);
+  if (!model_) return absl::AbortedError(kNoPolicy);
   if (job_id != job_id_) {
-    return absl::FailedPreconditionError(absl::StrCat("job_id: the policy belongs to job '",
-                                                      job_id_, "', not '", job_id,
-                                                      "' (call InitPolicy first)"));
+    return absl::AbortedError(absl::StrCat("job_id: the policy belongs to job '", job_id_,
+                                           "', not '", job_id, "' (call InitPolicy first)"));
   }
   if (stopping_.load()) return absl::UnavailableError("trainer is shutting down");
   return absl::OkStatus();
@@ -469,7 +469,7 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
 absl::StatusOr<v1::ComputeLogprobsResponse> Trainer::compute_logprobs(
     const v1::ComputeLogprobsRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!model_) return absl::FailedPreconditionError(kNoPolicy);
+  if (!model_) return absl::AbortedError(kNoPolicy);
   if (request.use_reference() && !reference_) {
     return absl::FailedPreconditionError(
         "use_reference: no reference policy (InitPolicy with keep_reference)");
@@ -515,6 +515,11 @@ absl::StatusOr<Trainer::PreparedStep> Trainer::prepare_step(const v1::TrainStepR
   if (!std::isfinite(alg.learning_rate()) || alg.learning_rate() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("algorithm.learning_rate: must be >= 0, got ", alg.learning_rate()));
+  }
+  if (alg.epochs() < 0 || alg.epochs() > kMaxEpochs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("algorithm.epochs: must be in [0, ", kMaxEpochs, "] (0 = 1), got ",
+                     alg.epochs()));
   }
   // prev_logprobs: the policy at the rollout version, before any update, same kernels.
   const auto start = Clock::now();
@@ -562,13 +567,18 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
   if (!mismatch.ok()) return mismatch.status();
 
   const int64_t m = alg.minibatches();
+  const int64_t epochs = std::max<int64_t>(1, alg.epochs());
+  const int64_t updates = epochs * m;
   double loss = 0, pg = 0, kl = 0, grad_norm = 0, clipped_tokens = 0, lr = 0;
   double fb_seconds = 0, opt_seconds = 0;
   std::vector<float> grads;
-  for (int64_t i = 0; i < m; ++i) {
+  // Epoch e, minibatch i is update u = e * m + i; every pass sees the same minibatches in the
+  // same order, against the same prev logprobs (PPO's ratio is relative to the rollout policy).
+  for (int64_t u = 0; u < updates; ++u) {
+    const int64_t i = u % m;
     if (stopping_.load()) {
-      return interrupted(i, absl::UnavailableError(absl::StrCat("trainer is shutting down (after ",
-                                                                i, " of ", m, " minibatches)")));
+      return interrupted(u, absl::UnavailableError(absl::StrCat("trainer is shutting down (after ",
+                                                                u, " of ", updates, " updates)")));
     }
     const int64_t s0 = B * i / m, s1 = B * (i + 1) / m;
     const PackedBatch mb = batch.slice(s0, s1);
@@ -579,20 +589,21 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
     auto start = Clock::now();
     absl::StatusOr<rl::PolicyLossResult> result =
         minibatch_gradient(mb, prev_mb, ref_mb, config, &grads);
-    if (!result.ok()) {
-      return interrupted(i, prefixed(result.status(), absl::StrCat("minibatch ", i, ": ")));
-    }
+    const std::string where = epochs > 1 ? absl::StrCat("epoch ", u / m, " minibatch ", i, ": ")
+                                         : absl::StrCat("minibatch ", i, ": ");
+    if (!result.ok()) return interrupted(u, prefixed(result.status(), where));
     fb_seconds += seconds_since(start);
     start = Clock::now();
     absl::StatusOr<model::OptimizerStepStats> step = optimizer_->step(*model_, grads.data());
-    if (!step.ok())
-      return interrupted(i, prefixed(step.status(), absl::StrCat("minibatch ", i, ": ")));
+    if (!step.ok()) return interrupted(u, prefixed(step.status(), where));
     opt_seconds += seconds_since(start);
-    loss += result->loss / static_cast<double>(m);
-    pg += result->stats.policy_loss / static_cast<double>(m);
-    kl += result->stats.kl / static_cast<double>(m);
-    grad_norm += step->grad_norm / static_cast<double>(m);
-    clipped_tokens += result->stats.clip_fraction * static_cast<double>(result->stats.valid_tokens);
+    const double share = 1.0 / static_cast<double>(updates);
+    loss += result->loss * share;
+    pg += result->stats.policy_loss * share;
+    kl += result->stats.kl * share;
+    grad_norm += step->grad_norm * share;
+    clipped_tokens += result->stats.clip_fraction *
+                      static_cast<double>(result->stats.valid_tokens) / static_cast<double>(epochs);
     lr = step->lr;
   }
   ++version_;
@@ -621,7 +632,7 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
   (*response.mutable_phase_seconds())["optimizer"] = opt_seconds;
 
   if (metrics_ != nullptr) {
-    metrics_->steps->with({"grpo"}).inc(static_cast<double>(m));
+    metrics_->steps->with({"grpo"}).inc(static_cast<double>(updates));
     metrics_->tokens->get().inc(static_cast<double>(batch.valid_tokens));
     metrics_->loss->get().set(loss);
     metrics_->grad_norm->get().set(grad_norm);
@@ -727,7 +738,7 @@ absl::StatusOr<model::WeightSet> Trainer::export_for_generation(v1::WeightFormat
 
 absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!model_) return absl::FailedPreconditionError(kNoPolicy);
+  if (!model_) return absl::AbortedError(kNoPolicy);
   if (stopping_.load()) return absl::UnavailableError("trainer is shutting down");
   v1::WeightFormat format = request.format();
   if (format == v1::WEIGHT_FORMAT_UNSPECIFIED) format = precision_.generation();
@@ -835,7 +846,7 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
 absl::StatusOr<v1::SaveCheckpointResponse> Trainer::save_checkpoint(
     const v1::SaveCheckpointRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!model_) return absl::FailedPreconditionError(kNoPolicy);
+  if (!model_) return absl::AbortedError(kNoPolicy);
   if (request.path().empty()) return absl::InvalidArgumentError("path: required");
   const std::filesystem::path dir = std::filesystem::absolute(resolve_path(request.path()));
   std::error_code ec;

@@ -3,8 +3,10 @@
 // logprobs, runs the IS-corrected GRPO update (ARCHITECTURE.md "One RL step", steps 5-6) and SFT
 // steps, recalibrates KV scales and re-quantizes for publishing, and writes/reads checkpoints.
 // Requests and responses are the proto messages of proto/fp8rl/v1/trainer.proto; every failure is
-// an absl::Status naming the offending field (INVALID_ARGUMENT), or FAILED_PRECONDITION for calls
-// out of order (no policy, another job's id, no reference policy).
+// an absl::Status naming the offending field (INVALID_ARGUMENT); ABORTED when the trainer does not
+// hold the caller's policy (none loaded — e.g. the trainer restarted — or another job's id): the
+// caller starts again from InitPolicy or LoadCheckpoint (the coordinator resumes the job from its
+// last checkpoint); FAILED_PRECONDITION for other calls out of order (no reference policy).
 //
 // Versions: every TrainStep/SftStep request that updates the weights advances version() by one.
 // Publish uploads max(version(), published + 1, weight sync's latest + 1), so published versions

@@ -264,5 +264,18 @@ TEST(JobConfig, BadConfigsNameTheField) {
                   .find("/nonexistent/job.yaml") != std::string::npos);
 }
 
+TEST(JobConfig, LearningRateWarmsUpLinearlyThenHolds) {
+  AlgorithmConfig a;
+  a.learning_rate = 3e-4;
+  a.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(learning_rate_at(a, 1), 0.75e-4);
+  EXPECT_DOUBLE_EQ(learning_rate_at(a, 2), 1.5e-4);
+  EXPECT_DOUBLE_EQ(learning_rate_at(a, 3), 2.25e-4);
+  EXPECT_DOUBLE_EQ(learning_rate_at(a, 4), 3e-4);
+  EXPECT_DOUBLE_EQ(learning_rate_at(a, 40), 3e-4);
+  a.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(learning_rate_at(a, 1), 3e-4);
+}
+
 }  // namespace
 }  // namespace fp8rl::rl

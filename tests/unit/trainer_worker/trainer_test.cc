@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -221,6 +222,40 @@ TEST_F(TrainerTest, MinibatchesTakeOneOptimizerStepEach) {
   EXPECT_EQ(r->version(), 2);
 }
 
+TEST_F(TrainerTest, EpochsRepeatTheMinibatchesAgainstTheRolloutLogprobs) {
+  init(init_request());
+  v1::TrainStepRequest step = random_step(16, 4);
+  set_gen_to_current(trainer_, &step);
+  step.mutable_algorithm()->set_clip_epsilon(1e-3);
+  step.mutable_algorithm()->set_learning_rate(0.05);
+  step.mutable_algorithm()->set_minibatches(2);
+  // One pass: every token is on-policy when its minibatch is taken, so nothing is clipped.
+  Trainer one_pass{TrainerOptions{}, &publisher_};
+  ASSERT_TRUE(one_pass.init_policy(init_request()).ok());
+  absl::StatusOr<v1::TrainStepResponse> r1 = one_pass.train_step(step);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(one_pass.optimizer()->steps(), 2);
+  // Three passes: 6 optimizer steps, one new version; the later passes compare the moved policy
+  // with the rollout policy's logprobs, so the tight clip range now clips tokens.
+  step.mutable_algorithm()->set_epochs(3);
+  absl::StatusOr<v1::TrainStepResponse> r3 = trainer_.train_step(step);
+  ASSERT_TRUE(r3.ok()) << r3.status();
+  EXPECT_EQ(trainer_.optimizer()->steps(), 6);
+  EXPECT_EQ(r3->version(), 1);
+  EXPECT_GT(r3->clip_fraction(), r1->clip_fraction());
+  EXPECT_GT(r3->clip_fraction(), 0.0);
+  EXPECT_LE(r3->clip_fraction(), 1.0);
+  // The first pass of the three-pass run is the one-pass run, so the policies then diverge.
+  const std::span<const float> a = trainer_.policy()->params();
+  const std::span<const float> b = one_pass.policy()->params();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_FALSE(std::equal(a.begin(), a.end(), b.begin()));
+  step.mutable_algorithm()->set_epochs(65);
+  absl::Status bad = trainer_.train_step(step).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("algorithm.epochs"), std::string::npos) << bad;
+}
+
 TEST_F(TrainerTest, SftLowersNllOnARepeatedBatch) {
   init(init_request(v1::WEIGHT_FORMAT_BF16, v1::WEIGHT_FORMAT_BF16));
   const v1::TrainStepRequest data = random_step(16, 4);
@@ -420,9 +455,8 @@ void expect_invalid(const absl::Status& s, const std::string& field) {
 }
 
 TEST_F(TrainerTest, BadRequestsAreRejectedNamingTheField) {
-  // Before InitPolicy.
-  EXPECT_EQ(trainer_.train_step(random_step(1, 2)).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  // Before InitPolicy: ABORTED (the caller must start again from InitPolicy/LoadCheckpoint).
+  EXPECT_EQ(trainer_.train_step(random_step(1, 2)).status().code(), absl::StatusCode::kAborted);
   v1::InitPolicyRequest bad_init = init_request();
   bad_init.mutable_model()->mutable_init()->set_model_config_json("{\"hidden_size\": 0}");
   expect_invalid(trainer_.init_policy(bad_init).status(), "model.init.model_config_json");
@@ -472,7 +506,7 @@ TEST_F(TrainerTest, BadRequestsAreRejectedNamingTheField) {
   v1::TrainStepRequest wrong_job = good;
   wrong_job.set_job_id("job-2");
   absl::Status s = trainer_.train_step(wrong_job).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
   EXPECT_NE(s.message().find("job_id"), std::string::npos);
   v1::TrainStepRequest kl = good;
   kl.mutable_algorithm()->set_kl_beta(0.1);  // no reference policy held
