@@ -43,6 +43,14 @@ void fill_job(JobManager& jobs, const JobRecord& job, bool with_config, v1::Job*
   out->set_created_unix_ms(job.created_ms);
   out->set_updated_unix_ms(job.updated_ms);
   if (with_config) out->set_config_json(job.config_json);
+  if (!job.progress.phase.empty()) {
+    v1::JobProgress* p = out->mutable_progress();
+    p->set_phase(job.progress.phase);
+    p->set_done(job.progress.done);
+    p->set_total(job.progress.total);
+    p->set_detail(job.progress.detail);
+    p->set_updated_unix_ms(job.progress.updated_ms);
+  }
   if (auto latest = jobs.latest_metrics(job.id); latest.ok() && latest->has_value()) {
     fill_metrics(**latest, out->mutable_latest_metrics());
   }
@@ -133,19 +141,21 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   int64_t last_updated = -1, last_step = -1;
   JobState last_state = JobState::kQueued;
+  JobProgress last_progress;
   while (!context->IsCancelled()) {
     absl::StatusOr<JobRecord> job = jobs_->get(req->id());
     if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
     auto latest = jobs_->latest_metrics(job->id);
     const int64_t latest_step = latest.ok() && latest->has_value() ? (*latest)->step : -1;
     if (last_updated < 0 || job->state != last_state || latest_step != last_step ||
-        job->updated_ms != last_updated) {
+        job->updated_ms != last_updated || job->progress != last_progress) {
       v1::JobEvent event;
       fill_job(*jobs_, *job, false, event.mutable_job());
       if (!writer->Write(event)) return grpc::Status::OK;  // client went away
       last_updated = job->updated_ms;
       last_state = job->state;
       last_step = latest_step;
+      last_progress = job->progress;
     }
     if (is_terminal(job->state)) return grpc::Status::OK;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

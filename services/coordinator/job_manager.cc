@@ -1,6 +1,9 @@
 // Job submission, queries and the runner thread (see job_manager.h).
 #include "services/coordinator/job_manager.h"
 
+#include <chrono>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/service/log.h"
 #include "services/coordinator/coordinator_metrics.h"
@@ -48,12 +51,42 @@ absl::StatusOr<JobRecord> JobManager::submit(const rl::JobConfig& config) {
 }
 
 absl::StatusOr<JobRecord> JobManager::get(const std::string& id) const {
-  return store_->get_job(id);
+  absl::StatusOr<JobRecord> job = store_->get_job(id);
+  if (job.ok()) fill_progress(&*job);
+  return job;
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobManager::list(std::optional<JobState> state,
                                                         int64_t limit) const {
-  return store_->list_jobs(state, limit);
+  absl::StatusOr<std::vector<JobRecord>> jobs = store_->list_jobs(state, limit);
+  if (jobs.ok()) {
+    for (JobRecord& job : *jobs) fill_progress(&job);
+  }
+  return jobs;
+}
+
+void JobManager::set_progress(const std::string& id, JobProgress progress) {
+  progress.updated_ms = now_unix_ms();
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_[id] = std::move(progress);
+}
+
+void JobManager::clear_progress(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_.erase(id);
+}
+
+void JobManager::fill_progress(JobRecord* job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = progress_.find(job->id);
+      it != progress_.end() && job->state == JobState::kRunning) {
+    job->progress = it->second;
+  }
+}
+
+bool JobManager::cancel_requested(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancel_requests_.contains(id);
 }
 
 absl::StatusOr<JobRecord> JobManager::cancel(const std::string& id) {
@@ -63,6 +96,7 @@ absl::StatusOr<JobRecord> JobManager::cancel(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
     cancel_requests_.insert(id);
   }
+  cv_.notify_all();  // ends a wait for a lost trainer
   service::log_info(kLog, "cancel requested", {{"job", id}});
   refresh_gauges();
   return job;
@@ -121,6 +155,7 @@ void JobManager::run_job(const JobRecord& job) {
     }
     std::lock_guard<std::mutex> lock(mu_);
     cancel_requests_.erase(id);
+    progress_.erase(id);
   };
   if (absl::Status s = store_->set_state(id, JobState::kRunning); !s.ok()) {
     service::log_error(kLog, "cannot start job",
@@ -134,22 +169,8 @@ void JobManager::run_job(const JobRecord& job) {
     return;
   }
   service::log_info(kLog, "job started", {{"job", id}, {"resume", job.resume ? "true" : "false"}});
-  RlLoopHooks hooks;
-  hooks.store = store_;
-  hooks.metrics = metrics_;
-  hooks.cancelled = [this, id] {
-    if (stopping_) return true;
-    std::lock_guard<std::mutex> lock(mu_);
-    return cancel_requests_.contains(id);
-  };
-  hooks.on_progress = [this] { refresh_gauges(); };
-  RlLoop loop(cluster_, hooks, options_);
-  const absl::Status status = loop.run(job, *config);
-  bool user_cancelled = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    user_cancelled = cancel_requests_.contains(id);
-  }
+  const absl::Status status = run_with_resumes(job, *config);
+  const bool user_cancelled = cancel_requested(id);
   if (status.ok()) {
     finish(JobState::kSucceeded, "");
   } else if (status.code() == absl::StatusCode::kCancelled && user_cancelled) {
@@ -157,12 +178,90 @@ void JobManager::run_job(const JobRecord& job) {
   } else if (stopping_) {
     // Coordinator shutdown: leave the job RUNNING so the next start resumes it.
     service::log_info(kLog, "job interrupted by shutdown", {{"job", id}});
+    clear_progress(id);
     return;
   } else {
     finish(JobState::kFailed, std::string(status.message()));
   }
   service::log_info(kLog, "job ended", {{"job", id}, {"status", status.ToString()}});
   refresh_gauges();
+}
+
+absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobConfig& config) {
+  const std::string& id = job.id;
+  RlLoopHooks hooks;
+  hooks.store = store_;
+  hooks.metrics = metrics_;
+  hooks.cancelled = [this, id] { return stopping_ || cancel_requested(id); };
+  hooks.on_progress = [this] { refresh_gauges(); };
+  hooks.on_phase = [this, id](const JobProgress& p) { set_progress(id, p); };
+  using Clock = std::chrono::steady_clock;
+  JobRecord attempt = job;
+  int resumes = 0;
+  std::optional<Clock::time_point> lost_since;  // start of the current trainer outage
+  std::string lost_reason;                      // the error that started it
+  while (true) {
+    RlLoop loop(cluster_, hooks, options_);
+    const absl::Status status = loop.run(attempt, config);
+    if (status.ok() || stopping_ || cancel_requested(id) || !is_trainer_lost(status)) {
+      return status;
+    }
+    // The trainer is gone. An attempt that got a working trainer ends the previous outage.
+    if (loop.policy_ready() || !lost_since) {
+      lost_since = Clock::now();
+      lost_reason = std::string(status.message());
+    }
+    // The reason the outage started, and the latest failed try when it says something else.
+    std::string reason = lost_reason;
+    if (status.message() != lost_reason) {
+      absl::StrAppend(&reason, " (last try: ", std::string(status.message()), ")");
+    }
+    const auto waited = Clock::now() - *lost_since;
+    const double wait_s = std::chrono::duration<double>(options_.trainer_resume_wait).count();
+    if (options_.trainer_resume_wait.count() <= 0) {
+      return absl::Status(status.code(), absl::StrCat("trainer lost: ", reason));
+    }
+    if (waited > options_.trainer_resume_wait) {
+      return absl::Status(
+          status.code(), absl::StrCat("trainer lost and no trainer resumed the job within ", wait_s,
+                                      " s: ", reason));
+    }
+    if (resumes >= options_.max_trainer_resumes) {
+      return absl::Status(
+          status.code(), absl::StrCat("trainer lost ", resumes + 1, " times (at most ",
+                                      options_.max_trainer_resumes, " resumes per job): ", reason));
+    }
+    if (loop.policy_ready()) {
+      service::log_warn(kLog, "trainer lost; waiting for a trainer to resume the job",
+                        {{"job", id}, {"error", std::string(status.message())}});
+    }
+    JobProgress waiting;
+    waiting.phase = "trainer_lost";
+    waiting.detail = absl::StrCat(
+        lost_reason, " (resuming when a trainer is back, ",
+        static_cast<int64_t>(wait_s - std::chrono::duration<double>(waited).count()), " s left)");
+    set_progress(id, waiting);
+    // Back off before trying again; stop and cancel end the wait early.
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(1),
+                   [&] { return stopping_.load() || cancel_requests_.contains(id); });
+    }
+    if (cancel_requested(id)) return absl::CancelledError("cancelled by user");
+    if (stopping_) return status;
+    absl::StatusOr<JobRecord> fresh = store_->get_job(id);
+    if (!fresh.ok()) return fresh.status();
+    attempt = *fresh;
+    attempt.resume = true;
+    if (loop.policy_ready()) {
+      ++resumes;
+      service::log_info(kLog, "resuming job after trainer loss",
+                        {{"job", id},
+                         {"checkpoint", attempt.checkpoint.empty() ? "(none: from the start)"
+                                                                   : attempt.checkpoint},
+                         {"resume", absl::StrCat(resumes)}});
+    }
+  }
 }
 
 }  // namespace fp8rl::coordinator

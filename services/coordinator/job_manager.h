@@ -1,10 +1,13 @@
 // The coordinator's job service core, shared by the REST and gRPC front ends: validates and
 // stores submitted jobs, answers queries, records cancellations, and runs one job at a time on a
-// background thread through RlLoop (resuming jobs a restart left RUNNING).
+// background thread through RlLoop (resuming jobs a restart left RUNNING, and jobs whose trainer
+// was lost once a trainer is back within RlLoopOptions::trainer_resume_wait). It also keeps each
+// running job's current phase (JobRecord::progress) in memory.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -39,6 +42,7 @@ class JobManager {
   absl::StatusOr<JobRecord> submit_text(std::string_view config_text);
   absl::StatusOr<JobRecord> submit(const rl::JobConfig& config);
 
+  // Records come with their in-memory progress (empty phase when not running).
   absl::StatusOr<JobRecord> get(const std::string& id) const;
   absl::StatusOr<std::vector<JobRecord>> list(std::optional<JobState> state, int64_t limit) const;
   // QUEUED -> CANCELLED now; RUNNING -> flagged, CANCELLED at the next phase boundary.
@@ -54,6 +58,13 @@ class JobManager {
  private:
   void run_loop();
   void run_job(const JobRecord& job);
+  // Runs the job through RlLoop, again (resuming) after each trainer loss while a trainer comes
+  // back in time. Returns the final status of the last run.
+  absl::Status run_with_resumes(const JobRecord& job, const rl::JobConfig& config);
+  void set_progress(const std::string& id, JobProgress progress);
+  void clear_progress(const std::string& id);
+  void fill_progress(JobRecord* job) const;
+  bool cancel_requested(const std::string& id) const;
 
   JobStore* store_;
   Cluster* cluster_;
@@ -63,6 +74,7 @@ class JobManager {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::set<std::string> cancel_requests_;
+  std::map<std::string, JobProgress> progress_;  // running jobs only
   std::atomic<bool> stopping_{false};
   std::thread runner_;
 };

@@ -34,6 +34,19 @@ inline bool is_terminal(JobState state) {
          state == JobState::kCancelled;
 }
 
+// What a running job is doing right now. Kept in memory by the JobManager (not in the database):
+// a restarted coordinator reports the phase of the resumed run.
+struct JobProgress {
+  // "waiting_for_trainer", "initializing", "loading_checkpoint", "sft", "syncing_weights",
+  // "validating", "rl" or "trainer_lost"; empty when the job is not running.
+  std::string phase;
+  int64_t done = 0;    // units done in the phase: SFT steps in "sft", RL steps in "rl"
+  int64_t total = 0;   // units in the phase (0 when it has none)
+  std::string detail;  // e.g. "loss 0.5123" in "sft", the step's sub-phase in "rl"
+  int64_t updated_ms = 0;
+  bool operator==(const JobProgress&) const = default;
+};
+
 struct JobRecord {
   std::string id;
   JobState state = JobState::kQueued;
@@ -46,6 +59,7 @@ struct JobRecord {
   int64_t checkpoint_step = 0;  // step the checkpoint was taken after
   int64_t created_ms = 0;
   int64_t updated_ms = 0;
+  JobProgress progress;  // filled by JobManager::get/list, never stored
 };
 
 struct MetricsRow {

@@ -40,7 +40,10 @@ int run(const std::vector<std::string>& args) {
                     {"worker_expiry_ms", "5000"},
                     {"generate_deadline_seconds", "120"},
                     {"worker_wait_seconds", "120"},
-                    {"trainer_timeout_seconds", "3600"}};
+                    {"trainer_timeout_seconds", "3600"},
+                    // After losing the trainer, resume the job from its last checkpoint when a
+                    // trainer is back within this time; 0 fails the job at once.
+                    {"trainer_resume_seconds", "120"}};
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::fputs(service::service_options_usage(defaults).c_str(), stdout);
@@ -59,6 +62,9 @@ int run(const std::vector<std::string>& args) {
     if (*v < 1) return fail(absl::StrCat(keys[i], ": must be >= 1"));
     numbers[i] = *v;
   }
+  absl::StatusOr<int64_t> resume_seconds =
+      service::extra_int_in_range(*options, "trainer_resume_seconds", 0, 7 * 24 * 3600);
+  if (!resume_seconds.ok()) return fail(std::string(resume_seconds.status().message()));
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) {
     return fail(std::string(s.message()));
   }
@@ -83,6 +89,7 @@ int run(const std::vector<std::string>& args) {
   coordinator::RlLoopOptions loop_options;
   loop_options.generate_deadline = std::chrono::seconds(numbers[2]);
   loop_options.worker_wait = std::chrono::seconds(numbers[3]);
+  loop_options.trainer_resume_wait = std::chrono::seconds(*resume_seconds);
   coordinator::JobManager jobs(store->get(), &cluster, &workers, metrics->get(), loop_options);
 
   service::HttpServerOptions http_options;

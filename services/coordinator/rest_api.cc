@@ -80,6 +80,15 @@ nlohmann::json job_to_json(const JobRecord& job, const std::optional<MetricsRow>
                         {"created_unix_ms", job.created_ms},
                         {"updated_unix_ms", job.updated_ms}};
   out["latest_metrics"] = latest ? metrics_row_to_json(*latest) : nlohmann::json(nullptr);
+  if (job.progress.phase.empty()) {
+    out["progress"] = nullptr;
+  } else {
+    out["progress"] = {{"phase", job.progress.phase},
+                       {"done", job.progress.done},
+                       {"total", job.progress.total},
+                       {"detail", job.progress.detail},
+                       {"updated_unix_ms", job.progress.updated_ms}};
+  }
   if (with_config) {
     out["config"] = nlohmann::json::parse(job.config_json, nullptr, false);
   }

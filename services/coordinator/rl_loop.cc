@@ -10,7 +10,9 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/service/log.h"
 #include "rl/grpo.h"
 #include "rl/tasks.h"
@@ -119,8 +121,32 @@ uint64_t sample_seed(uint64_t job_seed, int64_t step, int64_t prompt, int64_t sa
   return splitmix64(h ^ static_cast<uint64_t>(sample));
 }
 
+bool is_trainer_lost(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kTrainerLostPayload).has_value();
+}
+
 RlLoop::RlLoop(Cluster* cluster, RlLoopHooks hooks, RlLoopOptions options)
     : cluster_(cluster), hooks_(std::move(hooks)), options_(options) {}
+
+void RlLoop::set_phase(std::string phase, int64_t done, int64_t total, std::string detail) {
+  if (!hooks_.on_phase) return;
+  JobProgress p;
+  p.phase = std::move(phase);
+  p.done = done;
+  p.total = total;
+  p.detail = std::move(detail);
+  hooks_.on_phase(p);
+}
+
+absl::Status RlLoop::trainer_error(const absl::Status& status, const std::string& what) {
+  absl::Status out(status.code(), absl::StrCat(what, status.message()));
+  const absl::StatusCode c = status.code();
+  if (c == absl::StatusCode::kUnavailable || c == absl::StatusCode::kDeadlineExceeded ||
+      c == absl::StatusCode::kAborted) {
+    out.SetPayload(kTrainerLostPayload, absl::Cord(what));
+  }
+  return out;
+}
 
 absl::Status RlLoop::check_cancelled() const {
   if (hooks_.cancelled && hooks_.cancelled()) return absl::CancelledError("cancelled by user");
@@ -289,6 +315,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
   if (task->train().empty()) return absl::FailedPreconditionError("task: empty training split");
 
   // The trainer (wait for one to register).
+  set_phase("waiting_for_trainer");
   std::shared_ptr<TrainerClient> trainer;
   for (auto start = Clock::now();;) {
     absl::StatusOr<std::shared_ptr<TrainerClient>> t = cluster_->trainer();
@@ -297,7 +324,10 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
       break;
     }
     if (Clock::now() - start > options_.worker_wait) {
-      return absl::UnavailableError(absl::StrCat("no trainer registered: ", t.status().message()));
+      const absl::Status none =
+          absl::UnavailableError(absl::StrCat("no trainer registered: ", t.status().message()));
+      // While resuming, a missing trainer is the lost one not back yet.
+      return job.resume ? trainer_error(none, "") : none;
     }
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
     std::this_thread::sleep_for(options_.poll_interval);
@@ -306,22 +336,31 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
   int64_t start_step = 0;
   std::map<std::string, double> row0;
   if (job.resume && !job.checkpoint.empty()) {
+    set_phase("loading_checkpoint", 0, 0, job.checkpoint);
     absl::StatusOr<int64_t> v = trainer->load_checkpoint(job.checkpoint);
     if (!v.ok()) {
-      return absl::Status(
-          v.status().code(),
-          absl::StrCat("resume from checkpoint '", job.checkpoint, "': ", v.status().message()));
+      return trainer_error(v.status(),
+                           absl::StrCat("resume from checkpoint '", job.checkpoint, "': "));
     }
+    policy_ready_ = true;
     start_step = job.checkpoint_step;
+    if (absl::Status s = store->set_step(job.id, start_step); !s.ok()) return s;
     service::log_info(kLog, "resuming job",
                       {{"job", job.id}, {"from_step", absl::StrCat(start_step)}});
   } else {
+    if (job.resume) {
+      service::log_info(kLog, "resuming job from the beginning (no checkpoint yet)",
+                        {{"job", job.id}});
+      if (absl::Status s = store->set_step(job.id, 0); !s.ok()) return s;
+    }
+    set_phase("initializing");
     absl::StatusOr<int64_t> v = trainer->init_policy(job.id, config);
-    if (!v.ok())
-      return absl::Status(v.status().code(), absl::StrCat("trainer init: ", v.status().message()));
+    if (!v.ok()) return trainer_error(v.status(), "trainer init: ");
+    policy_ready_ = true;
     if (config.sft) {
       const auto start = Clock::now();
       double loss = 0.0;
+      set_phase("sft", 0, config.sft->steps);
       for (int64_t s = 0; s < config.sft->steps; ++s) {
         if (absl::Status st = check_cancelled(); !st.ok()) return st;
         std::vector<TrainSequence> batch;
@@ -337,11 +376,10 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
         }
         absl::StatusOr<TrainStepStats> stats =
             trainer->sft_step(job.id, batch, config.sft->learning_rate);
-        if (!stats.ok()) {
-          return absl::Status(stats.status().code(),
-                              absl::StrCat("SFT step ", s + 1, ": ", stats.status().message()));
-        }
+        if (!stats.ok())
+          return trainer_error(stats.status(), absl::StrCat("SFT step ", s + 1, ": "));
         loss = stats->values.count("loss") ? stats->values.at("loss") : 0.0;
+        set_phase("sft", s + 1, config.sft->steps, absl::StrFormat("loss %.4f", loss));
       }
       row0["sft_loss"] = loss;
       row0["time_sft_seconds"] = seconds_since(start);
@@ -353,18 +391,18 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
   // Give every generation worker the starting weights.
   auto publish = [&](bool calibrate) -> absl::StatusOr<int64_t> {
     absl::StatusOr<int64_t> v = trainer->publish(calibrate);
-    if (!v.ok()) {
-      return absl::Status(v.status().code(), absl::StrCat("publish: ", v.status().message()));
-    }
+    if (!v.ok()) return trainer_error(v.status(), "publish: ");
     if (metrics != nullptr) metrics->weight_version->get().set(static_cast<double>(*v));
     return v;
   };
   const bool calibrate = config.precision.kv_cache == rl::Precision::kFp8;
+  set_phase("syncing_weights");
   absl::StatusOr<int64_t> version = publish(calibrate);
   if (!version.ok()) return version.status();
   if (absl::Status s = wait_for_version(*version); !s.ok()) return s;
 
   if (start_step == 0) {
+    set_phase("validating", 0, 0, "step 0");
     const auto start = Clock::now();
     absl::StatusOr<double> accuracy = validate(job.id, 0, config, *version);
     if (!accuracy.ok()) return accuracy.status();
@@ -384,6 +422,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     const auto step_start = Clock::now();
     std::map<std::string, double> row;
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    set_phase("rl", step - 1, alg.steps, "rollout");
 
     // 1-2. Rollout: P prompts x G samples over the live workers.
     auto start = Clock::now();
@@ -446,18 +485,17 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     row["time_score_seconds"] = seconds_since(start);
 
     // 4-5. Train.
+    set_phase("rl", step - 1, alg.steps, "train");
     start = Clock::now();
     absl::StatusOr<TrainStepStats> stats = trainer->train_step(job.id, step, batch, config);
-    if (!stats.ok()) {
-      return absl::Status(stats.status().code(),
-                          absl::StrCat("train step ", step, ": ", stats.status().message()));
-    }
+    if (!stats.ok()) return trainer_error(stats.status(), absl::StrCat("train step ", step, ": "));
     for (const auto& [key, value] : stats->values) row[key] = value;
     row["time_train_seconds"] = seconds_since(start);
     if (metrics != nullptr) metrics->record_mismatch(stats->values);
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
 
     // 6-7. Publish and wait until every live worker holds the new version.
+    set_phase("rl", step - 1, alg.steps, "publish");
     start = Clock::now();
     version = publish(calibrate);
     if (!version.ok()) return version.status();
@@ -470,6 +508,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     // 8. Validation and checkpoint at their cadence.
     const int64_t every = config.validation.every_steps;
     if ((every > 0 && step % every == 0) || step == alg.steps) {
+      set_phase("rl", step - 1, alg.steps, "validate");
       start = Clock::now();
       absl::StatusOr<double> accuracy = validate(job.id, step, config, *version);
       if (!accuracy.ok()) return accuracy.status();
@@ -478,12 +517,13 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
       if (metrics != nullptr) metrics->validation_accuracy->get().set(*accuracy);
     }
     if (config.checkpoint.every_steps > 0 && step % config.checkpoint.every_steps == 0) {
+      set_phase("rl", step - 1, alg.steps, "checkpoint");
       start = Clock::now();
       const std::string path =
           (std::filesystem::path(config.checkpoint.dir) / job.id / absl::StrCat("step-", step))
               .string();
       if (absl::Status s = trainer->save_checkpoint(path); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("checkpoint at step ", step, ": ", s.message()));
+        return trainer_error(s, absl::StrCat("checkpoint at step ", step, ": "));
       }
       if (absl::Status s = store->set_checkpoint(job.id, path, step); !s.ok()) return s;
       row["time_checkpoint_seconds"] = seconds_since(start);

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -115,6 +116,12 @@ struct RlLoopOptions {
   // How long to wait for every live worker to hold a newly published version.
   std::chrono::milliseconds sync_wait{std::chrono::seconds(60)};
   std::chrono::milliseconds poll_interval{std::chrono::milliseconds(50)};
+  // After the trainer is lost (is_trainer_lost), how long the JobManager keeps trying to resume
+  // the job from its last checkpoint on a trainer that is back before failing it; 0 fails the
+  // job at once.
+  std::chrono::milliseconds trainer_resume_wait{std::chrono::seconds(120)};
+  // Resumes of one job after trainer losses, at most (a trainer that keeps dying fails the job).
+  int max_trainer_resumes = 10;
 };
 
 struct RlLoopHooks {
@@ -122,7 +129,16 @@ struct RlLoopHooks {
   CoordinatorMetrics* metrics = nullptr;  // optional
   std::function<bool()> cancelled;        // optional: true once the user cancelled the job
   std::function<void()> on_progress;      // optional: called after each recorded step
+  // Optional: the job's current phase (JobProgress without updated_ms), at every phase change
+  // and after every SFT step.
+  std::function<void(const JobProgress&)> on_phase;
 };
+
+// A failed job whose error carries this payload lost its trainer (the trainer process died, was
+// restarted without the job's policy, or stopped answering): the JobManager may run it again,
+// resuming from its last checkpoint, once a trainer is back.
+inline constexpr char kTrainerLostPayload[] = "fp8rl.dev/trainer-lost";
+bool is_trainer_lost(const absl::Status& status);
 
 // Counters of one dispatch, for tests and metrics.
 struct DispatchStats {
@@ -137,7 +153,10 @@ class RlLoop {
   RlLoop(Cluster* cluster, RlLoopHooks hooks, RlLoopOptions options = {});
 
   // Runs (or resumes, when job.resume) the job to the end. OK: every step done. Cancelled: the
-  // user cancelled. Other errors: the reason the job failed. Does not set the final job state.
+  // user cancelled. Other errors: the reason the job failed (is_trainer_lost() tells whether a
+  // retry could resume it). Does not set the final job state. A resumed job restarts from its
+  // last checkpoint, or from the beginning when it has none (sampling seeds depend on the step
+  // only, so the rows it records again are the same steps).
   absl::Status run(const JobRecord& job, const rl::JobConfig& config);
 
   // Generates every sample over the live workers; results keyed by sample_id (each once).
@@ -145,8 +164,14 @@ class RlLoop {
                                                             const std::vector<GenSample>& samples,
                                                             const GenParams& params);
   const DispatchStats& dispatch_stats() const { return dispatch_stats_; }
+  // True once run() got a trainer holding the job's policy (initialized or loaded).
+  bool policy_ready() const { return policy_ready_; }
 
  private:
+  void set_phase(std::string phase, int64_t done = 0, int64_t total = 0, std::string detail = "");
+  // `status` of a trainer call, its message prefixed with `what`; tagged kTrainerLostPayload when
+  // the code says the trainer is gone (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED).
+  static absl::Status trainer_error(const absl::Status& status, const std::string& what);
   absl::Status check_cancelled() const;
   absl::Status wait_for_version(int64_t version);
   absl::StatusOr<double> validate(const std::string& job_id, int64_t step,
@@ -156,6 +181,7 @@ class RlLoop {
   RlLoopHooks hooks_;
   RlLoopOptions options_;
   DispatchStats dispatch_stats_;
+  bool policy_ready_ = false;
 };
 
 // The seed of sample g of prompt p at `step` (stable across restarts and re-dispatch).

@@ -48,7 +48,8 @@ COMMON_FLAGS = {"--config", "--listen-host", "--grpc-port", "--http-port", "--ad
 BINARY_FLAGS = {
     "fp8rl-coordinator": COMMON_FLAGS | {
         "--job-store", "--heartbeat-interval-ms", "--worker-expiry-ms",
-        "--generate-deadline-seconds", "--worker-wait-seconds", "--trainer-timeout-seconds"},
+        "--generate-deadline-seconds", "--worker-wait-seconds", "--trainer-timeout-seconds",
+        "--trainer-resume-seconds"},
     "fp8rl-weight-sync": COMMON_FLAGS | {
         "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes"},
     "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name"},

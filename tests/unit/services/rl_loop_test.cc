@@ -1,7 +1,8 @@
 // Tests the coordinator's RL loop against in-process fake generation workers and trainer: sample
 // dispatch over several workers, re-dispatch when a worker dies mid-call, duplicates never
 // counted twice, rewards/advantages/metrics rows per step, validation and checkpoint cadence,
-// cancellation, and failure when no worker exists.
+// cancellation, failure when no worker exists, the phases reported while a job runs, and the
+// JobManager resuming a job from its last checkpoint after losing the trainer.
 #include "services/coordinator/rl_loop.h"
 
 #include <gtest/gtest.h>
@@ -9,11 +10,13 @@
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "rl/tokenizer.h"
 #include "services/coordinator/coordinator_metrics.h"
+#include "services/coordinator/job_manager.h"
 
 namespace fp8rl::coordinator {
 namespace {
@@ -79,9 +82,13 @@ class FakeTrainer : public TrainerClient {
     sft_batches.push_back(b);
     return TrainStepStats{{{"loss", 2.0 / static_cast<double>(sft_batches.size())}}};
   }
-  absl::StatusOr<TrainStepStats> train_step(const std::string&, int64_t,
+  absl::StatusOr<TrainStepStats> train_step(const std::string&, int64_t step,
                                             const std::vector<TrainSequence>& batch,
                                             const rl::JobConfig&) override {
+    if (fail_step) {
+      if (absl::Status s = fail_step(step); !s.ok()) return s;
+    }
+    steps_trained.push_back(step);
     batches.push_back(batch);
     return TrainStepStats{{{"loss", 0.5}, {"token_mult_prob_error", 1.01}}};
   }
@@ -96,6 +103,8 @@ class FakeTrainer : public TrainerClient {
   }
 
   FakeCluster* cluster_;
+  std::function<absl::Status(int64_t)> fail_step;  // optional: an error for this step
+  std::vector<int64_t> steps_trained;
   int inits = 0;
   int64_t version = 0;
   std::vector<std::vector<TrainSequence>> batches;
@@ -132,7 +141,12 @@ class FakeCluster : public Cluster {
     }
     return nullptr;
   }
-  absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() override { return trainer_; }
+  absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() override {
+    if (trainer_gone) return absl::UnavailableError("no live trainer worker");
+    return trainer_;
+  }
+
+  std::atomic<bool> trainer_gone{false};
 
   std::shared_ptr<FakeTrainer> trainer_;
   std::vector<std::pair<std::string, std::shared_ptr<FakeWorker>>> workers_;
@@ -191,7 +205,7 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
   int progress = 0;
   service::MetricsRegistry registry;
   auto metrics = CoordinatorMetrics::create(&registry).value();
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, [&] { ++progress; }}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, [&] { ++progress; }, {}}, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
 
   FakeTrainer& t = *cluster.trainer_;
@@ -290,7 +304,7 @@ TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {
   auto store = JobStore::open(":memory:").value();
   service::MetricsRegistry registry;
   auto metrics = CoordinatorMetrics::create(&registry).value();
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
   const auto samples = make_samples(24);
   GenParams params;
   auto results = loop.dispatch("t", samples, params);
@@ -317,7 +331,7 @@ TEST(RlLoop, StaleResultsAreRejectedAndRetried) {
   auto w = cluster.add("w0");
   auto store = JobStore::open(":memory:").value();
   RlLoopOptions options = fast_options();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}}, options);
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, options);
   GenParams params;
   params.min_weight_version = 1;  // the worker holds 0 and refuses
   auto results = loop.dispatch("t", make_samples(4), params);
@@ -332,18 +346,217 @@ TEST(RlLoop, FailsWithoutWorkersAndHonoursCancel) {
   rl::JobConfig config = small_config("/ckpt");
   config.sft.reset();
   const JobRecord job = store->create_job("{}", 3).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
   const absl::Status none = loop.run(job, config);
   EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(none.message().find("no live generation worker"), std::string::npos) << none;
 
   cluster.add("w0");
   int rows_seen = 0;
-  RlLoopHooks hooks{store.get(), nullptr, [&] { return rows_seen >= 2; }, [&] { ++rows_seen; }};
+  RlLoopHooks hooks{store.get(), nullptr, [&] { return rows_seen >= 2; }, [&] { ++rows_seen; }, {}};
   RlLoop cancelling(&cluster, hooks, fast_options());
   const absl::Status cancelled = cancelling.run(job, config);
   EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(store->get_job(job.id)->step, 1);  // stopped between phases of step 2
+}
+
+TEST(RlLoop, ReportsEveryPhase) {
+  FakeCluster cluster;
+  cluster.add("w0");
+  auto store = JobStore::open(":memory:").value();
+  const rl::JobConfig config = small_config("/ckpt");
+  const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+  std::vector<JobProgress> seen;
+  RlLoopHooks hooks{store.get(), nullptr, {}, {}, [&](const JobProgress& p) { seen.push_back(p); }};
+  RlLoop loop(&cluster, hooks, fast_options());
+  ASSERT_TRUE(loop.run(job, config).ok());
+  EXPECT_TRUE(loop.policy_ready());
+  std::vector<std::string> lines;
+  for (const JobProgress& p : seen) {
+    lines.push_back(absl::StrCat(p.phase, " ", p.done, "/", p.total, " ", p.detail));
+  }
+  const std::vector<std::string> expected = {
+      "waiting_for_trainer 0/0 ", "initializing 0/0 ", "sft 0/2 ", "sft 1/2 loss 2.0000",
+      "sft 2/2 loss 1.0000", "syncing_weights 0/0 ", "validating 0/0 step 0",
+      // step 1: no validation, no checkpoint
+      "rl 0/3 rollout", "rl 0/3 train", "rl 0/3 publish",
+      // step 2: validation and checkpoint
+      "rl 1/3 rollout", "rl 1/3 train", "rl 1/3 publish", "rl 1/3 validate", "rl 1/3 checkpoint",
+      // step 3: the last step validates
+      "rl 2/3 rollout", "rl 2/3 train", "rl 2/3 publish", "rl 2/3 validate"};
+  EXPECT_EQ(lines, expected);
+}
+
+TEST(RlLoop, TrainerErrorsSayWhetherTheTrainerWasLost) {
+  FakeCluster cluster;
+  cluster.add("w0");
+  auto store = JobStore::open(":memory:").value();
+  rl::JobConfig config = small_config("/ckpt");
+  config.sft.reset();
+  const JobRecord job = store->create_job("{}", 3).value();
+  for (const auto& [status, lost] : std::vector<std::pair<absl::Status, bool>>{
+           {absl::UnavailableError("connection refused"), true},
+           {absl::AbortedError("no policy loaded"), true},
+           {absl::DeadlineExceededError("deadline"), true},
+           {absl::InvalidArgumentError("batch[0].tokens: bad"), false},
+           {absl::InternalError("bug"), false}}) {
+    cluster.trainer_->fail_step = [&](int64_t step) {
+      return step == 2 ? status : absl::OkStatus();
+    };
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    const absl::Status s = loop.run(job, config);
+    EXPECT_EQ(s.code(), status.code());
+    EXPECT_EQ(is_trainer_lost(s), lost) << s;
+    EXPECT_TRUE(std::string(s.message()).starts_with("train step 2: ")) << s;
+  }
+}
+
+// Runs `config` through a JobManager to its end; returns the final record.
+JobRecord run_job_manager(FakeCluster* cluster, JobStore* store, const rl::JobConfig& config,
+                          RlLoopOptions options,
+                          const std::function<void(const JobRecord&)>& poll = {}) {
+  JobManager manager(store, cluster, nullptr, nullptr, options);
+  manager.start();
+  const JobRecord submitted = manager.submit(config).value();
+  JobRecord job = submitted;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!is_terminal(job.state) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    job = manager.get(submitted.id).value();
+    if (poll) poll(job);
+  }
+  manager.stop();
+  return job;
+}
+
+rl::JobConfig manager_config() {
+  rl::JobConfig config = small_config(::testing::TempDir());
+  config.model.init_config_path = "tiny.json";  // the fake trainer does not read it
+  config.algorithm.steps = 5;
+  config.checkpoint.every_steps = 2;
+  return config;
+}
+
+TEST(JobManager, ResumesFromTheLastCheckpointWhenTheTrainerComesBack) {
+  FakeCluster cluster;
+  cluster.add("w0");
+  cluster.add("w1");
+  auto store = JobStore::open(":memory:").value();
+  RlLoopOptions options = fast_options();
+  options.trainer_resume_wait = std::chrono::seconds(10);
+  // The trainer dies during step 3 (after the step-2 checkpoint) and is back a moment later,
+  // without the policy: its first answer is ABORTED, then it works again.
+  int failures = 0;
+  std::set<std::string> phases;
+  cluster.trainer_->fail_step = [&](int64_t step) {
+    if (step != 3 || failures > 0) return absl::OkStatus();
+    ++failures;
+    cluster.trainer_gone = true;
+    std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      cluster.trainer_gone = false;
+    }).detach();
+    return absl::UnavailableError("Socket closed");
+  };
+  const JobRecord job =
+      run_job_manager(&cluster, store.get(), manager_config(), options,
+                      [&](const JobRecord& j) { phases.insert(j.progress.phase); });
+  ASSERT_EQ(job.state, JobState::kSucceeded) << job.error;
+  EXPECT_EQ(job.step, 5);
+  EXPECT_TRUE(job.progress.phase.empty());  // no progress once ended
+  FakeTrainer& t = *cluster.trainer_;
+  EXPECT_EQ(t.inits, 1);
+  ASSERT_EQ(t.loaded.size(), 1u);
+  EXPECT_TRUE(t.loaded[0].ends_with(job.id + "/step-2")) << t.loaded[0];
+  // Steps 1-2, then 3-5 again from the checkpoint: step 3 trained once (its failed try did not
+  // count), nothing after the checkpoint lost, nothing before it repeated.
+  EXPECT_EQ(t.steps_trained, (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  const auto rows = store->get_metrics(job.id).value();
+  ASSERT_EQ(rows.size(), 6u);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i));
+  EXPECT_TRUE(phases.contains("trainer_lost"));
+  EXPECT_TRUE(phases.contains("rl"));
+}
+
+TEST(JobManager, FailsWithTheReasonWhenNoTrainerComesBack) {
+  FakeCluster cluster;
+  cluster.add("w0");
+  auto store = JobStore::open(":memory:").value();
+  RlLoopOptions options = fast_options();
+  options.trainer_resume_wait = std::chrono::milliseconds(1200);
+  cluster.trainer_->fail_step = [&](int64_t step) {
+    if (step != 2) return absl::OkStatus();
+    cluster.trainer_gone = true;  // for good
+    return absl::UnavailableError("Socket closed");
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const JobRecord job = run_job_manager(&cluster, store.get(), manager_config(), options);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_NE(job.error.find("trainer lost and no trainer resumed the job within 1.2 s"),
+            std::string::npos)
+      << job.error;
+  EXPECT_NE(job.error.find("train step 2: Socket closed"), std::string::npos) << job.error;
+  EXPECT_GE(waited, 1.2);
+  EXPECT_LT(waited, 20.0);
+
+  // With resuming off, the same loss fails the job at once, and a non-trainer error never waits.
+  FakeCluster cluster2;
+  cluster2.add("w0");
+  options.trainer_resume_wait = std::chrono::milliseconds(0);
+  cluster2.trainer_->fail_step = [&](int64_t step) {
+    return step == 2 ? absl::UnavailableError("Socket closed") : absl::OkStatus();
+  };
+  const JobRecord off = run_job_manager(&cluster2, store.get(), manager_config(), options);
+  EXPECT_EQ(off.state, JobState::kFailed);
+  EXPECT_TRUE(off.error.starts_with("trainer lost: train step 2: Socket closed")) << off.error;
+  options.trainer_resume_wait = std::chrono::seconds(30);
+  cluster2.trainer_->fail_step = [&](int64_t step) {
+    return step == 2 ? absl::InvalidArgumentError("batch[0].tokens: out of range")
+                     : absl::OkStatus();
+  };
+  const auto start2 = std::chrono::steady_clock::now();
+  const JobRecord bad = run_job_manager(&cluster2, store.get(), manager_config(), options);
+  EXPECT_EQ(bad.state, JobState::kFailed);
+  EXPECT_EQ(bad.error, "train step 2: batch[0].tokens: out of range");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start2).count(), 10.0);
+}
+
+TEST(JobManager, CancelEndsTheWaitForALostTrainer) {
+  FakeCluster cluster;
+  cluster.add("w0");
+  auto store = JobStore::open(":memory:").value();
+  RlLoopOptions options = fast_options();
+  options.trainer_resume_wait = std::chrono::seconds(60);
+  cluster.trainer_->fail_step = [&](int64_t step) {
+    if (step != 1) return absl::OkStatus();
+    cluster.trainer_gone = true;
+    return absl::UnavailableError("Socket closed");
+  };
+  JobManager manager(store.get(), &cluster, nullptr, nullptr, options);
+  manager.start();
+  const JobRecord job = manager.submit(manager_config()).value();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (manager.get(job.id)->progress.phase != "trainer_lost" &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const JobRecord waiting = manager.get(job.id).value();
+  ASSERT_EQ(waiting.progress.phase, "trainer_lost");
+  EXPECT_NE(waiting.progress.detail.find("Socket closed"), std::string::npos)
+      << waiting.progress.detail;
+  const auto cancel_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(manager.cancel(job.id).ok());
+  JobRecord ended = waiting;
+  while (!is_terminal(ended.state) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ended = manager.get(job.id).value();
+  }
+  EXPECT_EQ(ended.state, JobState::kCancelled);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - cancel_at).count(),
+            5.0);
+  manager.stop();
 }
 
 }  // namespace
