@@ -517,9 +517,8 @@ absl::StatusOr<Trainer::PreparedStep> Trainer::prepare_step(const v1::TrainStepR
         absl::StrCat("algorithm.learning_rate: must be >= 0, got ", alg.learning_rate()));
   }
   if (alg.epochs() < 0 || alg.epochs() > kMaxEpochs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("algorithm.epochs: must be in [0, ", kMaxEpochs, "] (0 = 1), got ",
-                     alg.epochs()));
+    return absl::InvalidArgumentError(absl::StrCat("algorithm.epochs: must be in [0, ", kMaxEpochs,
+                                                   "] (0 = 1), got ", alg.epochs()));
   }
   // prev_logprobs: the policy at the rollout version, before any update, same kernels.
   const auto start = Clock::now();
