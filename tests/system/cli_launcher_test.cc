@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "tools/fp8rl/cluster.h"
 #include "tools/fp8rl/job_client.h"
@@ -444,6 +447,62 @@ TEST(JobViews, StatesParseAndPrint) {
   EXPECT_NE(table.find("FAILED"), std::string::npos);
   EXPECT_NE(table.find("1/4"), std::string::npos);
   EXPECT_NE(format_job_details(job).find("error:    trainer: gone"), std::string::npos);
+}
+
+v1::Job running_job(const std::string& phase, int64_t done, int64_t total,
+                    const std::string& detail) {
+  v1::Job job;
+  job.set_id("job-9");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_total_steps(5);
+  job.mutable_progress()->set_phase(phase);
+  job.mutable_progress()->set_done(done);
+  job.mutable_progress()->set_total(total);
+  job.mutable_progress()->set_detail(detail);
+  return job;
+}
+
+TEST(JobViews, PhasesBeforeTheFirstRowArePrintedOnce) {
+  EXPECT_EQ(format_progress_line(running_job("sft", 12, 120, "loss 2.3412").progress()),
+            "sft   12/120  loss 2.3412");
+  EXPECT_EQ(format_progress_line(running_job("rl", 1, 5, "train").progress()), "");
+  EXPECT_EQ(
+      format_progress_line(running_job("trainer_lost", 0, 0, "train step 2: gone").progress()),
+      "trainer lost: train step 2: gone");
+  const std::string details = format_job_details(running_job("sft", 12, 120, "loss 2.3412"));
+  EXPECT_NE(details.find("phase:    sft 12/120 (loss 2.3412)"), std::string::npos) << details;
+
+  // A printer fed every event of a run before row 0 (no metrics yet, so it never needs a client).
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = open_memstream(&buffer, &size);
+  ASSERT_NE(out, nullptr);
+  {
+    ProgressPrinter printer(nullptr, out);
+    ASSERT_TRUE(printer.update(running_job("waiting_for_trainer", 0, 0, "")).ok());
+    ASSERT_TRUE(printer.update(running_job("waiting_for_trainer", 0, 0, "")).ok());
+    ASSERT_TRUE(printer.update(running_job("initializing", 0, 0, "")).ok());
+    for (int64_t done = 0; done <= 20; ++done) {
+      ASSERT_TRUE(printer.update(running_job("sft", done, 20, absl::StrCat("loss ", done))).ok());
+      ASSERT_TRUE(printer.update(running_job("sft", done, 20, absl::StrCat("loss ", done))).ok());
+    }
+    ASSERT_TRUE(printer.update(running_job("syncing_weights", 0, 0, "")).ok());
+    ASSERT_TRUE(printer.update(running_job("rl", 0, 5, "rollout")).ok());
+    ASSERT_TRUE(printer.update(running_job("trainer_lost", 0, 0, "gone (10 s left)")).ok());
+    ASSERT_TRUE(printer.update(running_job("trainer_lost", 0, 0, "gone (9 s left)")).ok());
+  }
+  std::fclose(out);
+  const std::string text(buffer, size);
+  std::free(buffer);
+  std::string expected =
+      "waiting for a trainer\ninitializing the policy on the trainer\nsft   0/20  loss 0\n";
+  for (int64_t done = 2; done <= 20; done += 2) {
+    absl::StrAppend(&expected, absl::StrFormat("sft  %2d/20  loss %d\n", done, done));
+  }
+  absl::StrAppend(
+      &expected,
+      "publishing the weights to the generation workers\ntrainer lost: gone (10 s left)\n");
+  EXPECT_EQ(text, expected);
 }
 
 constexpr char kConfig[] = R"(name: t

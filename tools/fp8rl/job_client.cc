@@ -239,7 +239,28 @@ void JobClient::stop_watch() {
 // ---------------------------------------------------------------------------------------------
 // ProgressPrinter
 
+void ProgressPrinter::print_progress(const v1::JobProgress& progress) {
+  const std::string& phase = progress.phase();
+  if (phase.empty()) return;
+  bool print = phase != last_phase_;
+  if (phase == "sft") {
+    // The start, every tenth of the SFT steps and the last one.
+    const int64_t every = std::max<int64_t>(1, progress.total() / 10);
+    print = progress.done() > last_sft_printed_ &&
+            (progress.done() == 0 || progress.done() == progress.total() ||
+             progress.done() / every > std::max<int64_t>(last_sft_printed_, 0) / every);
+    if (print) last_sft_printed_ = progress.done();
+  }
+  last_phase_ = phase;
+  if (!print) return;
+  const std::string line = format_progress_line(progress);
+  if (line.empty()) return;
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
 absl::Status ProgressPrinter::update(const v1::Job& job) {
+  if (job.has_progress()) print_progress(job.progress());
   const std::string key = absl::StrCat(
       job.state(), "/", job.step(), "/", job.latest_metrics().step(), "/",
       job.latest_metrics().recorded_unix_ms(), "/", job.latest_metrics().values_size());
@@ -367,6 +388,13 @@ std::string format_job_details(const v1::Job& job) {
   absl::StrAppend(&out, "created:  ", format_time_ms(job.created_unix_ms()), "\n");
   absl::StrAppend(&out, "updated:  ", format_time_ms(job.updated_unix_ms()), "\n");
   if (!job.error().empty()) absl::StrAppend(&out, "error:    ", job.error(), "\n");
+  if (job.has_progress() && !job.progress().phase().empty()) {
+    const v1::JobProgress& p = job.progress();
+    absl::StrAppend(&out, "phase:    ", p.phase());
+    if (p.total() > 0) absl::StrAppend(&out, " ", p.done(), "/", p.total());
+    if (!p.detail().empty()) absl::StrAppend(&out, " (", p.detail(), ")");
+    absl::StrAppend(&out, "\n");
+  }
   if (job.has_latest_metrics() && !job.latest_metrics().values().empty()) {
     absl::StrAppend(&out, "metrics at step ", job.latest_metrics().step(), ":\n");
     std::map<std::string, double> sorted(job.latest_metrics().values().begin(),
@@ -389,6 +417,25 @@ std::string format_job_table(const std::vector<v1::Job>& jobs) {
   }
   if (jobs.empty()) absl::StrAppend(&out, "(no jobs)\n");
   return out;
+}
+
+std::string format_progress_line(const v1::JobProgress& p) {
+  const std::string& phase = p.phase();
+  if (phase == "sft") {
+    const int width = static_cast<int>(std::to_string(std::max<int64_t>(p.total(), 1)).size());
+    std::string out = absl::StrFormat("sft  %*d/%d", width, p.done(), p.total());
+    if (!p.detail().empty()) absl::StrAppend(&out, "  ", p.detail());
+    return out;
+  }
+  if (phase == "waiting_for_trainer") return "waiting for a trainer";
+  if (phase == "initializing") return "initializing the policy on the trainer";
+  if (phase == "loading_checkpoint") return absl::StrCat("resuming from checkpoint ", p.detail());
+  if (phase == "syncing_weights") return "publishing the weights to the generation workers";
+  if (phase == "validating") return "validating the starting policy";
+  if (phase == "trainer_lost") return absl::StrCat("trainer lost: ", p.detail());
+  if (phase == "rl") return "";
+  return absl::StrCat(phase, p.total() > 0 ? absl::StrCat(" ", p.done(), "/", p.total()) : "",
+                      p.detail().empty() ? "" : absl::StrCat("  ", p.detail()));
 }
 
 std::string format_step_line(const v1::StepMetrics& row, int64_t total_steps) {

@@ -59,8 +59,10 @@ class JobClient {
   bool watch_stopped_ = false;
 };
 
-// Prints a job's progress: one line per recorded metrics row (row 0 included), each once.
-// update() fetches the metrics only when the job's step, latest row or state changed.
+// Prints a job's progress: one line per recorded metrics row (row 0 included), each once, and
+// before row 0 / while the trainer is lost, a line per phase change (SFT: every tenth of its
+// steps, see format_progress_line). update() fetches the metrics only when the job's step,
+// latest row or state changed.
 class ProgressPrinter {
  public:
   ProgressPrinter(JobClient* client, std::FILE* out) : client_(client), out_(out) {}
@@ -73,9 +75,12 @@ class ProgressPrinter {
   absl::Status fetch_and_print(const std::string& job_id, int64_t total_steps);
   JobClient* client_;
   std::FILE* out_;
+  void print_progress(const v1::JobProgress& progress);
   std::vector<v1::StepMetrics> rows_;
   int64_t printed_through_ = -1;
   std::string last_key_;
+  std::string last_phase_;
+  int64_t last_sft_printed_ = -1;
 };
 
 // Reads a job config file, validates it (errors start with the path and name the field), makes
@@ -95,6 +100,9 @@ absl::StatusOr<v1::JobState> parse_job_state(const std::string& text);
 std::string format_job_details(const v1::Job& job);
 // `fp8rl list`: a header line and one row per job.
 std::string format_job_table(const std::vector<v1::Job>& jobs);
+// One line for a job's current phase, or "" for phases the step lines already show ("rl"):
+// "sft   12/120  loss 2.3412", "waiting for a trainer", "trainer lost: <why>", ...
+std::string format_progress_line(const v1::JobProgress& progress);
 // One progress line per recorded step: step/total, reward, validation accuracy when evaluated,
 // token_mult_prob_error, sampling_importance_ratio and the seconds of each phase.
 std::string format_step_line(const v1::StepMetrics& row, int64_t total_steps);
