@@ -4,7 +4,10 @@
 #include <httplib.h>
 
 #include <exception>
+#include <regex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/log.h"
@@ -29,27 +32,64 @@ struct HttpServer::Impl {
     if (requests != nullptr) requests->with({absl::StrCat(status)}).inc();
   }
 
+  // Runs a route handler and writes its answer; a throwing handler becomes a 500.
+  void respond(const HttpHandler& handler, const HttpRequest& request, httplib::Response& res) {
+    HttpResponse response;
+    try {
+      response = handler(request);
+    } catch (const std::exception& e) {
+      log_error("http", "handler threw", {{"path", request.path}, {"error", e.what()}});
+      response = json_error(500, absl::StrCat("internal error: ", e.what()));
+    }
+    res.status = response.status;
+    res.set_content(response.body, response.content_type);
+    count(response.status);
+  }
+
+  static HttpRequest to_request(const httplib::Request& req) {
+    HttpRequest request;
+    request.method = req.method;
+    request.path = req.path;
+    request.body = req.body;
+    for (const auto& [key, value] : req.params) request.query[key] = value;
+    return request;
+  }
+
   httplib::Server::Handler wrap(HttpHandler handler) {
     return
         [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
-          HttpRequest request;
-          request.method = req.method;
-          request.path = req.path;
-          request.body = req.body;
+          HttpRequest request = to_request(req);
           for (size_t i = 1; i < req.matches.size(); ++i) request.params.push_back(req.matches[i]);
-          for (const auto& [key, value] : req.params) request.query[key] = value;
-          HttpResponse response;
-          try {
-            response = handler(request);
-          } catch (const std::exception& e) {
-            log_error("http", "handler threw", {{"path", req.path}, {"error", e.what()}});
-            response = json_error(500, absl::StrCat("internal error: ", e.what()));
-          }
-          res.status = response.status;
-          res.set_content(response.body, response.content_type);
-          count(response.status);
+          respond(handler, request, res);
         };
   }
+
+  // A POST with neither Content-Length nor chunked Transfer-Encoding has an empty body (RFC 9112
+  // section 6.3), but httplib would try to read one until the connection closes and answer 400.
+  // Such a request is routed here, before httplib reads anything, as a POST with an empty body;
+  // the route's handler decides (":cancel" works, a route that needs a body names it).
+  httplib::Server::HandlerResponse route_bodyless_post(const httplib::Request& req,
+                                                       httplib::Response& res) {
+    if (req.method != "POST" || req.has_header("Content-Length") ||
+        req.has_header("Transfer-Encoding")) {
+      return httplib::Server::HandlerResponse::Unhandled;  // httplib reads the body as usual
+    }
+    HttpRequest request = to_request(req);
+    for (const auto& [pattern, handler] : post_routes) {
+      std::smatch match;
+      if (!std::regex_match(req.path, match, pattern)) continue;
+      for (size_t i = 1; i < match.size(); ++i) request.params.push_back(match[i].str());
+      respond(handler, request, res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // No POST route: the error handler writes the usual 404 body.
+    res.status = 404;
+    return httplib::Server::HandlerResponse::Handled;
+  }
+
+  // POST routes in registration order (the same first-match order httplib uses), for
+  // route_bodyless_post.
+  std::vector<std::pair<std::regex, HttpHandler>> post_routes;
 };
 
 HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
@@ -67,6 +107,10 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
   const int threads = std::max(1, impl_->options.threads);
   impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl_->server.set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
+  impl_->server.set_pre_routing_handler(
+      [impl](const httplib::Request& req, httplib::Response& res) {
+        return impl->route_bodyless_post(req, res);
+      });
   impl_->server.set_error_handler([impl](const httplib::Request& req, httplib::Response& res) {
     // Reached for statuses >= 400 that no handler produced: oversized bodies (413 from the
     // parser), unknown routes (404), malformed requests (400). A route's own error body stays.
@@ -105,6 +149,7 @@ void HttpServer::get(const std::string& pattern, HttpHandler handler) {
 }
 
 void HttpServer::post(const std::string& pattern, HttpHandler handler) {
+  impl_->post_routes.emplace_back(std::regex(pattern), handler);
   impl_->server.Post(pattern, impl_->wrap(std::move(handler)));
 }
 

@@ -53,7 +53,8 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // Routes: ECMAScript regex matched against the whole path ("/v1/jobs/([^/:]+)"). Add before
-  // start().
+  // start(). A POST sent with neither Content-Length nor chunked Transfer-Encoding (plain
+  // `curl -X POST URL`) reaches its route with an empty body, as HTTP/1.1 defines it.
   void get(const std::string& pattern, HttpHandler handler);
   void post(const std::string& pattern, HttpHandler handler);
 
