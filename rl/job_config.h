@@ -6,67 +6,10 @@
 //   "algorithm.foo: unknown key"
 // The coordinator stores job_config_to_json(config); parsing that JSON gives the same config.
 //
-// Keys (all optional unless marked required; "path" = file-system path, see resolve_paths):
-//
-// | key                              | type          | default    | meaning / constraint |
-// |----------------------------------|---------------|------------|-----------------------------------|
-// | name                             | string        | ""         | free-form job name | |
-// model.checkpoint                 | path          | -          | HF checkpoint folder to start
-// from| | model.init.config                | path | map    | -          | HF config.json path or
-// inline map | | model.init.seed                  | int >= 0      | 0          | weight-init seed |
-// |   (model: exactly one of checkpoint, init is required)                                        |
-// | task.name (required)             | string        | -          | addition, multiplication, | |
-// |               |            | arithmetic, jsonl                 | | task.seed | int >= 0      |
-// 1234       | seed of the generated splits      | | task.train_size                  | int >= 1 |
-// 10000      | train examples (jsonl: a cap)     | | task.val_size                    | int >= 1 |
-// 200        | validation examples (jsonl: split | |                                  | | | off
-// train when no val_path, else a| |                                  |               |            |
-// cap)                              | | task.format_reward               | 0 <= x < 1    | 0 |
-// reward of a wrong but well-formed | |                                  |               | | answer
-// | | task.params.digits               | int           | 3 / 2      | addition: 1..9 (default 3), |
-// |                                  |               |            | multiplication: 1..4 (default
-// 2)  | | task.params.terms                | int 2..8      | 3          | arithmetic: operands per
-// problem  | | task.params.max_operand          | int 1..99     | 9          | arithmetic: operands
-// in [0, max]  | | task.params.train_path (jsonl)   | path          | - (req.)   | JSONL
-// {"prompt":..,"answer":..}   | | task.params.val_path (jsonl)     | path          | ""         |
-// validation JSONL                  | | task.params.match (jsonl)        | string        | line |
-// line or number (rl/tasks.h)       | | algorithm.steps                  | int >= 1      | 100 |
-// GRPO steps                        | | algorithm.prompts_per_step       | int >= 1      | 16 | P |
-// | algorithm.samples_per_prompt     | int >= 2      | 8          | G (group size) | |
-// algorithm.max_new_tokens         | int 1..4096   | 16         | completion length limit | |
-// algorithm.temperature            | x > 0         | 1.0        | sampling temperature | |
-// algorithm.top_p                  | 0 < x <= 1    | 1.0        | nucleus sampling | |
-// algorithm.seed                   | int >= 0      | 1          | sampling seed | |
-// algorithm.learning_rate          | x > 0         | 1e-5       | AdamW peak learning rate | |
-// algorithm.warmup_steps           | int >= 0      | 0          | linear warmup steps | |
-// algorithm.weight_decay           | x >= 0        | 0.0        | AdamW decoupled weight decay | |
-// algorithm.grad_clip              | x >= 0        | 1.0        | global grad-norm clip, 0 = off |
-// | algorithm.minibatches            | int >= 1      | 1          | optimizer steps per epoch; must
-// be| |                                  |               |            | <=
-// prompts_per_step*samples_per_..| | algorithm.epochs                 | int >= 1      | 1 | passes
-// over each step's batch     | | algorithm.clip_eps               | 0 < x < 1     | 0.2        |
-// PPO clip epsilon                  | | algorithm.kl_beta                | x >= 0        | 0.0 |
-// KL_k3(ref||cur) weight, 0 = no ref| | algorithm.is.rule                | string        | tis |
-// none, tis, icepop, seq_mask_tis   | | algorithm.is.cap                 | x > 0         | 2.0 |
-// tis clamp C                       | | algorithm.is.lo                  | 0 <= x <= 1   | 0.5 |
-// icepop / seq_mask_tis lower bound | | algorithm.is.hi                  | x >= 1, > lo  | 2.0 |
-// icepop / seq_mask_tis upper bound | | sft (optional; absent = no SFT warm start) | | sft.steps |
-// int >= 1      | 50         | SFT optimizer steps               | | sft.learning_rate | x > 0 |
-// 1e-3       | SFT AdamW learning rate           | | sft.batch_size                   | int >= 1 |
-// 32         | examples per SFT step             | | precision.generation             | string |
-// fp8        | fp8, bf16, fp32 (linear layers)   | | precision.training               | string |
-// fp8        | fp8, bf16, fp32 (linear layers)   | | precision.kv_cache               | string |
-// fp8        | fp8, bf16, fp32                   | | precision.pow2_scales            | bool |
-// false      | power-of-two FP8 scales           | | precision.bf16_first_layers      | int >= 0 |
-// 0          | first N layers stay BF16          | | precision.bf16_last_layers       | int >= 0 |
-// 0          | last N layers stay BF16           | | validation.every_steps           | int >= 0 |
-// 10         | validate every k steps (and before| |                                  | | | step 1
-// and after the last); 0 =   | |                                  |               |            |
-// only before and after             | | validation.num_prompts           | int >= 0      | 0 | val
-// examples used, 0 = all; for   | |                                  |               |            |
-// generated tasks <= task.val_size  | | checkpoint.every_steps           | int >= 0      | 0 |
-// checkpoint every c steps, 0 = off | | checkpoint.dir                   | path          | "" |
-// required when every_steps > 0     |
+// Keys: docs/guide.md "Job config reference" lists every key with its type, default and rule
+// (validate_job_config enforces them; keep the two in agreement). Top-level sections: name,
+// model (exactly one of checkpoint, init), task, algorithm, sft (optional warm start),
+// precision, validation, checkpoint.
 #pragma once
 
 #include <cstdint>

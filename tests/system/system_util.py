@@ -111,6 +111,14 @@ def http(method, url, body=None, timeout=30):
         return status, text
 
 
+def http_quiet(method, url, body=None, timeout=5):
+    """Like http(), but (None, reason) when nothing answers (a service being restarted)."""
+    try:
+        return http(method, url, body, timeout)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
+        return None, str(e)
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
