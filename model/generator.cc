@@ -101,6 +101,22 @@ std::vector<GenerationResult> Generator::take_finished() {
   return out;
 }
 
+absl::StatusOr<GenerationResult> Generator::cancel(int64_t id) {
+  if (id < 0 || id >= next_id_) {
+    return absl::NotFoundError(absl::StrCat("cancel: no sequence with id ", id));
+  }
+  auto it = std::find_if(active_.begin(), active_.end(),
+                         [id](const std::unique_ptr<Sequence>& s) { return s->result.id == id; });
+  if (it == active_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cancel: sequence ", id, " already finished or was cancelled"));
+  }
+  GenerationResult partial = std::move((*it)->result);
+  partial.reason = FinishReason::kCancelled;
+  active_.erase(it);  // frees its KV cache; the others keep their order
+  return partial;
+}
+
 int64_t Generator::kv_cache_bytes() const {
   int64_t n = 0;
   for (const auto& s : active_) n += s->cache ? s->cache->bytes() : 0;

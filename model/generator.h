@@ -1,7 +1,7 @@
 // Batched generation with a KV cache and a step API for continuous batching: the generation
 // worker add()s sequences at any time, calls step() (one forward: prefill of the new sequences
-// plus one decode token for every running one) and collects take_finished(). generate() is the
-// simple whole-batch call built on it.
+// plus one decode token for every running one), collects take_finished() and cancel()s sequences
+// whose caller went away. generate() is the simple whole-batch call built on it.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,8 @@
 
 namespace fp8rl::model {
 
-enum class FinishReason { kStop, kLength };
+// kCancelled marks the partial result cancel() returns; take_finished() never holds one.
+enum class FinishReason { kStop, kLength, kCancelled };
 
 struct GenerationResult {
   int64_t id = 0;
@@ -39,6 +40,13 @@ class Generator {
   absl::Status step();
   // Finished sequences since the last call, in finishing order.
   std::vector<GenerationResult> take_finished();
+  // Cancels the unfinished sequence `id` (waiting for its prefill or decoding) between steps: it
+  // takes no rows from the next step() on, its KV cache is freed now, and it never appears in
+  // take_finished(); returns what it had generated (reason kCancelled). The other sequences'
+  // tokens and logprobs are exactly those they would have had without it. Errors (nothing
+  // changes): NotFound for an id add() never returned; FailedPrecondition for a sequence that
+  // already finished (its result stays in take_finished() if not yet taken) or was cancelled.
+  absl::StatusOr<GenerationResult> cancel(int64_t id);
 
   int64_t num_active() const { return static_cast<int64_t>(active_.size()); }
   bool idle() const { return active_.empty(); }

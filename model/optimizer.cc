@@ -49,6 +49,14 @@ AdamW::AdamW(const Model& model, const AdamWConfig& config) : config_(config) {
   }
 }
 
+absl::Status AdamW::set_lr(double lr) {
+  if (!std::isfinite(lr) || !(lr > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("lr: must be finite and > 0, got ", lr));
+  }
+  config_.lr = lr;
+  return absl::OkStatus();
+}
+
 double AdamW::lr_at(int64_t step) const {
   const AdamWConfig& c = config_;
   if (c.warmup_steps > 0 && step < c.warmup_steps) {

@@ -49,6 +49,11 @@ class AdamW {
   absl::StatusOr<OptimizerStepStats> step(Model& model, float* grads, float grad_scale = 1.0f);
   int64_t steps() const { return step_; }
   const AdamWConfig& config() const { return config_; }
+  // Changes the base learning rate (config().lr) for every later step; the warmup and cosine
+  // schedule apply on top of it exactly as for the constructor's lr, and m, v and the step count
+  // are kept, so this equals rebuilding the optimizer with the new lr and loading the saved state.
+  // InvalidArgument naming "lr" unless lr is finite and > 0 (the optimizer is then unchanged).
+  absl::Status set_lr(double lr);
 
   // Optimizer state as one safetensors file (m, v, step).
   absl::Status save_state(const std::string& path) const;

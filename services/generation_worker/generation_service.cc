@@ -61,8 +61,9 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
   GenerationRequest& job = **pending;
 
   while (true) {
+    // IsCancelled() is also true once the call's deadline has passed.
     if (context->IsCancelled()) {
-      job.cancel();
+      scheduler_->cancel(job);
       return finish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
     }
     std::vector<SampleOutcome> ready = job.take(kPollInterval);
@@ -77,7 +78,7 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
         r->set_finish_reason(to_proto(outcome.reason));
       }
       if (!writer->Write(response)) {
-        job.cancel();
+        scheduler_->cancel(job);
         return finish(grpc::Status(grpc::StatusCode::CANCELLED, "client stream closed"));
       }
     }

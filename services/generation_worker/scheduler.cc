@@ -64,6 +64,13 @@ void GenerationRequest::fail(absl::Status error) {
   cv_.notify_all();
 }
 
+void GenerationRequest::cancel() {
+  std::lock_guard lock(mu_);
+  if (error_.ok() && remaining_ > 0) error_ = absl::CancelledError("request cancelled");
+  cancelled_.store(true);
+  cv_.notify_all();
+}
+
 Scheduler::Scheduler(SchedulerOptions options, GenerationMetrics* metrics)
     : options_(std::move(options)), metrics_(metrics) {
   thread_ = std::thread([this] { run(); });
@@ -118,6 +125,19 @@ absl::Status Scheduler::install(LoadedWeights weights) {
   return absl::OkStatus();
 }
 
+void Scheduler::cancel(GenerationRequest& request) {
+  request.cancel();
+  std::lock_guard lock(mu_);
+  // Queued samples go now, so the queue depth is right before the scheduler thread wakes; running
+  // ones are taken out of the generator by that thread (it alone touches the generator).
+  const size_t before = queue_.size();
+  std::erase_if(queue_, [&](const Queued& q) { return q.request.get() == &request; });
+  stats_.cancelled_samples += static_cast<int64_t>(before - queue_.size());
+  stats_.queued_samples = static_cast<int64_t>(queue_.size());
+  if (metrics_) metrics_->queue_depth->get().set(static_cast<double>(queue_.size()));
+  cv_.notify_all();
+}
+
 void Scheduler::shutdown(std::chrono::milliseconds grace) {
   {
     std::lock_guard lock(mu_);
@@ -164,11 +184,37 @@ void Scheduler::apply_pending_locked() {
   swapped_cv_.notify_all();
 }
 
+void Scheduler::drop_cancelled_locked() {
+  const size_t before = queue_.size();
+  std::erase_if(queue_, [](const Queued& q) { return q.request->cancelled(); });
+  stats_.cancelled_samples += static_cast<int64_t>(before - queue_.size());
+  if (generator_ == nullptr) return;
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (!it->second.request->cancelled()) {
+      ++it;
+      continue;
+    }
+    // Every running_ entry is unfinished in the generator (finished ones are erased right after
+    // the step that finished them), so cancel() only fails if the two went out of sync.
+    absl::StatusOr<model::GenerationResult> partial = generator_->cancel(it->first);
+    if (partial.ok()) {
+      stats_.generated_tokens += partial->tokens.size();
+      if (metrics_) {
+        metrics_->tokens->with({"generated"}).inc(static_cast<double>(partial->tokens.size()));
+      }
+    }
+    reserved_kv_slots_ -= it->second.kv_slots;
+    stats_.cancelled_samples += 1;
+    it = running_.erase(it);
+  }
+}
+
 void Scheduler::admit_locked() {
   while (!queue_.empty()) {
     Queued& q = queue_.front();
     if (q.request->cancelled()) {
       queue_.pop_front();
+      stats_.cancelled_samples += 1;
       continue;
     }
     const int64_t prompt_tokens = static_cast<int64_t>(q.spec.prompt.size());
@@ -216,6 +262,7 @@ void Scheduler::publish_gauges_locked() {
 void Scheduler::run() {
   std::unique_lock lock(mu_);
   while (true) {
+    drop_cancelled_locked();
     const bool busy = generator_ != nullptr && !generator_->idle();
     if (stopping_) {
       if (!busy && queue_.empty()) break;
@@ -285,12 +332,6 @@ void Scheduler::run() {
         run.request->deliver(std::move(outcome));
       }
       running_.erase(it);
-    }
-    // Every running sample was abandoned by its caller: drop the batch instead of finishing it.
-    if (!running_.empty() && std::all_of(running_.begin(), running_.end(), [](const auto& entry) {
-          return entry.second.request->cancelled();
-        })) {
-      reset_generator_locked(absl::CancelledError("request cancelled"));
     }
   }
   publish_gauges_locked();

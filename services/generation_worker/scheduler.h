@@ -3,6 +3,8 @@
 // and KV-cache budget), runs one batched forward, and hands finished samples back to their
 // requests. Weight versions are swapped in only between batches, so a sample admitted at
 // version v finishes at v, and every queued sample after the swap runs at the newest version.
+// A cancelled request (client gone, deadline passed) leaves the queue at once and the batch at
+// the next step, so its KV-cache slots go to the samples waiting behind it.
 #pragma once
 
 #include <atomic>
@@ -70,16 +72,18 @@ class GenerationRequest {
   // Waits until a result is ready, the request ends or `timeout` passes; moves out the ready
   // results (possibly none).
   std::vector<SampleOutcome> take(std::chrono::milliseconds timeout);
-  // Every result was taken, or the request failed.
+  // Every result was taken, or the request failed or was cancelled.
   bool done() const;
-  // OK, or why the request failed (its remaining samples are dropped).
+  // OK, or why the request failed (its remaining samples are dropped); CANCELLED after
+  // Scheduler::cancel() of an unfinished request.
   absl::Status status() const;
-  // The caller is gone: queued samples are dropped and running ones discarded.
-  void cancel() { cancelled_.store(true); }
+  // Scheduler::cancel() was called or the request failed: nothing more will be delivered.
   bool cancelled() const { return cancelled_.load(); }
 
  private:
   friend class Scheduler;
+  // Ends an unfinished request with CANCELLED (a finished one keeps its status).
+  void cancel();
   void deliver(SampleOutcome outcome);
   void fail(absl::Status error);
 
@@ -110,6 +114,13 @@ class Scheduler {
   // not newer than the held one; UNAVAILABLE when the scheduler shuts down first.
   absl::Status install(LoadedWeights weights);
 
+  // The caller of `request` is gone (client cancelled, deadline passed, stream closed): its queued
+  // samples leave the queue now and its running ones leave the batch before the next step,
+  // releasing their KV cache and slots to the samples queued behind; nothing more is delivered
+  // and the samples of other requests are unaffected (bit for bit). Idempotent; no-op for a
+  // request that already finished.
+  void cancel(GenerationRequest& request);
+
   // Stops admitting requests, lets in-flight samples finish for up to `grace`, fails the rest with
   // UNAVAILABLE, and joins the thread. Idempotent.
   void shutdown(std::chrono::milliseconds grace);
@@ -128,7 +139,11 @@ class Scheduler {
     int64_t steps = 0;            // batched forward steps run
     int64_t peak_batch_size = 0;  // most sequences in one step since start
     int64_t swaps = 0;            // versions installed
-    bool ready = false;           // weights loaded and accepting requests
+    // Samples taken out unfinished, from the queue or the batch, because their request was
+    // cancelled (or another of its samples failed); generated_tokens includes what they had
+    // generated. Samples failed by a shutdown or a failed step are not counted.
+    int64_t cancelled_samples = 0;
+    bool ready = false;  // weights loaded and accepting requests
   };
   Snapshot snapshot() const;
 
@@ -148,6 +163,9 @@ class Scheduler {
   void run();
   // Under mu_: swaps in pending weights when the batch is empty.
   void apply_pending_locked();
+  // Under mu_: takes the samples of cancelled or failed requests out of the queue and the
+  // generator (between steps) and releases their KV slots.
+  void drop_cancelled_locked();
   // Under mu_: moves queued samples into the generator while they fit.
   void admit_locked();
   // Under mu_: fails every running sample with `error` and starts a fresh generator.

@@ -1,7 +1,7 @@
 // The generation worker end to end, in-process over real gRPC on loopback: results bit-identical
 // to model::generate, continuous batching across concurrent calls, weight swaps between batches,
-// request validation, cancellation, metrics, weight sync through a real weight-sync service,
-// registration with a (fake) coordinator registry, and the SIGTERM drain.
+// request validation, cancellation (freed slots go to queued work), metrics, weight sync through a
+// real weight-sync service, registration with a (fake) coordinator registry, and the SIGTERM drain.
 #include "services/generation_worker/generation_worker.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <map>
@@ -77,15 +78,53 @@ struct CallResult {
   int messages = 0;
 };
 
-// Polls `done` every 10 ms for up to `timeout`.
+// Polls `done` every `poll` for up to `timeout`.
 template <typename F>
-bool eventually(F done, std::chrono::milliseconds timeout = 5000ms) {
+bool eventually(F done, std::chrono::milliseconds timeout = 5000ms,
+                std::chrono::milliseconds poll = 10ms) {
   const auto end = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < end) {
     if (done()) return true;
-    std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(poll);
   }
   return done();
+}
+
+// A sample for Scheduler::submit: prompt_for(n), sampled at temperature 1 with `seed`.
+SampleSpec sample_spec(int n, int max_new_tokens, uint64_t seed) {
+  SampleSpec s;
+  s.sample_id = absl::StrCat("s", n);
+  s.prompt = prompt_for(n);
+  s.params.temperature = 1.0f;
+  s.params.max_new_tokens = max_new_tokens;
+  s.params.seed = seed;
+  return s;
+}
+
+// Takes every result of `request` (waiting up to `timeout` in all).
+std::vector<SampleOutcome> take_all(GenerationRequest& request, std::chrono::milliseconds timeout) {
+  std::vector<SampleOutcome> out;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!request.done() && std::chrono::steady_clock::now() < end) {
+    for (SampleOutcome& o : request.take(20ms)) out.push_back(std::move(o));
+  }
+  for (SampleOutcome& o : request.take(0ms)) out.push_back(std::move(o));
+  return out;
+}
+
+// `got` equals model::generate on `set` for `spec` bit for bit.
+void expect_outcome(const SampleOutcome& got, const SampleSpec& spec, const model::WeightSet& set,
+                    const model::PrecisionPolicy& policy) {
+  const model::GenerationResult want =
+      reference(set, policy, spec.prompt, spec.params, spec.params.seed);
+  EXPECT_EQ(got.sample_id, spec.sample_id);
+  ASSERT_EQ(got.tokens, want.tokens) << spec.sample_id;
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+  EXPECT_EQ(
+      std::memcmp(got.logprobs.data(), want.logprobs.data(), want.logprobs.size() * sizeof(float)),
+      0)
+      << spec.sample_id;
+  EXPECT_EQ(got.reason, want.reason);
 }
 
 class GenerationWorkerTest : public ::testing::Test {
@@ -379,8 +418,129 @@ TEST_F(GenerationWorkerTest, DeadlineDropsTheCallsSequences) {
     const Scheduler::Snapshot s = worker_->scheduler().snapshot();
     return s.running_samples == 0 && s.queued_samples == 0;
   }));
-  EXPECT_LT(worker_->scheduler().snapshot().generated_tokens, 8u * 110u);
+  const Scheduler::Snapshot s = worker_->scheduler().snapshot();
+  EXPECT_LT(s.generated_tokens, 8u * 110u);
+  // Every sample was cancelled (queued or running) and gave its KV cache back.
+  EXPECT_EQ(s.cancelled_samples, 8);
+  EXPECT_EQ(s.kv_cache_usage, 0.0);
+  EXPECT_EQ(s.kv_cache_bytes, 0);
   EXPECT_TRUE(call(make_request({1}, 1, 3)).status.ok());
+}
+
+TEST_F(GenerationWorkerTest, CancelledRequestFreesItsSlotsForTheQueue) {
+  // Slots: a = 4 + 200 = 204, b = (5 + 200) + (6 + 200) = 411, c = 7 + 20 = 27: c does not fit
+  // beside a and b (642 > 640), so without the cancellation it would wait ~200 steps for them.
+  GenerationWorkerConfig cfg = config();
+  cfg.scheduler.kv_cache_tokens = 640;
+  start_worker(cfg);
+  auto m = random_model(52);
+  const model::WeightSet set = export_set(*m, model::WeightFormat::kFP8, 1);
+  ASSERT_TRUE(worker_->install_weights(set).ok());
+  Scheduler& scheduler = worker_->scheduler();
+  const SampleSpec a_spec = sample_spec(1, 200, 11), c_spec = sample_spec(4, 20, 14);
+  auto a = scheduler.submit({a_spec}, 0);
+  auto b = scheduler.submit({sample_spec(2, 200, 12), sample_spec(3, 200, 13)}, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  // All three decoding (a few steps in) before anything else arrives.
+  ASSERT_TRUE(eventually(
+      [&] {
+        const Scheduler::Snapshot s = scheduler.snapshot();
+        return s.running_samples == 3 && s.steps >= 3;
+      },
+      5000ms, 1ms));
+  auto c = scheduler.submit({c_spec}, 0);
+  auto d = scheduler.submit({sample_spec(5, 20, 15)}, 0);
+  ASSERT_TRUE(c.ok() && d.ok());
+  const Scheduler::Snapshot full = scheduler.snapshot();
+  ASSERT_EQ(full.running_samples, 3);
+  EXPECT_EQ(full.queued_samples, 2);
+  EXPECT_DOUBLE_EQ(full.kv_cache_usage, 615.0 / 640.0);
+  ASSERT_LT(full.steps, 150) << "a and b must still be far from their end";
+
+  // A request that is only queued leaves the queue at once.
+  scheduler.cancel(**d);
+  EXPECT_EQ(scheduler.snapshot().queued_samples, 1);
+  EXPECT_EQ(scheduler.snapshot().cancelled_samples, 1);
+  EXPECT_TRUE((*d)->cancelled());
+  EXPECT_TRUE((*d)->done());
+  EXPECT_EQ((*d)->status().code(), absl::StatusCode::kCancelled);
+
+  // A running request leaves the batch at the next step; c takes its slots right away.
+  scheduler.cancel(**b);
+  const int64_t steps_at_cancel = scheduler.snapshot().steps;
+  const std::vector<SampleOutcome> c_out = take_all(**c, 20000ms);
+  const Scheduler::Snapshot at_c = scheduler.snapshot();
+  ASSERT_EQ(c_out.size(), 1u);
+  expect_outcome(c_out[0], c_spec, set, kFp8Policy);
+  // c is admitted within two steps of the cancellation and needs 20 (its prefill gives the
+  // first token); waiting for a and b would have taken until step >= 200.
+  EXPECT_LT(at_c.steps, 200) << "cancelled at step " << steps_at_cancel;
+  EXPECT_FALSE((*a)->done());
+  EXPECT_EQ(at_c.cancelled_samples, 3);
+  // The gauges follow at the scheduler's next iteration: a alone holds slots and KV cache.
+  ASSERT_TRUE(eventually([&] {
+    const Scheduler::Snapshot s = scheduler.snapshot();
+    return s.kv_cache_usage == 204.0 / 640.0 && s.running_samples == 1;
+  }));
+  EXPECT_LT(scheduler.snapshot().kv_cache_bytes, full.kv_cache_bytes / 2);
+
+  // a finishes exactly as it would have alone; b never delivers anything.
+  const std::vector<SampleOutcome> a_out = take_all(**a, 20000ms);
+  ASSERT_EQ(a_out.size(), 1u);
+  expect_outcome(a_out[0], a_spec, set, kFp8Policy);
+  EXPECT_TRUE((*b)->take(0ms).empty());
+  EXPECT_TRUE((*d)->take(0ms).empty());
+  ASSERT_TRUE(eventually([&] { return scheduler.snapshot().running_samples == 0; }));
+  const Scheduler::Snapshot end = scheduler.snapshot();
+  EXPECT_EQ(end.queued_samples, 0);
+  EXPECT_EQ(end.kv_cache_usage, 0.0);
+  EXPECT_EQ(end.kv_cache_bytes, 0);
+  // a's 200 + c's 20 + what b's two samples had generated before they were cancelled.
+  EXPECT_GE(end.generated_tokens, 220u + 2u * 3u);
+  EXPECT_LT(end.generated_tokens, 220u + 2u * 150u);
+  std::printf("cancelled at step %lld; c finished by step %lld; %llu tokens generated in all\n",
+              static_cast<long long>(steps_at_cancel), static_cast<long long>(at_c.steps),
+              static_cast<unsigned long long>(end.generated_tokens));
+  EXPECT_EQ((*b)->status().code(), absl::StatusCode::kCancelled);
+  // Cancelling again, or a finished request, changes nothing.
+  scheduler.cancel(**b);
+  scheduler.cancel(**a);
+  EXPECT_EQ(scheduler.snapshot().cancelled_samples, 3);
+  EXPECT_TRUE((*a)->status().ok());
+  EXPECT_TRUE((*a)->done());
+}
+
+TEST_F(GenerationWorkerTest, ClientCancellationDropsOnlyThatCallsSamples) {
+  start_worker(config());
+  auto m = random_model(53);
+  const model::WeightSet set = export_set(*m, model::WeightFormat::kFP8, 1);
+  ASSERT_TRUE(worker_->install_weights(set).ok());
+  const v1::GenerateRequest keep = make_request({6, 7}, 21, 60);
+  const v1::GenerateRequest drop = make_request({0, 1, 2, 3}, 22, 200);
+  grpc::ClientContext drop_context;
+  auto dropped = std::async(std::launch::async, [&] {
+    auto reader = stub_->Generate(&drop_context, drop);
+    v1::GenerateResponse resp;
+    int results = 0;
+    while (reader->Read(&resp)) results += resp.results_size();
+    EXPECT_EQ(results, 0);
+    return reader->Finish();
+  });
+  ASSERT_TRUE(eventually([&] { return worker_->scheduler().snapshot().running_samples == 4; }));
+  auto kept = std::async(std::launch::async, [&] { return call(keep); });
+  ASSERT_TRUE(eventually([&] { return worker_->scheduler().snapshot().running_samples == 6; },
+                         5000ms, 1ms));
+  drop_context.TryCancel();
+  EXPECT_EQ(dropped.get().error_code(), grpc::StatusCode::CANCELLED);
+  // The server sees the cancellation within its poll interval; the 4 samples leave the batch
+  // long before their 200 tokens while the other call runs on, unchanged.
+  ASSERT_TRUE(eventually([&] { return worker_->scheduler().snapshot().cancelled_samples == 4; }));
+  expect_reference(kept.get(), keep, set, kFp8Policy, 1);
+  ASSERT_TRUE(eventually([&] { return worker_->scheduler().snapshot().running_samples == 0; }));
+  const Scheduler::Snapshot s = worker_->scheduler().snapshot();
+  EXPECT_LT(s.generated_tokens, 2u * 60u + 4u * 200u);
+  EXPECT_EQ(s.kv_cache_usage, 0.0);
+  EXPECT_EQ(s.queued_samples, 0);
 }
 
 TEST_F(GenerationWorkerTest, MetricsEndpointExportsTheDocumentedNames) {

@@ -1,11 +1,17 @@
 // Training: a tiny model learns a small supervised task in fp32, bf16 and fp8 (fprop, dgrad and
 // wgrad through the FP8 module), gradient accumulation equals one big batch, the LR schedule,
-// and a training checkpoint (weights + AdamW state) resumes exactly.
+// a training checkpoint (weights + AdamW state) resumes exactly, and AdamW::set_lr equals
+// rebuilding the optimizer with the new lr and its saved state.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <memory>
+#include <utility>
 
+#include "absl/strings/match.h"
+#include "common/safetensors.h"
 #include "model/model.h"
 #include "model/nll.h"
 #include "model/optimizer.h"
@@ -153,6 +159,115 @@ TEST(Training, CheckpointResumesExactly) {
   // A missing optimizer file is a clear error.
   AdamW opt3(m, {});
   EXPECT_FALSE(opt3.load_state(dir / "nope.safetensors").ok());
+}
+
+// Random non-zero gradients, a fresh copy per step (step() scales and clips them in place).
+std::vector<float> random_grads(Rng& rng, int64_t n) {
+  std::vector<float> g(n);
+  for (float& x : g) x = static_cast<float>(0.05 * rng.normal());
+  return g;
+}
+
+struct AdamWState {
+  std::vector<float> m, v;
+};
+
+AdamWState read_state(const AdamW& opt, const std::string& path) {
+  EXPECT_TRUE(opt.save_state(path).ok());
+  auto f = SafetensorsFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status();
+  auto m = f->read_f32("adamw.exp_avg");
+  auto v = f->read_f32("adamw.exp_avg_sq");
+  EXPECT_TRUE(m.ok() && v.ok());
+  return {std::move(*m), std::move(*v)};
+}
+
+TEST(Training, SetLrEqualsRebuildingWithSavedState) {
+  const ModelConfig c = testing::make_config(29, 48, 64, 2, 4, 2, false);
+  const AdamWConfig cfg{.lr = 2e-2,
+                        .weight_decay = 0.1,
+                        .max_grad_norm = 0.5,
+                        .warmup_steps = 2,
+                        .schedule = LrSchedule::kCosine,
+                        .total_steps = 8,
+                        .min_lr_ratio = 0.2};
+  auto make = [&] {
+    auto m = Model::Init(c, {}, 17);
+    EXPECT_TRUE(m.ok());
+    testing::randomize(**m, 17);
+    return std::move(*m);
+  };
+  // a: set_lr; b: rebuilt with the new lr + saved/loaded state (the old way); u: unchanged.
+  std::unique_ptr<Model> ma = make(), mb = make(), mu = make();
+  const int64_t n = ma->num_params();
+  auto opt_a = std::make_unique<AdamW>(*ma, cfg);
+  auto opt_b = std::make_unique<AdamW>(*mb, cfg);
+  auto opt_u = std::make_unique<AdamW>(*mu, cfg);
+  Rng rng(5);
+  auto step_all = [&] {
+    const std::vector<float> g = random_grads(rng, n);
+    std::vector<float> ga = g, gb = g, gu = g;
+    auto sa = opt_a->step(*ma, ga.data(), 1.5f);
+    auto sb = opt_b->step(*mb, gb.data(), 1.5f);
+    auto su = opt_u->step(*mu, gu.data(), 1.5f);
+    EXPECT_TRUE(sa.ok() && sb.ok() && su.ok());
+    EXPECT_EQ(sa->lr, sb->lr);
+    return std::make_pair(sa->lr, su->lr);
+  };
+  for (int i = 0; i < 3; ++i) step_all();
+
+  constexpr double kNewLr = 7e-3;
+  ASSERT_TRUE(opt_a->set_lr(kNewLr).ok());
+  testing::TempDir dir;
+  ASSERT_TRUE(opt_b->save_state(dir / "b.safetensors").ok());
+  AdamWConfig rebuilt = cfg;
+  rebuilt.lr = kNewLr;
+  opt_b = std::make_unique<AdamW>(*mb, rebuilt);
+  ASSERT_TRUE(opt_b->load_state(dir / "b.safetensors").ok());
+
+  EXPECT_EQ(opt_a->config().lr, kNewLr);
+  EXPECT_EQ(opt_a->steps(), 3);
+  for (int64_t k = 0; k < 10; ++k) {
+    EXPECT_EQ(opt_a->lr_at(k), opt_b->lr_at(k)) << k;
+    // The schedule scales the new base lr exactly as it scaled the old one.
+    EXPECT_NEAR(opt_a->lr_at(k), opt_u->lr_at(k) * kNewLr / cfg.lr, 1e-15) << k;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const auto [lr_a, lr_u] = step_all();
+    EXPECT_NEAR(lr_a, lr_u * kNewLr / cfg.lr, 1e-15);
+    EXPECT_LT(lr_a, lr_u);
+  }
+  EXPECT_EQ(opt_a->steps(), 7);
+  EXPECT_EQ(opt_b->steps(), 7);
+
+  auto pa = ma->params(), pb = mb->params(), pu = mu->params();
+  int64_t differ_u = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(pa[i], pb[i]) << "param " << i;
+    differ_u += pa[i] != pu[i];
+  }
+  EXPECT_GT(differ_u, n / 2);  // not changing the lr gives other weights
+  const AdamWState sa = read_state(*opt_a, dir / "a.safetensors");
+  const AdamWState sb = read_state(*opt_b, dir / "b2.safetensors");
+  ASSERT_EQ(sa.m.size(), static_cast<size_t>(n));
+  EXPECT_EQ(sa.m, sb.m);
+  EXPECT_EQ(sa.v, sb.v);
+  EXPECT_GT(testing::max_abs(sa.m.data(), n), 0);
+}
+
+TEST(Training, SetLrRejectsBadValuesAndKeepsTheOptimizer) {
+  auto made = Model::Init(testing::make_config(8, 8, 8, 1, 1, 1, true), {}, 1);
+  ASSERT_TRUE(made.ok());
+  AdamW opt(**made, {.lr = 3e-3});
+  for (double bad : {0.0, -1e-3, std::nan(""), std::numeric_limits<double>::infinity(),
+                     -std::numeric_limits<double>::infinity()}) {
+    const absl::Status s = opt.set_lr(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StartsWith(s.message(), "lr: ")) << s;
+    EXPECT_EQ(opt.config().lr, 3e-3);
+  }
+  EXPECT_TRUE(opt.set_lr(1e-300).ok());  // tiny but positive is allowed
+  EXPECT_EQ(opt.lr_at(0), 1e-300);
 }
 
 }  // namespace
