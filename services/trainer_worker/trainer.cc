@@ -388,24 +388,7 @@ absl::StatusOr<rl::PolicyLossResult> Trainer::minibatch_gradient(const PackedBat
 
 absl::Status Trainer::set_learning_rate(double lr) {
   if (lr == optimizer_->config().lr) return absl::OkStatus();
-  model::AdamWConfig config = optimizer_->config();
-  config.lr = lr;
-  if (auto s = model::validate_adamw_config(config); !s.ok()) return s;
-  auto fresh = std::make_unique<model::AdamW>(*model_, config);
-  if (optimizer_->steps() > 0) {
-    // AdamW fixes its config at construction; carry m, v and the step count over exactly.
-    static std::atomic<int> counter{0};
-    const std::string path =
-        (std::filesystem::temp_directory_path() /
-         absl::StrCat("fp8rl-trainer-adamw-", ::getpid(), "-", counter++, ".safetensors"))
-            .string();
-    absl::Status s = optimizer_->save_state(path);
-    if (s.ok()) s = fresh->load_state(path);
-    remove_all_quietly(path);
-    if (!s.ok()) return prefixed(s, "changing the learning rate: ");
-  }
-  optimizer_ = std::move(fresh);
-  return absl::OkStatus();
+  return optimizer_->set_lr(lr);
 }
 
 absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicyRequest& request) {
