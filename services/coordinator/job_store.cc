@@ -315,6 +315,14 @@ absl::Status JobStore::put_metrics(const std::string& id, int64_t step,
   return s.run();
 }
 
+absl::Status JobStore::delete_metrics_after(const std::string& id, int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_, "DELETE FROM metrics WHERE job_id = ? AND step > ?");
+  s.bind(1, id);
+  s.bind(2, step);
+  return s.run();
+}
+
 absl::StatusOr<std::vector<MetricsRow>> JobStore::get_metrics(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   Statement s(db_,

@@ -100,6 +100,9 @@ class JobStore {
   // Inserts or replaces the row for (id, step).
   absl::Status put_metrics(const std::string& id, int64_t step,
                            const std::map<std::string, double>& values);
+  // Deletes the rows after `step` (every row with step < 0): a job resumed from the checkpoint of
+  // `step` records them again.
+  absl::Status delete_metrics_after(const std::string& id, int64_t step);
   // Rows in step order.
   absl::StatusOr<std::vector<MetricsRow>> get_metrics(const std::string& id) const;
   // The row with the highest step (nullopt when none).

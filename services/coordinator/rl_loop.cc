@@ -344,7 +344,9 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     }
     policy_ready_ = true;
     start_step = job.checkpoint_step;
+    // Steps after the checkpoint run again and record their rows again.
     if (absl::Status s = store->set_step(job.id, start_step); !s.ok()) return s;
+    if (absl::Status s = store->delete_metrics_after(job.id, start_step); !s.ok()) return s;
     service::log_info(kLog, "resuming job",
                       {{"job", job.id}, {"from_step", absl::StrCat(start_step)}});
   } else {
@@ -352,6 +354,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
       service::log_info(kLog, "resuming job from the beginning (no checkpoint yet)",
                         {{"job", job.id}});
       if (absl::Status s = store->set_step(job.id, 0); !s.ok()) return s;
+      if (absl::Status s = store->delete_metrics_after(job.id, -1); !s.ok()) return s;
     }
     set_phase("initializing");
     absl::StatusOr<int64_t> v = trainer->init_policy(job.id, config);

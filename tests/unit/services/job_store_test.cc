@@ -94,4 +94,22 @@ TEST(JobStore, CancelAndErrors) {
 }
 
 }  // namespace
+TEST(JobStore, DeleteMetricsAfterKeepsEarlierRowsAndOtherJobs) {
+  auto store = JobStore::open(":memory:").value();
+  const JobRecord a = store->create_job("{}", 5).value();
+  const JobRecord b = store->create_job("{}", 5).value();
+  for (int64_t step = 0; step <= 4; ++step) {
+    ASSERT_TRUE(store->put_metrics(a.id, step, {{"reward_mean", 0.1 * (step + 1)}}).ok());
+    ASSERT_TRUE(store->put_metrics(b.id, step, {{"reward_mean", 0.2 * (step + 1)}}).ok());
+  }
+  ASSERT_TRUE(store->delete_metrics_after(a.id, 2).ok());
+  auto rows = store->get_metrics(a.id).value();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows.back().step, 2);
+  EXPECT_DOUBLE_EQ(rows.back().values.at("reward_mean"), 0.3);
+  EXPECT_EQ(store->get_metrics(b.id).value().size(), 5u);
+  ASSERT_TRUE(store->delete_metrics_after(b.id, -1).ok());
+  EXPECT_TRUE(store->get_metrics(b.id).value().empty());
+}
+
 }  // namespace fp8rl::coordinator
