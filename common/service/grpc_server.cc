@@ -39,6 +39,13 @@ void GrpcServer::shutdown(std::chrono::milliseconds grace) {
   server_->Wait();
 }
 
+void set_reconnect_backoff(grpc::ChannelArguments* args, std::chrono::milliseconds initial,
+                           std::chrono::milliseconds max_backoff) {
+  args->SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(initial.count()));
+  args->SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(initial.count()));
+  args->SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(max_backoff.count()));
+}
+
 grpc::Status to_grpc_status(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));

@@ -15,6 +15,13 @@
 
 namespace fp8rl::service {
 
+// Caps gRPC's reconnect back-off (by default it grows to 2 minutes) so a client finds a restarted
+// server at the same address within about `max_backoff`. Every long-lived channel between our
+// services and from the CLI uses it.
+void set_reconnect_backoff(grpc::ChannelArguments* args,
+                           std::chrono::milliseconds initial = std::chrono::milliseconds(200),
+                           std::chrono::milliseconds max_backoff = std::chrono::seconds(2));
+
 struct GrpcServerOptions {
   std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free port
   int max_message_bytes = 64 << 20;   // receive and send limit per message

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
 #include "common/service/log.h"
 
 namespace fp8rl::service {
@@ -52,10 +53,7 @@ absl::Status WorkerRegistration::start() {
   // gRPC's own reconnect backoff grows to minutes; cap it at ours so a restarted coordinator is
   // found again within max_backoff.
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-              static_cast<int>(options_.retry_backoff.count()));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(options_.retry_backoff.count()));
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(options_.max_backoff.count()));
+  set_reconnect_backoff(&args, options_.retry_backoff, options_.max_backoff);
   stub_ = v1::WorkerRegistry::NewStub(
       grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args));
   started_ = true;

@@ -252,6 +252,7 @@ std::shared_ptr<grpc::Channel> GrpcCluster::channel(const std::string& address) 
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
+    service::set_reconnect_backoff(&args);  // a restarted trainer/worker is reached again soon
     ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
   return ch;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
 #include "common/service/log.h"
 #include "model/precision.h"
 
@@ -13,7 +14,9 @@ namespace {
 constexpr char kComponent[] = "generation-worker";
 
 std::shared_ptr<grpc::Channel> insecure_channel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments args;
+  service::set_reconnect_backoff(&args);  // a restarted weight sync / coordinator is found soon
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
 }  // namespace

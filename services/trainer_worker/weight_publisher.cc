@@ -54,6 +54,7 @@ class GrpcWeightPublisher final : public WeightPublisher {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(64 << 20);
     args.SetMaxReceiveMessageSize(64 << 20);
+    service::set_reconnect_backoff(&args);  // a restarted weight sync is reached again soon
     auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
     channels_.emplace(address, channel);
     return channel;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -165,6 +166,13 @@ TEST(ClusterPlan, ValidationNamesTheFlag) {
   EXPECT_TRUE(validate_cluster_options(o).ok());
   o.host = "not-an-ip";
   EXPECT_NE(validate_cluster_options(o).message().find("--host"), std::string::npos);
+  o.host = "127.0.0.1";
+  o.restart.max_backoff = std::chrono::milliseconds(500);  // below the 1 s initial back-off
+  EXPECT_NE(validate_cluster_options(o).message().find("restart: initial_backoff"),
+            std::string::npos);
+  o.restart.max_backoff = std::chrono::milliseconds(30'000);
+  o.restart.give_up_crashes = 0;
+  EXPECT_NE(validate_cluster_options(o).message().find("give_up_crashes"), std::string::npos);
 }
 
 TEST(ClusterPlan, BusyPortIsReportedWithItsService) {
@@ -357,6 +365,354 @@ TEST(LocalCluster, ChildIgnoringSigtermIsKilledAndReported) {
   const std::string report = (*cluster)->stop();
   EXPECT_NE(report.find("coordinator ignored SIGTERM"), std::string::npos) << report;
   EXPECT_EQ(report.find("trainer"), std::string::npos) << report;
+  fs::remove_all(root);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restarts (RestartPolicy): crashed children come back with the same flags and ports
+
+using SteadyClock = std::chrono::steady_clock;
+
+// What supervision rounds (poll_failures + restart_due, as `fp8rl up` does them) saw, with the
+// time each was seen; failures are stamped before the round so that back-offs can be checked.
+struct Supervised {
+  std::vector<std::pair<SteadyClock::time_point, ChildFailure>> failures;
+  std::vector<std::pair<SteadyClock::time_point, ChildRestart>> restarts;
+};
+
+// Runs supervision rounds every 10 ms until `done` holds or `timeout` passes.
+void supervise_until(LocalCluster& cluster, Supervised& seen, std::chrono::milliseconds timeout,
+                     const std::function<bool(const Supervised&)>& done) {
+  const auto deadline = SteadyClock::now() + timeout;
+  while (!done(seen) && SteadyClock::now() < deadline) {
+    const auto before = SteadyClock::now();
+    for (ChildFailure& f : cluster.poll_failures()) seen.failures.emplace_back(before, f);
+    for (ChildRestart& r : cluster.restart_due()) {
+      seen.restarts.emplace_back(SteadyClock::now(), r);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+nlohmann::json service_state(const LocalCluster& cluster, const std::string& name) {
+  const nlohmann::json state = nlohmann::json::parse(read_file(cluster.state_path()));
+  for (const auto& s : state["services"]) {
+    if (s["name"] == name) return s;
+  }
+  ADD_FAILURE() << name << " missing from cluster.json";
+  return {};
+}
+
+size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+bool healthy_within(int port, std::chrono::milliseconds timeout) {
+  const auto deadline = SteadyClock::now() + timeout;
+  while (SteadyClock::now() < deadline) {
+    auto code = http_get("127.0.0.1", port, "/healthz", std::chrono::milliseconds(500));
+    if (code.ok() && *code == 200) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+TEST(LocalClusterRestart, KilledEssentialServiceComesBackWithNewPidSamePortsAndAppendedLog) {
+  const fs::path root = make_temp_dir("restart");
+  ClusterOptions o = fake_options(root, 1);
+  o.restart.initial_backoff = std::chrono::milliseconds(300);
+  auto cluster = LocalCluster::start(o, nullptr);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const nlohmann::json before = service_state(**cluster, "coordinator");
+  const pid_t old_pid = before["pid"].get<int>();
+  EXPECT_EQ(before["restarts"], 0);
+  const pid_t trainer_pid = service_state(**cluster, "trainer")["pid"].get<int>();
+
+  ASSERT_EQ(kill(old_pid, SIGKILL), 0);
+  Supervised seen;
+  supervise_until(**cluster, seen, std::chrono::milliseconds(5000),
+                  [](const Supervised& s) { return !s.restarts.empty(); });
+  ASSERT_EQ(seen.failures.size(), 1u);
+  const ChildFailure& f = seen.failures[0].second;
+  EXPECT_EQ(f.service, "coordinator");
+  EXPECT_TRUE(f.essential);
+  EXPECT_EQ(f.description, "killed by signal 9 (Killed)");
+  EXPECT_TRUE(f.restarting);
+  EXPECT_EQ(f.restart_in, std::chrono::milliseconds(300));
+  EXPECT_TRUE(f.gave_up.empty());
+  EXPECT_NE(f.log_tail.find("fake coordinator: started"), std::string::npos) << f.log_tail;
+
+  ASSERT_EQ(seen.restarts.size(), 1u);
+  const ChildRestart& r = seen.restarts[0].second;
+  EXPECT_EQ(r.service, "coordinator");
+  EXPECT_EQ(r.restart, 1);
+  EXPECT_TRUE(r.state_error.empty()) << r.state_error;
+  EXPECT_NE(r.pid, old_pid);
+  EXPECT_TRUE(process_alive(r.pid));
+  EXPECT_GE(seen.restarts[0].first - seen.failures[0].first, std::chrono::milliseconds(300));
+  EXPECT_FALSE((*cluster)->restart_pending());
+
+  // Same ports, healthy again; cluster.json names the new pid and counts the restart.
+  EXPECT_TRUE(healthy_within(8080 + o.port_offset, std::chrono::milliseconds(5000)));
+  const nlohmann::json after = service_state(**cluster, "coordinator");
+  EXPECT_EQ(after["pid"].get<int>(), r.pid);
+  EXPECT_EQ(after["restarts"], 1);
+  EXPECT_EQ(after["http_port"], before["http_port"]);
+  EXPECT_EQ(after["grpc_port"], before["grpc_port"]);
+  EXPECT_EQ(service_state(**cluster, "trainer")["pid"].get<int>(), trainer_pid);
+  EXPECT_EQ(service_state(**cluster, "trainer")["restarts"], 0);
+
+  // One log, both runs: the first start, then a restart header naming the previous death.
+  const std::string log = read_file(f.log_path);
+  EXPECT_EQ(count_of(log, "fake coordinator: started"), 2u) << log;
+  EXPECT_EQ(count_of(log, "=== fp8rl launcher: starting "), 1u) << log;
+  EXPECT_NE(log.find("(restart 1; previous run: killed by signal 9 (Killed)) ==="),
+            std::string::npos)
+      << log;
+  EXPECT_LT(log.find("=== fp8rl launcher: starting "), log.find("=== fp8rl launcher: restarting "));
+
+  // A second crash of the restarted child is seen like the first (the new child is supervised).
+  ASSERT_EQ(kill(r.pid, SIGKILL), 0);
+  supervise_until(**cluster, seen, std::chrono::milliseconds(5000),
+                  [](const Supervised& s) { return s.restarts.size() == 2; });
+  ASSERT_EQ(seen.failures.size(), 2u);
+  EXPECT_EQ(seen.failures[1].second.service, "coordinator");
+  // It crashed within the quick-crash window of its restart: the back-off doubled.
+  EXPECT_EQ(seen.failures[1].second.restart_in, std::chrono::milliseconds(600));
+  ASSERT_EQ(seen.restarts.size(), 2u);
+  EXPECT_EQ(seen.restarts[1].second.restart, 2);
+  EXPECT_EQ(service_state(**cluster, "coordinator")["restarts"], 2);
+
+  const pid_t newest = seen.restarts[1].second.pid;
+  EXPECT_TRUE(healthy_within(8080 + o.port_offset, std::chrono::milliseconds(5000)));
+  EXPECT_EQ((*cluster)->stop(), "");
+  EXPECT_FALSE(process_alive(newest));
+  EXPECT_FALSE(process_alive(trainer_pid));
+  EXPECT_FALSE(fs::exists((*cluster)->state_path()));
+  fs::remove_all(root);
+}
+
+TEST(LocalClusterRestart, CrashLoopIsGivenUpAfterTheLimitWithDoublingCappedBackoff) {
+  const fs::path root = make_temp_dir("crashloop");
+  const fs::path crash_dir = root / "crash";
+  fs::create_directories(crash_dir);
+  FakeEnv env({{"FP8RL_FAKE_CRASH_DIR", crash_dir.string()}});
+  ClusterOptions o = fake_options(root, 1);
+  o.restart.initial_backoff = std::chrono::milliseconds(100);
+  o.restart.max_backoff = std::chrono::milliseconds(300);
+  o.restart.quick_crash_window = std::chrono::milliseconds(10'000);
+  o.restart.give_up_crashes = 4;
+  o.restart.give_up_window = std::chrono::milliseconds(60'000);
+  auto cluster = LocalCluster::start(o, nullptr);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const pid_t first = service_state(**cluster, "trainer")["pid"].get<int>();
+
+  // From now on every start of the trainer crashes at once.
+  write_file(crash_dir / "trainer.crash", "");
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  Supervised seen;
+  supervise_until(**cluster, seen, std::chrono::milliseconds(10'000), [](const Supervised& s) {
+    return !s.failures.empty() && !s.failures.back().second.restarting;
+  });
+  ASSERT_EQ(seen.failures.size(), 4u);
+  ASSERT_EQ(seen.restarts.size(), 3u);
+  const std::chrono::milliseconds expected_backoff[] = {std::chrono::milliseconds(100),
+                                                        std::chrono::milliseconds(200),
+                                                        std::chrono::milliseconds(300)};
+  for (size_t k = 0; k < 3; ++k) {
+    const ChildFailure& f = seen.failures[k].second;
+    EXPECT_EQ(f.service, "trainer");
+    EXPECT_TRUE(f.restarting) << k;
+    EXPECT_EQ(f.restart_in, expected_backoff[k]) << k;
+    EXPECT_EQ(f.description, k == 0 ? "killed by signal 9 (Killed)" : "exited with code 4") << k;
+    EXPECT_EQ(seen.restarts[k].second.restart, static_cast<int>(k) + 1);
+    // The restart never comes before its back-off ran out.
+    EXPECT_GE(seen.restarts[k].first - seen.failures[k].first, expected_backoff[k]) << k;
+  }
+  const ChildFailure& last = seen.failures[3].second;
+  EXPECT_EQ(last.description, "exited with code 4");
+  EXPECT_FALSE(last.restarting);
+  EXPECT_TRUE(last.essential);
+  EXPECT_EQ(last.gave_up, "crashed 4 times within 60 s");
+  EXPECT_NE(last.log_tail.find("simulated crash at start"), std::string::npos) << last.log_tail;
+  EXPECT_FALSE((*cluster)->restart_pending());
+
+  // Given up: nothing more is started, however long we wait.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE((*cluster)->restart_due().empty());
+  EXPECT_TRUE((*cluster)->poll_failures().empty());
+  EXPECT_EQ(service_state(**cluster, "trainer")["restarts"], 3);
+  const std::string log = read_file(last.log_path);
+  EXPECT_EQ(count_of(log, "=== fp8rl launcher: restarting "), 3u) << log;
+  EXPECT_EQ(count_of(log, "simulated crash at start"), 3u) << log;
+  EXPECT_EQ((*cluster)->stop(), "");  // the crashes were reported already
+  fs::remove_all(root);
+}
+
+TEST(LocalClusterRestart, NoRestartReportsTheExitAsFinal) {
+  const fs::path root = make_temp_dir("norestart");
+  ClusterOptions o = fake_options(root, 2);
+  o.restart.enabled = false;
+  o.restart.initial_backoff = std::chrono::milliseconds(50);
+  auto cluster = LocalCluster::start(o, nullptr);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const pid_t pid = service_state(**cluster, "trainer")["pid"].get<int>();
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  Supervised seen;
+  supervise_until(**cluster, seen, std::chrono::milliseconds(3000),
+                  [](const Supervised& s) { return !s.failures.empty(); });
+  ASSERT_EQ(seen.failures.size(), 1u);
+  const ChildFailure& f = seen.failures[0].second;
+  EXPECT_EQ(f.service, "trainer");
+  EXPECT_EQ(f.description, "killed by signal 9 (Killed)");
+  EXPECT_FALSE(f.restarting);
+  EXPECT_TRUE(f.gave_up.empty());  // not given up after crashes: restarts are off
+  EXPECT_FALSE((*cluster)->restart_pending());
+  supervise_until(**cluster, seen, std::chrono::milliseconds(400),
+                  [](const Supervised&) { return false; });
+  EXPECT_TRUE(seen.restarts.empty());
+  EXPECT_EQ(seen.failures.size(), 1u);
+  EXPECT_EQ(service_state(**cluster, "trainer")["pid"].get<int>(), pid);
+  EXPECT_EQ(count_of(read_file(f.log_path), "fake trainer: started"), 1u);
+  EXPECT_EQ((*cluster)->stop(), "");
+  fs::remove_all(root);
+}
+
+TEST(LocalClusterRestart, StopDuringAPendingRestartStartsNothing) {
+  const fs::path root = make_temp_dir("pending");
+  const fs::path pid_dir = root / "pids";
+  fs::create_directories(pid_dir);
+  FakeEnv env({{"FP8RL_FAKE_PID_DIR", pid_dir.string()}});
+  ClusterOptions o = fake_options(root, 1);
+  o.restart.initial_backoff = std::chrono::milliseconds(800);
+  auto cluster = LocalCluster::start(o, nullptr);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const pid_t pid = service_state(**cluster, "coordinator")["pid"].get<int>();
+  const std::string log = service_state(**cluster, "coordinator")["log"];
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  Supervised seen;
+  supervise_until(**cluster, seen, std::chrono::milliseconds(3000),
+                  [](const Supervised& s) { return !s.failures.empty(); });
+  ASSERT_EQ(seen.failures.size(), 1u);
+  EXPECT_TRUE(seen.failures[0].second.restarting);
+  EXPECT_TRUE((*cluster)->restart_pending());
+  EXPECT_TRUE(seen.restarts.empty());
+
+  EXPECT_EQ((*cluster)->stop(), "");
+  EXPECT_FALSE((*cluster)->restart_pending());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // past the back-off
+  EXPECT_TRUE((*cluster)->restart_due().empty());
+  EXPECT_TRUE((*cluster)->poll_failures().empty());
+  // No new coordinator ever ran: its pid file still holds the killed one, its log one start.
+  EXPECT_EQ(read_file(pid_dir / "coordinator.pid"), std::to_string(pid));
+  EXPECT_EQ(read_file(log).find("=== fp8rl launcher: restarting "), std::string::npos);
+  for (const auto& entry : fs::directory_iterator(pid_dir)) {
+    EXPECT_FALSE(process_alive(std::stoi(read_file(entry.path())))) << entry.path();
+  }
+  fs::remove_all(root);
+}
+
+// `fp8rl up` itself (bin/fp8rl from FP8RL_BIN_DIR) on the fake services: the messages it prints
+// for a crash and a restart, and --no-restart stopping the cluster on an essential crash.
+fs::path fp8rl_binary() {
+  const char* dir = std::getenv("FP8RL_BIN_DIR");
+  return fs::path(dir != nullptr ? dir : "bin") / "fp8rl";
+}
+
+// Waits until `path` contains `needle`; returns the text.
+std::string wait_for_text(const fs::path& path, const std::string& needle,
+                          std::chrono::milliseconds timeout) {
+  const auto deadline = SteadyClock::now() + timeout;
+  std::string text = read_file(path);
+  while (text.find(needle) == std::string::npos && SteadyClock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    text = read_file(path);
+  }
+  return text;
+}
+
+TEST(UpCommand, RestartsAKilledTrainerAndStopsCleanlyOnSigterm) {
+  if (access(fp8rl_binary().c_str(), X_OK) != 0) GTEST_SKIP() << fp8rl_binary() << " not built";
+  const fs::path root = make_temp_dir("up");
+  const fs::path out = root / "up.out";
+  const fs::path data = root / "data";
+  auto up = ChildProcess::spawn(
+      fp8rl_binary().string(),
+      {"up", "--workers", "1", "--port-offset", std::to_string(free_port_offset(1)), "--data-dir",
+       data.string(), "--bin-dir", fake_bin_dir(root).string(), "--stop-timeout", "3"},
+      out.string());
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_NE(wait_for_text(out, "fp8rl cluster is up", std::chrono::seconds(15))
+                .find("fp8rl cluster is up"),
+            std::string::npos)
+      << read_file(out);
+  const nlohmann::json state = nlohmann::json::parse(read_file(data / "cluster.json"));
+  pid_t trainer = 0;
+  for (const auto& s : state["services"]) {
+    if (s["name"] == "trainer") trainer = s["pid"].get<int>();
+  }
+  ASSERT_GT(trainer, 0);
+  ASSERT_EQ(kill(trainer, SIGKILL), 0);
+  const std::string text =
+      wait_for_text(out, "fp8rl up: trainer restarted (pid ", std::chrono::seconds(10));
+  EXPECT_NE(text.find("fp8rl up: trainer killed by signal 9 (Killed) (restarting it in 1.0 s)"),
+            std::string::npos)
+      << text;
+  const size_t at = text.find("fp8rl up: trainer restarted (pid ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const pid_t restarted = std::atoi(text.c_str() + at + 33);
+  EXPECT_NE(text.find(", restart 1)", at), std::string::npos) << text;
+  EXPECT_NE(restarted, trainer);
+  EXPECT_TRUE(process_alive(restarted));
+  EXPECT_TRUE((*up)->running());  // the launcher keeps going
+
+  (*up)->send_signal(SIGTERM);
+  for (int i = 0; i < 200 && (*up)->running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ((*up)->exit_description(), "exited with code 0") << read_file(out);
+  EXPECT_FALSE(process_alive(restarted));
+  EXPECT_FALSE(fs::exists(data / "cluster.json"));
+  fs::remove_all(root);
+}
+
+TEST(UpCommand, NoRestartStopsTheClusterWhenAnEssentialServiceDies) {
+  if (access(fp8rl_binary().c_str(), X_OK) != 0) GTEST_SKIP() << fp8rl_binary() << " not built";
+  const fs::path root = make_temp_dir("up-norestart");
+  const fs::path out = root / "up.out";
+  const fs::path data = root / "data";
+  auto up = ChildProcess::spawn(
+      fp8rl_binary().string(),
+      {"up", "--workers", "1", "--port-offset", std::to_string(free_port_offset(1)), "--data-dir",
+       data.string(), "--bin-dir", fake_bin_dir(root).string(), "--no-restart"},
+      out.string());
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_NE(wait_for_text(out, "fp8rl cluster is up", std::chrono::seconds(15))
+                .find("fp8rl cluster is up"),
+            std::string::npos)
+      << read_file(out);
+  const nlohmann::json state = nlohmann::json::parse(read_file(data / "cluster.json"));
+  std::vector<pid_t> pids;
+  pid_t coordinator = 0;
+  for (const auto& s : state["services"]) {
+    pids.push_back(s["pid"].get<int>());
+    if (s["name"] == "coordinator") coordinator = s["pid"].get<int>();
+  }
+  ASSERT_EQ(kill(coordinator, SIGKILL), 0);
+  for (int i = 0; i < 200 && (*up)->running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::string text = read_file(out);
+  EXPECT_EQ((*up)->exit_description(), "exited with code 1") << text;
+  EXPECT_NE(text.find("fp8rl up: coordinator killed by signal 9 (Killed) (the cluster cannot "
+                      "continue)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("restarted"), std::string::npos) << text;
+  EXPECT_NE(text.find("cluster stopped"), std::string::npos) << text;
+  for (pid_t pid : pids) EXPECT_FALSE(process_alive(pid)) << pid;
   fs::remove_all(root);
 }
 

@@ -10,6 +10,8 @@ GET /metrics) on --listen-host. Behaviour is chosen per service name through the
   FP8RL_FAKE_UNHEALTHY=NAME     answer /healthz with 503 forever
   FP8RL_FAKE_IGNORE_TERM=NAME   ignore SIGTERM (the launcher must SIGKILL it)
   FP8RL_FAKE_PID_DIR=DIR        write DIR/NAME.pid
+  FP8RL_FAKE_CRASH_DIR=DIR      exit 4 at once while DIR/NAME.crash exists (a test creates it to
+                                make every restart of NAME crash)
 SIGTERM exits 0 otherwise.
 """
 
@@ -41,6 +43,10 @@ def main(args):
     if os.environ.get("FP8RL_FAKE_FAIL") == name:
         print(f"fake {name}: bad flag --grpc-port: simulated failure", flush=True)
         sys.exit(3)
+    crash_dir = os.environ.get("FP8RL_FAKE_CRASH_DIR")
+    if crash_dir and os.path.exists(os.path.join(crash_dir, name + ".crash")):
+        print(f"fake {name}: simulated crash at start", flush=True)
+        sys.exit(4)
     if os.environ.get("FP8RL_FAKE_IGNORE_TERM") == name:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:

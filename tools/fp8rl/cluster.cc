@@ -156,6 +156,15 @@ absl::Status validate_cluster_options(const ClusterOptions& options) {
   if (options.startup_timeout.count() <= 0) {
     return absl::InvalidArgumentError("--startup-timeout: must be > 0");
   }
+  const RestartPolicy& r = options.restart;
+  if (r.initial_backoff.count() <= 0 || r.max_backoff < r.initial_backoff) {
+    return absl::InvalidArgumentError(
+        "restart: initial_backoff must be > 0 and max_backoff >= initial_backoff");
+  }
+  if (r.give_up_crashes < 1 || r.give_up_window.count() <= 0 || r.quick_crash_window.count() < 0) {
+    return absl::InvalidArgumentError(
+        "restart: give_up_crashes must be >= 1, give_up_window > 0, quick_crash_window >= 0");
+  }
   if (absl::StatusOr<sockaddr_in> a = ipv4_address(options.host, 1); !a.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--host: ", a.status().message()));
   }
@@ -280,7 +289,8 @@ std::string tail_file(const std::string& path, int max_lines) {
 // ChildProcess
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::spawn(
-    const std::string& binary, const std::vector<std::string>& args, const std::string& log_path) {
+    const std::string& binary, const std::vector<std::string>& args, const std::string& log_path,
+    const std::string& restart_note) {
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("'", binary, "' is not an executable file (",
                                             errno_text(errno), "); build it or pass --bin-dir"));
@@ -300,7 +310,10 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::spawn(
   for (std::string& a : argv_storage) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string header =
-      absl::StrCat("=== fp8rl launcher: starting ", binary, " at ", now_text(), " ===\n");
+      restart_note.empty()
+          ? absl::StrCat("=== fp8rl launcher: starting ", binary, " at ", now_text(), " ===\n")
+          : absl::StrCat("=== fp8rl launcher: restarting ", binary, " at ", now_text(), " (",
+                         restart_note, ") ===\n");
   (void)!write(log_fd, header.data(), header.size());
   // exec failure is reported through a close-on-exec pipe: EOF means exec succeeded.
   int error_pipe[2];
@@ -387,6 +400,10 @@ bool ChildProcess::exited_cleanly() const {
   return wait_status_ && WIFEXITED(*wait_status_) && WEXITSTATUS(*wait_status_) == 0;
 }
 
+bool ChildProcess::killed_by(int signal) const {
+  return wait_status_ && WIFSIGNALED(*wait_status_) && WTERMSIG(*wait_status_) == signal;
+}
+
 void ChildProcess::send_signal(int signal) {
   if (running()) kill(pid_, signal);
 }
@@ -455,7 +472,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(
                             absl::StrCat(s.name, ": ", child.status().message()));
       }
       cluster->children_.push_back(std::move(*child));
-      cluster->reported_.push_back(false);
+      cluster->supervision_.emplace_back();
+      cluster->supervision_.back().started_at = Clock::now();
     }
     std::vector<bool> ready(wave_end - wave_begin, false);
     size_t remaining = ready.size();
@@ -467,7 +485,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(
         ChildProcess& child = *cluster->children_[i];
         if (!child.running()) {
           const std::string why = child.exit_description();
-          cluster->reported_[i] = true;
+          cluster->supervision_[i].reported = true;
           cluster->stop();
           return absl::UnavailableError(absl::StrCat(s.name, " ", why,
                                                      " during startup; last lines of ", s.log_path,
@@ -525,27 +543,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(
     }
   }
 
-  // cluster.json: what runs where, for scripts and tests (pids to signal, logs to read).
-  nlohmann::ordered_json state;
-  state["host"] = options.host;
-  state["port_offset"] = options.port_offset;
-  state["data_dir"] = options.data_dir;
-  state["launcher_pid"] = static_cast<int>(getpid());
-  state["coordinator_grpc"] = cluster->coordinator_grpc_address();
-  state["coordinator_http"] = cluster->coordinator_http_url();
-  nlohmann::ordered_json services = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < cluster->specs_.size(); ++i) {
-    const ServiceSpec& s = cluster->specs_[i];
-    services.push_back({{"name", s.name},
-                        {"pid", static_cast<int>(cluster->children_[i]->pid())},
-                        {"grpc_port", s.grpc_port},
-                        {"http_port", s.http_port},
-                        {"log", s.log_path}});
-  }
-  state["services"] = services;
-  if (absl::Status s = write_file_atomic(cluster->state_path(), state.dump(2) + "\n"); !s.ok()) {
+  if (absl::Status s = cluster->write_state(); !s.ok()) {
     cluster->stop();
-    return absl::Status(s.code(), absl::StrCat("--data-dir: ", s.message()));
+    return s;
   }
   return cluster;
 }
@@ -564,16 +564,128 @@ std::string LocalCluster::state_path() const {
   return (std::filesystem::path(options_.data_dir) / "cluster.json").string();
 }
 
-std::vector<ChildFailure> LocalCluster::poll_failures() {
-  std::vector<ChildFailure> out;
-  for (size_t i = 0; i < children_.size(); ++i) {
-    if (reported_[i] || children_[i]->running()) continue;
-    reported_[i] = true;
+// cluster.json: what runs where, for scripts and tests (pids to signal, logs to read).
+absl::Status LocalCluster::write_state() const {
+  nlohmann::ordered_json state;
+  state["host"] = options_.host;
+  state["port_offset"] = options_.port_offset;
+  state["data_dir"] = options_.data_dir;
+  state["launcher_pid"] = static_cast<int>(getpid());
+  state["coordinator_grpc"] = coordinator_grpc_address();
+  state["coordinator_http"] = coordinator_http_url();
+  nlohmann::ordered_json services = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < specs_.size(); ++i) {
     const ServiceSpec& s = specs_[i];
-    out.push_back({s.name, s.essential, children_[i]->exit_description(), s.log_path,
-                   tail_file(s.log_path, 10)});
+    services.push_back({{"name", s.name},
+                        {"pid", static_cast<int>(children_[i]->pid())},
+                        {"grpc_port", s.grpc_port},
+                        {"http_port", s.http_port},
+                        {"log", s.log_path},
+                        {"restarts", supervision_[i].restarts}});
+  }
+  state["services"] = services;
+  if (absl::Status s = write_file_atomic(state_path(), state.dump(2) + "\n"); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--data-dir: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+ChildFailure failure_of(const ServiceSpec& s, std::string description) {
+  ChildFailure f;
+  f.service = s.name;
+  f.essential = s.essential;
+  f.description = std::move(description);
+  f.log_path = s.log_path;
+  f.log_tail = tail_file(s.log_path, 10);
+  return f;
+}
+
+}  // namespace
+
+void LocalCluster::schedule_restart(size_t i, Clock::time_point now, ChildFailure& failure) {
+  const RestartPolicy& policy = options_.restart;
+  Supervision& sv = supervision_[i];
+  if (!policy.enabled) return;
+  std::erase_if(sv.crashes, [&](Clock::time_point t) { return now - t > policy.give_up_window; });
+  sv.crashes.push_back(now);
+  if (static_cast<int>(sv.crashes.size()) >= policy.give_up_crashes) {
+    failure.gave_up = absl::StrCat(
+        "crashed ", sv.crashes.size(), " times within ",
+        absl::StrFormat("%g", std::chrono::duration<double>(policy.give_up_window).count()), " s");
+    return;
+  }
+  // The first restart waits initial_backoff; a crash soon after the previous restart doubles it.
+  std::chrono::milliseconds backoff = policy.initial_backoff;
+  if (sv.last_backoff.count() > 0 && now - sv.started_at < policy.quick_crash_window) {
+    backoff = std::min(sv.last_backoff * 2, policy.max_backoff);
+  }
+  backoff = std::min(backoff, policy.max_backoff);
+  sv.last_backoff = backoff;
+  sv.restart_at = now + backoff;
+  failure.restarting = true;
+  failure.restart_in = backoff;
+}
+
+std::vector<ChildFailure> LocalCluster::poll_failures() {
+  std::vector<ChildFailure> out = std::move(pending_failures_);
+  pending_failures_.clear();
+  if (stopped_) return out;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    Supervision& sv = supervision_[i];
+    if (sv.reported || children_[i]->running()) continue;
+    sv.reported = true;
+    const ServiceSpec& s = specs_[i];
+    ChildFailure f = failure_of(s, children_[i]->exit_description());
+    schedule_restart(i, Clock::now(), f);
+    out.push_back(std::move(f));
   }
   return out;
+}
+
+std::vector<ChildRestart> LocalCluster::restart_due() {
+  std::vector<ChildRestart> out;
+  if (stopped_) return out;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    Supervision& sv = supervision_[i];
+    const auto now = Clock::now();
+    if (!sv.restart_at || now < *sv.restart_at) continue;
+    sv.restart_at.reset();
+    const ServiceSpec& s = specs_[i];
+    const int restart = sv.restarts + 1;
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::spawn(
+        s.binary, s.args, s.log_path,
+        absl::StrCat("restart ", restart, "; previous run: ", children_[i]->exit_description()));
+    if (!child.ok()) {
+      // Counts as one more crash: retried after the next back-off, or given up.
+      ChildFailure f =
+          failure_of(s, absl::StrCat("could not be restarted: ", child.status().message()));
+      sv.started_at = now;  // a quick failure: the next back-off doubles
+      schedule_restart(i, now, f);
+      pending_failures_.push_back(std::move(f));
+      continue;
+    }
+    children_[i] = std::move(*child);
+    sv.reported = false;
+    sv.restarts = restart;
+    sv.started_at = Clock::now();
+    ChildRestart r;
+    r.service = s.name;
+    r.pid = children_[i]->pid();
+    r.restart = restart;
+    out.push_back(std::move(r));
+  }
+  if (!out.empty()) {
+    // A failed rewrite leaves the previous file in place; the restart itself stands.
+    if (absl::Status s = write_state(); !s.ok()) out.back().state_error = std::string(s.message());
+  }
+  return out;
+}
+
+bool LocalCluster::restart_pending() const {
+  return std::any_of(supervision_.begin(), supervision_.end(),
+                     [](const Supervision& sv) { return sv.restart_at.has_value(); });
 }
 
 std::string LocalCluster::stop() {
@@ -593,11 +705,12 @@ std::string LocalCluster::stop() {
       if (children_[i]->running()) {
         children_[i]->send_signal(SIGTERM);
         signalled.push_back(i);
-      } else if (!reported_[i] && !children_[i]->exited_cleanly()) {
+      } else if (!supervision_[i].reported && !children_[i]->exited_cleanly()) {
         absl::StrAppend(&report, specs_[i].name, " had ", children_[i]->exit_description(),
                         " (log: ", specs_[i].log_path, ")\n");
       }
-      reported_[i] = true;
+      supervision_[i].reported = true;
+      supervision_[i].restart_at.reset();  // a pending restart never happens once stopping
     }
     const auto deadline = Clock::now() + options_.stop_grace;
     for (size_t i : signalled) {
@@ -607,7 +720,9 @@ std::string LocalCluster::stop() {
         absl::StrAppend(&report, specs_[i].name, " ignored SIGTERM for ",
                         options_.stop_grace.count() / 1000.0,
                         " s and was killed (log: ", specs_[i].log_path, ")\n");
-      } else if (!children_[i]->exited_cleanly()) {
+      } else if (!children_[i]->exited_cleanly() && !children_[i]->killed_by(SIGTERM)) {
+        // Dying of our SIGTERM is a clean stop too (a child that had not installed its handler
+        // yet, e.g. one restarted a moment ago).
         absl::StrAppend(&report, specs_[i].name, " stopped: ", children_[i]->exit_description(),
                         " (log: ", specs_[i].log_path, ")\n");
       }

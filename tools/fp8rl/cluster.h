@@ -1,7 +1,8 @@
 // The local launcher behind `fp8rl up` and `fp8rl run`: plans the services of a one-host cluster
 // (coordinator, weight sync, trainer, N generation workers) on the default ports of
 // ARCHITECTURE.md plus an offset, spawns them as child processes with logs under the data dir,
-// waits until each is healthy, supervises them and stops them cleanly (SIGTERM, bounded wait,
+// waits until each is healthy, supervises them (a child that exits is restarted with a back-off,
+// like docker compose's `restart: unless-stopped`) and stops them cleanly (SIGTERM, bounded wait,
 // SIGKILL). Children die with the launcher (PR_SET_PDEATHSIG), so nothing is ever orphaned.
 #pragma once
 
@@ -32,6 +33,20 @@ inline constexpr int kGenerationMetricsPort = 9461;
 // Worker i uses 50061+i and 9461+i; more than this would run into other services' ranges.
 inline constexpr int kMaxGenerationWorkers = 32;
 
+// What the launcher does when a child exits while the cluster runs (any exit counts as a crash:
+// nothing is supposed to end on its own). The child is restarted with the same binary and flags
+// after a back-off that starts at `initial_backoff` and doubles for each crash that comes within
+// `quick_crash_window` of the previous (re)start, up to `max_backoff`; a child that crashed
+// `give_up_crashes` times within `give_up_window` is given up.
+struct RestartPolicy {
+  bool enabled = true;  // false: `--no-restart`, every exit is final
+  std::chrono::milliseconds initial_backoff{1'000};
+  std::chrono::milliseconds max_backoff{30'000};
+  std::chrono::milliseconds quick_crash_window{30'000};
+  int give_up_crashes = 5;
+  std::chrono::milliseconds give_up_window{300'000};
+};
+
 struct ClusterOptions {
   std::string bin_dir;   // folder holding fp8rl-coordinator, fp8rl-weight-sync, ...
   std::string data_dir;  // logs/, coordinator/ (job store), trainer/ (checkpoints), cluster.json
@@ -41,6 +56,7 @@ struct ClusterOptions {
   std::chrono::milliseconds startup_timeout{90'000};  // per service, until healthy
   std::chrono::milliseconds stop_grace{15'000};       // SIGTERM -> SIGKILL
   std::string log_level = "info";
+  RestartPolicy restart;
 };
 
 // One service to launch: what it is called, how to start it and where to find it.
@@ -73,9 +89,12 @@ std::string tail_file(const std::string& path, int max_lines);
 // in order) and killed by the kernel if the launcher dies.
 class ChildProcess {
  public:
+  // The log gets a header line first: "=== fp8rl launcher: starting <binary> at <time> ===", or
+  // with a `restart_note`: "=== fp8rl launcher: restarting <binary> at <time> (<note>) ===".
   static absl::StatusOr<std::unique_ptr<ChildProcess>> spawn(const std::string& binary,
                                                              const std::vector<std::string>& args,
-                                                             const std::string& log_path);
+                                                             const std::string& log_path,
+                                                             const std::string& restart_note = "");
   ~ChildProcess();  // stops the child (SIGTERM, 5 s, SIGKILL) if it still runs
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -86,6 +105,7 @@ class ChildProcess {
   // "exited with code 3" / "killed by signal 9 (Killed)"; empty while running.
   std::string exit_description() const;
   bool exited_cleanly() const;  // exited with code 0
+  bool killed_by(int signal) const;
   // SIGTERM, wait up to `grace`, then SIGKILL and wait. Returns true when SIGTERM sufficed.
   bool stop(std::chrono::milliseconds grace);
   void send_signal(int signal);
@@ -97,13 +117,27 @@ class ChildProcess {
   std::optional<int> wait_status_;
 };
 
-// What happened to a child that exited while the cluster was supposed to be running.
+// What happened to a child that exited while the cluster was supposed to be running, and what
+// the launcher does about it.
 struct ChildFailure {
   std::string service;
   bool essential = true;
   std::string description;  // "exited with code 1"
   std::string log_path;
   std::string log_tail;
+  bool restarting = false;  // a restart is scheduled after `restart_in`
+  std::chrono::milliseconds restart_in{0};
+  // Why the exit is final when restarts are on: "crashed 5 times within 300 s" (empty otherwise).
+  std::string gave_up;
+};
+
+// A child the launcher started again after a crash.
+struct ChildRestart {
+  std::string service;
+  pid_t pid = 0;    // the new process
+  int restart = 0;  // 1 for the first restart of this service
+  // Non-empty when cluster.json could not be rewritten (it still names the previous pid).
+  std::string state_error;
 };
 
 // A running local cluster. Destroying it stops every child.
@@ -127,19 +161,39 @@ class LocalCluster {
   std::string coordinator_http_url() const;      // "http://127.0.0.1:8080"
   std::string state_path() const;                // <data_dir>/cluster.json
 
-  // Children that exited since the last call (each reported once).
+  // Children that exited since the last call (each reported once), with the restart decision of
+  // options.restart. Also failed restart attempts (description "could not be restarted: ...").
   std::vector<ChildFailure> poll_failures();
+  // Starts again every child whose back-off has elapsed, with the same binary, flags and ports,
+  // its log appended to, and rewrites cluster.json with the new pids. Never restarts anything
+  // once stop() began. Call it regularly together with poll_failures().
+  std::vector<ChildRestart> restart_due();
+  // True while some child waits for its scheduled restart.
+  bool restart_pending() const;
   // Stops every child, generation workers first and weight sync last. Returns one line per child
   // that needed SIGKILL or had already exited with an error ("" when all stopped cleanly).
   // Idempotent.
   std::string stop();
 
  private:
+  // Per service: its restart history (parallel to specs_).
+  struct Supervision {
+    bool reported = false;  // the current child's exit was returned by poll_failures()
+    std::optional<std::chrono::steady_clock::time_point> restart_at;  // scheduled restart
+    std::chrono::steady_clock::time_point started_at;                 // of the current child
+    std::chrono::milliseconds last_backoff{0};
+    std::vector<std::chrono::steady_clock::time_point> crashes;  // within give_up_window
+    int restarts = 0;
+  };
   LocalCluster() = default;
+  // Records a crash of service i at `now` and decides: fills the restart fields of `failure`.
+  void schedule_restart(size_t i, std::chrono::steady_clock::time_point now, ChildFailure& failure);
+  absl::Status write_state() const;  // <data_dir>/cluster.json, atomically
   ClusterOptions options_;
   std::vector<ServiceSpec> specs_;
   std::vector<std::unique_ptr<ChildProcess>> children_;  // parallel to specs_
-  std::vector<bool> reported_;
+  std::vector<Supervision> supervision_;                 // parallel to specs_
+  std::vector<ChildFailure> pending_failures_;           // failed restarts, for poll_failures()
   bool stopped_ = false;
 };
 

@@ -1,5 +1,6 @@
 // `fp8rl up` (run a local cluster until Ctrl-C) and `fp8rl run CONFIG` (local cluster + one job
-// with live progress and a summary): the one-command ways to use fp8rl on a single machine.
+// with live progress and a summary): the one-command ways to use fp8rl on a single machine. Both
+// restart a service that crashes (unless --no-restart) and report every crash and restart.
 #include "tools/fp8rl/job_client.h"
 
 // The launcher needs the service libraries (shutdown handling) and the JobService client: both
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -28,6 +30,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kInterruptedExit = 130;
+// `fp8rl run` keeps polling an unreachable coordinator this long after its restart began (or
+// after the first failed call) before it gives the run up.
+constexpr auto kCoordinatorOutage = std::chrono::seconds(60);
 
 // The folder of the running fp8rl binary: the service binaries are built next to it.
 std::string own_bin_dir() {
@@ -40,6 +45,7 @@ FlagSpec cluster_flags() {
   FlagSpec spec;
   spec.value_flags = {"port-offset", "base-port-offset", "data-dir",  "workers",
                       "bin-dir",     "startup-timeout",  "log-level", "stop-timeout"};
+  spec.bool_flags = {"no-restart"};
   return spec;
 }
 
@@ -80,6 +86,7 @@ absl::StatusOr<ClusterOptions> cluster_options(const Args& args) {
   o.startup_timeout = std::chrono::milliseconds(static_cast<int64_t>(*startup * 1000));
   o.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(*stop * 1000));
   o.log_level = args.get("log-level").value_or("info");
+  o.restart.enabled = !args.has("no-restart");
   if (o.log_level != "debug" && o.log_level != "info" && o.log_level != "warn" &&
       o.log_level != "error") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -90,9 +97,48 @@ absl::StatusOr<ClusterOptions> cluster_options(const Args& args) {
 }
 
 void print_failure(const char* name, const ChildFailure& f) {
+  std::string what;
+  if (f.restarting) {
+    what = absl::StrFormat("restarting it in %.1f s",
+                           std::chrono::duration<double>(f.restart_in).count());
+  } else {
+    what = absl::StrCat(f.gave_up.empty() ? "" : absl::StrCat(f.gave_up, ", giving up; "),
+                        f.essential ? "the cluster cannot continue" : "continuing without it");
+  }
   std::fprintf(stderr, "fp8rl %s: %s %s (%s); last lines of %s:\n%s", name, f.service.c_str(),
-               f.description.c_str(), f.essential ? "the cluster cannot continue" : "continuing",
-               f.log_path.c_str(), f.log_tail.c_str());
+               f.description.c_str(), what.c_str(), f.log_path.c_str(), f.log_tail.c_str());
+  std::fflush(stderr);
+}
+
+void print_restart(const char* name, const ChildRestart& r) {
+  std::fprintf(stderr, "fp8rl %s: %s restarted (pid %d, restart %d)\n", name, r.service.c_str(),
+               static_cast<int>(r.pid), r.restart);
+  if (!r.state_error.empty()) {
+    std::fprintf(stderr, "fp8rl %s: cluster.json not updated: %s\n", name, r.state_error.c_str());
+  }
+  std::fflush(stderr);
+}
+
+// One supervision round shared by `up` and `run`: reports crashes and restarts, counts the
+// generation workers given up. Returns the reason the cluster cannot go on ("" while it can).
+std::string supervise(const char* name, LocalCluster& cluster, int& workers_alive,
+                      const std::function<void(const ChildFailure&)>& on_failure = {},
+                      const std::function<void(const ChildRestart&)>& on_restart = {}) {
+  std::string fatal;
+  for (const ChildFailure& f : cluster.poll_failures()) {
+    print_failure(name, f);
+    if (on_failure) on_failure(f);
+    if (f.restarting) continue;
+    if (f.essential && fatal.empty()) fatal = absl::StrCat(f.service, " ", f.description);
+    if (!f.essential && --workers_alive == 0 && fatal.empty()) {
+      fatal = "no generation worker is left";
+    }
+  }
+  for (const ChildRestart& r : cluster.restart_due()) {
+    print_restart(name, r);
+    if (on_restart) on_restart(r);
+  }
+  return fatal;
 }
 
 // Stops the cluster and reports children that did not stop cleanly.
@@ -132,16 +178,9 @@ int up_main(const std::vector<std::string>& argv) {
   int code = 0;
   int workers_alive = options->workers;
   while (!service::wait_for_shutdown(std::chrono::milliseconds(250))) {
-    bool fatal = false;
-    for (const ChildFailure& f : (*cluster)->poll_failures()) {
-      print_failure(kName, f);
-      if (f.essential) fatal = true;
-      if (!f.essential && --workers_alive == 0) {
-        std::fprintf(stderr, "fp8rl up: no generation worker is left\n");
-        fatal = true;
-      }
-    }
-    if (fatal) {
+    const std::string fatal = supervise(kName, **cluster, workers_alive);
+    if (!fatal.empty()) {
+      std::fprintf(stderr, "fp8rl up: %s; stopping the cluster\n", fatal.c_str());
       code = 1;
       break;
     }
@@ -196,6 +235,17 @@ int run_main(const std::vector<std::string>& argv) {
   Clock::time_point cancel_deadline{};
   v1::Job job = *submitted;
   int workers_alive = options->workers;
+  // While the coordinator is restarting, GetJob fails for a while: tolerated for
+  // kCoordinatorOutage after the later of its restart and the first failed call.
+  Clock::time_point coordinator_restarted{};  // epoch: never
+  bool unreachable = false;
+  Clock::time_point unreachable_since{};
+  auto on_failure = [&](const ChildFailure& f) {
+    if (f.service == "coordinator" && f.restarting) coordinator_restarted = Clock::now();
+  };
+  auto on_restart = [&](const ChildRestart& r) {
+    if (r.service == "coordinator") coordinator_restarted = Clock::now();
+  };
   while (true) {
     if (!interrupted && service::shutdown_requested()) {
       interrupted = true;
@@ -208,22 +258,51 @@ int run_main(const std::vector<std::string>& argv) {
       }
       cancel_deadline = Clock::now() + std::chrono::seconds(60);
     }
-    for (const ChildFailure& f : c.poll_failures()) {
-      print_failure(kName, f);
-      if (f.essential) {
-        return fail_and_stop(absl::StrCat(f.service, " ", f.description, "; job ", id,
-                                          " cannot finish (log: ", f.log_path, ")"));
-      }
-      if (--workers_alive == 0) {
-        return fail_and_stop(
-            absl::StrCat("every generation worker exited; job ", id, " cannot finish"));
-      }
-    }
+    const std::string fatal = supervise(kName, c, workers_alive, on_failure, on_restart);
+    if (!fatal.empty()) return fail_and_stop(absl::StrCat(fatal, "; job ", id, " cannot finish"));
     absl::StatusOr<v1::Job> current = (*client)->get(id);
-    if (!current.ok()) return fail_and_stop(std::string(current.status().message()));
+    if (!current.ok()) {
+      const absl::StatusCode code = current.status().code();
+      const bool transient =
+          code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
+      const auto now = Clock::now();
+      if (!unreachable) {
+        unreachable = true;
+        unreachable_since = now;
+        if (transient) {
+          std::fprintf(stderr, "fp8rl run: coordinator unreachable (%s); waiting for it\n",
+                       std::string(current.status().message()).c_str());
+          std::fflush(stderr);
+        }
+      }
+      const Clock::time_point since = std::max(unreachable_since, coordinator_restarted);
+      if (!transient || now - since > kCoordinatorOutage) {
+        return fail_and_stop(std::string(current.status().message()));
+      }
+      if (interrupted && now > cancel_deadline) {
+        std::fprintf(stderr, "fp8rl run: the coordinator stayed unreachable after the cancel\n");
+        break;
+      }
+      if (interrupted) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      } else {
+        service::wait_for_shutdown(std::chrono::milliseconds(500));
+      }
+      continue;
+    }
+    if (unreachable) {
+      std::fprintf(stderr, "fp8rl run: coordinator is back after %.1f s; job %s continues\n",
+                   std::chrono::duration<double>(Clock::now() - unreachable_since).count(),
+                   id.c_str());
+      std::fflush(stderr);
+      unreachable = false;
+    }
     job = *current;
     if (absl::Status s = printer.update(job); !s.ok()) {
-      return fail_and_stop(std::string(s.message()));
+      // The metrics call can meet the coordinator's restart too: the next round retries it.
+      const bool transient = s.code() == absl::StatusCode::kUnavailable ||
+                             s.code() == absl::StatusCode::kDeadlineExceeded;
+      if (!transient) return fail_and_stop(std::string(s.message()));
     }
     if (is_terminal(job.state())) break;
     if (interrupted && Clock::now() > cancel_deadline) {
@@ -256,9 +335,11 @@ int run_main(const std::vector<std::string>& argv) {
 
 FP8RL_COMMAND("up",
               "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
-              "[--startup-timeout S] [--stop-timeout S] [--log-level L]",
+              "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart]",
               up_main);
-FP8RL_COMMAND("run", "run CONFIG [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR]",
+FP8RL_COMMAND("run",
+              "run CONFIG [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
+              "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart]",
               run_main);
 
 }  // namespace fp8rl::cli

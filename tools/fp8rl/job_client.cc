@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fs.h"
+#include "common/service/grpc_server.h"
 #include "rl/job_config.h"
 
 namespace fp8rl::cli {
@@ -95,6 +96,7 @@ absl::StatusOr<std::unique_ptr<JobClient>> JobClient::connect(const std::string&
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  service::set_reconnect_backoff(&args);  // a restarted coordinator is seen within ~2 s
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + timeout)) {
