@@ -9,7 +9,8 @@
 namespace fp8rl::service {
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
-    const GrpcServerOptions& options, const std::vector<grpc::Service*>& services) {
+    const GrpcServerOptions& options, const std::vector<grpc::Service*>& services,
+    const std::vector<std::string>& health_names) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -22,7 +23,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
   if (server == nullptr || port == 0) {
     return absl::FailedPreconditionError(absl::StrCat("grpc: cannot listen on ", options.address));
   }
-  if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(true);
+  if (auto* health = server->GetHealthCheckService()) {
+    for (const std::string& name : health_names) health->SetServingStatus(name, true);
+    health->SetServingStatus(true);  // the whole server, and every name set above
+  }
   return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(server), port));
 }
 

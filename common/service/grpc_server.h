@@ -30,9 +30,12 @@ struct GrpcServerOptions {
 class GrpcServer {
  public:
   // Registers `services` (not owned; they must outlive the server) and starts serving.
-  // FailedPrecondition naming the address when it cannot be bound.
+  // `health_names`: the full names of the hosted services ("fp8rl.v1.JobService"); grpc.health.v1
+  // answers SERVING for each, as for the whole server (""), until shutdown. FailedPrecondition
+  // naming the address when it cannot be bound.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> start(
-      const GrpcServerOptions& options, const std::vector<grpc::Service*>& services);
+      const GrpcServerOptions& options, const std::vector<grpc::Service*>& services,
+      const std::vector<std::string>& health_names = {});
 
   ~GrpcServer();
   int port() const { return port_; }

@@ -105,7 +105,9 @@ int run(const std::vector<std::string>& args) {
   coordinator::WorkerRegistryImpl registry_service(&workers, &jobs);
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(*options, options->grpc_port);
-  auto grpc = service::GrpcServer::start(grpc_options, {&job_service, &registry_service});
+  auto grpc = service::GrpcServer::start(
+      grpc_options, {&job_service, &registry_service},
+      {v1::JobService::service_full_name(), v1::WorkerRegistry::service_full_name()});
   if (!grpc.ok()) return fail(absl::StrCat("--grpc-port: ", grpc.status().message()));
 
   jobs.refresh_gauges();

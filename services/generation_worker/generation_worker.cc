@@ -39,8 +39,8 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
 
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(config.service, config.service.grpc_port);
-  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc =
-      service::GrpcServer::start(grpc_options, {w->service_.get()});
+  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc = service::GrpcServer::start(
+      grpc_options, {w->service_.get()}, {v1::GenerationService::service_full_name()});
   if (!grpc.ok()) return grpc.status();
   w->grpc_ = std::move(*grpc);
 

@@ -63,8 +63,8 @@ int run(const std::vector<std::string>& args) {
 
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(config->service, config->service.grpc_port);
-  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc =
-      service::GrpcServer::start(grpc_options, {&sync});
+  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc = service::GrpcServer::start(
+      grpc_options, {&sync}, {fp8rl::v1::WeightSyncService::service_full_name()});
   if (!grpc.ok()) return fail(grpc.status());
 
   service::HttpServerOptions http_options;

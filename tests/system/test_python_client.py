@@ -129,10 +129,12 @@ def body(clusters):
     jobs = job_service_pb2_grpc.JobServiceStub(channel)
     health = health_pb2_grpc.HealthStub(channel)
 
-    # Standard services: health (the server as a whole, service "") and reflection.
+    # Standard services: health (the server as a whole, service "", and each hosted service by
+    # its full name) and reflection.
     serving = health_pb2.HealthCheckResponse.SERVING
-    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-    su.check(reply.status == serving, f"health: {reply}")
+    for name in ("", "fp8rl.v1.JobService", "fp8rl.v1.WorkerRegistry"):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
+        su.check(reply.status == serving, f"health of '{name}': {reply}")
     expect_rpc_error(lambda: health.Check(health_pb2.HealthCheckRequest(service="no.Such"),
                                           timeout=10),
                      grpc.StatusCode.NOT_FOUND, "", "health of an unknown service")
