@@ -219,17 +219,19 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
     const auto waited = Clock::now() - *lost_since;
     const double wait_s = std::chrono::duration<double>(options_.trainer_resume_wait).count();
     if (options_.trainer_resume_wait.count() <= 0) {
-      return absl::Status(status.code(), absl::StrCat("trainer lost: ", reason));
+      return absl::Status(status.code(), absl::StrCat("trainer or weight sync lost: ", reason));
     }
     if (waited > options_.trainer_resume_wait) {
       return absl::Status(
-          status.code(), absl::StrCat("trainer lost and no trainer resumed the job within ", wait_s,
-                                      " s: ", reason));
+          status.code(),
+          absl::StrCat("trainer or weight sync lost and the job could not resume within ", wait_s,
+                       " s: ", reason));
     }
     if (resumes >= options_.max_trainer_resumes) {
       return absl::Status(
-          status.code(), absl::StrCat("trainer lost ", resumes + 1, " times (at most ",
-                                      options_.max_trainer_resumes, " resumes per job): ", reason));
+          status.code(),
+          absl::StrCat("trainer or weight sync lost ", resumes + 1, " times (at most ",
+                       options_.max_trainer_resumes, " resumes per job): ", reason));
     }
     if (loop.policy_ready()) {
       service::log_warn(kLog, "trainer lost; waiting for a trainer to resume the job",

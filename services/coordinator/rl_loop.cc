@@ -256,19 +256,28 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
 absl::Status RlLoop::wait_for_version(int64_t version) {
   const auto deadline = Clock::now() + options_.sync_wait;
   while (true) {
-    bool all = true;
+    int64_t live = 0, holding = 0;
     for (const WorkerRef& worker : cluster_->live_generation_workers()) {
+      ++live;
       absl::StatusOr<int64_t> held = cluster_->generation_client(worker)->weight_version();
-      if (!held.ok() || *held < version) {
-        all = false;
-        break;
-      }
+      if (held.ok() && *held >= version) ++holding;
     }
-    if (all) return absl::OkStatus();
+    if (holding == live) return absl::OkStatus();
     if (Clock::now() > deadline) {
+      if (holding == 0) {
+        // Nobody can sample with these weights: the version was lost on its way (weight sync
+        // restarted after the upload). Resumable like a trainer loss: publishing again fixes it.
+        return trainer_error(absl::UnavailableError(absl::StrCat(
+                                 "weight version ", version, " reached none of the ", live,
+                                 " live generation workers within ",
+                                 std::chrono::duration<double>(options_.sync_wait).count(),
+                                 " s (was the weight-sync service restarted?)")),
+                             "");
+      }
       // Workers that lag are still safe: Generate carries min_weight_version and they refuse.
-      fp8rl::service::log_warn(kLog, "not every live worker holds the new version",
-                               {{"version", absl::StrCat(version)}});
+      fp8rl::service::log_warn(
+          kLog, "not every live worker holds the new version",
+          {{"version", absl::StrCat(version)}, {"holding", absl::StrCat(holding, " of ", live)}});
       return absl::OkStatus();
     }
     if (absl::Status s = check_cancelled(); !s.ok()) return s;

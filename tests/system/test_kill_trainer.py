@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""System test: SIGKILL the trainer, then the coordinator, in the middle of jobs on a local
-cluster started with `fp8rl up`. The launcher restarts each; the coordinator resumes the job
-from its last checkpoint once the new trainer is up (and after its own restart, from the job
-store). Both jobs SUCCEED with exactly one metrics row per step, nothing is lost, and the
-cluster stops cleanly afterwards."""
+"""System test: SIGKILL the trainer, then the coordinator, then the weight-sync service, each in
+the middle of a job on a local cluster started with `fp8rl up`. The launcher restarts each; the
+coordinator resumes the job from its last checkpoint once the new trainer is up (after its own
+restart: from the job store; after a weight-sync restart: when a publish fails or a version
+reaches no worker). Every job SUCCEEDS with exactly one metrics row per step, nothing is lost,
+and the cluster stops cleanly afterwards."""
 
 import json
 import os
@@ -123,6 +124,17 @@ def body(clusters):
     status, jobs = su.http("GET", f"{cluster.rest}/v1/jobs")
     su.check(status == 200 and {j["id"] for j in jobs["jobs"]} >= {job_id, job2},
              f"a job was lost across the coordinator restart: {jobs}")
+
+    # 3. Weight sync dies mid-job: it comes back empty, the workers subscribe again, and the job
+    #    goes on (a publish that failed or a version lost on its way resumes from the checkpoint).
+    job3 = submit(cluster, "job3")
+    old_sync, _ = kill_mid_job(cluster, job3, "weight-sync", at_step=3)
+    wait_restarted(cluster, "weight-sync", old_sync)
+    job, _ = wait_job_through_restarts(cluster, job3, timeout=200)
+    su.check(job["state"] == "SUCCEEDED",
+             f"job ended {job['state']} after weight sync was killed: {job.get('error')}")
+    check_rows(cluster, job3)
+
     su.check(cluster.proc.poll() is None, "fp8rl up exited after restarting services")
     cluster.pids = read_pids(cluster)  # the restarted children must stop too
     cluster.stop(expect_rc=0)

@@ -106,7 +106,9 @@ class FakeTrainer : public TrainerClient {
   FakeCluster* cluster_;
   std::function<absl::Status(int64_t)> fail_step;  // optional: an error for this step
   std::vector<int64_t> steps_trained;
-  std::string job_id;  // of the last train_step
+  std::string job_id;              // of the last train_step
+  int64_t lose_publish_at = -1;    // this version never reaches the workers in lose_for (all if
+  std::set<std::string> lose_for;  // empty)
   int inits = 0;
   int64_t version = 0;
   std::vector<std::vector<TrainSequence>> batches;
@@ -156,7 +158,11 @@ class FakeCluster : public Cluster {
 
 absl::StatusOr<int64_t> FakeTrainer::publish(bool) {
   ++version;
-  for (auto& [id, w] : cluster_->workers_) w->version = version;  // weight sync delivers
+  for (auto& [id, w] : cluster_->workers_) {
+    // Weight sync delivers, except a version lost on its way (to lose_for, or to everyone).
+    const bool lost = lose_publish_at == version && (lose_for.empty() || lose_for.contains(id));
+    if (!lost) w->version = version;
+  }
   return version;
 }
 
@@ -413,6 +419,38 @@ TEST(RlLoop, TrainerErrorsSayWhetherTheTrainerWasLost) {
   }
 }
 
+TEST(RlLoop, AVersionThatReachesNoWorkerIsResumable) {
+  FakeCluster cluster;
+  auto w0 = cluster.add("w0");
+  auto w1 = cluster.add("w1");
+  auto store = JobStore::open(":memory:").value();
+  rl::JobConfig config = small_config("/ckpt");
+  config.sft.reset();
+  const JobRecord job = store->create_job("{}", 3).value();
+  cluster.trainer_->lose_publish_at = 3;  // published after step 2
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  const absl::Status s = loop.run(job, config);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(is_trainer_lost(s)) << s;
+  EXPECT_NE(s.message().find("weight version 3 reached none of the 2 live generation workers"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(store->get_job(job.id)->step, 1);  // step 2 did not complete
+
+  // One worker holding it is enough: the lagging one refuses work (min_weight_version).
+  FakeCluster lagging;
+  auto a = lagging.add("a");
+  auto b = lagging.add("b");
+  const JobRecord job2 = store->create_job("{}", 3).value();
+  lagging.trainer_->lose_publish_at = 3;
+  lagging.trainer_->lose_for = {"b"};
+  RlLoop loop2(&lagging, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  const absl::Status ok = loop2.run(job2, config);
+  EXPECT_TRUE(ok.ok()) << ok;
+  EXPECT_EQ(store->get_job(job2.id)->step, 3);
+  EXPECT_GT(a->emitted, 0);
+}
+
 // Runs `config` through a JobManager to its end; returns the final record.
 JobRecord run_job_manager(FakeCluster* cluster, JobStore* store, const rl::JobConfig& config,
                           RlLoopOptions options,
@@ -499,7 +537,7 @@ TEST(JobManager, FailsWithTheReasonWhenNoTrainerComesBack) {
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(job.state, JobState::kFailed);
-  EXPECT_NE(job.error.find("trainer lost and no trainer resumed the job within 1.2 s"),
+  EXPECT_NE(job.error.find("trainer or weight sync lost and the job could not resume within 1.2 s"),
             std::string::npos)
       << job.error;
   EXPECT_NE(job.error.find("train step 2: Socket closed"), std::string::npos) << job.error;
@@ -515,7 +553,8 @@ TEST(JobManager, FailsWithTheReasonWhenNoTrainerComesBack) {
   };
   const JobRecord off = run_job_manager(&cluster2, store.get(), manager_config(), options);
   EXPECT_EQ(off.state, JobState::kFailed);
-  EXPECT_TRUE(off.error.starts_with("trainer lost: train step 2: Socket closed")) << off.error;
+  EXPECT_TRUE(off.error.starts_with("trainer or weight sync lost: train step 2: Socket closed"))
+      << off.error;
   options.trainer_resume_wait = std::chrono::seconds(30);
   cluster2.trainer_->fail_step = [&](int64_t step) {
     return step == 2 ? absl::InvalidArgumentError("batch[0].tokens: out of range")
