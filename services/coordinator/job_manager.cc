@@ -200,14 +200,19 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
   int resumes = 0;
   std::optional<Clock::time_point> lost_since;  // start of the current trainer outage
   std::string lost_reason;                      // the error that started it
+  // Pause before the next attempt: 1 s, doubling while attempts make no progress, up to 8 s.
+  std::chrono::milliseconds retry_backoff = std::chrono::seconds(1);
   while (true) {
     RlLoop loop(cluster_, hooks, options_);
     const absl::Status status = loop.run(attempt, config);
     if (status.ok() || stopping_ || cancel_requested(id) || !is_trainer_lost(status)) {
       return status;
     }
-    // The trainer is gone. An attempt that got a working trainer ends the previous outage.
-    if (loop.policy_ready() || !lost_since) {
+    // The trainer (or the weights) are gone. An attempt that made progress ends the previous
+    // outage; attempts that did not (no trainer yet, weight sync still down) are part of it.
+    const bool progressed = loop.progress() > 0;
+    if (progressed || !lost_since) {
+      retry_backoff = std::chrono::seconds(1);
       lost_since = Clock::now();
       lost_reason = std::string(status.message());
     }
@@ -233,7 +238,7 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
           absl::StrCat("trainer or weight sync lost ", resumes + 1, " times (at most ",
                        options_.max_trainer_resumes, " resumes per job): ", reason));
     }
-    if (loop.policy_ready()) {
+    if (progressed || resumes == 0) {
       service::log_warn(kLog, "trainer lost; waiting for a trainer to resume the job",
                         {{"job", id}, {"error", std::string(status.message())}});
     }
@@ -246,7 +251,7 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
     // Back off before trying again; stop and cancel end the wait early.
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::seconds(1),
+      cv_.wait_for(lock, retry_backoff,
                    [&] { return stopping_.load() || cancel_requests_.contains(id); });
     }
     if (cancel_requested(id)) return absl::CancelledError("cancelled by user");
@@ -255,7 +260,8 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
     if (!fresh.ok()) return fresh.status();
     attempt = *fresh;
     attempt.resume = true;
-    if (loop.policy_ready()) {
+    retry_backoff = std::min<std::chrono::milliseconds>(retry_backoff * 2, std::chrono::seconds(8));
+    if (progressed || resumes == 0) {
       ++resumes;
       service::log_info(kLog, "resuming job after trainer loss",
                         {{"job", id},

@@ -391,6 +391,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
         if (!stats.ok())
           return trainer_error(stats.status(), absl::StrCat("SFT step ", s + 1, ": "));
         loss = stats->values.count("loss") ? stats->values.at("loss") : 0.0;
+        ++progress_;
         set_phase("sft", s + 1, config.sft->steps, absl::StrFormat("loss %.4f", loss));
       }
       row0["sft_loss"] = loss;
@@ -422,6 +423,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     row0["time_validate_seconds"] = seconds_since(start);
     row0["weight_version"] = static_cast<double>(*version);
     if (absl::Status s = store->put_metrics(job.id, 0, row0); !s.ok()) return s;
+    ++progress_;
     if (metrics != nullptr) {
       metrics->validation_accuracy->get().set(*accuracy);
       metrics->record_phases(row0);
@@ -542,6 +544,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     }
     row["time_step_seconds"] = seconds_since(step_start);
     if (absl::Status s = store->put_metrics(job.id, step, row); !s.ok()) return s;
+    ++progress_;
     if (absl::Status s = store->set_step(job.id, step); !s.ok()) return s;
     if (metrics != nullptr) {
       metrics->step->get().set(static_cast<double>(step));

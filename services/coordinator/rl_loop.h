@@ -166,6 +166,9 @@ class RlLoop {
   const DispatchStats& dispatch_stats() const { return dispatch_stats_; }
   // True once run() got a trainer holding the job's policy (initialized or loaded).
   bool policy_ready() const { return policy_ready_; }
+  // SFT steps done plus metrics rows (row 0 or RL steps) recorded by run(): > 0 means the job
+  // made progress.
+  int64_t progress() const { return progress_; }
 
  private:
   void set_phase(std::string phase, int64_t done = 0, int64_t total = 0, std::string detail = "");
@@ -182,6 +185,7 @@ class RlLoop {
   RlLoopOptions options_;
   DispatchStats dispatch_stats_;
   bool policy_ready_ = false;
+  int64_t progress_ = 0;
 };
 
 // The seed of sample g of prompt p at `step` (stable across restarts and re-dispatch).

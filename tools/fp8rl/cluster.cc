@@ -608,6 +608,9 @@ void LocalCluster::schedule_restart(size_t i, Clock::time_point now, ChildFailur
   const RestartPolicy& policy = options_.restart;
   Supervision& sv = supervision_[i];
   if (!policy.enabled) return;
+  // A child that ran longer than quick_crash_window was healthy: its death (a kill, an OOM) starts
+  // a fresh count, so only a crash loop is ever given up.
+  if (now - sv.started_at >= policy.quick_crash_window) sv.crashes.clear();
   std::erase_if(sv.crashes, [&](Clock::time_point t) { return now - t > policy.give_up_window; });
   sv.crashes.push_back(now);
   if (static_cast<int>(sv.crashes.size()) >= policy.give_up_crashes) {

@@ -42,7 +42,9 @@ struct RestartPolicy {
   bool enabled = true;  // false: `--no-restart`, every exit is final
   std::chrono::milliseconds initial_backoff{1'000};
   std::chrono::milliseconds max_backoff{30'000};
-  std::chrono::milliseconds quick_crash_window{30'000};
+  // A crash this soon after its (re)start doubles the back-off and counts towards giving up; a
+  // child that ran longer resets both.
+  std::chrono::milliseconds quick_crash_window{10'000};
   int give_up_crashes = 5;
   std::chrono::milliseconds give_up_window{300'000};
 };
