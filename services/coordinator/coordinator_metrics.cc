@@ -21,6 +21,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
 
   FP8RL_ASSIGN(m->jobs, registry->add_gauge("fp8rl_coordinator_jobs", "Jobs in the store by state.",
                                             {"state"}));
+  FP8RL_ASSIGN(m->job_resumes,
+               registry->add_counter("fp8rl_coordinator_job_resumes_total",
+                                     "Jobs resumed from their last checkpoint (after a coordinator "
+                                     "restart, or a lost trainer or weight version)."));
   FP8RL_ASSIGN(m->jobs_submitted, registry->add_counter("fp8rl_coordinator_jobs_submitted_total",
                                                         "Jobs accepted (REST and gRPC)."));
   FP8RL_ASSIGN(m->requests_rejected,

@@ -40,8 +40,10 @@ class CoordinatorMetrics {
   // One request rejected as invalid; api is "rest" or "grpc".
   void count_rejected(std::string_view api);
 
-  service::GaugeFamily* jobs = nullptr;                     // {state}
-  service::CounterFamily* jobs_submitted = nullptr;         // jobs accepted
+  service::GaugeFamily* jobs = nullptr;              // {state}
+  service::CounterFamily* jobs_submitted = nullptr;  // jobs accepted
+  service::CounterFamily* job_resumes =
+      nullptr;  // jobs resumed (coordinator restart, lost trainer)
   service::CounterFamily* requests_rejected = nullptr;      // {api}
   service::GaugeFamily* live_workers = nullptr;             // {kind}
   service::GaugeFamily* step = nullptr;                     // running job's completed steps

@@ -169,6 +169,7 @@ void JobManager::run_job(const JobRecord& job) {
     return;
   }
   service::log_info(kLog, "job started", {{"job", id}, {"resume", job.resume ? "true" : "false"}});
+  if (job.resume && metrics_ != nullptr) metrics_->job_resumes->get().inc();  // restart resume
   const absl::Status status = run_with_resumes(job, *config);
   const bool user_cancelled = cancel_requested(id);
   if (status.ok()) {
@@ -263,6 +264,7 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
     retry_backoff = std::min<std::chrono::milliseconds>(retry_backoff * 2, std::chrono::seconds(8));
     if (progressed || resumes == 0) {
       ++resumes;
+      if (metrics_ != nullptr) metrics_->job_resumes->get().inc();
       service::log_info(kLog, "resuming job after trainer loss",
                         {{"job", id},
                          {"checkpoint", attempt.checkpoint.empty() ? "(none: from the start)"

@@ -24,7 +24,10 @@ absl::StatusOr<std::unique_ptr<GenerationMetrics>> GenerationMetrics::create(
                              "Tokens processed, by kind (prompt, generated).", {"kind"}),
        &m->tokens);
   take(registry->add_counter("fp8rl_generation_requests_total",
-                             "Generate requests finished, by status (ok, error).", {"status"}),
+                             "Generate requests finished, by status (ok, error, cancelled: the "
+                             "client went away or its deadline passed; its samples were dropped "
+                             "from the batch).",
+                             {"status"}),
        &m->requests);
   take(registry->add_gauge("fp8rl_generation_queue_depth", "Sequences waiting to join a batch."),
        &m->queue_depth);
@@ -49,6 +52,7 @@ absl::StatusOr<std::unique_ptr<GenerationMetrics>> GenerationMetrics::create(
   m->tokens->with({"generated"});
   m->requests->with({"ok"});
   m->requests->with({"error"});
+  m->requests->with({"cancelled"});
   return m;
 }
 

@@ -34,7 +34,10 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
   const auto start = std::chrono::steady_clock::now();
   auto finish = [&](const grpc::Status& status) {
     if (metrics_) {
-      metrics_->requests->with({status.ok() ? "ok" : "error"}).inc();
+      // A call its client abandoned (cancelled, deadline passed) is not a worker error.
+      const bool abandoned = status.error_code() == grpc::StatusCode::CANCELLED ||
+                             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      metrics_->requests->with({status.ok() ? "ok" : abandoned ? "cancelled" : "error"}).inc();
       if (status.ok()) {
         metrics_->request_seconds->get().observe(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -111,6 +111,10 @@ def body(clusters):
     su.check(f"job={job_id} from_step=" in coordinator_log.replace('"', ""),
              "coordinator did not resume from a checkpoint")
     su.check(not su.pid_alive(old_pid), "killed trainer still alive")
+    status, text = su.http("GET", f"{cluster.rest}/metrics")
+    resumes = [float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("fp8rl_coordinator_job_resumes_total")]
+    su.check(resumes and resumes[0] >= 1, f"fp8rl_coordinator_job_resumes_total: {resumes}")
 
     # 2. The coordinator dies mid-job; restarted, it resumes the RUNNING job from its store and
     #    last checkpoint, and the workers register with it again.

@@ -425,6 +425,17 @@ TEST_F(GenerationWorkerTest, DeadlineDropsTheCallsSequences) {
   EXPECT_EQ(s.kv_cache_usage, 0.0);
   EXPECT_EQ(s.kv_cache_bytes, 0);
   EXPECT_TRUE(call(make_request({1}, 1, 3)).status.ok());
+  // The abandoned call counts as cancelled, not as a worker error.
+  httplib::Client http("127.0.0.1", worker_->metrics_port());
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res) << "GET /metrics failed";
+  EXPECT_NE(res->body.find("fp8rl_generation_requests_total{status=\"cancelled\"} 1"),
+            std::string::npos)
+      << res->body;
+  EXPECT_NE(res->body.find("fp8rl_generation_requests_total{status=\"error\"} 0"),
+            std::string::npos);
+  EXPECT_NE(res->body.find("fp8rl_generation_requests_total{status=\"ok\"} 1"),
+            std::string::npos);
 }
 
 TEST_F(GenerationWorkerTest, CancelledRequestFreesItsSlotsForTheQueue) {
