@@ -43,7 +43,10 @@ int run(const std::vector<std::string>& args) {
                     {"trainer_timeout_seconds", "3600"},
                     // After losing the trainer, resume the job from its last checkpoint when a
                     // trainer is back within this time; 0 fails the job at once.
-                    {"trainer_resume_seconds", "120"}};
+                    {"trainer_resume_seconds", "120"},
+                    // How long every live generation worker gets to load a new version before
+                    // the loop goes on (laggards refuse work); none holding it makes it resume.
+                    {"sync_wait_seconds", "60"}};
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::fputs(service::service_options_usage(defaults).c_str(), stdout);
@@ -65,6 +68,9 @@ int run(const std::vector<std::string>& args) {
   absl::StatusOr<int64_t> resume_seconds =
       service::extra_int_in_range(*options, "trainer_resume_seconds", 0, 7 * 24 * 3600);
   if (!resume_seconds.ok()) return fail(std::string(resume_seconds.status().message()));
+  absl::StatusOr<int64_t> sync_seconds =
+      service::extra_int_in_range(*options, "sync_wait_seconds", 1, 24 * 3600);
+  if (!sync_seconds.ok()) return fail(std::string(sync_seconds.status().message()));
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) {
     return fail(std::string(s.message()));
   }
@@ -90,6 +96,7 @@ int run(const std::vector<std::string>& args) {
   loop_options.generate_deadline = std::chrono::seconds(numbers[2]);
   loop_options.worker_wait = std::chrono::seconds(numbers[3]);
   loop_options.trainer_resume_wait = std::chrono::seconds(*resume_seconds);
+  loop_options.sync_wait = std::chrono::seconds(*sync_seconds);
   coordinator::JobManager jobs(store->get(), &cluster, &workers, metrics->get(), loop_options);
 
   service::HttpServerOptions http_options;

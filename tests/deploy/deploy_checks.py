@@ -49,7 +49,7 @@ BINARY_FLAGS = {
     "fp8rl-coordinator": COMMON_FLAGS | {
         "--job-store", "--heartbeat-interval-ms", "--worker-expiry-ms",
         "--generate-deadline-seconds", "--worker-wait-seconds", "--trainer-timeout-seconds",
-        "--trainer-resume-seconds"},
+        "--trainer-resume-seconds", "--sync-wait-seconds"},
     "fp8rl-weight-sync": COMMON_FLAGS | {
         "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes"},
     "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name"},
