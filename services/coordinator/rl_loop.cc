@@ -351,7 +351,6 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
       return trainer_error(v.status(),
                            absl::StrCat("resume from checkpoint '", job.checkpoint, "': "));
     }
-    policy_ready_ = true;
     start_step = job.checkpoint_step;
     // Steps after the checkpoint run again and record their rows again.
     if (absl::Status s = store->set_step(job.id, start_step); !s.ok()) return s;
@@ -368,7 +367,6 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     set_phase("initializing");
     absl::StatusOr<int64_t> v = trainer->init_policy(job.id, config);
     if (!v.ok()) return trainer_error(v.status(), "trainer init: ");
-    policy_ready_ = true;
     if (config.sft) {
       const auto start = Clock::now();
       double loss = 0.0;

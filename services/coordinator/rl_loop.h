@@ -135,8 +135,9 @@ struct RlLoopHooks {
 };
 
 // A failed job whose error carries this payload lost its trainer (the trainer process died, was
-// restarted without the job's policy, or stopped answering): the JobManager may run it again,
-// resuming from its last checkpoint, once a trainer is back.
+// restarted without the job's policy, or stopped answering) or a published weight version (it
+// reached no live generation worker): the JobManager may run it again, resuming from its last
+// checkpoint, once a trainer is back.
 inline constexpr char kTrainerLostPayload[] = "fp8rl.dev/trainer-lost";
 bool is_trainer_lost(const absl::Status& status);
 
@@ -164,8 +165,6 @@ class RlLoop {
                                                             const std::vector<GenSample>& samples,
                                                             const GenParams& params);
   const DispatchStats& dispatch_stats() const { return dispatch_stats_; }
-  // True once run() got a trainer holding the job's policy (initialized or loaded).
-  bool policy_ready() const { return policy_ready_; }
   // SFT steps done plus metrics rows (row 0 or RL steps) recorded by run(): > 0 means the job
   // made progress.
   int64_t progress() const { return progress_; }
@@ -184,7 +183,6 @@ class RlLoop {
   RlLoopHooks hooks_;
   RlLoopOptions options_;
   DispatchStats dispatch_stats_;
-  bool policy_ready_ = false;
   int64_t progress_ = 0;
 };
 

@@ -378,7 +378,7 @@ TEST(RlLoop, ReportsEveryPhase) {
   RlLoopHooks hooks{store.get(), nullptr, {}, {}, [&](const JobProgress& p) { seen.push_back(p); }};
   RlLoop loop(&cluster, hooks, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
-  EXPECT_TRUE(loop.policy_ready());
+  EXPECT_EQ(loop.progress(), 2 + 1 + 3);  // SFT steps, row 0, RL steps
   std::vector<std::string> lines;
   for (const JobProgress& p : seen) {
     lines.push_back(absl::StrCat(p.phase, " ", p.done, "/", p.total, " ", p.detail));
