@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace fp8rl::service {
 namespace {
@@ -235,7 +236,7 @@ absl::StatusOr<CounterFamily*> MetricsRegistry::add_counter(std::string_view nam
                                                             std::string_view help,
                                                             std::vector<std::string> label_names) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = check_new(name, help, label_names, MetricType::kCounter); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(check_new(name, help, label_names, MetricType::kCounter));
   counters_.push_back(std::make_unique<CounterFamily>(
       std::string(name), std::string(help), std::move(label_names), MetricType::kCounter));
   order_.emplace_back(MetricType::kCounter, counters_.size() - 1);
@@ -248,7 +249,7 @@ absl::StatusOr<GaugeFamily*> MetricsRegistry::add_gauge(std::string_view name,
                                                         std::string_view help,
                                                         std::vector<std::string> label_names) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = check_new(name, help, label_names, MetricType::kGauge); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(check_new(name, help, label_names, MetricType::kGauge));
   gauges_.push_back(std::make_unique<GaugeFamily>(std::string(name), std::string(help),
                                                   std::move(label_names), MetricType::kGauge));
   order_.emplace_back(MetricType::kGauge, gauges_.size() - 1);
@@ -261,9 +262,7 @@ absl::StatusOr<HistogramFamily*> MetricsRegistry::add_histogram(
     std::string_view name, std::string_view help, std::vector<std::string> label_names,
     std::vector<double> bounds) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = check_new(name, help, label_names, MetricType::kHistogram); !s.ok()) {
-    return s;
-  }
+  FP8RL_RETURN_IF_ERROR(check_new(name, help, label_names, MetricType::kHistogram));
   if (bounds.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", std::string(name), "': no bucket bounds"));

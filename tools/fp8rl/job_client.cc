@@ -1,8 +1,6 @@
 // JobService client, job-config preparation and the text views of jobs for the fp8rl CLI.
 #include "tools/fp8rl/job_client.h"
 
-#ifdef FP8RL_CLI_HAS_GRPC
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -545,5 +543,3 @@ std::string format_summary(const v1::Job& job, const std::vector<v1::StepMetrics
 }
 
 }  // namespace fp8rl::cli
-
-#endif  // FP8RL_CLI_HAS_GRPC

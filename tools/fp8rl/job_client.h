@@ -1,11 +1,9 @@
 // The CLI's side of the coordinator's gRPC JobService: a small client (submit, get, list, cancel,
 // watch, metrics) whose errors read well on a terminal, job-config preparation (validate locally,
 // resolve relative paths) and the text views shared by `fp8rl run/submit/status/list/watch`:
-// progress lines and the end-of-job summary.
+// progress lines and the end-of-job summary. In the CLI only with FP8RL_HAVE_SERVICES (it needs
+// the generated JobService stubs).
 #pragma once
-
-#if __has_include(<fp8rl/v1/job_service.grpc.pb.h>)
-#define FP8RL_CLI_HAS_GRPC 1
 
 #include <grpcpp/grpcpp.h>
 
@@ -112,5 +110,3 @@ std::string format_summary(const v1::Job& job, const std::vector<v1::StepMetrics
                            double wall_seconds);
 
 }  // namespace fp8rl::cli
-
-#endif  // __has_include(job_service.grpc.pb.h)
