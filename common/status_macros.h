@@ -9,11 +9,11 @@
 
 // Evaluates expr (an absl::Status) and returns it from the enclosing function when it is not OK.
 //   FP8RL_RETURN_IF_ERROR(file.write(bytes));
-#define FP8RL_RETURN_IF_ERROR(expr)                                \
-  do {                                                             \
+#define FP8RL_RETURN_IF_ERROR(expr)                                   \
+  do {                                                                \
     if (::absl::Status fp8rl_status_ = (expr); !fp8rl_status_.ok()) { \
-      return fp8rl_status_;                                        \
-    }                                                              \
+      return fp8rl_status_;                                           \
+    }                                                                 \
   } while (false)
 
 // Evaluates expr (an absl::StatusOr<T>); returns its status from the enclosing function when it is
@@ -23,8 +23,8 @@
 #define FP8RL_ASSIGN_OR_RETURN(lhs, expr) \
   FP8RL_ASSIGN_OR_RETURN_IMPL_(FP8RL_STATUS_MACROS_CONCAT_(fp8rl_statusor_, __LINE__), lhs, expr)
 
-#define FP8RL_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                                 \
+#define FP8RL_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)  \
+  auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

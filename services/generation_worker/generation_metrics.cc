@@ -1,6 +1,7 @@
 // Registration of the generation worker's metrics (see generation_metrics.h).
-#include "common/status_macros.h"
 #include "services/generation_worker/generation_metrics.h"
+
+#include "common/status_macros.h"
 
 namespace fp8rl::generation {
 

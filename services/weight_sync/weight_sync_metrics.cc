@@ -1,6 +1,7 @@
 // Registration of the weight-sync metrics (see weight_sync_metrics.h).
-#include "common/status_macros.h"
 #include "services/weight_sync/weight_sync_metrics.h"
+
+#include "common/status_macros.h"
 
 namespace fp8rl::weight_sync {
 

@@ -332,4 +332,3 @@ int run_main(const std::vector<std::string>& argv) {
 }
 
 }  // namespace fp8rl::cli
-

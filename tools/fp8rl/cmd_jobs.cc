@@ -1,6 +1,4 @@
 // `fp8rl submit/status/list/cancel/watch`: drive a running coordinator over its gRPC JobService.
-#include "tools/fp8rl/job_client.h"
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +9,7 @@
 #include "common/service/shutdown.h"
 #include "tools/fp8rl/args.h"
 #include "tools/fp8rl/command.h"
+#include "tools/fp8rl/job_client.h"
 
 namespace fp8rl::cli {
 namespace {
