@@ -82,7 +82,9 @@ TEST_P(GemmShapes, MatchesFloat64GemmOfUnquantizedData) {
   EXPECT_LT(diff, kMaxCalcDiff);
   // E4M3 rounds Gaussian data: with more than one value per tile the result must differ from the
   // exact one, or the GEMM did not run on the quantized operands.
-  if (k > 1) EXPECT_GT(diff, kMinFp8CalcDiff);
+  if (k > 1) {
+    EXPECT_GT(diff, kMinFp8CalcDiff);
+  }
 
   // bf16 output is the fp32 output rounded.
   std::vector<float> yb(m * n, 0.0f);
