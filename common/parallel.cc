@@ -31,10 +31,10 @@ struct ThreadPool::Job {
   int64_t n = 0;
   int64_t chunk = 1;
   int64_t num_chunks = 0;
-  std::atomic<int64_t> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-  std::exception_ptr error;
+  std::atomic<int64_t> next{0};     // next chunk to claim, lock-free
+  std::atomic<bool> failed{false};  // set on the first exception: the other chunks are skipped
+  std::mutex error_mu;              // guards error
+  std::exception_ptr error;         // guarded by error_mu; the first exception thrown
 };
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {

@@ -46,15 +46,21 @@ class ThreadPool {
   static void run_chunks(Job& job);
 
   int num_threads_;
-  std::vector<std::thread> workers_;
-  std::mutex submit_mu_;  // one job at a time
+  std::vector<std::thread> workers_;  // set in the constructor, joined in the destructor
+  // One parallel_for at a time (a second caller waits); taken before mu_.
+  std::mutex submit_mu_;
+  // Guards job_, generation_, active_workers_ and stop_.
   std::mutex mu_;
+  // Waits for (workers): a new job (generation_ changed) or stop_. Notified by parallel_for()
+  // and the destructor.
   std::condition_variable work_cv_;
+  // Waits for (parallel_for()): active_workers_ == 0, every worker done with the current job.
+  // Notified by the last worker to finish.
   std::condition_variable done_cv_;
-  Job* job_ = nullptr;  // guarded by mu_
-  uint64_t generation_ = 0;
-  int active_workers_ = 0;  // workers still inside the current job
-  bool stop_ = false;
+  Job* job_ = nullptr;       // guarded by mu_
+  uint64_t generation_ = 0;  // guarded by mu_; counts jobs, so a worker runs each once
+  int active_workers_ = 0;   // guarded by mu_; workers still inside the current job
+  bool stop_ = false;        // guarded by mu_
 };
 
 // The process-wide pool (default_num_threads() threads), created on first use.

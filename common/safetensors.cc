@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/fs.h"
 #include "common/json_util.h"
+#include "common/status_macros.h"
 
 namespace fp8rl {
 namespace {
@@ -214,25 +215,22 @@ absl::StatusOr<const SafetensorsFile::Entry*> SafetensorsFile::find(const std::s
 }
 
 absl::StatusOr<TensorInfo> SafetensorsFile::info(const std::string& name) const {
-  absl::StatusOr<const Entry*> entry = find(name);
-  if (!entry.ok()) return entry.status();
-  return (*entry)->info;
+  FP8RL_ASSIGN_OR_RETURN(const Entry* entry, find(name));
+  return entry->info;
 }
 
 absl::StatusOr<std::vector<uint8_t>> SafetensorsFile::raw(const std::string& name) const {
-  absl::StatusOr<const Entry*> entry = find(name);
-  if (!entry.ok()) return entry.status();
-  const uint8_t* p = data_->data() + (*entry)->begin;
-  return std::vector<uint8_t>(p, p + (*entry)->info.nbytes());
+  FP8RL_ASSIGN_OR_RETURN(const Entry* entry, find(name));
+  const uint8_t* p = data_->data() + entry->begin;
+  return std::vector<uint8_t>(p, p + entry->info.nbytes());
 }
 
 absl::StatusOr<std::vector<float>> SafetensorsFile::read_f32(const std::string& name) const {
-  absl::StatusOr<const Entry*> entry = find(name);
-  if (!entry.ok()) return entry.status();
-  const TensorInfo& info = (*entry)->info;
+  FP8RL_ASSIGN_OR_RETURN(const Entry* entry, find(name));
+  const TensorInfo& info = entry->info;
   std::vector<float> out(static_cast<size_t>(info.numel()));
   absl::Status s =
-      convert_to_f32(info.dtype, data_->data() + (*entry)->begin, info.numel(), out.data());
+      convert_to_f32(info.dtype, data_->data() + entry->begin, info.numel(), out.data());
   if (!s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path_, ": tensor '", name, "': cannot read as fp32: ", s.message()));
@@ -447,21 +445,18 @@ absl::StatusOr<const SafetensorsFile*> Checkpoint::file_for(const std::string& n
 }
 
 absl::StatusOr<TensorInfo> Checkpoint::info(const std::string& name) const {
-  absl::StatusOr<const SafetensorsFile*> file = file_for(name);
-  if (!file.ok()) return file.status();
-  return (*file)->info(name);
+  FP8RL_ASSIGN_OR_RETURN(const SafetensorsFile* file, file_for(name));
+  return file->info(name);
 }
 
 absl::StatusOr<std::vector<uint8_t>> Checkpoint::raw(const std::string& name) const {
-  absl::StatusOr<const SafetensorsFile*> file = file_for(name);
-  if (!file.ok()) return file.status();
-  return (*file)->raw(name);
+  FP8RL_ASSIGN_OR_RETURN(const SafetensorsFile* file, file_for(name));
+  return file->raw(name);
 }
 
 absl::StatusOr<std::vector<float>> Checkpoint::read_f32(const std::string& name) const {
-  absl::StatusOr<const SafetensorsFile*> file = file_for(name);
-  if (!file.ok()) return file.status();
-  return (*file)->read_f32(name);
+  FP8RL_ASSIGN_OR_RETURN(const SafetensorsFile* file, file_for(name));
+  return file->read_f32(name);
 }
 
 absl::Status write_checkpoint(const std::string& dir, const std::string& config_json,
@@ -477,13 +472,11 @@ absl::Status write_checkpoint(const std::string& dir, const std::string& config_
   }
   return write_dir_atomic(dir, [&](const std::string& tmp) -> absl::Status {
     const stdfs::path root(tmp);
-    if (absl::Status s = write_file_atomic((root / kConfigFile).string(), config_json); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = tensors.write((root / kSingleFile).string()); !s.ok()) return s;
+    FP8RL_RETURN_IF_ERROR(write_file_atomic((root / kConfigFile).string(), config_json));
+    FP8RL_RETURN_IF_ERROR(tensors.write((root / kSingleFile).string()));
     for (const std::string& src : copy_files) {
       const std::string dst = (root / stdfs::path(src).filename()).string();
-      if (absl::Status s = copy_file(src, dst); !s.ok()) return s;
+      FP8RL_RETURN_IF_ERROR(copy_file(src, dst));
     }
     return absl::OkStatus();
   });

@@ -5,9 +5,9 @@
 
 namespace fp8rl::kernels {
 
-// calc_diff = 1 - 2*sum(x*y) / (sum(x*x) + sum(y*y)), in float64, between an FP8 GEMM and the
-// exact GEMM of the unquantized data. E4M3 on both operands lands near 6e-4 for Gaussian data;
-// below this bar the FP8 GEMM computes the same function (DeepGEMM's criterion).
+// calc_diff (kernels/calc_diff.h) = 1 - 2*sum(x*y) / (sum(x*x) + sum(y*y)), in float64, between
+// an FP8 GEMM and the exact GEMM of the unquantized data. E4M3 on both operands lands near 6e-4 for
+// Gaussian data; below this bar the FP8 GEMM computes the same function (DeepGEMM's criterion).
 inline constexpr double kFp8GemmMaxCalcDiff = 1e-3;
 
 // |gemm_fp8 - exact per-K-block formula on the codes| <= this * sum_kb |sa*sb| * sum |qa*qb|.

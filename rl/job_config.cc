@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/fs.h"
 #include "common/json_util.h"
+#include "common/status_macros.h"
 #include "rl/tasks.h"
 #include "yaml-cpp/yaml.h"
 
@@ -226,13 +227,6 @@ class Fields {
   const Json& object_;
   std::string path_;
 };
-
-#define FP8RL_RETURN_IF_ERROR(expr)           \
-  do {                                        \
-    if (absl::Status _s = (expr); !_s.ok()) { \
-      return _s;                              \
-    }                                         \
-  } while (false)
 
 #define FP8RL_ASSIGN_OR_RETURN_FIELDS(lhs, expr) \
   absl::StatusOr<Fields> lhs##_or = (expr);      \

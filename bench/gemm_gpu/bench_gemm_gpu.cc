@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/calc_diff.h"
 #include "kernels/cuda/fp8_cuda.h"
 #include "kernels/formats.h"
 
@@ -154,17 +155,15 @@ int run() {
     std::vector<uint16_t> y8(count), y16(count);
     check(copy_to_host(y8.data(), dy8.data(), 2 * count, nullptr), "download y fp8");
     check(copy_to_host(y16.data(), dy16.data(), 2 * count, nullptr), "download y bf16");
-    double xy = 0, xx = 0, yy = 0;
+    std::vector<float> f8(count), f16(count);
     for (size_t i = 0; i < count; ++i) {
-      const double p = bf16_to_float(y8[i]), q = bf16_to_float(y16[i]);
-      xy += p * q;
-      xx += p * p;
-      yy += q * q;
+      f8[i] = bf16_to_float(y8[i]);
+      f16[i] = bf16_to_float(y16[i]);
     }
     const double flops = 2.0 * kM * s.n * s.k;
     std::printf("| %s | %ld x %ld | %.1f | %.1f | %.2f | %.1f | %.1f | %.2e |\n", s.name, long(s.n),
                 long(s.k), flops / (t_fp8 * 1e9), flops / (t_bf16 * 1e9), t_bf16 / t_fp8,
-                t_qx * 1e3, t_qw * 1e3, 1.0 - 2.0 * xy / (xx + yy));
+                t_qx * 1e3, t_qw * 1e3, calc_diff(f8, f16));
   }
   return 0;
 }

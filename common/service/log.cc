@@ -14,7 +14,7 @@ namespace fp8rl::service {
 namespace {
 
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
-std::mutex g_write_mu;
+std::mutex g_write_mu;  // serializes writes to stderr, one whole line at a time
 
 bool needs_quotes(std::string_view value) {
   if (value.empty()) return true;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace fp8rl::service {
 namespace {
@@ -133,14 +134,14 @@ void Histogram::observe(double value) {
   if (std::isnan(value)) return;
   const size_t bucket =
       std::lower_bound(bounds_->begin(), bounds_->end(), value) - bounds_->begin();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++counts_[bucket];
   sum_ += value;
   ++count_;
 }
 
 Histogram::Snapshot Histogram::snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Snapshot snap;
   snap.cumulative.resize(counts_.size());
   uint64_t running = 0;
@@ -157,7 +158,7 @@ template <typename T>
 T& MetricFamily<T>::with(const std::vector<std::string>& label_values) {
   std::vector<std::string> key = label_values;
   key.resize(label_names_.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = series_.find(key);
   if (it == series_.end()) {
     std::unique_ptr<T> series;
@@ -173,7 +174,7 @@ T& MetricFamily<T>::with(const std::vector<std::string>& label_values) {
 
 template <typename T>
 std::vector<std::pair<std::vector<std::string>, const T*>> MetricFamily<T>::series() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<std::pair<std::vector<std::string>, const T*>> out;
   out.reserve(series_.size());
   for (const auto& [key, series] : series_) out.emplace_back(key, series.get());
@@ -188,9 +189,9 @@ std::vector<double> default_seconds_buckets() {
   return {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
 }
 
-absl::Status MetricsRegistry::check_new(std::string_view name, std::string_view help,
-                                        const std::vector<std::string>& label_names,
-                                        MetricType type) const {
+absl::Status MetricsRegistry::check_new_locked(std::string_view name, std::string_view help,
+                                               const std::vector<std::string>& label_names,
+                                               MetricType type) const {
   if (!is_metric_name(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", std::string(name), "': name must match fp8rl_[a-z0-9_]+"));
@@ -234,8 +235,8 @@ absl::Status MetricsRegistry::check_new(std::string_view name, std::string_view 
 absl::StatusOr<CounterFamily*> MetricsRegistry::add_counter(std::string_view name,
                                                             std::string_view help,
                                                             std::vector<std::string> label_names) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = check_new(name, help, label_names, MetricType::kCounter); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, MetricType::kCounter));
   counters_.push_back(std::make_unique<CounterFamily>(
       std::string(name), std::string(help), std::move(label_names), MetricType::kCounter));
   order_.emplace_back(MetricType::kCounter, counters_.size() - 1);
@@ -247,8 +248,8 @@ absl::StatusOr<CounterFamily*> MetricsRegistry::add_counter(std::string_view nam
 absl::StatusOr<GaugeFamily*> MetricsRegistry::add_gauge(std::string_view name,
                                                         std::string_view help,
                                                         std::vector<std::string> label_names) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = check_new(name, help, label_names, MetricType::kGauge); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, MetricType::kGauge));
   gauges_.push_back(std::make_unique<GaugeFamily>(std::string(name), std::string(help),
                                                   std::move(label_names), MetricType::kGauge));
   order_.emplace_back(MetricType::kGauge, gauges_.size() - 1);
@@ -260,10 +261,8 @@ absl::StatusOr<GaugeFamily*> MetricsRegistry::add_gauge(std::string_view name,
 absl::StatusOr<HistogramFamily*> MetricsRegistry::add_histogram(
     std::string_view name, std::string_view help, std::vector<std::string> label_names,
     std::vector<double> bounds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = check_new(name, help, label_names, MetricType::kHistogram); !s.ok()) {
-    return s;
-  }
+  absl::MutexLock lock(&mu_);
+  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, MetricType::kHistogram));
   if (bounds.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", std::string(name), "': no bucket bounds"));
@@ -285,7 +284,7 @@ absl::StatusOr<HistogramFamily*> MetricsRegistry::add_histogram(
 }
 
 std::string MetricsRegistry::render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::string out;
   for (const auto& [type, index] : order_) {
     switch (type) {

@@ -16,12 +16,13 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace fp8rl::service {
 
@@ -59,10 +60,11 @@ class Histogram {
 
  private:
   const std::vector<double>* bounds_;  // owned by the family
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // per bucket (non-cumulative), +Inf bucket last
-  double sum_ = 0.0;
-  uint64_t count_ = 0;
+  mutable absl::Mutex mu_;
+  // Per bucket (non-cumulative), +Inf bucket last.
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);
+  double sum_ ABSL_GUARDED_BY(mu_) = 0.0;
+  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 enum class MetricType { kCounter, kGauge, kHistogram };
@@ -101,8 +103,9 @@ class MetricFamily {
   std::vector<std::string> label_names_;
   MetricType type_;
   std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::map<std::vector<std::string>, std::unique_ptr<T>> series_;
+  mutable absl::Mutex mu_;
+  // Series are created under mu_ and never removed, so a returned pointer stays valid.
+  std::map<std::vector<std::string>, std::unique_ptr<T>> series_ ABSL_GUARDED_BY(mu_);
 };
 
 using CounterFamily = MetricFamily<Counter>;
@@ -128,16 +131,17 @@ class MetricsRegistry {
   std::string render() const;
 
  private:
-  absl::Status check_new(std::string_view name, std::string_view help,
-                         const std::vector<std::string>& label_names, MetricType type) const;
+  absl::Status check_new_locked(std::string_view name, std::string_view help,
+                                const std::vector<std::string>& label_names, MetricType type) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<CounterFamily>> counters_;
-  std::vector<std::unique_ptr<GaugeFamily>> gauges_;
-  std::vector<std::unique_ptr<HistogramFamily>> histograms_;
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<CounterFamily>> counters_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<GaugeFamily>> gauges_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<HistogramFamily>> histograms_ ABSL_GUARDED_BY(mu_);
   // Registration order: (type, index into the vector of that type).
-  std::vector<std::pair<MetricType, size_t>> order_;
-  std::map<std::string, MetricType, std::less<>> names_;
+  std::vector<std::pair<MetricType, size_t>> order_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, MetricType, std::less<>> names_ ABSL_GUARDED_BY(mu_);
 };
 
 // The content type /metrics answers with.

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/status_macros.h"
 
 namespace fp8rl::service {
 namespace {
@@ -178,12 +179,10 @@ absl::StatusOr<ServiceOptions> parse_service_options(const ServiceOptions& defau
   }
   ServiceOptions options = defaults;
   if (!config_path.empty()) {
-    if (absl::Status s = apply_yaml(config_path, all, options); !s.ok()) return s;
+    FP8RL_RETURN_IF_ERROR(apply_yaml(config_path, all, options));
   }
   for (const auto& [key, value] : pairs) {
-    if (absl::Status s = find_field(all, key)->set(options, value, flag_name(key)); !s.ok()) {
-      return s;
-    }
+    FP8RL_RETURN_IF_ERROR(find_field(all, key)->set(options, value, flag_name(key)));
   }
   return options;
 }

@@ -89,18 +89,22 @@ class WorkerRegistration {
   const WorkerRegistrationOptions options_;
   std::unique_ptr<v1::WorkerRegistry::Stub> stub_;
 
+  // Guards the members marked below. Taken after stop_mu_.
   mutable std::mutex mu_;
+  // Waits for: stopping_ (sleep_for() between calls) or a non-empty worker_id_
+  // (wait_registered()). Notified by stop() and by a successful registration.
   mutable std::condition_variable cv_;
-  bool started_ = false;
-  bool stopping_ = false;
+  bool started_ = false;                      // guarded by mu_
+  bool stopping_ = false;                     // guarded by mu_
   grpc::ClientContext* in_flight_ = nullptr;  // guarded by mu_; cancelled by stop()
-  std::string worker_id_;
+  std::string worker_id_;                     // guarded by mu_
+  // Guarded by mu_ (from the last RegisterWorker answer).
   std::chrono::milliseconds heartbeat_interval_;
-  std::chrono::milliseconds expiry_{0};  // 0: the coordinator announced none
-  std::chrono::steady_clock::time_point last_ok_;
-  Stats stats_;
-  std::thread thread_;
-  std::mutex stop_mu_;  // serializes stop()
+  std::chrono::milliseconds expiry_{0};  // guarded by mu_; 0: the coordinator announced none
+  std::chrono::steady_clock::time_point last_ok_;  // guarded by mu_
+  Stats stats_;                                    // guarded by mu_
+  std::thread thread_;  // started by start(), joined by stop() under stop_mu_
+  std::mutex stop_mu_;  // serializes stop(); taken before mu_
 };
 
 }  // namespace fp8rl::service

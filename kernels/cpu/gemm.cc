@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
+#include "common/status_macros.h"
 #include "kernels/formats.h"
 
 namespace fp8rl::kernels {
@@ -180,8 +181,8 @@ void gemm_small_m(const Fp8Matrix& a, const Fp8Matrix& b, float* y, OutDtype out
 
 absl::Status gemm_fp8(const Fp8Matrix& a, const Fp8Matrix& b, float* y, OutDtype out,
                       bool accumulate) {
-  if (absl::Status s = check_operand(a, "a"); !s.ok()) return s;
-  if (absl::Status s = check_operand(b, "b"); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(check_operand(a, "a"));
+  FP8RL_RETURN_IF_ERROR(check_operand(b, "b"));
   if (a.cols != b.cols) {
     return absl::InvalidArgumentError(absl::StrCat("gemm_fp8: K mismatch: a is [", a.rows, ", ",
                                                    a.cols, "] and b is [", b.rows, ", ", b.cols,

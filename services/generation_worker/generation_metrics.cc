@@ -1,14 +1,14 @@
 // Registration of the generation worker's metrics (see generation_metrics.h).
 #include "services/generation_worker/generation_metrics.h"
 
+#include "common/status_macros.h"
+
 namespace fp8rl::generation {
 
 absl::StatusOr<std::unique_ptr<GenerationMetrics>> GenerationMetrics::create(
     service::MetricsRegistry* registry) {
   auto m = std::make_unique<GenerationMetrics>();
-  if (absl::Status s = service::register_process_metrics(registry, "generation-worker"); !s.ok()) {
-    return s;
-  }
+  FP8RL_RETURN_IF_ERROR(service::register_process_metrics(registry, "generation-worker"));
 
   absl::Status status;
   // Keeps the first registration error; later registrations are skipped once one failed.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
+#include "common/status_macros.h"
 #include "model/precision.h"
 
 namespace fp8rl::generation {
@@ -23,7 +24,7 @@ std::shared_ptr<grpc::Channel> insecure_channel(const std::string& address) {
 
 absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
     const GenerationWorkerConfig& config) {
-  if (absl::Status s = validate_scheduler_options(config.scheduler); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(validate_scheduler_options(config.scheduler));
   std::unique_ptr<GenerationWorker> w(new GenerationWorker(config));
   absl::StatusOr<std::unique_ptr<GenerationMetrics>> metrics =
       GenerationMetrics::create(&w->registry_);
@@ -62,7 +63,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   w->subscriber_ = std::make_unique<weight_sync::WeightSubscriber>(
       insecure_channel(config.weight_sync), sub_options,
       [self](model::WeightSet set) { return self->install_weights(std::move(set)); });
-  if (absl::Status s = w->subscriber_->start(); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(w->subscriber_->start());
 
   service::WorkerRegistrationOptions reg_options;
   reg_options.coordinator = config.service.coordinator;
@@ -77,7 +78,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
                                static_cast<int32_t>(s.queued_samples + s.running_samples)};
   };
   w->registration_ = std::make_unique<service::WorkerRegistration>(std::move(reg_options));
-  if (absl::Status s = w->registration_->start(); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(w->registration_->start());
   w->registration_ptr_.store(w->registration_.get());
 
   service::log_info(kComponent, "serving",
@@ -101,7 +102,7 @@ absl::Status GenerationWorker::install_weights(model::WeightSet set) {
     return loaded.status();
   }
   const model::PrecisionPolicy policy = loaded->policy;
-  if (absl::Status s = scheduler_->install(std::move(*loaded)); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(scheduler_->install(std::move(*loaded)));
   service::log_info(kComponent, "weights swapped in",
                     {{"version", absl::StrCat(version)},
                      {"linear", std::string(model::precision_name(policy.linear))},

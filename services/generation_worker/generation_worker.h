@@ -71,7 +71,7 @@ class GenerationWorker {
   std::unique_ptr<service::WorkerRegistration> registration_;
   // For GetStatus, which may run during start.
   std::atomic<service::WorkerRegistration*> registration_ptr_{nullptr};
-  std::mutex shutdown_mu_;
+  std::mutex shutdown_mu_;  // serializes shutdown(); guards nothing else
   std::atomic<bool> shut_down_{false};
 };
 

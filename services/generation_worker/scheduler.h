@@ -5,6 +5,14 @@
 // version v finishes at v, and every queued sample after the swap runs at the newest version.
 // A cancelled request (client gone, deadline passed) leaves the queue at once and the batch at
 // the next step, so its KV-cache slots go to the samples waiting behind it.
+//
+// Concurrency: four mutexes, acquired only in this order (never the reverse):
+//   Scheduler::install_mu_ -> Scheduler::mu_ -> GenerationRequest::mu_;
+// Scheduler::join_mu_ is taken alone. The scheduler thread holds Scheduler::mu_ except during a
+// batched forward. Three condition variables: GenerationRequest::cv_ (a result or the end of the
+// request), Scheduler::cv_ (work or a state change for the scheduler thread) and
+// Scheduler::swapped_cv_ (install() waiting for its version to be served). Members say what
+// guards them; functions named ..._locked expect Scheduler::mu_ held.
 #pragma once
 
 #include <atomic>
@@ -87,12 +95,16 @@ class GenerationRequest {
   void deliver(SampleOutcome outcome);
   void fail(absl::Status error);
 
+  // Guards ready_, remaining_ and error_. Taken after Scheduler::mu_ when both are held (the
+  // scheduler thread delivers under its own lock).
   mutable std::mutex mu_;
+  // Waits for: a ready result, the last result taken (remaining_ == 0), or an error (failure or
+  // cancel). Notified by deliver(), fail() and cancel(); waited on by take().
   std::condition_variable cv_;
-  std::vector<SampleOutcome> ready_;
-  size_t remaining_;
-  absl::Status error_;
-  std::atomic<bool> cancelled_{false};
+  std::vector<SampleOutcome> ready_;    // guarded by mu_
+  size_t remaining_;                    // guarded by mu_; results not yet delivered
+  absl::Status error_;                  // guarded by mu_
+  std::atomic<bool> cancelled_{false};  // lock-free: read by the scheduler without mu_
 };
 
 class Scheduler {
@@ -160,37 +172,50 @@ class Scheduler {
     int64_t kv_slots = 0;
   };
 
+  // The scheduler thread's loop: holds mu_ except around each batched forward.
   void run();
-  // Under mu_: swaps in pending weights when the batch is empty.
+  // Expect mu_ held.
+  // Swaps in pending weights when the batch is empty; notifies swapped_cv_.
   void apply_pending_locked();
-  // Under mu_: takes the samples of cancelled or failed requests out of the queue and the
-  // generator (between steps) and releases their KV slots.
+  // Takes the samples of cancelled or failed requests out of the queue and the generator
+  // (between steps) and releases their KV slots.
   void drop_cancelled_locked();
-  // Under mu_: moves queued samples into the generator while they fit.
+  // Moves queued samples into the generator while they fit.
   void admit_locked();
-  // Under mu_: fails every running sample with `error` and starts a fresh generator.
+  // Fails every running sample with `error` and starts a fresh generator.
   void reset_generator_locked(const absl::Status& error);
+  // Copies stats_ into the metric gauges.
   void publish_gauges_locked();
 
   const SchedulerOptions options_;
   GenerationMetrics* const metrics_;
 
+  // Guards the members marked below.
   mutable std::mutex mu_;
-  std::condition_variable cv_;          // work for the thread
-  std::condition_variable swapped_cv_;  // install() waiters
-  std::mutex install_mu_;               // one install at a time
-  std::mutex join_mu_;                  // one shutdown joins the thread
-  bool stopping_ = false;
-  bool thread_done_ = false;
-  std::chrono::steady_clock::time_point drain_deadline_;
-  std::optional<LoadedWeights> pending_;
-  LoadedWeights current_;
-  std::unique_ptr<model::Generator> generator_;  // touched by the scheduler thread only
-  std::deque<Queued> queue_;
-  std::unordered_map<int64_t, Running> running_;  // by generator id
-  int64_t reserved_kv_slots_ = 0;
-  Snapshot stats_;
-  std::thread thread_;
+  // Waits for (scheduler thread only): a submitted sample, a cancel, pending weights, shutdown,
+  // or the batch_wait / drain deadline passing. Notified by submit(), install(), cancel() and
+  // shutdown().
+  std::condition_variable cv_;
+  // Waits for (install() only): current_.version reaching the installed version, or the thread
+  // ending (thread_done_). Notified by apply_pending_locked() and at the end of run().
+  std::condition_variable swapped_cv_;
+  // Serializes install() calls (one pending_ at a time); taken before mu_.
+  std::mutex install_mu_;
+  // Serializes shutdown()'s join of thread_ (a second caller waits for the first to finish).
+  std::mutex join_mu_;
+  bool stopping_ = false;                                 // guarded by mu_
+  bool thread_done_ = false;                              // guarded by mu_
+  std::chrono::steady_clock::time_point drain_deadline_;  // guarded by mu_
+  std::optional<LoadedWeights> pending_;                  // guarded by mu_
+  LoadedWeights current_;                                 // guarded by mu_
+  // Owned by the scheduler thread: no other thread reads the pointer or calls the generator.
+  // step() runs with mu_ released, everything else with mu_ held.
+  std::unique_ptr<model::Generator> generator_;
+  std::deque<Queued> queue_;                      // guarded by mu_
+  std::unordered_map<int64_t, Running> running_;  // guarded by mu_; by generator id
+  int64_t reserved_kv_slots_ = 0;                 // guarded by mu_
+  Snapshot stats_;                                // guarded by mu_
+  std::thread thread_;  // started in the constructor, joined under join_mu_
 };
 
 }  // namespace fp8rl::generation

@@ -3,6 +3,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace fp8rl::generation {
 namespace {
@@ -56,11 +57,9 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
   if (!metrics_port.ok()) return metrics_port.status();
   config.metrics_port = *metrics_port;
 
-  if (absl::Status s = check_address("--coordinator", config.service.coordinator); !s.ok()) {
-    return s;
-  }
+  FP8RL_RETURN_IF_ERROR(check_address("--coordinator", config.service.coordinator));
   config.weight_sync = service::extra_string(config.service, "weight_sync");
-  if (absl::Status s = check_address("--weight-sync", config.weight_sync); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(check_address("--weight-sync", config.weight_sync));
   config.worker_id = service::extra_string(config.service, "worker_id");
 
   if (const std::string p = service::extra_string(config.service, "precision"); !p.empty()) {
@@ -99,7 +98,7 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
   config.scheduler.max_queued_samples = *max_queued;
   config.scheduler.batch_wait = std::chrono::milliseconds(*batch_wait);
   config.max_samples_per_request = *max_samples;
-  if (absl::Status s = validate_scheduler_options(config.scheduler); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(validate_scheduler_options(config.scheduler));
   return config;
 }
 

@@ -95,14 +95,18 @@ class WeightSubscriber {
   const SubscriberOptions options_;
   WeightSetHandler handler_;
 
+  // Guards the members marked below.
   mutable std::mutex mu_;
+  // Waits for: held_version_ rising (wait_for_version()) or stopping_ (the reconnect backoff in
+  // run()). Notified by deliver() and stop().
   mutable std::condition_variable cv_;
-  bool started_ = false;
-  bool stopping_ = false;
-  grpc::ClientContext* active_context_ = nullptr;  // the open stream's context, for stop()
-  int64_t held_version_ = 0;
-  Stats stats_;
-  std::thread thread_;
+  bool started_ = false;   // guarded by mu_
+  bool stopping_ = false;  // guarded by mu_
+  // Guarded by mu_: the open stream's context, for stop() to cancel.
+  grpc::ClientContext* active_context_ = nullptr;
+  int64_t held_version_ = 0;  // guarded by mu_
+  Stats stats_;               // guarded by mu_
+  std::thread thread_;        // started by start(), joined by stop()
 };
 
 }  // namespace fp8rl::weight_sync

@@ -53,10 +53,13 @@ class VersionStore {
 
  private:
   const size_t keep_;
+  // Guards versions_ and closed_.
   mutable std::mutex mu_;
+  // Waits for (wait_newer()): a version newer than the caller's, or closed_. Notified by add()
+  // and close().
   mutable std::condition_variable cv_;
-  std::deque<StoredVersionPtr> versions_;  // oldest first
-  bool closed_ = false;
+  std::deque<StoredVersionPtr> versions_;  // guarded by mu_; oldest first
+  bool closed_ = false;                    // guarded by mu_
 };
 
 }  // namespace fp8rl::weight_sync

@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace fp8rl::weight_sync {
 namespace {
@@ -85,7 +86,7 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
   config.sync.keep_versions = static_cast<int>(*keep);
   config.sync.chunk_bytes = static_cast<uint64_t>(*chunk);
   config.sync.max_version_bytes = static_cast<uint64_t>(*max_bytes);
-  if (absl::Status s = validate_options(config.sync); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(validate_options(config.sync));
   return config;
 }
 

@@ -1,14 +1,14 @@
 // Registration of the weight-sync metrics (see weight_sync_metrics.h).
 #include "services/weight_sync/weight_sync_metrics.h"
 
+#include "common/status_macros.h"
+
 namespace fp8rl::weight_sync {
 
 absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> WeightSyncMetrics::create(
     service::MetricsRegistry* registry) {
   auto m = std::make_unique<WeightSyncMetrics>();
-  if (absl::Status s = service::register_process_metrics(registry, "weight-sync"); !s.ok()) {
-    return s;
-  }
+  FP8RL_RETURN_IF_ERROR(service::register_process_metrics(registry, "weight-sync"));
 
   absl::Status status;
   // Keeps the first registration error; later calls are skipped once one failed.

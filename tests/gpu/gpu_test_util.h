@@ -1,5 +1,5 @@
-// Shared helpers of the GPU tests: the sm_90 skip, random data with outliers, calc_diff in
-// float64, and small device-buffer conveniences.
+// Shared helpers of the GPU tests: the sm_90 skip, random data with outliers, calc_diff
+// (from kernels/calc_diff.h), and small device-buffer conveniences.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/calc_diff.h"
 #include "kernels/cuda/fp8_cuda.h"
 
 namespace fp8rl::kernels::cuda::testing {
@@ -50,16 +51,7 @@ inline std::vector<float> random_matrix(int64_t rows, int64_t cols, uint32_t see
   return x;
 }
 
-// 1 - 2*sum(x*y) / (sum(x*x) + sum(y*y)) in float64 (DeepGEMM's scale-free similarity).
-inline double calc_diff(const std::vector<double>& x, const std::vector<double>& y) {
-  double xy = 0, xx = 0, yy = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    xy += x[i] * y[i];
-    xx += x[i] * x[i];
-    yy += y[i] * y[i];
-  }
-  return 1.0 - 2.0 * xy / (xx + yy);
-}
+using ::fp8rl::kernels::calc_diff;  // kernels/calc_diff.h
 
 template <typename T>
 std::vector<double> to_f64(const std::vector<T>& v) {

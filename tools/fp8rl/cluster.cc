@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fs.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace fp8rl::cli {
@@ -432,7 +433,7 @@ bool ChildProcess::stop(std::chrono::milliseconds grace) {
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(
     const ClusterOptions& options, std::ostream* progress,
     const std::function<bool()>& interrupted) {
-  if (absl::Status s = validate_cluster_options(options); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(validate_cluster_options(options));
   std::unique_ptr<LocalCluster> cluster(new LocalCluster());
   cluster->options_ = options;
   cluster->specs_ = plan_cluster(options);
@@ -443,7 +444,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(
                                               "or pass --bin-dir"));
     }
   }
-  if (absl::Status s = check_ports_free(cluster->specs_, options.host); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(check_ports_free(cluster->specs_, options.host));
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(options.data_dir) / "logs", ec);
   if (ec) {

@@ -1,12 +1,8 @@
 // `fp8rl up` (run a local cluster until Ctrl-C) and `fp8rl run CONFIG` (local cluster + one job
 // with live progress and a summary): the one-command ways to use fp8rl on a single machine. Both
 // restart a service that crashes (unless --no-restart) and report every crash and restart.
-#include "tools/fp8rl/job_client.h"
-
-// The launcher needs the service libraries (shutdown handling) and the JobService client: both
-// exist exactly when the services are built.
-#ifdef FP8RL_CLI_HAS_GRPC
-
+// Built only with FP8RL_HAVE_SERVICES: the launcher needs the service libraries (shutdown
+// handling) and the JobService client.
 #include <unistd.h>
 
 #include <chrono>
@@ -21,9 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/service/shutdown.h"
+#include "common/status_macros.h"
 #include "tools/fp8rl/args.h"
 #include "tools/fp8rl/cluster.h"
 #include "tools/fp8rl/command.h"
+#include "tools/fp8rl/job_client.h"
 
 namespace fp8rl::cli {
 namespace {
@@ -92,7 +90,7 @@ absl::StatusOr<ClusterOptions> cluster_options(const Args& args) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--log-level: must be one of debug, info, warn, error, got '", o.log_level, "'"));
   }
-  if (absl::Status s = validate_cluster_options(o); !s.ok()) return s;
+  FP8RL_RETURN_IF_ERROR(validate_cluster_options(o));
   return o;
 }
 
@@ -150,6 +148,8 @@ void stop_cluster(const char* name, LocalCluster& cluster) {
   std::printf("cluster stopped\n");
   std::fflush(stdout);
 }
+
+}  // namespace
 
 int up_main(const std::vector<std::string>& argv) {
   constexpr const char* kName = "up";
@@ -331,17 +331,4 @@ int run_main(const std::vector<std::string>& argv) {
   return 1;
 }
 
-}  // namespace
-
-FP8RL_COMMAND("up",
-              "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
-              "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart]",
-              up_main);
-FP8RL_COMMAND("run",
-              "run CONFIG [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
-              "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart]",
-              run_main);
-
 }  // namespace fp8rl::cli
-
-#endif  // FP8RL_CLI_HAS_GRPC

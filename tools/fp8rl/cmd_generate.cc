@@ -19,7 +19,9 @@ namespace {
 
 constexpr char kName[] = "generate";
 
-int run_generate(const std::vector<std::string>& argv) {
+}  // namespace
+
+int generate_main(const std::vector<std::string>& argv) {
   FlagSpec spec;
   spec.value_flags = {
       "model",           "precision", "in",   "out",      "max-new-tokens", "temperature",
@@ -110,14 +112,5 @@ int run_generate(const std::vector<std::string>& argv) {
   }
   return 0;
 }
-
-}  // namespace
-
-FP8RL_COMMAND(kName,
-              "generate --model DIR --precision fp32|bf16|fp8 --in FILE --out FILE "
-              "--max-new-tokens N [--temperature T] [--top-p P] [--top-k K] [--seed S] "
-              "[--kv-cache fp32|bf16|fp8] [--stop-token ID ...] [--bf16-first-layers N] "
-              "[--bf16-last-layers N] [--pow2-scales]",
-              run_generate);
 
 }  // namespace fp8rl::cli

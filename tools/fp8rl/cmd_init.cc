@@ -16,7 +16,9 @@ namespace {
 
 constexpr char kName[] = "init";
 
-int run_init(const std::vector<std::string>& argv) {
+}  // namespace
+
+int init_main(const std::vector<std::string>& argv) {
   FlagSpec spec;
   spec.value_flags = {"config", "out", "seed", "init-std", "dtype"};
   auto args = Args::Parse(argv, spec);
@@ -49,11 +51,5 @@ int run_init(const std::vector<std::string>& argv) {
   std::printf("wrote %s (%ld parameters)\n", out->c_str(), static_cast<long>((*m)->num_params()));
   return 0;
 }
-
-}  // namespace
-
-FP8RL_COMMAND(kName,
-              "init --config CONFIG.json --out DIR [--seed S] [--init-std X] [--dtype f32|bf16]",
-              run_init);
 
 }  // namespace fp8rl::cli

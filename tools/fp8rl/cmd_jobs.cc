@@ -1,8 +1,4 @@
 // `fp8rl submit/status/list/cancel/watch`: drive a running coordinator over its gRPC JobService.
-#include "tools/fp8rl/job_client.h"
-
-#ifdef FP8RL_CLI_HAS_GRPC
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +9,7 @@
 #include "common/service/shutdown.h"
 #include "tools/fp8rl/args.h"
 #include "tools/fp8rl/command.h"
+#include "tools/fp8rl/job_client.h"
 
 namespace fp8rl::cli {
 namespace {
@@ -50,6 +47,8 @@ FlagSpec job_flags(int positionals) {
   spec.max_positionals = positionals;
   return spec;
 }
+
+}  // namespace
 
 int submit_main(const std::vector<std::string>& argv) {
   constexpr const char* kName = "submit";
@@ -204,14 +203,4 @@ int watch_main(const std::vector<std::string>& argv) {
   return final_job->state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
 }
 
-}  // namespace
-
-FP8RL_COMMAND("submit", "submit CONFIG [--coordinator HOST:PORT] [--quiet]", submit_main);
-FP8RL_COMMAND("status", "status [ID] [--coordinator HOST:PORT]", status_main);
-FP8RL_COMMAND("list", "list [--state STATE] [--limit N] [--coordinator HOST:PORT]", list_main);
-FP8RL_COMMAND("cancel", "cancel ID [--coordinator HOST:PORT]", cancel_main);
-FP8RL_COMMAND("watch", "watch ID [--coordinator HOST:PORT]", watch_main);
-
 }  // namespace fp8rl::cli
-
-#endif  // FP8RL_CLI_HAS_GRPC

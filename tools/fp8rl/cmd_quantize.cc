@@ -305,6 +305,8 @@ absl::Status run_quantize(const QuantizeOptions& o) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
 int quantize_main(const std::vector<std::string>& argv) {
   absl::StatusOr<QuantizeOptions> options = parse_options(argv);
   if (!options.ok()) return usage_error(kName, std::string(options.status().message()));
@@ -313,12 +315,5 @@ int quantize_main(const std::vector<std::string>& argv) {
   }
   return 0;
 }
-
-}  // namespace
-
-FP8RL_COMMAND("quantize",
-              "quantize --model DIR --out DIR [--pow2-scales] [--bf16-first-layers N] "
-              "[--bf16-last-layers N]",
-              quantize_main);
 
 }  // namespace fp8rl::cli

@@ -18,7 +18,9 @@ namespace {
 constexpr char kName[] = "score";
 constexpr int64_t kBatchTokens = 4096;  // tokens per training forward
 
-int run_score(const std::vector<std::string>& argv) {
+}  // namespace
+
+int score_main(const std::vector<std::string>& argv) {
   FlagSpec spec;
   spec.value_flags = {
       "model",           "precision", "in", "out", "temperature", "kv-cache", "bf16-first-layers",
@@ -90,13 +92,5 @@ int run_score(const std::vector<std::string>& argv) {
     return failure(kName, std::string(s.message()));
   return 0;
 }
-
-}  // namespace
-
-FP8RL_COMMAND(kName,
-              "score --model DIR --precision fp32|bf16|fp8 --in FILE --out FILE [--temperature T] "
-              "[--kv-cache fp32|bf16|fp8] [--bf16-first-layers N] [--bf16-last-layers N] "
-              "[--pow2-scales] [--no-kv-fake-quant]",
-              run_score);
 
 }  // namespace fp8rl::cli

@@ -1,4 +1,5 @@
-// The `fp8rl` CLI is a set of subcommands; each cmd_*.cc registers one with FP8RL_COMMAND.
+// The `fp8rl` CLI is a set of subcommands. Each cmd_*.cc defines the entry points declared here;
+// main.cc lists them all, with their usage lines, in one table (kCommands).
 #pragma once
 
 #include <string>
@@ -15,17 +16,29 @@ struct Command {
   CommandFn run;
 };
 
-bool register_command(const Command& command);
+// Every command, in the order `fp8rl --help` lists them.
 const std::vector<Command>& commands();
 
 // Prints "fp8rl <name>: <message>" on stderr (one line) and returns 2 (usage) or 1 (failure).
 int usage_error(const char* name, const std::string& message);
 int failure(const char* name, const std::string& message);
 
-}  // namespace fp8rl::cli
+// Entry points. Offline tools (cmd_init.cc, cmd_quantize.cc, cmd_generate.cc, cmd_score.cc):
+int init_main(const std::vector<std::string>& args);
+int quantize_main(const std::vector<std::string>& args);
+int generate_main(const std::vector<std::string>& args);
+int score_main(const std::vector<std::string>& args);
 
-#define FP8RL_CONCAT_INNER(a, b) a##b
-#define FP8RL_CONCAT(a, b) FP8RL_CONCAT_INNER(a, b)
-#define FP8RL_COMMAND(name, usage, fn)                                \
-  [[maybe_unused]] static const bool FP8RL_CONCAT(kRegistered_, fn) = \
-      ::fp8rl::cli::register_command({name, usage, fn})
+#if FP8RL_HAVE_SERVICES
+// The local cluster (cmd_cluster.cc) and the JobService client (cmd_jobs.cc); built only when the
+// services are (the CMake option FP8RL_BUILD_SERVICES and gRPC found).
+int up_main(const std::vector<std::string>& args);
+int run_main(const std::vector<std::string>& args);
+int submit_main(const std::vector<std::string>& args);
+int status_main(const std::vector<std::string>& args);
+int list_main(const std::vector<std::string>& args);
+int cancel_main(const std::vector<std::string>& args);
+int watch_main(const std::vector<std::string>& args);
+#endif
+
+}  // namespace fp8rl::cli

@@ -1,8 +1,6 @@
 // JobService client, job-config preparation and the text views of jobs for the fp8rl CLI.
 #include "tools/fp8rl/job_client.h"
 
-#ifdef FP8RL_CLI_HAS_GRPC
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -190,7 +188,7 @@ absl::Status JobClient::watch(const std::string& id,
                               const std::function<bool(const v1::Job&)>& on_event) {
   grpc::ClientContext context;
   {
-    std::lock_guard<std::mutex> lock(watch_mu_);
+    absl::MutexLock lock(&watch_mu_);
     if (watch_stopped_) return absl::CancelledError("watch stopped");
     watch_context_ = &context;
   }
@@ -219,7 +217,7 @@ absl::Status JobClient::watch(const std::string& id,
   grpc::Status s = reader->Finish();
   bool stopped;
   {
-    std::lock_guard<std::mutex> lock(watch_mu_);
+    absl::MutexLock lock(&watch_mu_);
     watch_context_ = nullptr;
     stopped = watch_stopped_;
   }
@@ -233,7 +231,7 @@ absl::Status JobClient::watch(const std::string& id,
 }
 
 void JobClient::stop_watch() {
-  std::lock_guard<std::mutex> lock(watch_mu_);
+  absl::MutexLock lock(&watch_mu_);
   watch_stopped_ = true;
   if (watch_context_ != nullptr) watch_context_->TryCancel();
 }
@@ -545,5 +543,3 @@ std::string format_summary(const v1::Job& job, const std::vector<v1::StepMetrics
 }
 
 }  // namespace fp8rl::cli
-
-#endif  // FP8RL_CLI_HAS_GRPC

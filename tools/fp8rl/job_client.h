@@ -1,11 +1,9 @@
 // The CLI's side of the coordinator's gRPC JobService: a small client (submit, get, list, cancel,
 // watch, metrics) whose errors read well on a terminal, job-config preparation (validate locally,
 // resolve relative paths) and the text views shared by `fp8rl run/submit/status/list/watch`:
-// progress lines and the end-of-job summary.
+// progress lines and the end-of-job summary. In the CLI only with FP8RL_HAVE_SERVICES (it needs
+// the generated JobService stubs).
 #pragma once
-
-#if __has_include(<fp8rl/v1/job_service.grpc.pb.h>)
-#define FP8RL_CLI_HAS_GRPC 1
 
 #include <grpcpp/grpcpp.h>
 
@@ -13,12 +11,13 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "fp8rl/v1/job_service.grpc.pb.h"
 
 namespace fp8rl::cli {
@@ -54,9 +53,10 @@ class JobClient {
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;
-  std::mutex watch_mu_;
-  grpc::ClientContext* watch_context_ = nullptr;
-  bool watch_stopped_ = false;
+  absl::Mutex watch_mu_;
+  // The running watch()'s stream, for stop_watch() (from a signal-watching thread) to cancel.
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
+  bool watch_stopped_ ABSL_GUARDED_BY(watch_mu_) = false;
 };
 
 // Prints a job's progress: one line per recorded metrics row (row 0 included), each once, and
@@ -112,5 +112,3 @@ std::string format_summary(const v1::Job& job, const std::vector<v1::StepMetrics
                            double wall_seconds);
 
 }  // namespace fp8rl::cli
-
-#endif  // __has_include(job_service.grpc.pb.h)

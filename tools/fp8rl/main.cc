@@ -1,4 +1,5 @@
-// fp8rl: the command-line tool (user CLI and local launcher). Dispatches to registered commands.
+// fp8rl: the command-line tool (user CLI and local launcher). Dispatches to the commands of one
+// table, kCommands.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -8,17 +9,47 @@
 
 namespace fp8rl::cli {
 
-std::vector<Command>& registry() {
-  static std::vector<Command> commands;
-  return commands;
-}
+namespace {
 
-bool register_command(const Command& command) {
-  registry().push_back(command);
-  return true;
-}
+// Every `fp8rl` command, in the order `fp8rl --help` lists them.
+const std::vector<Command> kCommands = {
+    {"init", "init --config CONFIG.json --out DIR [--seed S] [--init-std X] [--dtype f32|bf16]",
+     init_main},
+    {"quantize",
+     "quantize --model DIR --out DIR [--pow2-scales] [--bf16-first-layers N] "
+     "[--bf16-last-layers N]",
+     quantize_main},
+    {"generate",
+     "generate --model DIR --precision fp32|bf16|fp8 --in FILE --out FILE "
+     "--max-new-tokens N [--temperature T] [--top-p P] [--top-k K] [--seed S] "
+     "[--kv-cache fp32|bf16|fp8] [--stop-token ID ...] [--bf16-first-layers N] "
+     "[--bf16-last-layers N] [--pow2-scales]",
+     generate_main},
+    {"score",
+     "score --model DIR --precision fp32|bf16|fp8 --in FILE --out FILE [--temperature T] "
+     "[--kv-cache fp32|bf16|fp8] [--bf16-first-layers N] [--bf16-last-layers N] "
+     "[--pow2-scales] [--no-kv-fake-quant]",
+     score_main},
+#if FP8RL_HAVE_SERVICES
+    {"up",
+     "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
+     "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart]",
+     up_main},
+    {"run",
+     "run CONFIG [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
+     "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart]",
+     run_main},
+    {"submit", "submit CONFIG [--coordinator HOST:PORT] [--quiet]", submit_main},
+    {"status", "status [ID] [--coordinator HOST:PORT]", status_main},
+    {"list", "list [--state STATE] [--limit N] [--coordinator HOST:PORT]", list_main},
+    {"cancel", "cancel ID [--coordinator HOST:PORT]", cancel_main},
+    {"watch", "watch ID [--coordinator HOST:PORT]", watch_main},
+#endif
+};
 
-const std::vector<Command>& commands() { return registry(); }
+}  // namespace
+
+const std::vector<Command>& commands() { return kCommands; }
 
 int usage_error(const char* name, const std::string& message) {
   std::fprintf(stderr, "fp8rl %s: %s\n", name, message.c_str());

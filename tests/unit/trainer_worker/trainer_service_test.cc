@@ -1,7 +1,7 @@
 // Tests of the trainer worker's service side on loopback: the gRPC API end to end with an
 // in-process weight-sync service (publish -> a subscriber receives the same tensors), status
 // codes over the wire, health/status/metrics answering while an update is in flight, the metric
-// names of docs/metrics.md, and flag parsing (registration: tests/unit/services).
+// names of docs/metrics.md, and flag parsing (registration: tests/unit/common/service).
 #include "services/trainer_worker/trainer_service.h"
 
 #include <grpcpp/grpcpp.h>
