@@ -10,7 +10,8 @@ namespace fp8rl {
 namespace {
 
 absl::Status field_error(std::string_view where, std::string_view key, std::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(std::string(where), ".", std::string(key), ": ", std::string(message)));
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(where), ".", std::string(key), ": ", std::string(message)));
 }
 
 // One key of a policy or config object; `formats` are the keys holding a Precision.
@@ -36,7 +37,8 @@ absl::Status read_key(std::string_view where, const std::string& key, const nloh
 absl::Status read_object(const nlohmann::json& json, std::string_view where,
                          std::initializer_list<std::pair<const char*, Precision*>> formats,
                          bool* pow2_scales, int64_t* first, int64_t* last) {
-  if (!json.is_object()) return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": expected an object"));
+  if (!json.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": expected an object"));
   for (const auto& [key, value] : json.items()) {
     Precision* format = nullptr;
     bool known = key == "pow2_scales" || key == "bf16_first_layers" || key == "bf16_last_layers";
@@ -47,7 +49,8 @@ absl::Status read_object(const nlohmann::json& json, std::string_view where,
       std::vector<std::string> keys;
       for (const auto& f : formats) keys.emplace_back(f.first);
       keys.insert(keys.end(), {"pow2_scales", "bf16_first_layers", "bf16_last_layers"});
-      return field_error(where, key, absl::StrCat("unknown key (expected ", absl::StrJoin(keys, ", "), ")"));
+      return field_error(where, key,
+                         absl::StrCat("unknown key (expected ", absl::StrJoin(keys, ", "), ")"));
     }
     if (auto s = read_key(where, key, value, format, pow2_scales, first, last); !s.ok()) return s;
   }

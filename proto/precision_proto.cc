@@ -44,7 +44,8 @@ absl::StatusOr<PrecisionConfig> precision_from_proto(const v1::PrecisionSpec& p,
       *out = fallback;
       return absl::OkStatus();
     }
-    absl::StatusOr<Precision> v = weight_format_from_proto(f, absl::StrCat(std::string(where), ".", name));
+    absl::StatusOr<Precision> v =
+        weight_format_from_proto(f, absl::StrCat(std::string(where), ".", name));
     if (!v.ok()) return v.status();
     *out = *v;
     return absl::OkStatus();
@@ -53,12 +54,12 @@ absl::StatusOr<PrecisionConfig> precision_from_proto(const v1::PrecisionSpec& p,
   if (auto s = read(p.generation(), "generation", c.training, &c.generation); !s.ok()) return s;
   if (auto s = read(p.kv_cache(), "kv_cache", Precision::kBF16, &c.kv_cache); !s.ok()) return s;
   if (p.bf16_first_layers() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(where), ".bf16_first_layers: must be >= 0, got ",
-                                                   p.bf16_first_layers()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(where), ".bf16_first_layers: must be >= 0, got ", p.bf16_first_layers()));
   }
   if (p.bf16_last_layers() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(where), ".bf16_last_layers: must be >= 0, got ",
-                                                   p.bf16_last_layers()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(where), ".bf16_last_layers: must be >= 0, got ", p.bf16_last_layers()));
   }
   c.pow2_scales = p.pow2_scales();
   c.bf16_first_layers = p.bf16_first_layers();

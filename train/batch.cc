@@ -26,7 +26,8 @@ PackedBatch PackedBatch::slice(int64_t begin, int64_t end) const {
 absl::StatusOr<PackedBatch> pack_sequences(std::span<const Sequence> seqs,
                                            const model::Model& model, std::string_view name,
                                            bool require_gen) {
-  if (seqs.empty()) return absl::InvalidArgumentError(absl::StrCat(std::string(name), ": must not be empty"));
+  if (seqs.empty())
+    return absl::InvalidArgumentError(absl::StrCat(std::string(name), ": must not be empty"));
   PackedBatch b;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const Sequence& s = seqs[i];
@@ -47,9 +48,8 @@ absl::StatusOr<PackedBatch> pack_sequences(std::span<const Sequence> seqs,
     const int64_t n_mask = static_cast<int64_t>(s.loss_mask.size());
     const int64_t n_gen = static_cast<int64_t>(s.gen_logprobs.size());
     if (n_mask != 0 && n_mask != resp) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".loss_mask: has ", n_mask,
-                                                     " values, the response has ", resp,
-                                                     " tokens"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".loss_mask: has ", n_mask, " values, the response has ", resp, " tokens"));
     }
     for (int64_t j = 0; j < n_mask; ++j) {
       if (s.loss_mask[j] != 0.0f && s.loss_mask[j] != 1.0f) {
@@ -58,9 +58,9 @@ absl::StatusOr<PackedBatch> pack_sequences(std::span<const Sequence> seqs,
       }
     }
     if (n_gen != resp && (require_gen || n_gen != 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".gen_logprobs: has ", n_gen, " values, the response has ", resp,
-                       " tokens", require_gen ? "" : " (or leave it empty)"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ".gen_logprobs: has ", n_gen,
+                                                     " values, the response has ", resp, " tokens",
+                                                     require_gen ? "" : " (or leave it empty)"));
     }
     if (!std::isfinite(s.advantage)) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".advantage: must be finite"));
@@ -88,7 +88,8 @@ absl::StatusOr<PackedBatch> pack_sequences(std::span<const Sequence> seqs,
 
 absl::StatusOr<float> logprob_temperature(double t, std::string_view field) {
   if (!std::isfinite(t) || t < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": must be >= 0 and finite, got ", t));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(field), ": must be >= 0 and finite, got ", t));
   }
   return t == 0 ? 1.0f : static_cast<float>(t);
 }

@@ -148,9 +148,9 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir) {
     reference = std::move(*r);
   }
   LoadedCheckpoint out;
-  out.learner = std::make_unique<Learner>(job_id, precision, std::move(*model),
-                                          std::move(reference), std::move(optimizer), version,
-                                          published);
+  out.learner =
+      std::make_unique<Learner>(job_id, precision, std::move(*model), std::move(reference),
+                                std::move(optimizer), version, published);
   out.optimizer_restored = has_optimizer;
   return out;
 }

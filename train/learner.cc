@@ -71,12 +71,12 @@ absl::Status validate_precision(const PrecisionConfig& p, std::string_view where
     }
   }
   if (p.bf16_first_layers < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(where), ".bf16_first_layers: must be >= 0, got ",
-                                                   p.bf16_first_layers));
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(where), ".bf16_first_layers: must be >= 0, got ", p.bf16_first_layers));
   }
   if (p.bf16_last_layers < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(where), ".bf16_last_layers: must be >= 0, got ", p.bf16_last_layers));
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(where), ".bf16_last_layers: must be >= 0, got ", p.bf16_last_layers));
   }
   return absl::OkStatus();
 }
@@ -219,9 +219,11 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request) c
   return p;
 }
 
-absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
-    const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
-    const rl::PolicyLossConfig& config, std::vector<float>* grads) const {
+absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(const PackedBatch& mb,
+                                                                 std::span<const float> prev,
+                                                                 std::span<const float> ref,
+                                                                 const rl::PolicyLossConfig& config,
+                                                                 std::vector<float>* grads) const {
   model::ForwardContext ctx;
   absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx);
   if (!cur.ok()) return cur.status();
@@ -406,8 +408,9 @@ absl::Status Learner::calibrate_kv_scales(const model::Model& generation) {
 absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t version,
                                                       bool calibrate_kv) {
   if (format != Precision::kFP8 && format != Precision::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("format: ", std::string(precision_name(format)),
-                                                   " is not a weight format (expected fp8 or bf16)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("format: ", std::string(precision_name(format)),
+                     " is not a weight format (expected fp8 or bf16)"));
   }
   Export out;
   out.policy = precision_.policy(format);
@@ -427,8 +430,7 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
   };
   // KV scales on the data of the last update, under the generation precision (FP8 KV cache only;
   // nothing to calibrate on without data).
-  out.calibrated =
-      calibrate_kv && precision_.kv_cache == Precision::kFP8 && !calibration_.empty();
+  out.calibrated = calibrate_kv && precision_.kv_cache == Precision::kFP8 && !calibration_.empty();
   if (out.calibrated) {
     if (auto s = build_generation(); !s.ok()) return prefixed(s, "calibrating KV scales: ");
     if (auto s = calibrate_kv_scales(generation ? *generation : *model_); !s.ok()) {

@@ -64,10 +64,10 @@ struct GrpoRequest {
 
 struct GrpoResult {
   double loss = 0, pg_loss = 0, kl = 0, grad_norm = 0;  // means over the updates
-  double learning_rate = 0;                              // after the last update
-  double clip_fraction = 0;  // clipped tokens / valid tokens, averaged over epochs
-  int64_t tokens = 0;        // valid (masked-in) response tokens
-  int64_t updates = 0;       // optimizer steps taken
+  double learning_rate = 0;                             // after the last update
+  double clip_fraction = 0;      // clipped tokens / valid tokens, averaged over epochs
+  int64_t tokens = 0;            // valid (masked-in) response tokens
+  int64_t updates = 0;           // optimizer steps taken
   rl::MismatchMetrics mismatch;  // generation vs prev logprobs
   double logprob_seconds = 0, forward_backward_seconds = 0, optimizer_seconds = 0;
 };

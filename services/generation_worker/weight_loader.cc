@@ -44,8 +44,8 @@ absl::StatusOr<ExplicitPrecision> read_explicit(const std::string& config_json) 
   auto it = root.find(kPrecisionConfigKey);
   if (it == root.end() || it->is_null()) return out;
   model::PrecisionPolicy p;
-  if (auto s = precision_policy_from_json(*it, absl::StrCat("config.json: ", kPrecisionConfigKey),
-                                          &p);
+  if (auto s =
+          precision_policy_from_json(*it, absl::StrCat("config.json: ", kPrecisionConfigKey), &p);
       !s.ok()) {
     return s;
   }

@@ -92,9 +92,9 @@ absl::StatusOr<rl::IsConfig> to_is_config(const v1::AlgorithmParams& a) {
   c.hi = a.is_hi() > 0 ? a.is_hi() : defaults.hi;
   c.lo = a.is_lo() > 0 ? a.is_lo() : defaults.lo;
   if (auto s = rl::validate_is_config(c, "algorithm.is"); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(s.message(), " (from algorithm.is_lo=",
-                                                   a.is_lo(), ", is_hi=", a.is_hi(),
-                                                   ", is_cap=", a.is_cap(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.message(), " (from algorithm.is_lo=", a.is_lo(), ", is_hi=", a.is_hi(),
+                     ", is_cap=", a.is_cap(), ")"));
   }
   return c;
 }
@@ -123,7 +123,8 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
   if (request.job_id().empty()) return absl::InvalidArgumentError("job_id: required");
   train::InitRequest init;
   init.job_id = request.job_id();
-  absl::StatusOr<PrecisionConfig> precision = precision_from_proto(request.precision(), "precision");
+  absl::StatusOr<PrecisionConfig> precision =
+      precision_from_proto(request.precision(), "precision");
   if (!precision.ok()) return precision.status();
   init.precision = *precision;
   absl::StatusOr<model::AdamWConfig> adamw = to_adamw(request);
@@ -291,8 +292,8 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
                                   : request.weight_sync_address();
   absl::StatusOr<int64_t> latest = publisher_->latest_version(address);
   if (!latest.ok()) return latest.status();
-  const int64_t version = std::max(
-      {learner_->version(), learner_->published_version() + 1, *latest + 1});
+  const int64_t version =
+      std::max({learner_->version(), learner_->published_version() + 1, *latest + 1});
 
   absl::StatusOr<train::Export> exported =
       learner_->export_for_generation(format, version, request.calibrate_kv_scales());
@@ -344,8 +345,8 @@ absl::StatusOr<v1::SaveCheckpointResponse> Trainer::save_checkpoint(
   std::lock_guard<std::mutex> lock(mu_);
   if (!learner_) return absl::AbortedError(kNoPolicy);
   if (request.path().empty()) return absl::InvalidArgumentError("path: required");
-  absl::StatusOr<train::SavedCheckpoint> saved = train::save_checkpoint(
-      *learner_, resolve_path(request.path()), request.include_optimizer());
+  absl::StatusOr<train::SavedCheckpoint> saved =
+      train::save_checkpoint(*learner_, resolve_path(request.path()), request.include_optimizer());
   if (!saved.ok()) return saved.status();
   v1::SaveCheckpointResponse response;
   response.set_path(saved->path);

@@ -86,7 +86,7 @@ class Trainer {
   TrainerMetrics* metrics_;
   std::atomic<bool> stopping_{false};
 
-  std::mutex mu_;  // serializes every call that touches the policy
+  std::mutex mu_;                            // serializes every call that touches the policy
   std::unique_ptr<train::Learner> learner_;  // guarded by mu_
   model::WeightSet last_published_;          // guarded by mu_
 

@@ -64,8 +64,8 @@ TEST(Precision, JsonRoundTripsAndNamesTheBadField) {
   c.training = Precision::kBF16;
   c.bf16_first_layers = 1;
   PrecisionConfig c_back;
-  ASSERT_TRUE(precision_config_from_json(
-                  nlohmann::json::parse(precision_config_to_json(c).dump()), "precision", &c_back)
+  ASSERT_TRUE(precision_config_from_json(nlohmann::json::parse(precision_config_to_json(c).dump()),
+                                         "precision", &c_back)
                   .ok());
   EXPECT_EQ(c_back, c);
 

@@ -55,7 +55,8 @@ std::vector<Sequence> random_batch(uint64_t seed, int n) {
   std::vector<Sequence> out(n);
   for (int i = 0; i < n; ++i) {
     const int len = 3 + 4 + static_cast<int>(rng.next() % 3);
-    for (int t = 0; t < len; ++t) out[i].tokens.push_back(static_cast<int32_t>(rng.next() % kVocab));
+    for (int t = 0; t < len; ++t)
+      out[i].tokens.push_back(static_cast<int32_t>(rng.next() % kVocab));
     out[i].prompt_length = 3;
     out[i].advantage = i % 2 == 0 ? 1.0f : -1.0f;
     for (int t = 3; t < len; ++t) {
@@ -82,7 +83,6 @@ model::KvScales scales_per_sequence(const model::Model& gen, const model::TokenB
   for (const auto& seq : tokens) {
     EXPECT_TRUE(gen.forward({seq}, opts, nullptr).ok());
   }
-  EXPECT_EQ(calibrator.num_records(), static_cast<int64_t>(tokens.size()) * 2);
   return calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);
 }
 
