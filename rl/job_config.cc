@@ -23,25 +23,6 @@ namespace fp8rl::rl {
 
 using Json = nlohmann::ordered_json;
 
-std::string_view precision_name(Precision precision) {
-  switch (precision) {
-    case Precision::kFp8:
-      return "fp8";
-    case Precision::kBf16:
-      return "bf16";
-    case Precision::kFp32:
-      return "fp32";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<Precision> parse_precision(std::string_view name) {
-  for (Precision p : {Precision::kFp8, Precision::kBf16, Precision::kFp32}) {
-    if (name == precision_name(p)) return p;
-  }
-  return absl::InvalidArgumentError("must be one of fp8, bf16, fp32");
-}
-
 namespace {
 
 absl::Status field_error(const std::string& path, const std::string& message) {
@@ -200,12 +181,17 @@ class Fields {
     return absl::OkStatus();
   }
 
+  // fp8 or bf16: the formats the services carry (fp32 is named in its own error).
   absl::Status get_precision(std::string_view key, Precision* out) const {
     std::string name(precision_name(*out));
     if (absl::Status s = get_string(key, &name); !s.ok()) return s;
-    absl::StatusOr<Precision> p = parse_precision(name);
-    if (!p.ok()) return field_error(path(key), std::string(p.status().message()));
-    *out = *p;
+    if (name == "fp32") {
+      return field_error(path(key),
+                         "fp32 is not supported in job configs (the trainer and generation "
+                         "services carry fp8 or bf16 weights); use bf16");
+    }
+    if (name != "fp8" && name != "bf16") return field_error(path(key), "must be one of fp8, bf16");
+    *out = name == "fp8" ? Precision::kFP8 : Precision::kBF16;
     return absl::OkStatus();
   }
 
@@ -307,7 +293,8 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(
       f.allow_only({"steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens",
                     "temperature", "top_p", "seed", "learning_rate", "warmup_steps", "weight_decay",
-                    "grad_clip", "minibatches", "epochs", "clip_eps", "kl_beta", "is"}));
+                    "grad_clip", "minibatches", "epochs", "clip_eps", "kl_beta", "is", "adam_beta1",
+                    "adam_beta2", "adam_eps"}));
   FP8RL_RETURN_IF_ERROR(f.get_int("steps", &a->steps));
   FP8RL_RETURN_IF_ERROR(f.get_int("prompts_per_step", &a->prompts_per_step));
   FP8RL_RETURN_IF_ERROR(f.get_int("samples_per_prompt", &a->samples_per_prompt));
@@ -323,6 +310,9 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(f.get_int("epochs", &a->epochs));
   FP8RL_RETURN_IF_ERROR(f.get_double("clip_eps", &a->clip_eps));
   FP8RL_RETURN_IF_ERROR(f.get_double("kl_beta", &a->kl_beta));
+  FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta1", &a->adam_beta1));
+  FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta2", &a->adam_beta2));
+  FP8RL_RETURN_IF_ERROR(f.get_double("adam_eps", &a->adam_eps));
   FP8RL_ASSIGN_OR_RETURN_FIELDS(is, f.get_object("is"));
   FP8RL_RETURN_IF_ERROR(is.allow_only({"rule", "cap", "lo", "hi"}));
   std::string rule(is_rule_name(a->is.rule));
@@ -426,6 +416,12 @@ absl::Status validate_job_config(const JobConfig& c) {
   FP8RL_RETURN_IF_ERROR(
       require(a.kl_beta >= 0.0 && std::isfinite(a.kl_beta), "algorithm.kl_beta", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(validate_is_config(a.is, "algorithm.is"));
+  FP8RL_RETURN_IF_ERROR(require(a.adam_beta1 >= 0.0 && a.adam_beta1 < 1.0, "algorithm.adam_beta1",
+                                "must be in [0, 1)"));
+  FP8RL_RETURN_IF_ERROR(require(a.adam_beta2 >= 0.0 && a.adam_beta2 < 1.0, "algorithm.adam_beta2",
+                                "must be in [0, 1)"));
+  FP8RL_RETURN_IF_ERROR(require(a.adam_eps > 0.0 && std::isfinite(a.adam_eps),
+                                "algorithm.adam_eps", "must be > 0"));
   // sft
   if (c.sft.has_value()) {
     FP8RL_RETURN_IF_ERROR(require(c.sft->steps >= 1, "sft.steps", "must be >= 1"));
@@ -568,19 +564,16 @@ Json job_config_to_json(const JobConfig& c) {
                         {"is", Json{{"rule", std::string(is_rule_name(a.is.rule))},
                                     {"cap", a.is.cap},
                                     {"lo", a.is.lo},
-                                    {"hi", a.is.hi}}}};
+                                    {"hi", a.is.hi}}},
+                        {"adam_beta1", a.adam_beta1},
+                        {"adam_beta2", a.adam_beta2},
+                        {"adam_eps", a.adam_eps}};
   if (c.sft.has_value()) {
     j["sft"] = Json{{"steps", c.sft->steps},
                     {"learning_rate", c.sft->learning_rate},
                     {"batch_size", c.sft->batch_size}};
   }
-  const PrecisionConfig& p = c.precision;
-  j["precision"] = Json{{"generation", std::string(precision_name(p.generation))},
-                        {"training", std::string(precision_name(p.training))},
-                        {"kv_cache", std::string(precision_name(p.kv_cache))},
-                        {"pow2_scales", p.pow2_scales},
-                        {"bf16_first_layers", p.bf16_first_layers},
-                        {"bf16_last_layers", p.bf16_last_layers}};
+  j["precision"] = precision_config_to_json(c.precision);
   j["validation"] =
       Json{{"every_steps", c.validation.every_steps}, {"num_prompts", c.validation.num_prompts}};
   j["checkpoint"] = Json{{"every_steps", c.checkpoint.every_steps}, {"dir", c.checkpoint.dir}};

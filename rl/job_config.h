@@ -2,7 +2,7 @@
 // REST / gRPC) to describe one RL job. Parsed into JobConfig with defaults; unknown keys, wrong
 // types and bad values are rejected with the field path (absl::InvalidArgumentError), e.g.
 //   "algorithm.samples_per_prompt: must be >= 2"
-//   "precision.kv_cache: must be one of fp8, bf16, fp32"
+//   "precision.kv_cache: must be one of fp8, bf16"
 //   "algorithm.foo: unknown key"
 // The coordinator stores job_config_to_json(config); parsing that JSON gives the same config.
 //
@@ -19,14 +19,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/precision.h"
 #include "nlohmann/json.hpp"
 #include "rl/importance.h"
 
 namespace fp8rl::rl {
 
-enum class Precision { kFp8, kBf16, kFp32 };
-std::string_view precision_name(Precision precision);  // "fp8", "bf16", "fp32"
-absl::StatusOr<Precision> parse_precision(std::string_view name);
+// precision.*: the shared type of common/precision.h. Job configs take fp8 or bf16 for every
+// format; fp32 is rejected (the services' weight formats cannot carry it yet).
+using ::fp8rl::Precision;
+using ::fp8rl::PrecisionConfig;
 
 struct ModelSpec {
   std::string checkpoint;  // non-empty: start from this checkpoint folder (then no init)
@@ -71,6 +73,10 @@ struct AlgorithmConfig {
   double clip_eps = 0.2;
   double kl_beta = 0.0;
   IsConfig is;
+  // AdamW moment decay rates and denominator epsilon.
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
   int64_t batch_size() const { return prompts_per_step * samples_per_prompt; }
   bool operator==(const AlgorithmConfig&) const = default;
 };
@@ -80,16 +86,6 @@ struct SftConfig {
   double learning_rate = 1e-3;
   int64_t batch_size = 32;
   bool operator==(const SftConfig&) const = default;
-};
-
-struct PrecisionConfig {
-  Precision generation = Precision::kFp8;
-  Precision training = Precision::kFp8;
-  Precision kv_cache = Precision::kFp8;
-  bool pow2_scales = false;
-  int64_t bf16_first_layers = 0;
-  int64_t bf16_last_layers = 0;
-  bool operator==(const PrecisionConfig&) const = default;
 };
 
 struct ValidationConfig {

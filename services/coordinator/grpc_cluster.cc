@@ -1,10 +1,15 @@
 // gRPC clients of the generation and trainer workers (see grpc_cluster.h).
 #include "services/coordinator/grpc_cluster.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "fp8rl/v1/generation.grpc.pb.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
+#include "proto/precision_proto.h"
+#include "rl/tasks.h"
+#include "rl/tokenizer.h"
 
 namespace fp8rl::coordinator {
 namespace {
@@ -15,8 +20,29 @@ void set_deadline(grpc::ClientContext& context, std::chrono::milliseconds timeou
   context.set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
-v1::WeightFormat format_of(rl::Precision p) {
-  return p == rl::Precision::kFp8 ? v1::WEIGHT_FORMAT_FP8 : v1::WEIGHT_FORMAT_BF16;
+// KV-scale calibration before the first rollout: the prompts of the first RL step, each with its
+// reference answer, stand in for the rollouts the first update will see. At most this many.
+constexpr int64_t kMaxCalibrationSequences = 64;
+
+// The sequences InitPolicy sends for the first publish's KV calibration (empty when the KV
+// cache is not FP8 or the task cannot be built; the trainer then keeps its initial scales).
+std::vector<TrainSequence> calibration_sequences(const rl::JobConfig& config) {
+  std::vector<TrainSequence> out;
+  if (config.precision.kv_cache != Precision::kFP8) return out;
+  absl::StatusOr<rl::Task> task = rl::make_task(config.task);
+  if (!task.ok() || task->train().empty()) return out;
+  const rl::ByteTokenizer tokenizer;
+  const int64_t n = std::min(config.algorithm.prompts_per_step, kMaxCalibrationSequences);
+  for (int64_t i : rl::prompt_indices(static_cast<int64_t>(task->train().size()),
+                                      config.algorithm.seed, /*step=*/1, n)) {
+    const rl::Example& ex = task->train()[static_cast<size_t>(i)];
+    TrainSequence seq;
+    seq.tokens = tokenizer.encode(ex.prompt, true);
+    seq.prompt_length = static_cast<int64_t>(seq.tokens.size());
+    for (int32_t t : tokenizer.encode(ex.answer, false, true)) seq.tokens.push_back(t);
+    out.push_back(std::move(seq));
+  }
+  return out;
 }
 
 void fill_sequence(const TrainSequence& in, v1::TrainSequence* out) {
@@ -100,21 +126,18 @@ class GrpcTrainerClient final : public TrainerClient {
                                       : config.model.init_config_inline.dump());
       init->set_seed(config.model.init_seed);
     }
-    auto* p = req.mutable_precision();
-    p->set_training(format_of(config.precision.training));
-    p->set_generation(format_of(config.precision.generation));
-    p->set_kv_cache(format_of(config.precision.kv_cache));
-    p->set_pow2_scales(config.precision.pow2_scales);
-    p->set_bf16_first_layers(static_cast<int32_t>(config.precision.bf16_first_layers));
-    p->set_bf16_last_layers(static_cast<int32_t>(config.precision.bf16_last_layers));
+    *req.mutable_precision() = precision_to_proto(config.precision);
     auto* o = req.mutable_optimizer();
     o->set_learning_rate(config.algorithm.learning_rate);
-    o->set_beta1(0.9);
-    o->set_beta2(0.999);
-    o->set_epsilon(1e-8);
+    o->set_beta1(config.algorithm.adam_beta1);
+    o->set_beta2(config.algorithm.adam_beta2);
+    o->set_epsilon(config.algorithm.adam_eps);
     o->set_weight_decay(config.algorithm.weight_decay);
     o->set_max_grad_norm(config.algorithm.grad_clip);
     req.set_keep_reference(config.algorithm.kl_beta > 0);
+    for (const TrainSequence& s : calibration_sequences(config)) {
+      fill_sequence(s, req.add_calibration_sequences());
+    }
     v1::InitPolicyResponse resp;
     if (absl::Status s = call(&v1::TrainerService::Stub::InitPolicy, req, &resp); !s.ok()) return s;
     return resp.version();
@@ -146,7 +169,7 @@ class GrpcTrainerClient final : public TrainerClient {
     for (const TrainSequence& s : batch) fill_sequence(s, req.add_batch());
     const rl::AlgorithmConfig& alg = config.algorithm;
     auto* a = req.mutable_algorithm();
-    a->set_clip_epsilon(alg.clip_eps);
+    a->set_clip_eps(alg.clip_eps);
     a->set_kl_beta(alg.kl_beta);
     a->set_temperature(alg.temperature);
     switch (alg.is.rule) {
@@ -155,8 +178,7 @@ class GrpcTrainerClient final : public TrainerClient {
         break;
       case rl::IsRule::kTis:
         a->set_is_rule(v1::IS_RULE_TIS);
-        a->set_is_lower(0.0);
-        a->set_is_upper(alg.is.cap);
+        a->set_is_cap(alg.is.cap);
         break;
       case rl::IsRule::kIcepop:
         a->set_is_rule(v1::IS_RULE_ICEPOP);
@@ -166,8 +188,8 @@ class GrpcTrainerClient final : public TrainerClient {
         break;
     }
     if (alg.is.rule == rl::IsRule::kIcepop || alg.is.rule == rl::IsRule::kSeqMaskTis) {
-      a->set_is_lower(alg.is.lo);
-      a->set_is_upper(alg.is.hi);
+      a->set_is_lo(alg.is.lo);
+      a->set_is_hi(alg.is.hi);
     }
     a->set_minibatches(static_cast<int32_t>(alg.minibatches));
     a->set_epochs(static_cast<int32_t>(alg.epochs));

@@ -406,7 +406,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     if (metrics != nullptr) metrics->weight_version->get().set(static_cast<double>(*v));
     return v;
   };
-  const bool calibrate = config.precision.kv_cache == rl::Precision::kFp8;
+  const bool calibrate = config.precision.kv_cache == rl::Precision::kFP8;
   set_phase("syncing_weights");
   absl::StatusOr<int64_t> version = publish(calibrate);
   if (!version.ok()) return version.status();

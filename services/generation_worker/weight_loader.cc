@@ -33,6 +33,8 @@ struct ExplicitPrecision {
   std::optional<int64_t> bf16_last_layers;
 };
 
+// The "fp8rl_precision" object through the one JSON reader of common/precision.h, remembering
+// which keys were present (explicit values take precedence over what the payload implies).
 absl::StatusOr<ExplicitPrecision> read_explicit(const std::string& config_json) {
   ExplicitPrecision out;
   Json root = Json::parse(config_json, nullptr, /*allow_exceptions=*/false);
@@ -41,38 +43,17 @@ absl::StatusOr<ExplicitPrecision> read_explicit(const std::string& config_json) 
   }
   auto it = root.find(kPrecisionConfigKey);
   if (it == root.end() || it->is_null()) return out;
-  if (!it->is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: ", kPrecisionConfigKey, ": expected an object"));
+  model::PrecisionPolicy p;
+  if (auto s =
+          precision_policy_from_json(*it, absl::StrCat("config.json: ", kPrecisionConfigKey), &p);
+      !s.ok()) {
+    return s;
   }
-  for (const auto& [key, value] : it->items()) {
-    if (key == "linear" || key == "kv_cache") {
-      if (!value.is_string()) return field_error(key, "expected a string");
-      const std::string name = value.get<std::string>();
-      if (key == "linear") {
-        absl::StatusOr<model::Precision> p = model::parse_precision(name);
-        if (!p.ok()) return field_error(key, std::string(p.status().message()));
-        out.linear = *p;
-      } else {
-        absl::StatusOr<model::KvCacheDtype> d = model::parse_kv_cache_dtype(name);
-        if (!d.ok()) return field_error(key, std::string(d.status().message()));
-        out.kv_cache = *d;
-      }
-    } else if (key == "pow2_scales") {
-      if (!value.is_boolean()) return field_error(key, "expected a boolean");
-      out.pow2_scales = value.get<bool>();
-    } else if (key == "bf16_first_layers" || key == "bf16_last_layers") {
-      if (!value.is_number_integer() || value.get<int64_t>() < 0) {
-        return field_error(key, "expected an integer >= 0");
-      }
-      (key == "bf16_first_layers" ? out.bf16_first_layers : out.bf16_last_layers) =
-          value.get<int64_t>();
-    } else {
-      return field_error(key,
-                         "unknown key (expected linear, kv_cache, pow2_scales, "
-                         "bf16_first_layers, bf16_last_layers)");
-    }
-  }
+  if (it->contains("linear")) out.linear = p.linear;
+  if (it->contains("kv_cache")) out.kv_cache = p.kv_cache;
+  if (it->contains("pow2_scales")) out.pow2_scales = p.pow2_scales;
+  if (it->contains("bf16_first_layers")) out.bf16_first_layers = p.bf16_first_layers;
+  if (it->contains("bf16_last_layers")) out.bf16_last_layers = p.bf16_last_layers;
   return out;
 }
 

@@ -28,8 +28,9 @@
 
 namespace fp8rl::generation {
 
-// The config.json key carrying the job's generation precision (see above).
-inline constexpr char kPrecisionConfigKey[] = "fp8rl_precision";
+// The config.json key carrying the job's generation precision (see above); defined beside the
+// policy's JSON encoding.
+using ::fp8rl::kPrecisionConfigKey;
 
 // Operator overrides from the worker's flags; unset fields come from the version.
 struct PrecisionOverrides {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/json_util.h"
+#include "common/precision.h"
 #include "common/safetensors.h"
 #include "kernels/quantize.h"
 #include "tools/fp8rl/args.h"
@@ -195,8 +196,14 @@ absl::Status run_quantize(const QuantizeOptions& o) {
           absl::StrCat("--", flag, ": ", n, " exceeds num_hidden_layers ", num_layers));
     }
   }
+  // The same layer rule the engine runs (common/precision.h): a layer whose linears the FP8
+  // policy keeps in bf16 stays unquantized.
+  PrecisionPolicy policy;
+  policy.linear = Precision::kFP8;
+  policy.bf16_first_layers = o.bf16_first_layers;
+  policy.bf16_last_layers = o.bf16_last_layers;
   auto keep_layer = [&](int64_t layer) {
-    return layer < o.bf16_first_layers || layer >= num_layers - o.bf16_last_layers;
+    return policy.layer_linear(layer, num_layers) != Precision::kFP8;
   };
 
   const std::vector<std::string> names = ckpt->names();

@@ -68,14 +68,14 @@ TEST(JobConfig, ShippedConfigsSayWhatTheirNamesPromise) {
   absl::StatusOr<JobConfig> smoke = load_job_config_file(dir + "smoke.yaml");
   ASSERT_TRUE(demo.ok() && bf16.ok() && gen_only.ok() && smoke.ok());
   EXPECT_TRUE(demo->sft.has_value());
-  EXPECT_EQ(demo->precision.generation, Precision::kFp8);
-  EXPECT_EQ(demo->precision.training, Precision::kFp8);
-  EXPECT_EQ(demo->precision.kv_cache, Precision::kFp8);
-  EXPECT_EQ(bf16->precision.generation, Precision::kBf16);
-  EXPECT_EQ(bf16->precision.training, Precision::kBf16);
-  EXPECT_EQ(bf16->precision.kv_cache, Precision::kBf16);
-  EXPECT_EQ(gen_only->precision.generation, Precision::kFp8);
-  EXPECT_EQ(gen_only->precision.training, Precision::kBf16);
+  EXPECT_EQ(demo->precision.generation, Precision::kFP8);
+  EXPECT_EQ(demo->precision.training, Precision::kFP8);
+  EXPECT_EQ(demo->precision.kv_cache, Precision::kFP8);
+  EXPECT_EQ(bf16->precision.generation, Precision::kBF16);
+  EXPECT_EQ(bf16->precision.training, Precision::kBF16);
+  EXPECT_EQ(bf16->precision.kv_cache, Precision::kBF16);
+  EXPECT_EQ(gen_only->precision.generation, Precision::kFP8);
+  EXPECT_EQ(gen_only->precision.training, Precision::kBF16);
   // The variants differ from the demo only in precision, name and checkpoint folder.
   for (JobConfig variant : {*bf16, *gen_only}) {
     variant.precision = demo->precision;
@@ -97,6 +97,9 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   EXPECT_EQ(c->algorithm, AlgorithmConfig{});
   EXPECT_EQ(c->algorithm.is.rule, IsRule::kTis);
   EXPECT_EQ(c->algorithm.is.cap, 2.0);
+  EXPECT_EQ(c->algorithm.adam_beta1, 0.9);
+  EXPECT_EQ(c->algorithm.adam_beta2, 0.999);
+  EXPECT_EQ(c->algorithm.adam_eps, 1e-8);
   EXPECT_FALSE(c->sft.has_value());
   EXPECT_EQ(c->precision, PrecisionConfig{});
   EXPECT_EQ(c->validation.every_steps, 10);
@@ -121,6 +124,7 @@ algorithm:
   steps: 7
   temperature: 0.7
   learning_rate: 3e-6
+  adam_beta2: 0.95
   is: {rule: icepop, lo: 0.25, hi: 4}
 sft: {steps: 10}
 precision: {generation: bf16, pow2_scales: true, bf16_last_layers: 1}
@@ -130,7 +134,7 @@ checkpoint: {every_steps: 2, dir: out}
     "model": {"init": {"config": {"hidden_size": 64, "num_hidden_layers": 2}, "seed": 5}},
     "task": {"name": "arithmetic", "seed": 3, "params": {"terms": 4, "max_operand": 12},
              "format_reward": 0.1},
-    "algorithm": {"steps": 7, "temperature": 0.7, "learning_rate": 3e-6,
+    "algorithm": {"steps": 7, "temperature": 0.7, "learning_rate": 3e-6, "adam_beta2": 0.95,
                   "is": {"rule": "icepop", "lo": 0.25, "hi": 4}},
     "sft": {"steps": 10},
     "precision": {"generation": "bf16", "pow2_scales": true, "bf16_last_layers": 1},
@@ -146,9 +150,10 @@ checkpoint: {every_steps: 2, dir: out}
   EXPECT_EQ(a->algorithm.is.rule, IsRule::kIcepop);
   EXPECT_EQ(a->algorithm.is.hi, 4.0);
   EXPECT_EQ(a->algorithm.learning_rate, 3e-6);
+  EXPECT_EQ(a->algorithm.adam_beta2, 0.95);
   EXPECT_EQ(a->sft->steps, 10);
   EXPECT_EQ(a->sft->batch_size, 32);
-  EXPECT_EQ(a->precision.generation, Precision::kBf16);
+  EXPECT_EQ(a->precision.generation, Precision::kBF16);
   EXPECT_TRUE(a->precision.pow2_scales);
   // Round trip through the stored JSON, also via nlohmann::json (the REST body type).
   const nlohmann::ordered_json stored = job_config_to_json(*a);
@@ -180,7 +185,15 @@ TEST(JobConfig, BadConfigsNameTheField) {
       "model: {init: {config: configs/models/tiny.json}}\ntask: {name: addition}\n";
   const std::vector<BadConfig> cases = {
       {"algorithm: {samples_per_prompt: 1}", "algorithm.samples_per_prompt: must be >= 2"},
-      {"precision: {kv_cache: fp4}", "precision.kv_cache: must be one of fp8, bf16, fp32"},
+      {"precision: {kv_cache: fp4}", "precision.kv_cache: must be one of fp8, bf16"},
+      {"precision: {training: fp32}", "precision.training: fp32 is not supported in job configs (th"
+       "e trainer and generation services carry fp8 or bf16 weights); use bf16"},
+      {"precision: {generation: fp32}",
+       "precision.generation: fp32 is not supported in job configs (th"
+       "e trainer and generation services carry fp8 or bf16 weights); use bf16"},
+      {"algorithm: {adam_beta1: 1}", "algorithm.adam_beta1: must be in [0, 1)"},
+      {"algorithm: {adam_beta2: -0.5}", "algorithm.adam_beta2: must be in [0, 1)"},
+      {"algorithm: {adam_eps: 0}", "algorithm.adam_eps: must be > 0"},
       {"algorithm: {foo: 1}", "algorithm.foo: unknown key"},
       {"bogus: 1", "bogus: unknown key"},
       {"algorithm: {steps: ten}", "algorithm.steps: must be an integer, got string"},

@@ -73,7 +73,7 @@ TEST_F(TrainerTest, OnPolicyBatchHasUnitIsWeightAndZeroMismatch) {
   v1::TrainStepRequest step = random_step(12, 3);
   set_gen_to_current(trainer_, &step);
   step.mutable_algorithm()->set_is_rule(v1::IS_RULE_TIS);
-  step.mutable_algorithm()->set_is_upper(2.0);
+  step.mutable_algorithm()->set_is_cap(2.0);
   absl::StatusOr<v1::TrainStepResponse> r = trainer_.train_step(step);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->mismatch().token_mult_prob_error(), 1.0);
@@ -133,8 +133,8 @@ TEST_F(TrainerTest, IsRulesMatchGrpoLossDirectly) {
   std::vector<std::vector<float>> grads_by_rule;
   for (const Case& c : cases) {
     step.mutable_algorithm()->set_is_rule(c.rule);
-    step.mutable_algorithm()->set_is_lower(c.lo);
-    step.mutable_algorithm()->set_is_upper(c.hi);
+    step.mutable_algorithm()->set_is_lo(c.lo);
+    step.mutable_algorithm()->set_is_hi(c.hi);
     absl::StatusOr<PolicyGradient> got = trainer_.gradient(step);
     ASSERT_TRUE(got.ok()) << got.status();
 
@@ -195,8 +195,8 @@ TEST_F(TrainerTest, IsRulesMatchGrpoLossDirectly) {
   }
   // ICEPOP with bounds that exclude every token zeroes the whole gradient.
   step.mutable_algorithm()->set_is_rule(v1::IS_RULE_ICEPOP);
-  step.mutable_algorithm()->set_is_lower(0.9999);
-  step.mutable_algorithm()->set_is_upper(1.0001);
+  step.mutable_algorithm()->set_is_lo(0.9999);
+  step.mutable_algorithm()->set_is_hi(1.0001);
   absl::StatusOr<PolicyGradient> zeroed = trainer_.gradient(step);
   ASSERT_TRUE(zeroed.ok()) << zeroed.status();
   for (float g : zeroed->grads) ASSERT_EQ(g, 0.0f);
@@ -226,7 +226,7 @@ TEST_F(TrainerTest, EpochsRepeatTheMinibatchesAgainstTheRolloutLogprobs) {
   init(init_request());
   v1::TrainStepRequest step = random_step(16, 4);
   set_gen_to_current(trainer_, &step);
-  step.mutable_algorithm()->set_clip_epsilon(1e-3);
+  step.mutable_algorithm()->set_clip_eps(1e-3);
   step.mutable_algorithm()->set_learning_rate(0.05);
   step.mutable_algorithm()->set_minibatches(2);
   // One pass: every token is on-policy when its minibatch is taken, so nothing is clipped.
@@ -283,14 +283,20 @@ TEST_F(TrainerTest, SftLowersNllOnARepeatedBatch) {
 void check_publish(Trainer& trainer, RecordingPublisher& publisher,
                    const v1::TrainStepRequest& step) {
   const model::Model& m = *trainer.policy();
-  // Expected KV scales: a calibrator run on the step's batch with the policy as Publish sees it
+  // Expected KV scales: a calibrator run on the step's batch, one forward per sequence, with the
+  // model generation runs (the generation policy over the master weights) as Publish sees it
   // (calibration runs before the new scales are set).
   model::TokenBatch tokens;
   for (const auto& s : step.batch()) tokens.emplace_back(s.tokens().begin(), s.tokens().end());
+  absl::StatusOr<model::WeightSet> master = m.export_weights(model::WeightFormat::kF32);
+  ASSERT_TRUE(master.ok());
+  absl::StatusOr<std::unique_ptr<model::Model>> gen =
+      model::Model::FromWeightSet(*master, trainer.learner()->precision().generation_policy());
+  ASSERT_TRUE(gen.ok()) << gen.status();
   model::KvCalibrator calibrator(m.config().num_hidden_layers);
   model::TrainForwardOptions opts;
   opts.calibrator = &calibrator;
-  ASSERT_TRUE(m.forward(tokens, opts, nullptr).ok());
+  for (const auto& seq : tokens) ASSERT_TRUE((*gen)->forward({seq}, opts, nullptr).ok());
   const model::KvScales want = calibrator.scales(99.9, 1.05);
   v1::PublishRequest req;
   req.set_weight_sync_address("sync:1");
@@ -488,13 +494,13 @@ TEST_F(TrainerTest, BadRequestsAreRejectedNamingTheField) {
       {[](auto& r) { r.mutable_batch(0)->set_advantage(NAN); }, "batch[0].advantage"},
       {[](auto& r) { r.mutable_algorithm()->set_minibatches(0); }, "algorithm.minibatches"},
       {[](auto& r) { r.mutable_algorithm()->set_minibatches(3); }, "algorithm.minibatches"},
-      {[](auto& r) { r.mutable_algorithm()->set_clip_epsilon(0); }, "algorithm.clip_epsilon"},
+      {[](auto& r) { r.mutable_algorithm()->set_clip_eps(0); }, "algorithm.clip_eps"},
       {[](auto& r) { r.mutable_algorithm()->set_kl_beta(-1); }, "algorithm.kl_beta"},
       {[](auto& r) { r.mutable_algorithm()->set_learning_rate(-1); }, "algorithm.learning_rate"},
       {[](auto& r) {
          r.mutable_algorithm()->set_is_rule(v1::IS_RULE_ICEPOP);
-         r.mutable_algorithm()->set_is_lower(1.5);
-         r.mutable_algorithm()->set_is_upper(1.2);
+         r.mutable_algorithm()->set_is_lo(1.5);
+         r.mutable_algorithm()->set_is_hi(1.2);
        },
        "algorithm.is"},
   };

@@ -70,7 +70,7 @@ inline v1::TrainStepRequest random_step(uint64_t seed, int n) {
     }
   }
   auto* a = r.mutable_algorithm();
-  a->set_clip_epsilon(0.2);
+  a->set_clip_eps(0.2);
   a->set_is_rule(v1::IS_RULE_NONE);
   a->set_minibatches(1);
   return r;

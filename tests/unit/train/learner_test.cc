@@ -1,0 +1,303 @@
+// The training layer without protobuf: GRPO and SFT updates, the export for generation (KV
+// calibration under the generation precision, before the first rollout too) and checkpoints.
+#include "train/learner.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "model/kv_calibration.h"
+#include "model/rng.h"
+#include "train/checkpoint.h"
+
+namespace fp8rl::train {
+namespace {
+
+constexpr int64_t kVocab = 48;
+
+model::ModelConfig tiny_config() {
+  model::ModelConfig c;
+  c.vocab_size = kVocab;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+InitRequest init_request(Precision training, Precision generation) {
+  InitRequest r;
+  r.job_id = "job-1";
+  r.model_config_json = model::model_config_to_json(tiny_config());
+  r.seed = 7;
+  r.precision.training = training;
+  r.precision.generation = generation;
+  r.precision.kv_cache = Precision::kFP8;
+  r.adamw.lr = 1e-2;
+  r.adamw.max_grad_norm = 1.0;
+  return r;
+}
+
+std::unique_ptr<Learner> make(const InitRequest& r) {
+  absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(r);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return l.ok() ? std::move(*l) : nullptr;
+}
+
+// `n` sequences: a 3-token prompt and a 4..6-token response of random ids, advantages
+// alternating +1 / -1, gen_logprobs random in [-4, -0.5].
+std::vector<Sequence> random_batch(uint64_t seed, int n) {
+  model::Rng rng(seed);
+  std::vector<Sequence> out(n);
+  for (int i = 0; i < n; ++i) {
+    const int len = 3 + 4 + static_cast<int>(rng.next() % 3);
+    for (int t = 0; t < len; ++t)
+      out[i].tokens.push_back(static_cast<int32_t>(rng.next() % kVocab));
+    out[i].prompt_length = 3;
+    out[i].advantage = i % 2 == 0 ? 1.0f : -1.0f;
+    for (int t = 3; t < len; ++t) {
+      out[i].gen_logprobs.push_back(static_cast<float>(-0.5 - 3.5 * rng.uniform()));
+    }
+  }
+  return out;
+}
+
+GrpoRequest grpo(std::vector<Sequence> batch) {
+  GrpoRequest r;
+  r.batch = std::move(batch);
+  r.loss.clip_eps = 0.2;
+  r.loss.is.rule = rl::IsRule::kTis;
+  return r;
+}
+
+// KV scales as the export must compute them: the generation model (`gen`) run once per sequence
+// with a calibrator, p99.9 x 1.05 / 448.
+model::KvScales scales_per_sequence(const model::Model& gen, const model::TokenBatch& tokens) {
+  model::KvCalibrator calibrator(gen.config().num_hidden_layers);
+  model::TrainForwardOptions opts;
+  opts.calibrator = &calibrator;
+  for (const auto& seq : tokens) {
+    EXPECT_TRUE(gen.forward({seq}, opts, nullptr).ok());
+  }
+  return calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);
+}
+
+std::unique_ptr<model::Model> generation_model(const Learner& l) {
+  absl::StatusOr<model::WeightSet> master = l.policy().export_weights(model::WeightFormat::kF32);
+  EXPECT_TRUE(master.ok());
+  absl::StatusOr<std::unique_ptr<model::Model>> g =
+      model::Model::FromWeightSet(*master, l.precision().generation_policy());
+  EXPECT_TRUE(g.ok()) << g.status();
+  return std::move(*g);
+}
+
+std::vector<float> exported_scales(const model::WeightSet& set, const char* kv, int64_t layers) {
+  std::vector<float> out;
+  for (int64_t l = 0; l < layers; ++l) {
+    const model::NamedTensor* t =
+        set.find("model.layers." + std::to_string(l) + ".self_attn." + kv);
+    EXPECT_NE(t, nullptr);
+    if (t == nullptr) return out;
+    out.push_back((*model::tensor_to_f32(*t))[0]);
+  }
+  return out;
+}
+
+model::TokenBatch tokens_of(const std::vector<Sequence>& seqs) {
+  model::TokenBatch out;
+  for (const Sequence& s : seqs) out.push_back(s.tokens);
+  return out;
+}
+
+// FP8 generation, BF16 training: the KV scales generation uses come from the FP8 model that uses
+// them, one calibration forward per sequence -- not from the BF16 training model in one call.
+TEST(Learner, KvScalesAreCalibratedOnTheGenerationModelPerSequence) {
+  std::unique_ptr<Learner> l = make(init_request(Precision::kBF16, Precision::kFP8));
+  ASSERT_NE(l, nullptr);
+  const std::vector<Sequence> batch = random_batch(21, 4);
+  ASSERT_TRUE(l->grpo_update(grpo(batch)).ok());
+  const model::TokenBatch tokens = tokens_of(batch);
+  const model::KvScales want = scales_per_sequence(*generation_model(*l), tokens);
+  // What the old path computed (training model, one call): must differ, or this test proves
+  // nothing.
+  model::KvCalibrator old(l->policy().config().num_hidden_layers);
+  model::TrainForwardOptions opts;
+  opts.calibrator = &old;
+  ASSERT_TRUE(l->policy().forward(tokens, opts, nullptr).ok());
+  ASSERT_NE(old.scales(kKvCalibrationPercentile, kKvCalibrationMargin).k, want.k);
+
+  absl::StatusOr<Export> e = l->export_for_generation(Precision::kFP8, 1, /*calibrate_kv=*/true);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->calibrated);
+  EXPECT_EQ(e->policy, l->precision().generation_policy());
+  EXPECT_EQ(exported_scales(e->weights, "k_scale", 2), want.k);
+  EXPECT_EQ(exported_scales(e->weights, "v_scale", 2), want.v);
+  // The training policy takes the same scales (its KV fake-quant matches generation).
+  EXPECT_EQ(l->policy().kv_scales().k, want.k);
+  EXPECT_EQ(l->policy().kv_scales().v, want.v);
+  for (float s : want.k) EXPECT_NE(s, 1.0f);
+  // The payload says which policy to run it with.
+  const nlohmann::json config = nlohmann::json::parse(e->weights.config_json);
+  PrecisionPolicy announced;
+  ASSERT_TRUE(precision_policy_from_json(config.at(kPrecisionConfigKey), "x", &announced).ok());
+  announced.train_kv_fake_quant = e->policy.train_kv_fake_quant;
+  EXPECT_EQ(announced, e->policy);
+}
+
+// Without SFT the first publish comes before any update: it calibrates on the init request's
+// calibration sequences instead of leaving the KV scales at 1.
+TEST(Learner, FirstPublishCalibratesOnTheCalibrationSequences) {
+  InitRequest r = init_request(Precision::kFP8, Precision::kFP8);
+  r.calibration = random_batch(22, 5);
+  std::unique_ptr<Learner> l = make(r);
+  ASSERT_NE(l, nullptr);
+  for (float s : l->policy().kv_scales().k) ASSERT_EQ(s, 1.0f);
+  const model::KvScales want = scales_per_sequence(l->policy(), tokens_of(r.calibration));
+  absl::StatusOr<Export> e = l->export_for_generation(Precision::kFP8, 1, true);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->calibrated);
+  EXPECT_EQ(exported_scales(e->weights, "k_scale", 2), want.k);
+  EXPECT_EQ(exported_scales(e->weights, "v_scale", 2), want.v);
+  for (float s : want.k) EXPECT_NE(s, 1.0f);
+
+  // No data at all: nothing to calibrate on, the scales stay.
+  std::unique_ptr<Learner> bare = make(init_request(Precision::kFP8, Precision::kFP8));
+  absl::StatusOr<Export> none = bare->export_for_generation(Precision::kFP8, 1, true);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->calibrated);
+}
+
+// The GRPO update with a positive advantage raises that sequence's logprob and lowers the
+// negative one's; each minibatch is one optimizer step, epochs repeat them.
+TEST(Learner, GrpoUpdateFollowsTheAdvantageAndCountsSteps) {
+  std::unique_ptr<Learner> l = make(init_request(Precision::kFP8, Precision::kFP8));
+  ASSERT_NE(l, nullptr);
+  std::vector<Sequence> batch = random_batch(23, 4);
+  // On-policy: gen logprobs are the current ones.
+  absl::StatusOr<std::vector<std::vector<float>>> cur = l->logprobs(batch, 0, false);
+  ASSERT_TRUE(cur.ok()) << cur.status();
+  for (size_t i = 0; i < batch.size(); ++i) batch[i].gen_logprobs = (*cur)[i];
+  GrpoRequest r = grpo(batch);
+  r.minibatches = 2;
+  r.epochs = 3;
+  absl::StatusOr<GrpoResult> res = l->grpo_update(r);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->updates, 6);
+  EXPECT_EQ(l->optimizer().steps(), 6);
+  EXPECT_EQ(l->version(), 1);
+  EXPECT_NEAR(res->mismatch.token_mult_prob_error, 1.0, 1e-6);
+  EXPECT_GT(res->grad_norm, 0.0);
+  absl::StatusOr<std::vector<std::vector<float>>> after = l->logprobs(batch, 0, false);
+  ASSERT_TRUE(after.ok());
+  double up = 0, down = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    double delta = 0;
+    for (size_t j = 0; j < (*after)[i].size(); ++j) delta += (*after)[i][j] - (*cur)[i][j];
+    (i % 2 == 0 ? up : down) += delta;
+  }
+  EXPECT_GT(up, 0.0);
+  EXPECT_LT(down, 0.0);
+  // The data of the update is what the next publish calibrates on.
+  EXPECT_EQ(l->calibration_tokens(), tokens_of(batch));
+}
+
+TEST(Learner, StopFlagInterruptsBetweenStepsAndStillMakesAVersion) {
+  std::unique_ptr<Learner> l = make(init_request(Precision::kBF16, Precision::kBF16));
+  ASSERT_NE(l, nullptr);
+  std::atomic<bool> stop{true};
+  absl::StatusOr<GrpoResult> res = l->grpo_update(grpo(random_batch(24, 2)), &stop);
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(l->version(), 0);  // nothing applied
+  EXPECT_EQ(l->optimizer().steps(), 0);
+}
+
+TEST(Learner, SftLowersNllOnARepeatedBatch) {
+  std::unique_ptr<Learner> l = make(init_request(Precision::kBF16, Precision::kBF16));
+  ASSERT_NE(l, nullptr);
+  SftRequest r;
+  r.batch = random_batch(25, 4);
+  for (Sequence& s : r.batch) s.gen_logprobs.clear();
+  r.learning_rate = 1e-2;
+  r.minibatches = 2;
+  absl::StatusOr<SftResult> first = l->sft_update(r);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<SftResult> last;
+  for (int i = 0; i < 10; ++i) last = l->sft_update(r);
+  ASSERT_TRUE(last.ok());
+  EXPECT_LT(last->loss, first->loss);
+  EXPECT_EQ(l->version(), 11);
+  EXPECT_EQ(l->optimizer().steps(), 22);
+}
+
+TEST(Learner, BadRequestsNameTheField) {
+  std::unique_ptr<Learner> l = make(init_request(Precision::kFP8, Precision::kFP8));
+  ASSERT_NE(l, nullptr);
+  auto expect = [](const absl::Status& s, const std::string& field) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(s.message().substr(0, field.size()), field) << s;
+  };
+  GrpoRequest r = grpo(random_batch(26, 2));
+  r.batch[1].gen_logprobs.pop_back();
+  expect(l->grpo_update(r).status(), "batch[1].gen_logprobs");
+  r = grpo(random_batch(26, 2));
+  r.loss.clip_eps = 1.0;
+  expect(l->grpo_update(r).status(), "algorithm.clip_eps");
+  r = grpo(random_batch(26, 2));
+  r.minibatches = 3;
+  expect(l->grpo_update(r).status(), "algorithm.minibatches");
+  r = grpo(random_batch(26, 2));
+  r.loss.kl_beta = 0.1;
+  EXPECT_EQ(l->grpo_update(r).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(l->version(), 0);
+
+  InitRequest bad = init_request(Precision::kF32, Precision::kFP8);
+  expect(Learner::create(bad).status(), "precision.training: fp32 is not supported");
+  bad = init_request(Precision::kFP8, Precision::kFP8);
+  bad.precision.bf16_last_layers = -1;
+  expect(Learner::create(bad).status(), "precision.bf16_last_layers");
+  bad = init_request(Precision::kFP8, Precision::kFP8);
+  bad.calibration = random_batch(27, 1);
+  bad.calibration[0].tokens[0] = kVocab;
+  expect(Learner::create(bad).status(), "calibration[0].tokens");
+}
+
+// A checkpoint restores weights, optimizer state, versions and precision: the next update is
+// bit-identical to one without the save/load.
+TEST(Learner, CheckpointRoundTripContinuesBitIdentically) {
+  InitRequest init = init_request(Precision::kBF16, Precision::kFP8);
+  init.keep_reference = true;
+  std::unique_ptr<Learner> a = make(init);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->grpo_update(grpo(random_batch(28, 3))).ok());
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("fp8rl_learner_ckpt_" + std::to_string(getpid())))
+          .string();
+  absl::StatusOr<SavedCheckpoint> saved = save_checkpoint(*a, dir, /*include_optimizer=*/true);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->version, 1);
+  EXPECT_GT(saved->bytes, 0u);
+  absl::StatusOr<LoadedCheckpoint> loaded = load_checkpoint(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  Learner& b = *loaded->learner;
+  EXPECT_TRUE(loaded->optimizer_restored);
+  EXPECT_EQ(b.precision(), a->precision());
+  EXPECT_EQ(b.job_id(), "job-1");
+  EXPECT_EQ(b.version(), 1);
+  EXPECT_NE(b.reference(), nullptr);
+  EXPECT_EQ(*checkpoint_version(dir), 1);
+
+  const GrpoRequest next = grpo(random_batch(29, 3));
+  ASSERT_TRUE(a->grpo_update(next).ok());
+  ASSERT_TRUE(b.grpo_update(next).ok());
+  const auto pa = a->policy().params(), pb = b.policy().params();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) ASSERT_EQ(pa[i], pb[i]) << i;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fp8rl::train

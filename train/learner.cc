@@ -1,0 +1,488 @@
+// The learner's updates and export (see learner.h for the contract).
+#include "train/learner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "model/kv_calibration.h"
+#include "train/checkpoint.h"
+
+namespace fp8rl::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+absl::Status prefixed(const absl::Status& s, std::string_view prefix) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(std::string(prefix), s.message()));
+}
+
+absl::StatusOr<std::string> model_config_text(const std::string& value) {
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(value);
+  if (trimmed.empty()) {
+    return absl::InvalidArgumentError("model.init.model_config_json: required");
+  }
+  if (trimmed.front() == '{') return std::string(trimmed);
+  // Not JSON text: a path to a config.json (the coordinator forwards job configs' paths).
+  absl::StatusOr<std::string> text = read_text_file(std::string(trimmed));
+  if (!text.ok()) return prefixed(text.status(), "model.init.model_config_json: ");
+  return text;
+}
+
+ScaleStats stats_of(std::span<const float> values) {
+  ScaleStats s;
+  if (values.empty()) return s;
+  s.min = std::numeric_limits<double>::infinity();
+  s.max = -s.min;
+  double sum = 0;
+  for (float v : values) {
+    s.min = std::min<double>(s.min, v);
+    s.max = std::max<double>(s.max, v);
+    sum += v;
+  }
+  s.count = static_cast<int64_t>(values.size());
+  s.mean = sum / static_cast<double>(s.count);
+  return s;
+}
+
+bool stopped(const std::atomic<bool>* stop) { return stop != nullptr && stop->load(); }
+
+}  // namespace
+
+absl::Status validate_precision(const PrecisionConfig& p, std::string_view where) {
+  for (const auto& [name, format] :
+       {std::pair{"training", p.training}, std::pair{"generation", p.generation},
+        std::pair{"kv_cache", p.kv_cache}}) {
+    if (format != Precision::kFP8 && format != Precision::kBF16) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(where), ".", name, ": ",
+                                                     std::string(precision_name(format)),
+                                                     " is not supported (expected fp8 or bf16)"));
+    }
+  }
+  if (p.bf16_first_layers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(where), ".bf16_first_layers: must be >= 0, got ", p.bf16_first_layers));
+  }
+  if (p.bf16_last_layers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(where), ".bf16_last_layers: must be >= 0, got ", p.bf16_last_layers));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& request) {
+  if (request.job_id.empty()) return absl::InvalidArgumentError("job_id: required");
+  if (auto s = validate_precision(request.precision, "precision"); !s.ok()) return s;
+  if (auto s = model::validate_adamw_config(request.adamw); !s.ok()) {
+    return prefixed(s, "optimizer.");
+  }
+  const PrecisionPolicy policy = request.precision.training_policy();
+
+  std::unique_ptr<model::Model> model;
+  int64_t version = 0;
+  if (!request.checkpoint_dir.empty()) {
+    const std::string& dir = request.checkpoint_dir;
+    absl::StatusOr<std::unique_ptr<model::Model>> m = model::Model::Load(dir, policy);
+    if (!m.ok()) return prefixed(m.status(), "model.checkpoint_dir: ");
+    absl::StatusOr<int64_t> v = checkpoint_version(dir);
+    if (!v.ok()) return prefixed(v.status(), "model.checkpoint_dir: ");
+    version = *v;
+    model = std::move(*m);
+  } else {
+    absl::StatusOr<std::string> text = model_config_text(request.model_config_json);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<model::ModelConfig> config = model::parse_model_config(*text);
+    if (!config.ok()) return prefixed(config.status(), "model.init.model_config_json: ");
+    absl::StatusOr<std::unique_ptr<model::Model>> m =
+        model::Model::Init(*config, policy, request.seed);
+    if (!m.ok()) return prefixed(m.status(), "model.init: ");
+    model = std::move(*m);
+  }
+  std::unique_ptr<model::Model> reference;
+  if (request.keep_reference) {
+    absl::StatusOr<model::WeightSet> copy = model->export_weights(model::WeightFormat::kF32);
+    if (!copy.ok()) return copy.status();
+    absl::StatusOr<std::unique_ptr<model::Model>> r = model::Model::FromWeightSet(*copy, policy);
+    if (!r.ok()) return r.status();
+    reference = std::move(*r);
+  }
+  model::TokenBatch calibration;
+  for (size_t i = 0; i < request.calibration.size(); ++i) {
+    const std::vector<int32_t>& tokens = request.calibration[i].tokens;
+    if (auto s = model->check_tokens(tokens); !s.ok()) {
+      return prefixed(s, absl::StrCat("calibration[", i, "].tokens: "));
+    }
+    calibration.push_back(tokens);
+  }
+  auto optimizer = std::make_unique<model::AdamW>(*model, request.adamw);
+  auto learner =
+      std::make_unique<Learner>(request.job_id, request.precision, std::move(model),
+                                std::move(reference), std::move(optimizer), version, version);
+  learner->calibration_ = std::move(calibration);
+  return learner;
+}
+
+Learner::Learner(std::string job_id, PrecisionConfig precision, std::unique_ptr<model::Model> model,
+                 std::unique_ptr<model::Model> reference, std::unique_ptr<model::AdamW> optimizer,
+                 int64_t version, int64_t published_version)
+    : job_id_(std::move(job_id)),
+      precision_(precision),
+      model_(std::move(model)),
+      reference_(std::move(reference)),
+      optimizer_(std::move(optimizer)),
+      version_(version),
+      published_version_(published_version) {}
+
+absl::StatusOr<std::vector<std::vector<float>>> Learner::logprobs(std::span<const Sequence> seqs,
+                                                                  double temperature,
+                                                                  bool use_reference) const {
+  if (use_reference && !reference_) {
+    return absl::FailedPreconditionError(
+        "use_reference: no reference policy (InitPolicy with keep_reference)");
+  }
+  absl::StatusOr<PackedBatch> batch = pack_sequences(seqs, *model_, "sequences", false);
+  if (!batch.ok()) return batch.status();
+  absl::StatusOr<float> t = logprob_temperature(temperature, "temperature");
+  if (!t.ok()) return t.status();
+  batch->temperature = *t;
+  absl::StatusOr<std::vector<float>> lp =
+      response_logprobs(use_reference ? *reference_ : *model_, *batch, nullptr);
+  if (!lp.ok()) return lp.status();
+  std::vector<std::vector<float>> out(batch->size());
+  const int64_t L = batch->length;
+  for (int64_t b = 0; b < batch->size(); ++b) {
+    const int64_t resp = static_cast<int64_t>(batch->tokens[b].size()) - batch->prompt_length[b];
+    out[b].assign(lp->begin() + b * L, lp->begin() + b * L + resp);
+  }
+  return out;
+}
+
+absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request) const {
+  Prepared p;
+  absl::StatusOr<PackedBatch> batch =
+      pack_sequences(request.batch, *model_, "batch", /*require_gen=*/true);
+  if (!batch.ok()) return batch.status();
+  p.batch = std::move(*batch);
+  absl::StatusOr<float> temperature =
+      logprob_temperature(request.temperature, "algorithm.temperature");
+  if (!temperature.ok()) return temperature.status();
+  p.batch.temperature = *temperature;
+  const rl::PolicyLossConfig& c = request.loss;
+  if (!(c.clip_eps > 0 && c.clip_eps < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("algorithm.clip_eps: must be in (0, 1), got ", c.clip_eps));
+  }
+  if (!(c.kl_beta >= 0) || !std::isfinite(c.kl_beta)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("algorithm.kl_beta: must be >= 0, got ", c.kl_beta));
+  }
+  if (c.kl_beta > 0 && !reference_) {
+    return absl::FailedPreconditionError(
+        "algorithm.kl_beta: > 0 needs a reference policy (InitPolicy with keep_reference)");
+  }
+  if (auto s = rl::validate_is_config(c.is, "algorithm.is"); !s.ok()) return s;
+  if (request.minibatches < 1 || request.minibatches > p.batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm.minibatches: must be in [1, ",
+                                                   p.batch.size(), "] (the batch size), got ",
+                                                   request.minibatches));
+  }
+  if (!std::isfinite(request.learning_rate) || request.learning_rate < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("algorithm.learning_rate: must be >= 0, got ", request.learning_rate));
+  }
+  if (request.epochs < 0 || request.epochs > kMaxEpochs) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm.epochs: must be in [0, ", kMaxEpochs,
+                                                   "] (0 = 1), got ", request.epochs));
+  }
+  // prev_logprobs: the policy at the rollout version, before any update, same kernels.
+  const auto start = Clock::now();
+  absl::StatusOr<std::vector<float>> prev = response_logprobs(*model_, p.batch, nullptr);
+  if (!prev.ok()) return prev.status();
+  p.prev = std::move(*prev);
+  if (c.kl_beta > 0) {
+    absl::StatusOr<std::vector<float>> ref = response_logprobs(*reference_, p.batch, nullptr);
+    if (!ref.ok()) return ref.status();
+    p.ref = std::move(*ref);
+  }
+  p.logprob_seconds = seconds_since(start);
+  return p;
+}
+
+absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(const PackedBatch& mb,
+                                                                 std::span<const float> prev,
+                                                                 std::span<const float> ref,
+                                                                 const rl::PolicyLossConfig& config,
+                                                                 std::vector<float>* grads) const {
+  model::ForwardContext ctx;
+  absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx);
+  if (!cur.ok()) return cur.status();
+  rl::PolicyLossInput in;
+  in.layout = mb.layout();
+  in.cur_logprobs = *cur;
+  in.prev_logprobs = prev;
+  in.gen_logprobs = mb.gen_logprobs;
+  in.ref_logprobs = config.kl_beta > 0 ? ref : std::span<const float>();
+  in.mask = mb.mask;
+  in.advantages = mb.advantages;
+  absl::StatusOr<rl::PolicyLossResult> loss = rl::grpo_policy_loss(in, config);
+  if (!loss.ok()) return loss.status();
+  grads->assign(model_->num_params(), 0.0f);
+  if (auto s = model_->backward(ctx, scatter_response(mb, loss->dloss_dcur), grads->data());
+      !s.ok()) {
+    return s;
+  }
+  return loss;
+}
+
+absl::Status Learner::set_learning_rate(double lr) {
+  if (lr == optimizer_->config().lr) return absl::OkStatus();
+  return optimizer_->set_lr(lr);
+}
+
+absl::StatusOr<PolicyGradient> Learner::gradient(const GrpoRequest& request) const {
+  absl::StatusOr<Prepared> p = prepare(request);
+  if (!p.ok()) return p.status();
+  PolicyGradient out;
+  absl::StatusOr<rl::PolicyLossResult> loss =
+      minibatch_gradient(p->batch, p->prev, p->ref, request.loss, &out.grads);
+  if (!loss.ok()) return loss.status();
+  out.loss = std::move(*loss);
+  out.prev_logprobs = std::move(p->prev);
+  return out;
+}
+
+absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
+                                                const std::atomic<bool>* stop) {
+  absl::StatusOr<Prepared> prepared = prepare(request);
+  if (!prepared.ok()) return prepared.status();
+  const PackedBatch& batch = prepared->batch;
+  const rl::PolicyLossConfig& config = request.loss;
+  const std::vector<float>& prev = prepared->prev;
+  const std::vector<float>& ref = prepared->ref;
+  if (request.learning_rate > 0) {
+    if (auto s = set_learning_rate(request.learning_rate); !s.ok()) return s;
+  }
+  const int64_t B = batch.size(), L = batch.length;
+  GrpoResult r;
+  absl::StatusOr<rl::MismatchMetrics> mismatch =
+      rl::mismatch_metrics(prev, batch.gen_logprobs, batch.mask, batch.layout(), config.is);
+  if (!mismatch.ok()) return mismatch.status();
+  r.mismatch = *mismatch;
+  r.logprob_seconds = prepared->logprob_seconds;
+
+  const int64_t m = request.minibatches;
+  const int64_t epochs = std::max<int64_t>(1, request.epochs);
+  const int64_t updates = epochs * m;
+  // An update that fails after `applied` optimizer steps still makes a new version.
+  auto interrupted = [&](int64_t applied, const absl::Status& error) {
+    if (applied > 0) ++version_;
+    return error;
+  };
+  double clipped_tokens = 0;
+  std::vector<float> grads;
+  // Epoch e, minibatch i is update u = e * m + i; every pass sees the same minibatches in the
+  // same order, against the same prev logprobs (PPO's ratio is relative to the rollout policy).
+  for (int64_t u = 0; u < updates; ++u) {
+    const int64_t i = u % m;
+    if (stopped(stop)) {
+      return interrupted(u, absl::UnavailableError(absl::StrCat("trainer is shutting down (after ",
+                                                                u, " of ", updates, " updates)")));
+    }
+    const int64_t s0 = B * i / m, s1 = B * (i + 1) / m;
+    const PackedBatch mb = batch.slice(s0, s1);
+    const std::span<const float> prev_mb(prev.data() + s0 * L, (s1 - s0) * L);
+    const std::span<const float> ref_mb =
+        ref.empty() ? std::span<const float>()
+                    : std::span<const float>(ref.data() + s0 * L, (s1 - s0) * L);
+    auto start = Clock::now();
+    absl::StatusOr<rl::PolicyLossResult> result =
+        minibatch_gradient(mb, prev_mb, ref_mb, config, &grads);
+    const std::string where = epochs > 1 ? absl::StrCat("epoch ", u / m, " minibatch ", i, ": ")
+                                         : absl::StrCat("minibatch ", i, ": ");
+    if (!result.ok()) return interrupted(u, prefixed(result.status(), where));
+    r.forward_backward_seconds += seconds_since(start);
+    start = Clock::now();
+    absl::StatusOr<model::OptimizerStepStats> step = optimizer_->step(*model_, grads.data());
+    if (!step.ok()) return interrupted(u, prefixed(step.status(), where));
+    r.optimizer_seconds += seconds_since(start);
+    const double share = 1.0 / static_cast<double>(updates);
+    r.loss += result->loss * share;
+    r.pg_loss += result->stats.policy_loss * share;
+    r.kl += result->stats.kl * share;
+    r.grad_norm += step->grad_norm * share;
+    clipped_tokens += result->stats.clip_fraction *
+                      static_cast<double>(result->stats.valid_tokens) / static_cast<double>(epochs);
+    r.learning_rate = step->lr;
+  }
+  ++version_;
+  calibration_ = batch.tokens;
+  r.updates = updates;
+  r.tokens = batch.valid_tokens;
+  r.clip_fraction =
+      batch.valid_tokens > 0 ? clipped_tokens / static_cast<double>(batch.valid_tokens) : 0.0;
+  return r;
+}
+
+absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
+                                              const std::atomic<bool>* stop) {
+  absl::StatusOr<PackedBatch> batch =
+      pack_sequences(request.batch, *model_, "batch", /*require_gen=*/false);
+  if (!batch.ok()) return batch.status();
+  const int64_t B = batch->size();
+  if (!(request.learning_rate > 0) || !std::isfinite(request.learning_rate)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate: must be > 0, got ", request.learning_rate));
+  }
+  if (request.minibatches < 1 || request.minibatches > B) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "minibatches: must be in [1, ", B, "] (the batch size), got ", request.minibatches));
+  }
+  if (auto s = set_learning_rate(request.learning_rate); !s.ok()) return s;
+  auto interrupted = [&](int64_t applied, const absl::Status& error) {
+    if (applied > 0) ++version_;
+    return error;
+  };
+
+  const int64_t m = request.minibatches;
+  SftResult r;
+  std::vector<float> grads;
+  for (int64_t i = 0; i < m; ++i) {
+    if (stopped(stop)) return interrupted(i, absl::UnavailableError("trainer is shutting down"));
+    const PackedBatch mb = batch->slice(B * i / m, B * (i + 1) / m);
+    auto start = Clock::now();
+    model::ForwardContext ctx;
+    absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx);
+    if (!cur.ok()) return interrupted(i, cur.status());
+    absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask);
+    if (!nll.ok()) return interrupted(i, nll.status());
+    grads.assign(model_->num_params(), 0.0f);
+    if (auto s = model_->backward(ctx, scatter_response(mb, nll->dloss_dlogp), grads.data());
+        !s.ok()) {
+      return interrupted(i, s);
+    }
+    r.forward_backward_seconds += seconds_since(start);
+    start = Clock::now();
+    absl::StatusOr<model::OptimizerStepStats> step = optimizer_->step(*model_, grads.data());
+    if (!step.ok()) {
+      return interrupted(i, prefixed(step.status(), absl::StrCat("minibatch ", i, ": ")));
+    }
+    r.optimizer_seconds += seconds_since(start);
+    r.loss += nll->loss / static_cast<double>(m);
+    r.grad_norm += step->grad_norm / static_cast<double>(m);
+    r.learning_rate = step->lr;
+  }
+  ++version_;
+  calibration_ = batch->tokens;
+  r.updates = m;
+  r.tokens = batch->valid_tokens;
+  return r;
+}
+
+absl::Status Learner::calibrate_kv_scales(const model::Model& generation) {
+  model::KvCalibrator calibrator(generation.config().num_hidden_layers);
+  model::TrainForwardOptions opts;
+  opts.calibrator = &calibrator;
+  // One forward per kKvCalibrationSequencesPerCall sequences: the calibrator records one amax per
+  // layer per call, so the percentile is taken over that many samples.
+  const int64_t n = static_cast<int64_t>(calibration_.size());
+  for (int64_t b = 0; b < n; b += kKvCalibrationSequencesPerCall) {
+    const int64_t e = std::min(n, b + kKvCalibrationSequencesPerCall);
+    const model::TokenBatch call(calibration_.begin() + b, calibration_.begin() + e);
+    if (auto lp = generation.forward(call, opts, nullptr); !lp.ok()) return lp.status();
+  }
+  const model::KvScales scales = calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);
+  return model_->set_kv_scales(scales);
+}
+
+absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t version,
+                                                      bool calibrate_kv) {
+  if (format != Precision::kFP8 && format != Precision::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("format: ", std::string(precision_name(format)),
+                     " is not a weight format (expected fp8 or bf16)"));
+  }
+  Export out;
+  out.policy = precision_.policy(format);
+  // The model generation runs: the policy itself when the linear formats agree, else the master
+  // weights under the generation policy (exact fp32 copy, then quantized by its own layers).
+  std::unique_ptr<model::Model> generation;
+  auto start = Clock::now();
+  auto build_generation = [&]() -> absl::Status {
+    if (out.policy.linear == precision_.training) return absl::OkStatus();
+    absl::StatusOr<model::WeightSet> master = model_->export_weights(model::WeightFormat::kF32);
+    if (!master.ok()) return master.status();
+    absl::StatusOr<std::unique_ptr<model::Model>> g =
+        model::Model::FromWeightSet(*master, out.policy);
+    if (!g.ok()) return g.status();
+    generation = std::move(*g);
+    return absl::OkStatus();
+  };
+  // KV scales on the data of the last update, under the generation precision (FP8 KV cache only;
+  // nothing to calibrate on without data).
+  out.calibrated = calibrate_kv && precision_.kv_cache == Precision::kFP8 && !calibration_.empty();
+  if (out.calibrated) {
+    if (auto s = build_generation(); !s.ok()) return prefixed(s, "calibrating KV scales: ");
+    if (auto s = calibrate_kv_scales(generation ? *generation : *model_); !s.ok()) {
+      return prefixed(s, "calibrating KV scales: ");
+    }
+    if (generation) {
+      if (auto s = generation->set_kv_scales(model_->kv_scales()); !s.ok()) {
+        return prefixed(s, "calibrating KV scales: ");
+      }
+    }
+  }
+  out.calibrate_seconds = seconds_since(start);
+
+  start = Clock::now();
+  absl::StatusOr<model::WeightSet> set;
+  if (format == Precision::kBF16) {
+    set = model_->export_weights(model::WeightFormat::kBF16, version);
+  } else if (precision_.training == Precision::kFP8) {
+    // The FP8 layers' codes and scales, re-derived from the master weights by the optimizer's
+    // refresh() after the last update.
+    set = model_->export_weights(model::WeightFormat::kFP8, version);
+  } else {
+    // Training runs BF16 linears, generation FP8: quantize the master weights with the
+    // generation policy's layer choices.
+    if (!generation) {
+      if (auto s = build_generation(); !s.ok()) return s;
+    }
+    set = generation->export_weights(model::WeightFormat::kFP8, version);
+  }
+  if (!set.ok()) return set.status();
+  // Tell generation workers the policy to run this payload with (services/generation_worker/
+  // weight_loader.h reads the "fp8rl_precision" object), so both sides compute the same function.
+  nlohmann::json config = nlohmann::json::parse(set->config_json, nullptr, false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InternalError("exported config.json is not a JSON object");
+  }
+  config[kPrecisionConfigKey] = nlohmann::json::parse(precision_policy_to_json(out.policy).dump());
+  set->config_json = config.dump(2);
+  out.quantize_seconds = seconds_since(start);
+
+  std::vector<float> block_scales;
+  for (const model::NamedTensor& t : set->tensors) {
+    if (!t.name.ends_with("_scale_inv")) continue;
+    absl::StatusOr<std::vector<float>> values = model::tensor_to_f32(t);
+    if (!values.ok()) return values.status();
+    block_scales.insert(block_scales.end(), values->begin(), values->end());
+  }
+  out.weight_scale_inv = stats_of(block_scales);
+  out.k_scale = stats_of(model_->kv_scales().k);
+  out.v_scale = stats_of(model_->kv_scales().v);
+  out.weights = std::move(*set);
+  return out;
+}
+
+}  // namespace fp8rl::train

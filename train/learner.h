@@ -1,0 +1,181 @@
+// The learner: the policy under training (fp32 master weights + AdamW state, an optional frozen
+// reference copy) and the updates that change it, with plain C++ requests and results (no gRPC,
+// no protobuf; services/trainer_worker translates its proto messages to these).
+//   - GRPO update (docs/design.md "One RL step", steps 5-6): prev logprobs, then epochs x
+//     minibatches of IS-corrected policy loss, backward and AdamW.
+//   - SFT update: NLL of the masked response tokens, minibatches of AdamW steps.
+//   - Export for generation: KV-scale calibration under the *generation* precision, then the
+//     weights re-quantized to the generation format, with the policy in config.json.
+//   - Checkpoints: train/checkpoint.h.
+// Errors are absl::Status naming the field (INVALID_ARGUMENT), FAILED_PRECONDITION for a KL term
+// without a reference policy, UNAVAILABLE when `stop` was set during an update. Not thread-safe:
+// the caller serializes calls.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/precision.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "rl/grpo.h"
+#include "rl/mismatch.h"
+#include "train/batch.h"
+
+namespace fp8rl::train {
+
+// KV-cache calibration (docs/design.md "FP8 recipe"): percentile 99.9 of the per-forward amax of
+// each layer's K and V, x 1.05 margin, / 448 (E4M3 max).
+inline constexpr double kKvCalibrationPercentile = 99.9;
+inline constexpr double kKvCalibrationMargin = 1.05;
+// Calibration runs one forward per this many sequences, so the percentile has many samples.
+inline constexpr int64_t kKvCalibrationSequencesPerCall = 1;
+// Passes over a GRPO batch accepted in one update.
+inline constexpr int64_t kMaxEpochs = 64;
+
+struct InitRequest {
+  std::string job_id;
+  // Exactly one model source: a checkpoint folder, or a model config (JSON text, or a path to a
+  // config.json) with a seed for the random initialization.
+  std::string checkpoint_dir;
+  std::string model_config_json;
+  uint64_t seed = 0;
+  PrecisionConfig precision;
+  model::AdamWConfig adamw;
+  bool keep_reference = false;
+  // Sequences to calibrate the KV scales on until the first update provides data (the initial
+  // publish, before any rollout). May be empty.
+  std::vector<Sequence> calibration;
+};
+
+struct GrpoRequest {
+  std::vector<Sequence> batch;  // gen_logprobs required
+  rl::PolicyLossConfig loss;    // clip_eps, kl_beta, IS rule and bounds
+  double temperature = 0;       // sampling temperature of the rollouts (0 = 1)
+  int64_t minibatches = 1;      // optimizer steps per pass, in [1, batch size]
+  int64_t epochs = 1;           // passes over the batch, in [0, kMaxEpochs] (0 = 1)
+  double learning_rate = 0;     // > 0: set the optimizer's learning rate first
+};
+
+struct GrpoResult {
+  double loss = 0, pg_loss = 0, kl = 0, grad_norm = 0;  // means over the updates
+  double learning_rate = 0;                             // after the last update
+  double clip_fraction = 0;      // clipped tokens / valid tokens, averaged over epochs
+  int64_t tokens = 0;            // valid (masked-in) response tokens
+  int64_t updates = 0;           // optimizer steps taken
+  rl::MismatchMetrics mismatch;  // generation vs prev logprobs
+  double logprob_seconds = 0, forward_backward_seconds = 0, optimizer_seconds = 0;
+};
+
+struct SftRequest {
+  std::vector<Sequence> batch;
+  double learning_rate = 0;  // > 0
+  int64_t minibatches = 1;   // in [1, batch size]
+};
+
+struct SftResult {
+  double loss = 0, grad_norm = 0;  // means over the minibatches
+  double learning_rate = 0;
+  int64_t tokens = 0;
+  int64_t updates = 0;
+  double forward_backward_seconds = 0, optimizer_seconds = 0;
+};
+
+// The loss and parameter gradient of a GRPO request taken as one minibatch (nothing updated).
+struct PolicyGradient {
+  rl::PolicyLossResult loss;
+  std::vector<float> prev_logprobs;  // [B*L]
+  std::vector<float> grads;          // [num_params]
+};
+
+struct ScaleStats {
+  double min = 0, mean = 0, max = 0;
+  int64_t count = 0;
+};
+
+// The weights for generation workers and what making them measured.
+struct Export {
+  model::WeightSet weights;  // config_json carries "fp8rl_precision" (the generation policy)
+  PrecisionPolicy policy;    // the policy generation runs these weights with
+  bool calibrated = false;   // KV scales were recalibrated
+  double calibrate_seconds = 0, quantize_seconds = 0;
+  ScaleStats weight_scale_inv;  // over every *_scale_inv value (FP8 exports)
+  ScaleStats k_scale, v_scale;
+};
+
+class Learner {
+ public:
+  // A new policy from a checkpoint folder or a random init (version from the folder's
+  // trainer_state.json when present, else 0).
+  static absl::StatusOr<std::unique_ptr<Learner>> create(const InitRequest& request);
+  // Everything already loaded (train/checkpoint.cc); `optimizer` was built on `model`.
+  Learner(std::string job_id, PrecisionConfig precision, std::unique_ptr<model::Model> model,
+          std::unique_ptr<model::Model> reference, std::unique_ptr<model::AdamW> optimizer,
+          int64_t version, int64_t published_version);
+
+  // Response logprobs of `seqs` under the policy (or the reference), one vector per sequence.
+  absl::StatusOr<std::vector<std::vector<float>>> logprobs(std::span<const Sequence> seqs,
+                                                           double temperature,
+                                                           bool use_reference) const;
+  // The GRPO update; advances version() by one when any optimizer step was taken (also when
+  // stopped or failed midway). `stop` (optional) is polled before each optimizer step.
+  absl::StatusOr<GrpoResult> grpo_update(const GrpoRequest& request,
+                                         const std::atomic<bool>* stop = nullptr);
+  absl::StatusOr<SftResult> sft_update(const SftRequest& request,
+                                       const std::atomic<bool>* stop = nullptr);
+  absl::StatusOr<PolicyGradient> gradient(const GrpoRequest& request) const;
+
+  // Weights for generation in `format` (kFP8 or kBF16) stamped with `version`. With
+  // `calibrate_kv` and an FP8 KV cache, first recalibrates the KV scales on the data of the last
+  // update (or InitRequest.calibration before any), one forward per sequence, on the model
+  // generation runs (generation precision), and installs them in the policy too.
+  absl::StatusOr<Export> export_for_generation(Precision format, int64_t version,
+                                               bool calibrate_kv);
+  // After a successful upload of `version`.
+  void set_published(int64_t version) { version_ = published_version_ = version; }
+
+  const std::string& job_id() const { return job_id_; }
+  const PrecisionConfig& precision() const { return precision_; }
+  int64_t version() const { return version_; }
+  int64_t published_version() const { return published_version_; }
+  const model::Model& policy() const { return *model_; }
+  const model::Model* reference() const { return reference_.get(); }
+  const model::AdamW& optimizer() const { return *optimizer_; }
+  // The sequences the next KV calibration runs on (tests).
+  const model::TokenBatch& calibration_tokens() const { return calibration_; }
+
+ private:
+  struct Prepared {
+    PackedBatch batch;
+    std::vector<float> prev, ref;  // [B*L]; ref empty unless kl_beta > 0
+    double logprob_seconds = 0;
+  };
+  absl::StatusOr<Prepared> prepare(const GrpoRequest& request) const;
+  absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(const PackedBatch& mb,
+                                                          std::span<const float> prev,
+                                                          std::span<const float> ref,
+                                                          const rl::PolicyLossConfig& config,
+                                                          std::vector<float>* grads) const;
+  absl::Status set_learning_rate(double lr);
+  absl::Status calibrate_kv_scales(const model::Model& generation);
+
+  std::string job_id_;
+  PrecisionConfig precision_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::Model> reference_;
+  std::unique_ptr<model::AdamW> optimizer_;
+  int64_t version_ = 0;
+  int64_t published_version_ = 0;
+  model::TokenBatch calibration_;  // data of the last update, for KV calibration
+};
+
+// Checks a PrecisionConfig the services can run: fp8 or bf16 formats, layer counts >= 0. Errors
+// name "<where>.<field>".
+absl::Status validate_precision(const PrecisionConfig& precision, std::string_view where);
+
+}  // namespace fp8rl::train
