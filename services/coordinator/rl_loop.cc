@@ -24,6 +24,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr char kLog[] = "rl_loop";
+// A worker whose call failed gets no new call for this many poll intervals (1 s by default):
+// long enough not to hammer a worker that is down, short enough to use one that caught up.
+constexpr int kFailedWorkerBackoffPolls = 20;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -193,7 +196,7 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
     }
     // Workers that failed earlier get another chance after a back-off (they may have caught up
     // with the weights, or come back).
-    if (Clock::now() - failed_cleared_at > options_.poll_interval * 20) {
+    if (Clock::now() - failed_cleared_at > options_.poll_interval * kFailedWorkerBackoffPolls) {
       state->failed_workers.clear();
       failed_cleared_at = Clock::now();
     }
@@ -322,19 +325,24 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     if (absl::Status s = validate_start(run); !s.ok()) return s;
   }
 
-  // Steps 1-8 of every RL step; the job can be cancelled between phases.
+  // Steps 1-8, once per RL step; the job can be cancelled between phases.
   for (int64_t step = run.start_step + 1; step <= config.algorithm.steps; ++step) {
     const auto step_start = Clock::now();
     rl::StepMetrics row;
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    // Steps 1-2: rollout.
     absl::StatusOr<Rollout> rollout = this->rollout(run, step, row);
     if (!rollout.ok()) return rollout.status();
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    // Step 3: score.
     absl::StatusOr<std::vector<TrainSequence>> batch = score(run, *std::move(rollout), row);
     if (!batch.ok()) return batch.status();
+    // Steps 4-5: train.
     if (absl::Status s = train(run, step, *batch, row); !s.ok()) return s;
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    // Steps 6-7: publish and sync.
     if (absl::Status s = publish_and_sync(run, step, row); !s.ok()) return s;
+    // Step 8: validate and checkpoint, then the step's metrics row.
     if (absl::Status s = validate_and_checkpoint(run, step, row); !s.ok()) return s;
     row.step_seconds = seconds_since(step_start);
     if (absl::Status s = record_step(run, step, row); !s.ok()) return s;
