@@ -71,12 +71,16 @@ class JobManager {
   WorkerRegistry* registry_;
   CoordinatorMetrics* metrics_;
   RlLoopOptions options_;
+  // The store, cluster, registry and metrics are thread-safe on their own; mu_ guards only the
+  // in-memory state below that the API threads and the runner thread share.
   mutable std::mutex mu_;
+  // Wakes the runner thread (waiting under mu_) when a job is submitted, a cancel is requested
+  // (ends a wait for a lost trainer) or stop() is called; the runner also wakes every 500 ms.
   std::condition_variable cv_;
-  std::set<std::string> cancel_requests_;
-  std::map<std::string, JobProgress> progress_;  // running jobs only
-  std::atomic<bool> stopping_{false};
-  std::thread runner_;
+  std::set<std::string> cancel_requests_;        // guarded by mu_
+  std::map<std::string, JobProgress> progress_;  // guarded by mu_; running jobs only
+  std::atomic<bool> stopping_{false};            // atomic: read by the loop without mu_
+  std::thread runner_;                           // started and joined by start()/stop() only
 };
 
 }  // namespace fp8rl::coordinator

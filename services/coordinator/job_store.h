@@ -113,10 +113,13 @@ class JobStore {
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
+  // Runs `sql`; called by open() only, before the store is shared, so without mu_.
   absl::Status exec(const std::string& sql);
 
+  // Every public method holds mu_ for its whole statement sequence: one connection, shared by
+  // the API threads and the job runner.
   mutable std::mutex mu_;
-  sqlite3* db_;
+  sqlite3* db_;  // guarded by mu_ (the pointer itself is set once, in open())
 };
 
 int64_t now_unix_ms();

@@ -2,7 +2,6 @@
 #include "services/coordinator/rl_loop.h"
 
 #include <algorithm>
-#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -14,8 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/service/log.h"
-#include "rl/grpo.h"
-#include "rl/tasks.h"
+#include "rl/sample_seeds.h"
+#include "rl/scoring.h"
+#include "rl/sft_batch.h"
 #include "rl/tokenizer.h"
 #include "services/coordinator/coordinator_metrics.h"
 
@@ -24,16 +24,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr char kLog[] = "rl_loop";
+// A worker whose call failed gets no new call for this many poll intervals (1 s by default):
+// long enough not to hammer a worker that is down, short enough to use one that caught up.
+constexpr int kFailedWorkerBackoffPolls = 20;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 // State shared between dispatch() and its (detached) worker-call threads, so a call that
@@ -45,19 +41,23 @@ struct DispatchState {
     bool finished = false;
     bool abandoned = false;  // its samples were handed back early (worker expired)
   };
+  // Guards every member below; dispatch() holds it except while it asks the cluster for workers,
+  // each call thread holds it while it records a result or its end.
   std::mutex mu;
+  // Signalled (under mu) when a result arrives or a call ends; dispatch() waits on it for at
+  // most poll_interval, then also re-checks live workers, deadlines and cancellation.
   std::condition_variable cv;
-  std::deque<GenSample> pending;
-  std::map<std::string, GenResult> results;
-  std::set<std::string> wanted;
-  std::map<int64_t, Call> calls;  // by call number
-  std::set<std::string> busy_workers;
-  std::set<std::string> failed_workers;
-  bool closed = false;
-  DispatchStats stats;
-  int64_t min_version = 0;
+  std::deque<GenSample> pending;             // guarded by mu: samples not handed to a call yet
+  std::map<std::string, GenResult> results;  // guarded by mu: by sample_id, the first valid one
+  std::set<std::string> wanted;              // guarded by mu: every sample_id of the dispatch
+  std::map<int64_t, Call> calls;             // guarded by mu: by call number
+  std::set<std::string> busy_workers;        // guarded by mu: workers with a call in flight
+  std::set<std::string> failed_workers;      // guarded by mu: skipped until the next back-off
+  bool closed = false;                       // guarded by mu: late results are dropped
+  DispatchStats stats;                       // guarded by mu
+  int64_t min_version = 0;                   // set before the first call starts, then read only
 
-  // Puts the unfinished samples of a call back in the queue (caller holds mu).
+  // Puts the unfinished samples of a call back in the queue. Caller holds mu.
   int64_t requeue_locked(const Call& call) {
     int64_t n = 0;
     for (const GenSample& s : call.chunk) {
@@ -113,13 +113,6 @@ void run_call(std::shared_ptr<DispatchState> state, std::shared_ptr<GenerationCl
 }
 
 }  // namespace
-
-uint64_t sample_seed(uint64_t job_seed, int64_t step, int64_t prompt, int64_t sample) {
-  uint64_t h = splitmix64(job_seed);
-  h = splitmix64(h ^ static_cast<uint64_t>(step));
-  h = splitmix64(h ^ static_cast<uint64_t>(prompt));
-  return splitmix64(h ^ static_cast<uint64_t>(sample));
-}
 
 bool is_trainer_lost(const absl::Status& status) {
   return !status.ok() && status.GetPayload(kTrainerLostPayload).has_value();
@@ -203,7 +196,7 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
     }
     // Workers that failed earlier get another chance after a back-off (they may have caught up
     // with the weights, or come back).
-    if (Clock::now() - failed_cleared_at > options_.poll_interval * 20) {
+    if (Clock::now() - failed_cleared_at > options_.poll_interval * kFailedWorkerBackoffPolls) {
       state->failed_workers.clear();
       failed_cleared_at = Clock::now();
     }
@@ -285,279 +278,332 @@ absl::Status RlLoop::wait_for_version(int64_t version) {
   }
 }
 
-absl::StatusOr<double> RlLoop::validate(const std::string& job_id, int64_t step,
-                                        const rl::JobConfig& config, int64_t version) {
-  absl::StatusOr<rl::Task> task = rl::make_task(config.task);
-  if (!task.ok()) return task.status();
+absl::StatusOr<double> RlLoop::validate(const JobRun& run, int64_t step) {
+  const rl::JobConfig& config = run.config;
   const rl::ByteTokenizer tokenizer;
-  const auto& examples = task->validation();
+  const auto& examples = run.task.validation();
   const size_t n = config.validation.num_prompts > 0
                        ? std::min<size_t>(examples.size(), config.validation.num_prompts)
                        : examples.size();
   std::vector<GenSample> samples(n);
   for (size_t i = 0; i < n; ++i) {
     samples[i] = {absl::StrCat("v", step, "-", i), tokenizer.encode(examples[i].prompt, true),
-                  sample_seed(config.algorithm.seed, -step - 1, static_cast<int64_t>(i), 0)};
+                  rl::validation_sample_seed(config.algorithm.seed, step, static_cast<int64_t>(i))};
   }
   GenParams params;
   params.temperature = 0.0;
   params.max_new_tokens = config.algorithm.max_new_tokens;
   params.stop_token_ids = {rl::kEosId};
-  params.min_weight_version = version;
-  auto results = dispatch(absl::StrCat(job_id, "-val", step), samples, params);
+  params.min_weight_version = run.version;
+  auto results = dispatch(absl::StrCat(run.job.id, "-val", step), samples, params);
   if (!results.ok()) return results.status();
   if (n == 0) return 0.0;
   int64_t correct = 0;
   for (size_t i = 0; i < n; ++i) {
     const GenResult& r = results->at(samples[i].sample_id);
-    correct += task->correct(examples[i], tokenizer.decode(r.tokens)) ? 1 : 0;
+    correct += run.task.correct(examples[i], tokenizer.decode(r.tokens)) ? 1 : 0;
   }
   return static_cast<double>(correct) / static_cast<double>(n);
 }
 
 absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
-  JobStore* store = hooks_.store;
-  CoordinatorMetrics* metrics = hooks_.metrics;
-  const rl::ByteTokenizer tokenizer;
   absl::StatusOr<rl::Task> task = rl::make_task(config.task);
   if (!task.ok()) return task.status();
   if (task->train().empty()) return absl::FailedPreconditionError("task: empty training split");
+  JobRun run(job, config, *std::move(task));
 
-  // The trainer (wait for one to register).
+  // Step 0: start or resume.
+  if (absl::Status s = connect_trainer(run); !s.ok()) return s;
+  if (job.resume && !job.checkpoint.empty()) {
+    if (absl::Status s = resume_from_checkpoint(run); !s.ok()) return s;
+  } else {
+    if (absl::Status s = init_policy(run); !s.ok()) return s;
+    if (absl::Status s = sft_warm_start(run); !s.ok()) return s;
+  }
+  if (absl::Status s = publish_first_version(run); !s.ok()) return s;
+  if (run.start_step == 0) {
+    if (absl::Status s = validate_start(run); !s.ok()) return s;
+  }
+
+  // Steps 1-8, once per RL step; the job can be cancelled between phases.
+  for (int64_t step = run.start_step + 1; step <= config.algorithm.steps; ++step) {
+    const auto step_start = Clock::now();
+    rl::StepMetrics row;
+    if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    // Steps 1-2: rollout.
+    absl::StatusOr<Rollout> rollout = this->rollout(run, step, row);
+    if (!rollout.ok()) return rollout.status();
+    if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    // Step 3: score.
+    absl::StatusOr<std::vector<TrainSequence>> batch = score(run, *std::move(rollout), row);
+    if (!batch.ok()) return batch.status();
+    // Steps 4-5: train.
+    if (absl::Status s = train(run, step, *batch, row); !s.ok()) return s;
+    if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    // Steps 6-7: publish and sync.
+    if (absl::Status s = publish_and_sync(run, step, row); !s.ok()) return s;
+    // Step 8: validate and checkpoint, then the step's metrics row.
+    if (absl::Status s = validate_and_checkpoint(run, step, row); !s.ok()) return s;
+    row.step_seconds = seconds_since(step_start);
+    if (absl::Status s = record_step(run, step, row); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RlLoop::connect_trainer(JobRun& run) {
   set_phase("waiting_for_trainer");
-  std::shared_ptr<TrainerClient> trainer;
   for (auto start = Clock::now();;) {
-    absl::StatusOr<std::shared_ptr<TrainerClient>> t = cluster_->trainer();
-    if (t.ok()) {
-      trainer = *t;
-      break;
+    absl::StatusOr<std::shared_ptr<TrainerClient>> trainer = cluster_->trainer();
+    if (trainer.ok()) {
+      run.trainer = *std::move(trainer);
+      return absl::OkStatus();
     }
     if (Clock::now() - start > options_.worker_wait) {
-      const absl::Status none =
-          absl::UnavailableError(absl::StrCat("no trainer registered: ", t.status().message()));
+      const absl::Status none = absl::UnavailableError(
+          absl::StrCat("no trainer registered: ", trainer.status().message()));
       // While resuming, a missing trainer is the lost one not back yet.
-      return job.resume ? trainer_error(none, "") : none;
+      return run.job.resume ? trainer_error(none, "") : none;
     }
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
     std::this_thread::sleep_for(options_.poll_interval);
   }
+}
 
-  int64_t start_step = 0;
-  std::map<std::string, double> row0;
-  if (job.resume && !job.checkpoint.empty()) {
-    set_phase("loading_checkpoint", 0, 0, job.checkpoint);
-    absl::StatusOr<int64_t> v = trainer->load_checkpoint(job.checkpoint);
-    if (!v.ok()) {
-      return trainer_error(v.status(),
-                           absl::StrCat("resume from checkpoint '", job.checkpoint, "': "));
-    }
-    start_step = job.checkpoint_step;
-    // Steps after the checkpoint run again and record their rows again.
-    if (absl::Status s = store->set_step(job.id, start_step); !s.ok()) return s;
-    if (absl::Status s = store->delete_metrics_after(job.id, start_step); !s.ok()) return s;
-    service::log_info(kLog, "resuming job",
-                      {{"job", job.id}, {"from_step", absl::StrCat(start_step)}});
-  } else {
-    if (job.resume) {
-      service::log_info(kLog, "resuming job from the beginning (no checkpoint yet)",
-                        {{"job", job.id}});
-      if (absl::Status s = store->set_step(job.id, 0); !s.ok()) return s;
-      if (absl::Status s = store->delete_metrics_after(job.id, -1); !s.ok()) return s;
-    }
-    set_phase("initializing");
-    absl::StatusOr<int64_t> v = trainer->init_policy(job.id, config);
-    if (!v.ok()) return trainer_error(v.status(), "trainer init: ");
-    if (config.sft) {
-      const auto start = Clock::now();
-      double loss = 0.0;
-      set_phase("sft", 0, config.sft->steps);
-      for (int64_t s = 0; s < config.sft->steps; ++s) {
-        if (absl::Status st = check_cancelled(); !st.ok()) return st;
-        std::vector<TrainSequence> batch;
-        for (int64_t index :
-             rl::prompt_indices(static_cast<int64_t>(task->train().size()), config.task.seed + 7919,
-                                s, config.sft->batch_size)) {
-          const rl::Example& ex = task->train()[static_cast<size_t>(index)];
-          TrainSequence seq;
-          seq.tokens = tokenizer.encode(ex.prompt, true);
-          seq.prompt_length = static_cast<int64_t>(seq.tokens.size());
-          for (int32_t t : tokenizer.encode(ex.answer, false, true)) seq.tokens.push_back(t);
-          batch.push_back(std::move(seq));
-        }
-        absl::StatusOr<TrainStepStats> stats =
-            trainer->sft_step(job.id, batch, config.sft->learning_rate);
-        if (!stats.ok())
-          return trainer_error(stats.status(), absl::StrCat("SFT step ", s + 1, ": "));
-        loss = stats->values.count("loss") ? stats->values.at("loss") : 0.0;
-        ++progress_;
-        set_phase("sft", s + 1, config.sft->steps, absl::StrFormat("loss %.4f", loss));
-      }
-      row0["sft_loss"] = loss;
-      row0["time_sft_seconds"] = seconds_since(start);
-    }
+absl::Status RlLoop::resume_from_checkpoint(JobRun& run) {
+  const JobRecord& job = run.job;
+  set_phase("loading_checkpoint", 0, 0, job.checkpoint);
+  absl::StatusOr<int64_t> version = run.trainer->load_checkpoint(job.checkpoint);
+  if (!version.ok()) {
+    return trainer_error(version.status(),
+                         absl::StrCat("resume from checkpoint '", job.checkpoint, "': "));
   }
+  run.start_step = job.checkpoint_step;
+  // Steps after the checkpoint run again and record their rows again.
+  if (absl::Status s = hooks_.store->set_step(job.id, run.start_step); !s.ok()) return s;
+  if (absl::Status s = hooks_.store->delete_metrics_after(job.id, run.start_step); !s.ok()) {
+    return s;
+  }
+  service::log_info(kLog, "resuming job",
+                    {{"job", job.id}, {"from_step", absl::StrCat(run.start_step)}});
+  return absl::OkStatus();
+}
 
-  if (metrics != nullptr) metrics->step->get().set(static_cast<double>(start_step));
+absl::Status RlLoop::init_policy(JobRun& run) {
+  const JobRecord& job = run.job;
+  if (job.resume) {
+    service::log_info(kLog, "resuming job from the beginning (no checkpoint yet)",
+                      {{"job", job.id}});
+    if (absl::Status s = hooks_.store->set_step(job.id, 0); !s.ok()) return s;
+    if (absl::Status s = hooks_.store->delete_metrics_after(job.id, -1); !s.ok()) return s;
+  }
+  set_phase("initializing");
+  absl::StatusOr<int64_t> version = run.trainer->init_policy(job.id, run.config);
+  if (!version.ok()) return trainer_error(version.status(), "trainer init: ");
+  return absl::OkStatus();
+}
 
-  // Give every generation worker the starting weights.
-  auto publish = [&](bool calibrate) -> absl::StatusOr<int64_t> {
-    absl::StatusOr<int64_t> v = trainer->publish(calibrate);
-    if (!v.ok()) return trainer_error(v.status(), "publish: ");
-    if (metrics != nullptr) metrics->weight_version->get().set(static_cast<double>(*v));
-    return v;
-  };
-  const bool calibrate = config.precision.kv_cache == rl::Precision::kFP8;
+absl::Status RlLoop::sft_warm_start(JobRun& run) {
+  if (!run.config.sft) return absl::OkStatus();
+  const rl::SftConfig& sft = *run.config.sft;
+  const auto start = Clock::now();
+  double loss = 0.0;
+  set_phase("sft", 0, sft.steps);
+  for (int64_t step = 0; step < sft.steps; ++step) {
+    if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    std::vector<TrainSequence> batch;
+    for (rl::TokenizedExample& example :
+         rl::sft_batch(run.task.train(), run.config.task.seed, step, sft.batch_size)) {
+      TrainSequence seq;
+      seq.tokens = std::move(example.tokens);
+      seq.prompt_length = example.prompt_length;
+      batch.push_back(std::move(seq));
+    }
+    absl::StatusOr<TrainStepStats> stats =
+        run.trainer->sft_step(run.job.id, batch, sft.learning_rate);
+    if (!stats.ok()) {
+      return trainer_error(stats.status(), absl::StrCat("SFT step ", step + 1, ": "));
+    }
+    loss = stats->values.count("loss") ? stats->values.at("loss") : 0.0;
+    ++progress_;
+    set_phase("sft", step + 1, sft.steps, absl::StrFormat("loss %.4f", loss));
+  }
+  run.start_metrics.sft = rl::StartMetrics::Sft{loss, seconds_since(start)};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> RlLoop::publish(JobRun& run) {
+  absl::StatusOr<int64_t> version = run.trainer->publish(run.calibrate_kv_scales());
+  if (!version.ok()) return trainer_error(version.status(), "publish: ");
+  run.version = *version;
+  if (hooks_.metrics != nullptr) {
+    hooks_.metrics->weight_version->get().set(static_cast<double>(*version));
+  }
+  return version;
+}
+
+absl::Status RlLoop::publish_first_version(JobRun& run) {
+  if (hooks_.metrics != nullptr) {
+    hooks_.metrics->step->get().set(static_cast<double>(run.start_step));
+  }
   set_phase("syncing_weights");
-  absl::StatusOr<int64_t> version = publish(calibrate);
-  if (!version.ok()) return version.status();
-  if (absl::Status s = wait_for_version(*version); !s.ok()) return s;
+  if (absl::StatusOr<int64_t> version = publish(run); !version.ok()) return version.status();
+  return wait_for_version(run.version);
+}
 
-  if (start_step == 0) {
-    set_phase("validating", 0, 0, "step 0");
+absl::Status RlLoop::validate_start(JobRun& run) {
+  set_phase("validating", 0, 0, "step 0");
+  const auto start = Clock::now();
+  absl::StatusOr<double> accuracy = validate(run, 0);
+  if (!accuracy.ok()) return accuracy.status();
+  rl::StartMetrics& row = run.start_metrics;
+  row.val_accuracy = *accuracy;
+  row.validate_seconds = seconds_since(start);
+  row.weight_version = run.version;
+  const rl::MetricsValues values = rl::to_row(row);
+  if (absl::Status s = hooks_.store->put_metrics(run.job.id, 0, values); !s.ok()) return s;
+  ++progress_;
+  if (hooks_.metrics != nullptr) {
+    hooks_.metrics->validation_accuracy->get().set(*accuracy);
+    hooks_.metrics->record_phases(values);
+  }
+  if (hooks_.on_progress) hooks_.on_progress();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RlLoop::Rollout> RlLoop::rollout(const JobRun& run, int64_t step,
+                                                rl::StepMetrics& row) {
+  const rl::AlgorithmConfig& alg = run.config.algorithm;
+  set_phase("rl", step - 1, alg.steps, "rollout");
+  const auto start = Clock::now();
+  const rl::ByteTokenizer tokenizer;
+  Rollout out;
+  const std::vector<int64_t> indices = rl::prompt_indices(
+      static_cast<int64_t>(run.task.train().size()), alg.seed, step, alg.prompts_per_step);
+  for (size_t p = 0; p < indices.size(); ++p) {
+    out.prompts.push_back(run.task.train()[static_cast<size_t>(indices[p])]);
+    const std::vector<int32_t> prompt = tokenizer.encode(out.prompts.back().prompt, true);
+    for (int64_t g = 0; g < alg.samples_per_prompt; ++g) {
+      out.samples.push_back({absl::StrCat("s", step, "-p", p, "-g", g), prompt,
+                             rl::sample_seed(alg.seed, step, static_cast<int64_t>(p), g)});
+    }
+  }
+  GenParams params;
+  params.temperature = alg.temperature;
+  params.top_p = alg.top_p;
+  params.max_new_tokens = alg.max_new_tokens;
+  params.stop_token_ids = {rl::kEosId};
+  params.min_weight_version = run.version;
+  absl::StatusOr<std::map<std::string, GenResult>> results =
+      dispatch(absl::StrCat(run.job.id, "-s", step), out.samples, params);
+  if (!results.ok()) return results.status();
+  out.results = *std::move(results);
+  row.generate_seconds = seconds_since(start);
+  row.redispatched_samples = dispatch_stats_.redispatched_samples;
+  return out;
+}
+
+absl::StatusOr<std::vector<TrainSequence>> RlLoop::score(const JobRun& run, Rollout rollout,
+                                                         rl::StepMetrics& row) {
+  const auto start = Clock::now();
+  std::vector<std::vector<int32_t>> responses;
+  responses.reserve(rollout.samples.size());
+  for (const GenSample& sample : rollout.samples) {
+    responses.push_back(rollout.results.at(sample.sample_id).tokens);
+  }
+  absl::StatusOr<rl::RolloutScores> scores = rl::score_rollout(
+      run.task, rollout.prompts, responses, run.config.algorithm.samples_per_prompt);
+  if (!scores.ok()) return scores.status();
+  row.reward_mean = scores->reward_mean;
+  row.reward_std = scores->reward_std;
+  row.train_accuracy = scores->accuracy;
+  row.response_length_mean = scores->response_length_mean;
+  std::vector<TrainSequence> batch(rollout.samples.size());
+  for (size_t i = 0; i < rollout.samples.size(); ++i) {
+    GenSample& sample = rollout.samples[i];
+    GenResult& result = rollout.results.at(sample.sample_id);
+    batch[i].prompt_length = static_cast<int64_t>(sample.prompt_tokens.size());
+    batch[i].tokens = std::move(sample.prompt_tokens);
+    batch[i].tokens.insert(batch[i].tokens.end(), result.tokens.begin(), result.tokens.end());
+    batch[i].advantage = scores->advantages[i];
+    batch[i].gen_logprobs = std::move(result.logprobs);
+  }
+  row.score_seconds = seconds_since(start);
+  return batch;
+}
+
+absl::Status RlLoop::train(const JobRun& run, int64_t step, const std::vector<TrainSequence>& batch,
+                           rl::StepMetrics& row) {
+  set_phase("rl", step - 1, run.config.algorithm.steps, "train");
+  const auto start = Clock::now();
+  absl::StatusOr<TrainStepStats> stats =
+      run.trainer->train_step(run.job.id, step, batch, run.config);
+  if (!stats.ok()) return trainer_error(stats.status(), absl::StrCat("train step ", step, ": "));
+  row.trainer = stats->values;
+  row.train_seconds = seconds_since(start);
+  if (hooks_.metrics != nullptr) hooks_.metrics->record_mismatch(stats->values);
+  return absl::OkStatus();
+}
+
+absl::Status RlLoop::publish_and_sync(JobRun& run, int64_t step, rl::StepMetrics& row) {
+  set_phase("rl", step - 1, run.config.algorithm.steps, "publish");
+  auto start = Clock::now();
+  if (absl::StatusOr<int64_t> version = publish(run); !version.ok()) return version.status();
+  row.weight_version = run.version;
+  row.publish_seconds = seconds_since(start);
+  start = Clock::now();
+  if (absl::Status s = wait_for_version(run.version); !s.ok()) return s;
+  row.sync_seconds = seconds_since(start);
+  return absl::OkStatus();
+}
+
+absl::Status RlLoop::validate_and_checkpoint(const JobRun& run, int64_t step,
+                                             rl::StepMetrics& row) {
+  const rl::JobConfig& config = run.config;
+  const int64_t steps = config.algorithm.steps;
+  const int64_t every = config.validation.every_steps;
+  if ((every > 0 && step % every == 0) || step == steps) {
+    set_phase("rl", step - 1, steps, "validate");
     const auto start = Clock::now();
-    absl::StatusOr<double> accuracy = validate(job.id, 0, config, *version);
+    absl::StatusOr<double> accuracy = validate(run, step);
     if (!accuracy.ok()) return accuracy.status();
-    row0["val_accuracy"] = *accuracy;
-    row0["time_validate_seconds"] = seconds_since(start);
-    row0["weight_version"] = static_cast<double>(*version);
-    if (absl::Status s = store->put_metrics(job.id, 0, row0); !s.ok()) return s;
-    ++progress_;
-    if (metrics != nullptr) {
-      metrics->validation_accuracy->get().set(*accuracy);
-      metrics->record_phases(row0);
-    }
-    if (hooks_.on_progress) hooks_.on_progress();
+    row.validation = rl::StepMetrics::Validation{*accuracy, seconds_since(start)};
+    if (hooks_.metrics != nullptr) hooks_.metrics->validation_accuracy->get().set(*accuracy);
   }
-
-  const rl::AlgorithmConfig& alg = config.algorithm;
-  for (int64_t step = start_step + 1; step <= alg.steps; ++step) {
-    const auto step_start = Clock::now();
-    std::map<std::string, double> row;
-    if (absl::Status s = check_cancelled(); !s.ok()) return s;
-    set_phase("rl", step - 1, alg.steps, "rollout");
-
-    // 1-2. Rollout: P prompts x G samples over the live workers.
-    auto start = Clock::now();
-    const std::vector<int64_t> indices = rl::prompt_indices(
-        static_cast<int64_t>(task->train().size()), alg.seed, step, alg.prompts_per_step);
-    std::vector<GenSample> samples;
-    for (size_t p = 0; p < indices.size(); ++p) {
-      const auto prompt =
-          tokenizer.encode(task->train()[static_cast<size_t>(indices[p])].prompt, true);
-      for (int64_t g = 0; g < alg.samples_per_prompt; ++g) {
-        samples.push_back({absl::StrCat("s", step, "-p", p, "-g", g), prompt,
-                           sample_seed(alg.seed, step, static_cast<int64_t>(p), g)});
-      }
+  if (config.checkpoint.every_steps > 0 && step % config.checkpoint.every_steps == 0) {
+    set_phase("rl", step - 1, steps, "checkpoint");
+    const auto start = Clock::now();
+    const std::string path =
+        (std::filesystem::path(config.checkpoint.dir) / run.job.id / absl::StrCat("step-", step))
+            .string();
+    if (absl::Status s = run.trainer->save_checkpoint(path); !s.ok()) {
+      return trainer_error(s, absl::StrCat("checkpoint at step ", step, ": "));
     }
-    GenParams params;
-    params.temperature = alg.temperature;
-    params.top_p = alg.top_p;
-    params.max_new_tokens = alg.max_new_tokens;
-    params.stop_token_ids = {rl::kEosId};
-    params.min_weight_version = *version;
-    auto results = dispatch(absl::StrCat(job.id, "-s", step), samples, params);
-    if (!results.ok()) return results.status();
-    row["time_generate_seconds"] = seconds_since(start);
-    row["redispatched_samples"] = static_cast<double>(dispatch_stats_.redispatched_samples);
-    if (absl::Status s = check_cancelled(); !s.ok()) return s;
-
-    // 3. Rewards and group advantages.
-    start = Clock::now();
-    std::vector<float> rewards(samples.size());
-    double reward_sum = 0.0, correct = 0.0, length_sum = 0.0;
-    for (size_t i = 0; i < samples.size(); ++i) {
-      const GenResult& r = results->at(samples[i].sample_id);
-      const rl::Example& ex = task->train()[static_cast<size_t>(
-          indices[i / static_cast<size_t>(alg.samples_per_prompt)])];
-      const std::string completion = tokenizer.decode(r.tokens);
-      rewards[i] = static_cast<float>(task->reward(ex, completion));
-      reward_sum += rewards[i];
-      correct += task->correct(ex, completion) ? 1.0 : 0.0;
-      length_sum += static_cast<double>(r.tokens.size());
-    }
-    absl::StatusOr<std::vector<float>> advantages =
-        rl::group_advantages(rewards, alg.samples_per_prompt);
-    if (!advantages.ok()) return advantages.status();
-    const double n = static_cast<double>(samples.size());
-    row["reward_mean"] = reward_sum / n;
-    row["train_accuracy"] = correct / n;
-    row["response_length_mean"] = length_sum / n;
-    double var = 0.0;
-    for (float r : rewards) var += (r - row["reward_mean"]) * (r - row["reward_mean"]);
-    row["reward_std"] = std::sqrt(var / n);
-    std::vector<TrainSequence> batch(samples.size());
-    for (size_t i = 0; i < samples.size(); ++i) {
-      GenResult& r = results->at(samples[i].sample_id);
-      batch[i].tokens = samples[i].prompt_tokens;
-      batch[i].prompt_length = static_cast<int64_t>(samples[i].prompt_tokens.size());
-      batch[i].tokens.insert(batch[i].tokens.end(), r.tokens.begin(), r.tokens.end());
-      batch[i].advantage = (*advantages)[i];
-      batch[i].gen_logprobs = std::move(r.logprobs);
-    }
-    row["time_score_seconds"] = seconds_since(start);
-
-    // 4-5. Train.
-    set_phase("rl", step - 1, alg.steps, "train");
-    start = Clock::now();
-    absl::StatusOr<TrainStepStats> stats = trainer->train_step(job.id, step, batch, config);
-    if (!stats.ok()) return trainer_error(stats.status(), absl::StrCat("train step ", step, ": "));
-    for (const auto& [key, value] : stats->values) row[key] = value;
-    row["time_train_seconds"] = seconds_since(start);
-    if (metrics != nullptr) metrics->record_mismatch(stats->values);
-    if (absl::Status s = check_cancelled(); !s.ok()) return s;
-
-    // 6-7. Publish and wait until every live worker holds the new version.
-    set_phase("rl", step - 1, alg.steps, "publish");
-    start = Clock::now();
-    version = publish(calibrate);
-    if (!version.ok()) return version.status();
-    row["weight_version"] = static_cast<double>(*version);
-    row["time_publish_seconds"] = seconds_since(start);
-    start = Clock::now();
-    if (absl::Status s = wait_for_version(*version); !s.ok()) return s;
-    row["time_sync_seconds"] = seconds_since(start);
-
-    // 8. Validation and checkpoint at their cadence.
-    const int64_t every = config.validation.every_steps;
-    if ((every > 0 && step % every == 0) || step == alg.steps) {
-      set_phase("rl", step - 1, alg.steps, "validate");
-      start = Clock::now();
-      absl::StatusOr<double> accuracy = validate(job.id, step, config, *version);
-      if (!accuracy.ok()) return accuracy.status();
-      row["val_accuracy"] = *accuracy;
-      row["time_validate_seconds"] = seconds_since(start);
-      if (metrics != nullptr) metrics->validation_accuracy->get().set(*accuracy);
-    }
-    if (config.checkpoint.every_steps > 0 && step % config.checkpoint.every_steps == 0) {
-      set_phase("rl", step - 1, alg.steps, "checkpoint");
-      start = Clock::now();
-      const std::string path =
-          (std::filesystem::path(config.checkpoint.dir) / job.id / absl::StrCat("step-", step))
-              .string();
-      if (absl::Status s = trainer->save_checkpoint(path); !s.ok()) {
-        return trainer_error(s, absl::StrCat("checkpoint at step ", step, ": "));
-      }
-      if (absl::Status s = store->set_checkpoint(job.id, path, step); !s.ok()) return s;
-      row["time_checkpoint_seconds"] = seconds_since(start);
-    }
-    row["time_step_seconds"] = seconds_since(step_start);
-    if (absl::Status s = store->put_metrics(job.id, step, row); !s.ok()) return s;
-    ++progress_;
-    if (absl::Status s = store->set_step(job.id, step); !s.ok()) return s;
-    if (metrics != nullptr) {
-      metrics->step->get().set(static_cast<double>(step));
-      metrics->reward_mean->get().set(row["reward_mean"]);
-      metrics->steps->get().inc();
-      metrics->samples->get().inc(n);
-      metrics->record_phases(row);
-    }
-    service::log_info(kLog, "step done",
-                      {{"job", job.id},
-                       {"step", absl::StrCat(step)},
-                       {"reward_mean", absl::StrCat(row["reward_mean"])},
-                       {"seconds", absl::StrCat(row["time_step_seconds"])}});
-    if (hooks_.on_progress) hooks_.on_progress();
+    if (absl::Status s = hooks_.store->set_checkpoint(run.job.id, path, step); !s.ok()) return s;
+    row.checkpoint_seconds = seconds_since(start);
   }
+  return absl::OkStatus();
+}
+
+absl::Status RlLoop::record_step(const JobRun& run, int64_t step, const rl::StepMetrics& row) {
+  const std::string& job_id = run.job.id;
+  const rl::MetricsValues values = rl::to_row(row);
+  if (absl::Status s = hooks_.store->put_metrics(job_id, step, values); !s.ok()) return s;
+  ++progress_;
+  if (absl::Status s = hooks_.store->set_step(job_id, step); !s.ok()) return s;
+  if (CoordinatorMetrics* metrics = hooks_.metrics; metrics != nullptr) {
+    const rl::AlgorithmConfig& alg = run.config.algorithm;
+    metrics->step->get().set(static_cast<double>(step));
+    metrics->reward_mean->get().set(row.reward_mean);
+    metrics->steps->get().inc();
+    metrics->samples->get().inc(static_cast<double>(alg.prompts_per_step * alg.samples_per_prompt));
+    metrics->record_phases(values);
+  }
+  service::log_info(kLog, "step done",
+                    {{"job", job_id},
+                     {"step", absl::StrCat(step)},
+                     {"reward_mean", absl::StrCat(row.reward_mean)},
+                     {"seconds", absl::StrCat(row.step_seconds)}});
+  if (hooks_.on_progress) hooks_.on_progress();
   return absl::OkStatus();
 }
 

@@ -16,11 +16,14 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "rl/job_config.h"
+#include "rl/step_metrics.h"
+#include "rl/tasks.h"
 #include "services/coordinator/job_store.h"
 
 namespace fp8rl::coordinator {
@@ -170,23 +173,74 @@ class RlLoop {
   int64_t progress() const { return progress_; }
 
  private:
+  // What one run() works with, from the start of the job to its last step.
+  struct JobRun {
+    JobRun(const JobRecord& job, const rl::JobConfig& config, rl::Task task)
+        : job(job), config(config), task(std::move(task)) {}
+    const JobRecord& job;
+    const rl::JobConfig& config;
+    rl::Task task;
+    std::shared_ptr<TrainerClient> trainer;
+    int64_t start_step = 0;          // steps done before this run (the checkpoint's step)
+    int64_t version = 0;             // the last published policy version
+    rl::StartMetrics start_metrics;  // row 0, filled while starting
+    bool calibrate_kv_scales() const { return config.precision.kv_cache == rl::Precision::kFp8; }
+  };
+  // One RL step's samples and what the workers generated for them.
+  struct Rollout {
+    std::vector<rl::Example> prompts;          // [P] the step's training examples
+    std::vector<GenSample> samples;            // [P*G] group-major: sample g of prompt p at p*G+g
+    std::map<std::string, GenResult> results;  // by sample_id, one per sample
+  };
+
+  // The phases of run(), numbered as in docs/design.md "One RL step".
+  // Step 0: waits (up to worker_wait) for a registered trainer.
+  absl::Status connect_trainer(JobRun& run);
+  // Step 0: loads the job's last checkpoint; the steps after it run (and record rows) again.
+  absl::Status resume_from_checkpoint(JobRun& run);
+  // Step 0: initializes the policy from the config (a resumed job without a checkpoint restarts).
+  absl::Status init_policy(JobRun& run);
+  // Step 0: the SFT warm start, when the config has one (rl/sft_batch.h).
+  absl::Status sft_warm_start(JobRun& run);
+  // Step 0: publishes the starting weights and waits until every live worker holds them.
+  absl::Status publish_first_version(JobRun& run);
+  // Step 0: validates the starting policy and records metrics row 0.
+  absl::Status validate_start(JobRun& run);
+  // Steps 1-2: P prompts x G samples generated over the live workers.
+  absl::StatusOr<Rollout> rollout(const JobRun& run, int64_t step, rl::StepMetrics& row);
+  // Step 3: rewards and group advantages (rl/scoring.h); returns the trainer's batch.
+  absl::StatusOr<std::vector<TrainSequence>> score(const JobRun& run, Rollout rollout,
+                                                   rl::StepMetrics& row);
+  // Steps 4-5: the GRPO update on the trainer.
+  absl::Status train(const JobRun& run, int64_t step, const std::vector<TrainSequence>& batch,
+                     rl::StepMetrics& row);
+  // Steps 6-7: publishes version v+1 and waits until every live worker holds it.
+  absl::Status publish_and_sync(JobRun& run, int64_t step, rl::StepMetrics& row);
+  // Step 8: validation every validation.every_steps (and at the last step), a checkpoint every
+  // checkpoint.every_steps.
+  absl::Status validate_and_checkpoint(const JobRun& run, int64_t step, rl::StepMetrics& row);
+  // After step 8: stores the step's metrics row, advances the job's step, updates the gauges.
+  absl::Status record_step(const JobRun& run, int64_t step, const rl::StepMetrics& row);
+
+  // Publishes the trainer's current weights as a new version (run.version).
+  absl::StatusOr<int64_t> publish(JobRun& run);
+  // Greedy accuracy on the validation split (its first validation.num_prompts prompts) of the
+  // version run.version, after step `step` (0: before training).
+  absl::StatusOr<double> validate(const JobRun& run, int64_t step);
   void set_phase(std::string phase, int64_t done = 0, int64_t total = 0, std::string detail = "");
   // `status` of a trainer call, its message prefixed with `what`; tagged kTrainerLostPayload when
   // the code says the trainer is gone (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED).
   static absl::Status trainer_error(const absl::Status& status, const std::string& what);
   absl::Status check_cancelled() const;
   absl::Status wait_for_version(int64_t version);
-  absl::StatusOr<double> validate(const std::string& job_id, int64_t step,
-                                  const rl::JobConfig& config, int64_t version);
 
+  // An RlLoop runs on one thread (the JobManager's runner); dispatch() shares only its own
+  // DispatchState (rl_loop.cc) with the generation calls it starts.
   Cluster* cluster_;
   RlLoopHooks hooks_;
   RlLoopOptions options_;
   DispatchStats dispatch_stats_;
   int64_t progress_ = 0;
 };
-
-// The seed of sample g of prompt p at `step` (stable across restarts and re-dispatch).
-uint64_t sample_seed(uint64_t job_seed, int64_t step, int64_t prompt, int64_t sample);
 
 }  // namespace fp8rl::coordinator

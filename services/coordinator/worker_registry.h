@@ -55,14 +55,15 @@ class WorkerRegistry {
   int64_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
 
  private:
+  // Drops the workers silent for longer than the expiry. Caller holds mu_.
   void prune_locked(int64_t now);
 
-  int64_t expiry_ms_;
-  int64_t heartbeat_interval_ms_;
-  Clock clock_;
+  const int64_t expiry_ms_;
+  const int64_t heartbeat_interval_ms_;
+  Clock clock_;  // set in the constructor, then only called
   std::mutex mu_;
-  std::map<std::string, WorkerInfo> workers_;  // by id
-  uint64_t next_seq_ = 0;
+  std::map<std::string, WorkerInfo> workers_;  // guarded by mu_; by id
+  uint64_t next_seq_ = 0;                      // guarded by mu_
 };
 
 }  // namespace fp8rl::coordinator

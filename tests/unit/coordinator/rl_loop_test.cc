@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "rl/sample_seeds.h"
 #include "rl/tokenizer.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/job_manager.h"
@@ -199,7 +200,7 @@ std::vector<GenSample> make_samples(int n) {
   std::vector<GenSample> out;
   for (int i = 0; i < n; ++i) {
     out.push_back({absl::StrCat("x", i), tok.encode(absl::StrCat(10 + i, "+", 3 * i, "="), true),
-                   sample_seed(5, 1, i, 0)});
+                   rl::sample_seed(5, 1, i, 0)});
   }
   return out;
 }
@@ -250,7 +251,7 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
     for (int p = 0; p < 3; ++p) {
       double group = 0.0;
       for (int g = 0; g < 4; ++g) {
-        const bool right = sample_seed(42, step, p, g) % 2 == 0;
+        const bool right = rl::sample_seed(42, step, p, g) % 2 == 0;
         expected += right ? 1.0 : 0.0;
         group += right ? 1.0 : 0.0;
         const TrainSequence& s = batch[static_cast<size_t>(p * 4 + g)];
@@ -262,7 +263,7 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
         EXPECT_EQ(
             s.advantage > 0, right && [&] {
               int c = 0;
-              for (int k = 0; k < 4; ++k) c += sample_seed(42, step, p, k) % 2 == 0;
+              for (int k = 0; k < 4; ++k) c += rl::sample_seed(42, step, p, k) % 2 == 0;
               return c < 4;
             }());
       }
@@ -274,6 +275,37 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
     // A step takes measurable time, and no step outlasts the whole run.
     EXPECT_GT(rows[static_cast<size_t>(step)].values.at("time_step_seconds"), 0.0);
     EXPECT_LE(rows[static_cast<size_t>(step)].values.at("time_step_seconds"), run_seconds);
+  }
+
+  // Exactly these keys in every row (users and dashboards read them from the REST API).
+  auto keys = [](const MetricsRow& row) {
+    std::set<std::string> out;
+    for (const auto& [key, value] : row.values) out.insert(key);
+    return out;
+  };
+  const std::set<std::string> row0 = {"sft_loss", "time_sft_seconds", "val_accuracy",
+                                      "time_validate_seconds", "weight_version"};
+  // The fake trainer reports loss and token_mult_prob_error; the rest is the loop's own.
+  std::set<std::string> every_step = {
+      "time_generate_seconds", "redispatched_samples", "reward_mean",        "reward_std",
+      "train_accuracy",        "response_length_mean", "time_score_seconds", "loss",
+      "token_mult_prob_error", "time_train_seconds",   "weight_version",     "time_publish_seconds",
+      "time_sync_seconds",     "time_step_seconds"};
+  std::set<std::string> validated = every_step;
+  validated.insert({"val_accuracy", "time_validate_seconds"});
+  std::set<std::string> checkpointed = validated;
+  checkpointed.insert("time_checkpoint_seconds");
+  EXPECT_EQ(keys(rows[0]), row0);
+  EXPECT_EQ(keys(rows[1]), every_step);
+  EXPECT_EQ(keys(rows[2]), checkpointed);
+  EXPECT_EQ(keys(rows[3]), validated);
+  // The step's wall time covers its phases.
+  for (size_t step = 1; step <= 3; ++step) {
+    double phases = 0.0;
+    for (const auto& [key, value] : rows[step].values) {
+      if (key.starts_with("time_") && key != "time_step_seconds") phases += value;
+    }
+    EXPECT_GE(rows[step].values.at("time_step_seconds"), phases) << step;
   }
 
   // The Prometheus view of the same run (docs/metrics.md names).
