@@ -1,7 +1,7 @@
 // Importance-sampling (IS) correction between the sampler and the learner: the per-token weight
-// w = exp(prev_logprobs - gen_logprobs) and its truncation rules (ARCHITECTURE.md, "One RL step"
-// step 5 and "Mismatch metrics"). Used by the GRPO loss and the mismatch metrics alike, so the
-// two always agree on which tokens were truncated.
+// w = exp(prev_logprobs - gen_logprobs) and its truncation rules (docs/design.md, "One RL step").
+// Used by the GRPO loss and the mismatch metrics alike, so the two always agree on which tokens
+// were truncated.
 //
 // Layout: every per-token array is a padded batch of B sequences x L positions, row-major
 // (index b * L + t); mask[i] != 0 marks a valid response token. Padding and prompt positions
@@ -65,9 +65,9 @@ struct TokenLayout {
 };
 
 struct IsWeights {
-  std::vector<double> raw;         // [B*L] sanitized w before truncation (0 where mask is 0)
-  std::vector<double> truncated;   // [B*L] the weight the loss applies (0 where mask is 0)
-  std::vector<uint8_t> oob;        // [B*L] 1 where the token is out of bounds (see above)
+  std::vector<double> raw;          // [B*L] sanitized w before truncation (0 where mask is 0)
+  std::vector<double> truncated;    // [B*L] the weight the loss applies (0 where mask is 0)
+  std::vector<uint8_t> oob;         // [B*L] 1 where the token is out of bounds (see above)
   std::vector<uint8_t> seq_masked;  // [B] seq_mask_tis: 1 where the sequence was masked
   int64_t valid_sequences = 0;      // sequences with at least one valid token
 };

@@ -19,9 +19,9 @@ absl::StatusOr<MismatchMetrics> mismatch_metrics(std::span<const float> prev_log
   if (!weights.ok()) return weights.status();
   const bool has_full = !gen_full_logprobs.empty();
   if (has_full && gen_full_logprobs.size() != mask.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mismatch metrics: gen_full_logprobs has ", gen_full_logprobs.size(),
-                     " entries, expected 0 or ", mask.size()));
+    return absl::InvalidArgumentError(absl::StrCat("mismatch metrics: gen_full_logprobs has ",
+                                                   gen_full_logprobs.size(),
+                                                   " entries, expected 0 or ", mask.size()));
   }
 
   MismatchMetrics m;
@@ -63,9 +63,10 @@ absl::StatusOr<MismatchMetrics> mismatch_metrics(std::span<const float> prev_log
   if (is_config.rule == IsRule::kSeqMaskTis) {
     int64_t masked = 0;
     for (uint8_t s : weights->seq_masked) masked += s;
-    m.is_oob_ratio = weights->valid_sequences > 0 ? static_cast<double>(masked) /
-                                                        static_cast<double>(weights->valid_sequences)
-                                                  : 0.0;
+    m.is_oob_ratio =
+        weights->valid_sequences > 0
+            ? static_cast<double>(masked) / static_cast<double>(weights->valid_sequences)
+            : 0.0;
   } else {
     m.is_oob_ratio = static_cast<double>(oob_tokens) / count;
   }

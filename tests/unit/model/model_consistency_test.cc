@@ -50,8 +50,8 @@ Mismatch compare(const Model& m, const std::vector<GenerationResult>& results, f
   for (size_t s = 0; s < results.size(); ++s) {
     const size_t p = results[s].prompt.size();
     for (size_t j = 0; j < results[s].tokens.size(); ++j) {
-      const double d = std::fabs(static_cast<double>((*lp)[s][p - 1 + j]) -
-                                 results[s].full_logprobs[j]);
+      const double d =
+          std::fabs(static_cast<double>((*lp)[s][p - 1 + j]) - results[s].full_logprobs[j]);
       out.max_abs = std::max(out.max_abs, d);
       sum += d;
       sum_exp += std::exp(d);

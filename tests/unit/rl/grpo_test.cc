@@ -280,10 +280,9 @@ TEST(PolicyLoss, ProbsRatioMinMaxAreOfThePpoRatio) {
   // r = exp(cur - prev) = 0.8, 1.3, (masked 5.0), 1.05; the IS weights exp(prev - gen) are far
   // wider (0.2 .. 4) and must not show up here.
   const std::vector<float> prev = {-1.0f, -2.0f, -0.5f, -1.5f};
-  const std::vector<float> cur = {static_cast<float>(-1.0 + std::log(0.8)),
-                                  static_cast<float>(-2.0 + std::log(1.3)),
-                                  static_cast<float>(-0.5 + std::log(5.0)),
-                                  static_cast<float>(-1.5 + std::log(1.05))};
+  const std::vector<float> cur = {
+      static_cast<float>(-1.0 + std::log(0.8)), static_cast<float>(-2.0 + std::log(1.3)),
+      static_cast<float>(-0.5 + std::log(5.0)), static_cast<float>(-1.5 + std::log(1.05))};
   const std::vector<float> gen = {static_cast<float>(-1.0 + std::log(5.0)),
                                   static_cast<float>(-2.0 - std::log(4.0)), -0.5f, -1.5f};
   const std::vector<uint8_t> mask = {1, 1, 0, 1};

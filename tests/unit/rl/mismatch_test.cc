@@ -197,8 +197,8 @@ TEST(ImportanceWeights, SeqMaskTisTreatsNonFiniteLogRatioAsZero) {
   const std::vector<float> prev = {-1.0f, -2.0f, -1.0f, -1.0f};
   const std::vector<float> gen = {-1.002f, NAN, -1.004f, -1.004f};
   const std::vector<uint8_t> mask = {1, 1, 1, 1};
-  absl::StatusOr<IsWeights> w = compute_is_weights(prev, gen, mask, {2, 2},
-                                                   default_is_config(IsRule::kSeqMaskTis));
+  absl::StatusOr<IsWeights> w =
+      compute_is_weights(prev, gen, mask, {2, 2}, default_is_config(IsRule::kSeqMaskTis));
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_NEAR(w->truncated[0], std::exp(0.002), 1e-6);
   EXPECT_EQ(w->truncated[1], 0.0);
@@ -257,10 +257,11 @@ TEST(MismatchMetrics, TruncationMassIsSeparatedFromPrecisionMismatch) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_NEAR(m->sampling_kept_mass, (0.8 + 0.5) / 2, 1e-6);
   EXPECT_NEAR(m->full_token_mult_prob_error, std::exp(0.01), 1e-5);
-  // The headline metric shows the truncation: exp(|prev - gen|) = exp(|-0.01 + log 0.8|), ...
-  EXPECT_NEAR(m->token_mult_prob_error,
-              (std::exp(std::abs(-0.01 - std::log(0.8))) + std::exp(std::abs(0.01 - std::log(0.5)))) / 2,
-              1e-5);
+  // The headline metric shows the truncation: prev - gen = -0.01 + log 0.8 and 0.01 + log 0.5.
+  EXPECT_NEAR(
+      m->token_mult_prob_error,
+      (std::exp(std::abs(-0.01 + std::log(0.8))) + std::exp(std::abs(0.01 + std::log(0.5)))) / 2,
+      1e-5);
   // Without gen_full: 1; a wrong size is an error.
   EXPECT_EQ(mismatch_metrics(prev, gen, mask, {1, 2}, IsConfig{})->sampling_kept_mass, 1.0);
   EXPECT_EQ(mismatch_metrics(prev, gen, mask, {1, 2}, IsConfig{}, std::span(gen_full).first(1))
