@@ -26,6 +26,7 @@ absl::StatusOr<int64_t> Generator::add(std::vector<int32_t> prompt, const Sampli
   seq->result.prompt = std::move(prompt);
   seq->result.tokens.reserve(params.max_new_tokens);
   seq->result.logprobs.reserve(params.max_new_tokens);
+  seq->result.full_logprobs.reserve(params.max_new_tokens);
   const int64_t id = seq->result.id;
   if (params.max_new_tokens == 0) {
     seq->result.reason = FinishReason::kLength;
@@ -64,10 +65,12 @@ absl::Status Generator::step() {
   for (size_t i = 0; i < stepped_.size(); ++i) {
     Sequence& s = *stepped_[i];
     s.prefilled = true;
-    float lp = 0;
-    const int32_t tok = sampler_.sample(logits_.data() + i * vocab, vocab, s.params, s.rng, &lp);
+    float lp = 0, full_lp = 0;
+    const int32_t tok =
+        sampler_.sample(logits_.data() + i * vocab, vocab, s.params, s.rng, &lp, &full_lp);
     s.result.tokens.push_back(tok);
     s.result.logprobs.push_back(lp);
+    s.result.full_logprobs.push_back(full_lp);
   }
   // Retire finished sequences (keeping the order of the others).
   std::vector<std::unique_ptr<Sequence>> still;

@@ -22,7 +22,12 @@ struct GenerationResult {
   int64_t id = 0;
   std::vector<int32_t> prompt;
   std::vector<int32_t> tokens;  // generated tokens (a stop token is included)
-  std::vector<float> logprobs;  // one per generated token, under logits / temperature
+  // One per generated token, under the distribution it was sampled from (temperature, then
+  // renormalized over the top-k / top-p kept set; model/sampler.h). The IS behaviour policy.
+  std::vector<float> logprobs;
+  // One per generated token, under the untruncated softmax(logits / temperature): what the trainer
+  // recomputes. Equal to logprobs when top_k = 0 and top_p = 1.
+  std::vector<float> full_logprobs;
   FinishReason reason = FinishReason::kLength;
 };
 

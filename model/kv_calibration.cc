@@ -1,15 +1,17 @@
-// Percentile-based KV scale calibration.
+// Percentile-over-calls KV scale calibration (the rule is written out in kv_calibration.h).
 #include "model/kv_calibration.h"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/formats.h"
 
 namespace fp8rl::model {
 
 float percentile_of(std::vector<float> values, double percentile) {
-  if (values.empty()) return 0.0f;
+  std::erase_if(values, [](float v) { return !std::isfinite(v); });
+  if (values.empty() || std::isnan(percentile)) return 0.0f;
   std::sort(values.begin(), values.end());
   const double rank = std::clamp(percentile, 0.0, 100.0) / 100.0 * (values.size() - 1);
   const size_t lo = static_cast<size_t>(std::floor(rank));

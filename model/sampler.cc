@@ -35,11 +35,12 @@ absl::Status validate_sampling_params(const SamplingParams& p, int64_t vocab_siz
 }
 
 int32_t Sampler::sample(const float* z, int64_t vocab, const SamplingParams& p, Rng& rng,
-                        float* logprob) {
+                        float* logprob, float* full_logprob) {
   const bool greedy = p.temperature == 0.0f;
   const float inv_t = greedy ? 1.0f : 1.0f / p.temperature;
   const float lse = ops::logsumexp_scaled(z, vocab, inv_t);
   int32_t token = 0;
+  double log_kept_mass = 0.0;  // log M of the kept set (0: nothing truncated)
   if (greedy) {
     token = static_cast<int32_t>(std::max_element(z, z + vocab) - z);
   } else if (p.top_k == 0 && p.top_p >= 1.0f) {
@@ -78,8 +79,11 @@ int32_t Sampler::sample(const float* z, int64_t vocab, const SamplingParams& p, 
         break;
       }
     }
+    log_kept_mass = std::log(mass);
   }
-  *logprob = z[token] * inv_t - lse;
+  const float full = z[token] * inv_t - lse;
+  *logprob = static_cast<float>(static_cast<double>(full) - log_kept_mass);
+  if (full_logprob != nullptr) *full_logprob = full;
   return token;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -125,6 +126,8 @@ absl::StatusOr<PolicyLossResult> grpo_policy_loss(const PolicyLossInput& input,
   const double lo = 1.0 - config.clip_eps;
   const double hi = 1.0 + config.clip_eps;
   double pg_sum = 0.0, kl_sum = 0.0, w_sum = 0.0, r_sum = 0.0;
+  double r_min = std::numeric_limits<double>::infinity();
+  double r_max = -std::numeric_limits<double>::infinity();
   int64_t clipped = 0, zeroed = 0;
   for (int64_t b = 0; b < layout.batch; ++b) {
     const double a = input.advantages[static_cast<size_t>(b)];
@@ -153,6 +156,8 @@ absl::StatusOr<PolicyLossResult> grpo_policy_loss(const PolicyLossInput& input,
       result.dloss_dcur[i] = static_cast<float>(grad / norm);
       w_sum += w;
       r_sum += r;
+      r_min = std::min(r_min, r);
+      r_max = std::max(r_max, r);
       zeroed += w == 0.0 ? 1 : 0;
     }
   }
@@ -165,6 +170,8 @@ absl::StatusOr<PolicyLossResult> grpo_policy_loss(const PolicyLossInput& input,
   stats.is_weight_mean = w_sum / count;
   stats.is_zeroed_fraction = static_cast<double>(zeroed) / count;
   stats.ratio_mean = r_sum / count;
+  stats.probs_ratio_min = r_min;
+  stats.probs_ratio_max = r_max;
   result.loss = stats.loss;
   return result;
 }

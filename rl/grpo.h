@@ -3,11 +3,13 @@
 // current policy's per-token logprobs (trainer; the model engine backpropagates that gradient
 // through the network). Also the SFT token-NLL loss used for warm starts.
 //
-// Policy loss (ARCHITECTURE.md, "One RL step" step 5), over the N valid tokens of a batch:
+// Policy loss (docs/design.md, "One RL step"), over the N valid tokens of a batch:
 //   w_t   = IS weight of token t after the truncation rule (rl/importance.h), detached
 //   r_t   = exp(cur_t - prev_t)
 //   pg_t  = w_t * max(-A * r_t, -A * clip(r_t, 1 - eps, 1 + eps))     (A: the sequence advantage)
-//   k3_t  = exp(ref_t - cur_t) - (ref_t - cur_t) - 1                    (KL_k3(ref || cur))
+//   k3_t  = exp(ref_t - cur_t) - (ref_t - cur_t) - 1
+//           (Schulman's k3 with ratio ref/cur; for tokens sampled from the policy, ~cur, its mean
+//           estimates KL(cur || ref), the reverse KL that NeMo RL also penalizes)
 //   loss  = sum_t pg_t / N + beta * sum_t k3_t / N
 // Gradient per token:
 //   dpg/dcur  = w * (-A) * r   when the unclipped branch is active (ties count as unclipped:
@@ -37,7 +39,8 @@ absl::StatusOr<std::vector<float>> group_advantages(std::span<const float> rewar
 
 struct PolicyLossConfig {
   double clip_eps = 0.2;  // PPO clip epsilon, in (0, 1)
-  double kl_beta = 0.0;   // weight of KL_k3(ref || cur); 0 disables it (ref may then be empty)
+  double kl_beta = 0.0;   // weight of the k3 estimate of KL(cur || ref); 0 disables it (ref may
+                          // then be empty)
   IsConfig is;            // IS truncation rule and bounds
   // Normalizer N. 0: the number of valid tokens in this call. > 0: use this count instead, so a
   // trainer that splits one minibatch into several calls can normalize by the whole minibatch.
@@ -58,11 +61,15 @@ struct PolicyLossInput {
 struct PolicyLossStats {
   double loss = 0.0;            // total (policy + beta * kl)
   double policy_loss = 0.0;     // sum pg / N
-  double kl = 0.0;              // mean k3 over valid tokens (unweighted by beta)
+  double kl = 0.0;              // mean k3 over valid tokens (unweighted by beta): KL(cur || ref)
   double clip_fraction = 0.0;   // fraction of valid tokens where the clipped branch wins strictly
-  double is_weight_mean = 0.0;  // mean truncated w over valid tokens
+  double is_weight_mean = 0.0;  // mean applied w over valid tokens (1 for rule none)
   double is_zeroed_fraction = 0.0;  // fraction of valid tokens whose truncated w is 0
   double ratio_mean = 0.0;          // mean r over valid tokens
+  // NeMo RL's probs_ratio_min / _max: min / max of the PPO ratio r = exp(cur - prev) over valid
+  // tokens (1 when there are none). 1 on a step's first update, when cur == prev.
+  double probs_ratio_min = 1.0;
+  double probs_ratio_max = 1.0;
   int64_t valid_tokens = 0;
 };
 

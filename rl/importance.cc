@@ -29,19 +29,34 @@ absl::StatusOr<IsRule> parse_is_rule(std::string_view name) {
   return absl::InvalidArgumentError("must be one of none, tis, icepop, seq_mask_tis");
 }
 
+IsConfig default_is_config(IsRule rule) {
+  IsConfig config;
+  config.rule = rule;
+  if (rule == IsRule::kSeqMaskTis) {
+    config.lo = kSeqMaskTisDefaultLo;
+    config.hi = kSeqMaskTisDefaultHi;
+  }
+  return config;
+}
+
 absl::Status validate_is_config(const IsConfig& config, std::string_view prefix) {
+  const std::string p(prefix);
   // Written as negations so that NaN fails every check.
-  if (!(config.cap > 0.0) || !std::isfinite(config.cap)) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(prefix), ".cap: must be > 0"));
+  if (!(config.cap >= 1.0) || !std::isfinite(config.cap)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        p, ".cap: must be >= 1 and finite (a cap below 1 truncates on-policy tokens), got ",
+        config.cap));
   }
   if (!(config.lo >= 0.0 && config.lo <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(prefix), ".lo: must be in [0, 1]"));
+    return absl::InvalidArgumentError(absl::StrCat(p, ".lo: must be in [0, 1], got ", config.lo));
   }
   if (!(config.hi >= 1.0) || !std::isfinite(config.hi)) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(prefix), ".hi: must be >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, ".hi: must be >= 1 and finite, got ", config.hi));
   }
   if (!(config.lo < config.hi)) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(prefix), ".hi: must be > lo"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, ".hi: must be > lo (", config.lo, "), got ", config.hi));
   }
   return absl::OkStatus();
 }
@@ -66,28 +81,25 @@ absl::StatusOr<IsWeights> compute_is_weights(std::span<const float> prev_logprob
   out.raw.assign(n, 0.0);
   out.truncated.assign(n, 0.0);
   out.oob.assign(n, 0);
+  out.seq_masked.assign(static_cast<size_t>(layout.batch), 0);
   for (int64_t b = 0; b < layout.batch; ++b) {
     const size_t row = static_cast<size_t>(b * layout.length);
-    // Sequence-level geometric mean for seq_mask_tis: exp(mean log w) over valid tokens.
+    // Sequence-level geometric mean for seq_mask_tis: exp(mean log w) over valid tokens, with a
+    // non-finite log w counted as 0.
     double log_sum = 0.0;
     int64_t valid = 0;
-    bool all_finite = true;
     for (int64_t t = 0; t < layout.length; ++t) {
       const size_t i = row + static_cast<size_t>(t);
       if (!mask[i]) continue;
       const double log_w = static_cast<double>(prev_logprobs[i]) - gen_logprobs[i];
       const double w = std::exp(log_w);
-      ++valid;
-      if (std::isfinite(log_w)) {
-        log_sum += log_w;
-      } else {
-        all_finite = false;
-      }
-      out.raw[i] = std::isfinite(w) ? w : 0.0;
       const bool finite = std::isfinite(w);
+      ++valid;
+      if (std::isfinite(log_w)) log_sum += log_w;
+      out.raw[i] = finite ? w : 0.0;
       switch (config.rule) {
         case IsRule::kNone:
-          out.truncated[i] = out.raw[i];
+          out.truncated[i] = 1.0;
           break;
         case IsRule::kTis:
           out.truncated[i] = std::min(out.raw[i], config.cap);
@@ -104,11 +116,11 @@ absl::StatusOr<IsWeights> compute_is_weights(std::span<const float> prev_logprob
           break;
       }
     }
+    if (valid > 0) ++out.valid_sequences;
     if (config.rule == IsRule::kSeqMaskTis && valid > 0) {
       const double geo_mean = std::exp(log_sum / static_cast<double>(valid));
-      const bool outside =
-          !all_finite || !std::isfinite(geo_mean) || geo_mean < config.lo || geo_mean > config.hi;
-      if (outside) {
+      if (!(geo_mean >= config.lo && geo_mean <= config.hi)) {
+        out.seq_masked[static_cast<size_t>(b)] = 1;
         for (int64_t t = 0; t < layout.length; ++t) {
           const size_t i = row + static_cast<size_t>(t);
           if (!mask[i]) continue;

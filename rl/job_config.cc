@@ -319,7 +319,8 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(is.get_string("rule", &rule));
   absl::StatusOr<IsRule> parsed = parse_is_rule(rule);
   if (!parsed.ok()) return field_error("algorithm.is.rule", std::string(parsed.status().message()));
-  a->is.rule = *parsed;
+  // Bounds not given take the rule's defaults (seq_mask_tis has its own); a given 0 stays 0.
+  a->is = default_is_config(*parsed);
   FP8RL_RETURN_IF_ERROR(is.get_double("cap", &a->is.cap));
   FP8RL_RETURN_IF_ERROR(is.get_double("lo", &a->is.lo));
   FP8RL_RETURN_IF_ERROR(is.get_double("hi", &a->is.hi));

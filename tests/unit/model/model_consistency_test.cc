@@ -34,7 +34,8 @@ struct Mismatch {
   int64_t tokens = 0;
 };
 
-// Re-scores generated samples with the training forward and compares the logprobs.
+// Re-scores generated samples with the training forward and compares the untruncated logprobs
+// (the generator also reports the top-p-renormalized ones, which differ by log M on purpose).
 Mismatch compare(const Model& m, const std::vector<GenerationResult>& results, float temperature) {
   TokenBatch batch;
   for (const auto& r : results) {
@@ -49,7 +50,8 @@ Mismatch compare(const Model& m, const std::vector<GenerationResult>& results, f
   for (size_t s = 0; s < results.size(); ++s) {
     const size_t p = results[s].prompt.size();
     for (size_t j = 0; j < results[s].tokens.size(); ++j) {
-      const double d = std::fabs(static_cast<double>((*lp)[s][p - 1 + j]) - results[s].logprobs[j]);
+      const double d =
+          std::fabs(static_cast<double>((*lp)[s][p - 1 + j]) - results[s].full_logprobs[j]);
       out.max_abs = std::max(out.max_abs, d);
       sum += d;
       sum_exp += std::exp(d);

@@ -217,7 +217,8 @@ TEST(PolicyLoss, HandCheckedValues) {
   EXPECT_NEAR(grad, -1.0, 1e-6);
   // IS weight w = 3 (prev - gen = log 3), r = 1.1 (unclipped), A = 1.
   const double log3 = std::log(3.0);
-  EXPECT_NEAR(one_token_loss(std::log(1.1), log3, 1.0f, none), -3.0 * 1.1, 1e-5);
+  // none: no correction at all, weight 1 (not the raw w = 3).
+  EXPECT_NEAR(one_token_loss(std::log(1.1), log3, 1.0f, none), -1.1, 1e-5);
   EXPECT_NEAR(one_token_loss(std::log(1.1), log3, 1.0f, {IsRule::kTis, 2.0, 0.5, 2.0}), -2.0 * 1.1,
               1e-5);
   EXPECT_NEAR(one_token_loss(std::log(1.1), log3, 1.0f, {IsRule::kTis, 4.0, 0.5, 2.0}), -3.0 * 1.1,
@@ -258,14 +259,41 @@ TEST(PolicyLoss, NonFiniteGenLogprobGivesZeroWeight) {
   const std::vector<uint8_t> mask = {1, 1};
   const std::vector<float> adv = {0.7f};
   PolicyLossConfig config;
-  config.is.rule = IsRule::kNone;
+  config.is.rule = IsRule::kTis;
   absl::StatusOr<PolicyLossResult> r =
       grpo_policy_loss(PolicyLossInput{{1, 2}, cur, prev, gen, {}, mask, adv}, config);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->dloss_dcur[0], 0.0f);
-  const double r1 = std::exp(-2.1 + 2.0);
+  const double r0 = std::exp(-0.9 + 1.0), r1 = std::exp(-2.1 + 2.0);
   EXPECT_NEAR(r->loss, -0.7 * r1 / 2.0, 1e-6);
   EXPECT_NEAR(r->dloss_dcur[1], -0.7 * r1 / 2.0, 1e-6);
+  // Rule none applies weight 1 everywhere, the broken token included.
+  config.is.rule = IsRule::kNone;
+  r = grpo_policy_loss(PolicyLossInput{{1, 2}, cur, prev, gen, {}, mask, adv}, config);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->loss, -0.7 * (r0 + r1) / 2.0, 1e-6);
+  EXPECT_NEAR(r->dloss_dcur[0], -0.7 * r0 / 2.0, 1e-6);
+  EXPECT_EQ(r->stats.is_weight_mean, 1.0);
+}
+
+TEST(PolicyLoss, ProbsRatioMinMaxAreOfThePpoRatio) {
+  // r = exp(cur - prev) = 0.8, 1.3, (masked 5.0), 1.05; the IS weights exp(prev - gen) are far
+  // wider (0.2 .. 4) and must not show up here.
+  const std::vector<float> prev = {-1.0f, -2.0f, -0.5f, -1.5f};
+  const std::vector<float> cur = {
+      static_cast<float>(-1.0 + std::log(0.8)), static_cast<float>(-2.0 + std::log(1.3)),
+      static_cast<float>(-0.5 + std::log(5.0)), static_cast<float>(-1.5 + std::log(1.05))};
+  const std::vector<float> gen = {static_cast<float>(-1.0 + std::log(5.0)),
+                                  static_cast<float>(-2.0 - std::log(4.0)), -0.5f, -1.5f};
+  const std::vector<uint8_t> mask = {1, 1, 0, 1};
+  const std::vector<float> adv = {0.4f, -0.9f};
+  PolicyLossConfig config;
+  absl::StatusOr<PolicyLossResult> r =
+      grpo_policy_loss(PolicyLossInput{{2, 2}, cur, prev, gen, {}, mask, adv}, config);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->stats.probs_ratio_min, 0.8, 1e-6);
+  EXPECT_NEAR(r->stats.probs_ratio_max, 1.3, 1e-6);
+  EXPECT_NEAR(r->stats.ratio_mean, (0.8 + 1.3 + 1.05) / 3.0, 1e-6);
 }
 
 TEST(PolicyLoss, TokenNormalizerScalesLossAndGradient) {
@@ -299,7 +327,8 @@ TEST(PolicyLoss, RejectsBadInput) {
             "policy loss: cur_logprobs[2] is not finite at a valid token");
   batch = random_batch(5, 0.1, 0.1, config.clip_eps);
   config.is.hi = 0.9;
-  EXPECT_EQ(grpo_policy_loss(batch.input(false), config).status().message(), "is.hi: must be >= 1");
+  EXPECT_EQ(grpo_policy_loss(batch.input(false), config).status().message(),
+            "is.hi: must be >= 1 and finite, got 0.9");
 }
 
 TEST(PolicyLoss, NoValidTokensGivesZero) {

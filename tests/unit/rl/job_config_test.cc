@@ -211,8 +211,17 @@ TEST(JobConfig, BadConfigsNameTheField) {
        "algorithm.minibatches: must be <= prompts_per_step * samples_per_prompt (4)"},
       {"algorithm: {is: {rule: tis3}}",
        "algorithm.is.rule: must be one of none, tis, icepop, seq_mask_tis"},
-      {"algorithm: {is: {rule: icepop, lo: 1.2}}", "algorithm.is.lo: must be in [0, 1]"},
-      {"algorithm: {is: {cap: 0}}", "algorithm.is.cap: must be > 0"},
+      {"algorithm: {is: {rule: icepop, lo: 1.2}}", "algorithm.is.lo: must be in [0, 1], got 1.2"},
+      {"algorithm: {is: {cap: 0}}",
+       "algorithm.is.cap: must be >= 1 and finite (a cap below 1 truncates on-policy tokens), got "
+       "0"},
+      {"algorithm: {is: {rule: tis, cap: 0.8}}",
+       "algorithm.is.cap: must be >= 1 and finite (a cap below 1 truncates on-policy tokens), got "
+       "0.8"},
+      {"algorithm: {is: {rule: seq_mask_tis, lo: 1.01}}",
+       "algorithm.is.lo: must be in [0, 1], got 1.01"},
+      {"algorithm: {is: {rule: seq_mask_tis, hi: 0.9995}}",
+       "algorithm.is.hi: must be >= 1 and finite, got 0.9995"},
       {"algorithm: {is: {bounds: [1, 2]}}", "algorithm.is.bounds: unknown key"},
       {"algorithm: [1, 2]", "algorithm: must be a mapping, got array"},
       {"sft: {steps: 0}", "sft.steps: must be >= 1"},
@@ -288,6 +297,30 @@ TEST(JobConfig, LearningRateWarmsUpLinearlyThenHolds) {
   EXPECT_DOUBLE_EQ(learning_rate_at(a, 40), 3e-4);
   a.warmup_steps = 0;
   EXPECT_DOUBLE_EQ(learning_rate_at(a, 1), 3e-4);
+}
+
+TEST(JobConfig, IsBoundsDefaultPerRuleAndZeroIsKept) {
+  const std::string base =
+      "model: {init: {config: configs/models/tiny.json}}\ntask: {name: addition}\n";
+  // seq_mask_tis without bounds gets [0.999, 1.002], not the token rules' [0.5, 2].
+  absl::StatusOr<JobConfig> seq = parse_job_config(base + "algorithm: {is: {rule: seq_mask_tis}}");
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  EXPECT_EQ(seq->algorithm.is, (IsConfig{IsRule::kSeqMaskTis, 2.0, 0.999, 1.002}));
+  // Given bounds win, one at a time.
+  absl::StatusOr<JobConfig> seq_hi =
+      parse_job_config(base + "algorithm: {is: {rule: seq_mask_tis, hi: 1.01}}");
+  ASSERT_TRUE(seq_hi.ok()) << seq_hi.status();
+  EXPECT_EQ(seq_hi->algorithm.is.lo, 0.999);
+  EXPECT_EQ(seq_hi->algorithm.is.hi, 1.01);
+  // icepop keeps [0.5, 2]; lo: 0 stays 0 and survives the stored-JSON round trip.
+  absl::StatusOr<JobConfig> ice = parse_job_config(base + "algorithm: {is: {rule: icepop, lo: 0}}");
+  ASSERT_TRUE(ice.ok()) << ice.status();
+  EXPECT_EQ(ice->algorithm.is, (IsConfig{IsRule::kIcepop, 2.0, 0.0, 2.0}));
+  absl::StatusOr<JobConfig> again = parse_job_config(job_config_to_json(*ice).dump());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->algorithm.is.lo, 0.0);
+  // tis with a cap of exactly 1 is valid (never up-weights).
+  EXPECT_TRUE(parse_job_config(base + "algorithm: {is: {rule: tis, cap: 1}}").ok());
 }
 
 }  // namespace

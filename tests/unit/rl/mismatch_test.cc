@@ -23,10 +23,22 @@ TEST(MismatchMetrics, HandChecked) {
   EXPECT_EQ(m->valid_tokens, 2);
   EXPECT_NEAR(m->token_mult_prob_error, (std::exp(0.5) + std::exp(1.0)) / 2, 1e-6);
   EXPECT_NEAR(m->gen_kl_error, ((std::exp(0.5) - 1.5) + (std::exp(-1.0) + 1.0 - 1.0)) / 2, 1e-6);
-  EXPECT_NEAR(m->sampling_importance_ratio, (std::exp(0.5) + std::exp(-1.0)) / 2, 1e-6);
-  EXPECT_NEAR(m->probs_ratio_min, std::exp(-1.0), 1e-6);
-  EXPECT_NEAR(m->probs_ratio_max, std::exp(0.5), 1e-6);
+  // After truncation: icepop zeroes w = e^-1 < 0.5, so the mean is (e^0.5 + 0) / 2.
+  EXPECT_NEAR(m->sampling_importance_ratio, std::exp(0.5) / 2, 1e-6);
+  EXPECT_NEAR(m->is_weight_min, std::exp(-1.0), 1e-6);
+  EXPECT_NEAR(m->is_weight_max, std::exp(0.5), 1e-6);
+  // The PPO ratio exp(cur - prev) is not known here: 1 (cur == prev before any update).
+  EXPECT_EQ(m->probs_ratio_min, 1.0);
+  EXPECT_EQ(m->probs_ratio_max, 1.0);
   EXPECT_DOUBLE_EQ(m->is_oob_ratio, 0.5);  // w = e^-1 < 0.5 is outside [0.5, 2]
+  // Rule none: no truncation; the ratio is the mean raw w.
+  EXPECT_NEAR(mismatch_metrics(prev, gen, mask, {1, 3}, {IsRule::kNone, 2, 0.5, 2})
+                  ->sampling_importance_ratio,
+              (std::exp(0.5) + std::exp(-1.0)) / 2, 1e-6);
+  // tis with cap 1.5 averages the clamped weights.
+  EXPECT_NEAR(mismatch_metrics(prev, gen, mask, {1, 3}, {IsRule::kTis, 1.5, 0.5, 2})
+                  ->sampling_importance_ratio,
+              (1.5 + std::exp(-1.0)) / 2, 1e-6);
   // tis with cap 2: e^0.5 = 1.65 is inside -> nothing out of bounds; cap 1.5: one token.
   EXPECT_EQ(mismatch_metrics(prev, gen, mask, {1, 3}, {IsRule::kTis, 2.0, 0.5, 2.0})->is_oob_ratio,
             0.0);
@@ -55,8 +67,8 @@ TEST(MismatchMetrics, IdenticalPoliciesHaveNoMismatch) {
   EXPECT_EQ(m->gen_kl_error, 0.0);
   EXPECT_EQ(m->sampling_importance_ratio, 1.0);
   EXPECT_EQ(m->is_oob_ratio, 0.0);
-  EXPECT_EQ(m->probs_ratio_min, 1.0);
-  EXPECT_EQ(m->probs_ratio_max, 1.0);
+  EXPECT_EQ(m->is_weight_min, 1.0);
+  EXPECT_EQ(m->is_weight_max, 1.0);
 }
 
 TEST(MismatchMetrics, RandomDataMatchesBruteForce) {
@@ -89,10 +101,11 @@ TEST(MismatchMetrics, RandomDataMatchesBruteForce) {
     ++finite;
     mult += std::exp(std::abs(d));
     kl += std::exp(d) - d - 1;
-    w_sum += std::exp(d);
+    const bool outside = std::exp(d) < 0.7 || std::exp(d) > 1.4;
+    w_sum += outside ? 0.0 : std::exp(d);  // icepop zeroes the out-of-bounds ones
     lo = std::min(lo, std::exp(d));
     hi = std::max(hi, std::exp(d));
-    oob += (std::exp(d) < 0.7 || std::exp(d) > 1.4);
+    oob += outside;
   }
   EXPECT_EQ(m->valid_tokens, n);
   EXPECT_EQ(m->nonfinite_tokens, 1);
@@ -100,8 +113,8 @@ TEST(MismatchMetrics, RandomDataMatchesBruteForce) {
   EXPECT_NEAR(m->gen_kl_error, kl / finite, 1e-9);
   EXPECT_NEAR(m->sampling_importance_ratio, w_sum / n, 1e-9);
   EXPECT_NEAR(m->is_oob_ratio, double(oob) / n, 1e-12);
-  EXPECT_DOUBLE_EQ(m->probs_ratio_min, lo);
-  EXPECT_DOUBLE_EQ(m->probs_ratio_max, hi);
+  EXPECT_DOUBLE_EQ(m->is_weight_min, lo);
+  EXPECT_DOUBLE_EQ(m->is_weight_max, hi);
   EXPECT_GT(m->gen_kl_error, 0.0);
   EXPECT_GT(m->is_oob_ratio, 0.0);
 }
@@ -153,6 +166,125 @@ TEST(ImportanceWeights, TruncationPerRule) {
   EXPECT_EQ(dropped.oob, (std::vector<uint8_t>{1, 1, 1}));
 }
 
+TEST(ImportanceWeights, RuleNoneAppliesWeightOne) {
+  const std::vector<float> prev = {-2.0f, -1.0f, -0.5f, -0.3f};
+  const std::vector<float> gen = {-0.5f, -1.2f, -3.0f, -0.3f};  // w = e^-1.5, e^0.2, e^2.5, pad
+  const std::vector<uint8_t> mask = {1, 1, 1, 0};
+  absl::StatusOr<IsWeights> w =
+      compute_is_weights(prev, gen, mask, {1, 4}, {IsRule::kNone, 2.0, 0.5, 2.0});
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->truncated, (std::vector<double>{1, 1, 1, 0}));
+  EXPECT_NEAR(w->raw[2], std::exp(2.5), 1e-4);
+  EXPECT_EQ(w->oob, (std::vector<uint8_t>{0, 0, 0, 0}));
+}
+
+TEST(ImportanceWeights, IcepopLowerBoundZeroIsKept) {
+  // lo = 0 is a real bound (nothing below 0 exists), not "use the default 0.5".
+  const std::vector<float> prev = {-3.0f, -1.0f};
+  const std::vector<float> gen = {-1.0f, -1.1f};  // w = e^-2 = 0.135, e^0.1
+  const std::vector<uint8_t> mask = {1, 1};
+  absl::StatusOr<IsWeights> w =
+      compute_is_weights(prev, gen, mask, {1, 2}, {IsRule::kIcepop, 2.0, 0.0, 2.0});
+  ASSERT_TRUE(w.ok());
+  EXPECT_NEAR(w->truncated[0], std::exp(-2.0), 1e-6);
+  EXPECT_EQ(w->oob, (std::vector<uint8_t>{0, 0}));
+}
+
+TEST(ImportanceWeights, SeqMaskTisTreatsNonFiniteLogRatioAsZero) {
+  // Sequence 0: d = 0.002 and a NaN gen; NeMo RL's nan_to_num makes the NaN's log-ratio 0, so the
+  // geometric mean is exp(0.001), inside [0.999, 1.002]: kept, the broken token with weight 0.
+  // Sequence 1: d = 0.004, 0.004: exp(0.004) > 1.002, masked.
+  const std::vector<float> prev = {-1.0f, -2.0f, -1.0f, -1.0f};
+  const std::vector<float> gen = {-1.002f, NAN, -1.004f, -1.004f};
+  const std::vector<uint8_t> mask = {1, 1, 1, 1};
+  absl::StatusOr<IsWeights> w =
+      compute_is_weights(prev, gen, mask, {2, 2}, default_is_config(IsRule::kSeqMaskTis));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_NEAR(w->truncated[0], std::exp(0.002), 1e-6);
+  EXPECT_EQ(w->truncated[1], 0.0);
+  EXPECT_EQ(w->truncated[2], 0.0);
+  EXPECT_EQ(w->seq_masked, (std::vector<uint8_t>{0, 1}));
+  EXPECT_EQ(w->oob, (std::vector<uint8_t>{0, 0, 1, 1}));
+}
+
+TEST(ImportanceWeights, DefaultsPerRule) {
+  EXPECT_EQ(default_is_config(IsRule::kTis), (IsConfig{IsRule::kTis, 2.0, 0.5, 2.0}));
+  EXPECT_EQ(default_is_config(IsRule::kIcepop), (IsConfig{IsRule::kIcepop, 2.0, 0.5, 2.0}));
+  EXPECT_EQ(default_is_config(IsRule::kSeqMaskTis),
+            (IsConfig{IsRule::kSeqMaskTis, 2.0, 0.999, 1.002}));
+  EXPECT_TRUE(validate_is_config(default_is_config(IsRule::kSeqMaskTis)).ok());
+}
+
+TEST(MismatchMetrics, SeqMaskTisOobRatioCountsSequences) {
+  // Four sequences of 1, 4, 2 and 3 valid tokens (and one all-padding row, which does not
+  // count); only the 4-token one is masked: 1 of 4 sequences (4 of 10 tokens before the fix).
+  const TokenLayout layout{5, 4};
+  std::vector<float> prev(20), gen(20);
+  std::vector<uint8_t> mask(20, 0);
+  const int valid[5] = {1, 4, 2, 3, 0};
+  for (int b = 0; b < 5; ++b) {
+    for (int t = 0; t < 4; ++t) {
+      const int i = b * 4 + t;
+      prev[i] = -0.5f - 0.25f * t - 0.1f * b;
+      const double d = b == 1 ? 0.3 : 0.0005 * (t % 2 == 0 ? 1 : -1);
+      gen[i] = static_cast<float>(prev[i] - d);
+      mask[i] = t < valid[b];
+    }
+  }
+  absl::StatusOr<MismatchMetrics> m =
+      mismatch_metrics(prev, gen, mask, layout, default_is_config(IsRule::kSeqMaskTis));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->valid_tokens, 10);
+  EXPECT_DOUBLE_EQ(m->is_oob_ratio, 0.25);
+  // After truncation: the masked sequence's 4 tokens count as 0.
+  double kept = 0;
+  for (int i = 0; i < 20; ++i) {
+    if (mask[i] && i / 4 != 1) kept += std::exp(static_cast<double>(prev[i]) - gen[i]);
+  }
+  EXPECT_NEAR(m->sampling_importance_ratio, kept / 10, 1e-9);
+}
+
+TEST(MismatchMetrics, TruncationMassIsSeparatedFromPrecisionMismatch) {
+  // The sampler kept a set of mass M = 0.8 and 0.5 for the two tokens: gen = gen_full - log M.
+  // The trainer agrees with gen_full to 0.01 (precision mismatch only).
+  const std::vector<float> gen_full = {-1.0f, -2.0f};
+  const std::vector<float> gen = {static_cast<float>(-1.0 - std::log(0.8)),
+                                  static_cast<float>(-2.0 - std::log(0.5))};
+  const std::vector<float> prev = {-1.01f, -1.99f};
+  const std::vector<uint8_t> mask = {1, 1};
+  absl::StatusOr<MismatchMetrics> m =
+      mismatch_metrics(prev, gen, mask, {1, 2}, IsConfig{}, gen_full);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_NEAR(m->sampling_kept_mass, (0.8 + 0.5) / 2, 1e-6);
+  EXPECT_NEAR(m->full_token_mult_prob_error, std::exp(0.01), 1e-5);
+  // The headline metric shows the truncation: prev - gen = -0.01 + log 0.8 and 0.01 + log 0.5.
+  EXPECT_NEAR(
+      m->token_mult_prob_error,
+      (std::exp(std::abs(-0.01 + std::log(0.8))) + std::exp(std::abs(0.01 + std::log(0.5)))) / 2,
+      1e-5);
+  // Without gen_full: 1; a wrong size is an error.
+  EXPECT_EQ(mismatch_metrics(prev, gen, mask, {1, 2}, IsConfig{})->sampling_kept_mass, 1.0);
+  EXPECT_EQ(mismatch_metrics(prev, gen, mask, {1, 2}, IsConfig{}, std::span(gen_full).first(1))
+                .status()
+                .message(),
+            "mismatch metrics: gen_full_logprobs has 1 entries, expected 0 or 2");
+}
+
+TEST(MismatchMetrics, FoldProbsRatioTakesMinAndMaxOverUpdates) {
+  MismatchMetrics m;
+  PolicyLossStats first, second, empty;
+  first.valid_tokens = 5;  // the first update: cur == prev
+  second.valid_tokens = 5;
+  second.probs_ratio_min = 0.7;
+  second.probs_ratio_max = 1.4;
+  empty.probs_ratio_min = 0.1;  // no valid tokens: ignored
+  fold_probs_ratio(first, &m);
+  fold_probs_ratio(second, &m);
+  fold_probs_ratio(empty, &m);
+  EXPECT_EQ(m.probs_ratio_min, 0.7);
+  EXPECT_EQ(m.probs_ratio_max, 1.4);
+}
+
 TEST(ImportanceWeights, RejectsBadInput) {
   const std::vector<float> a = {-1.0f, -2.0f};
   const std::vector<uint8_t> mask = {1, 1};
@@ -161,11 +293,18 @@ TEST(ImportanceWeights, RejectsBadInput) {
             "length = 3 entries");
   EXPECT_EQ(
       compute_is_weights(a, a, mask, {1, 2}, {IsRule::kTis, 0.0, 0.5, 2.0}).status().message(),
-      "is.cap: must be > 0");
+      "is.cap: must be >= 1 and finite (a cap below 1 truncates on-policy tokens), got 0");
+  EXPECT_EQ(validate_is_config({IsRule::kTis, 0.8, 0.5, 2.0}, "algorithm.is").message(),
+            "algorithm.is.cap: must be >= 1 and finite (a cap below 1 truncates on-policy "
+            "tokens), got 0.8");
   EXPECT_EQ(validate_is_config({IsRule::kIcepop, 2.0, 1.5, 2.0}, "algorithm.is").message(),
-            "algorithm.is.lo: must be in [0, 1]");
+            "algorithm.is.lo: must be in [0, 1], got 1.5");
   EXPECT_EQ(validate_is_config({IsRule::kIcepop, 2.0, 1.0, 1.0}, "algorithm.is").message(),
-            "algorithm.is.hi: must be > lo");
+            "algorithm.is.hi: must be > lo (1), got 1");
+  EXPECT_EQ(validate_is_config({IsRule::kIcepop, 2.0, 0.5, INFINITY}, "algorithm.is").message(),
+            "algorithm.is.hi: must be >= 1 and finite, got inf");
+  // 0 is a bound like any other, not "unset".
+  EXPECT_TRUE(validate_is_config({IsRule::kIcepop, 1.0, 0.0, 1.0}, "algorithm.is").ok());
   EXPECT_EQ(parse_is_rule("tis2").status().message(),
             "must be one of none, tis, icepop, seq_mask_tis");
   EXPECT_EQ(*parse_is_rule("seq_mask_tis"), IsRule::kSeqMaskTis);
