@@ -38,7 +38,7 @@ absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text);
 absl::Status validate_model_config(const ModelConfig& config);
 
 // HF-style config.json text. With fp8_block_quantization, adds the quantization_config of the
-// FP8 checkpoint format (ARCHITECTURE.md).
+// FP8 checkpoint format (docs/design.md "FP8 checkpoint format").
 std::string model_config_to_json(const ModelConfig& config, bool fp8_block_quantization = false);
 
 }  // namespace fp8rl::model

@@ -1,5 +1,5 @@
 // Importance-sampling (IS) correction between the sampler and the learner: the per-token weight
-// w = exp(prev_logprobs - gen_logprobs) and its truncation rules (docs/design.md, "One RL step").
+// w = exp(prev_logprobs - gen_logprobs) and its truncation rules (docs/design.md "The RL step").
 // Used by the GRPO loss and the mismatch metrics alike, so the two always agree on which tokens
 // were truncated.
 //

@@ -1,4 +1,4 @@
-// Scoring of one RL step's rollout (docs/design.md "One RL step", step 3): every response is
+// Scoring of one RL step's rollout (docs/design.md "The RL step", step 3): every response is
 // decoded and judged by the task's verifier, and the rewards become group-relative advantages.
 // Pure: the same inputs give the same scores, bit for bit.
 #pragma once

@@ -1,4 +1,4 @@
-// The batches of the SFT warm start (docs/design.md "One RL step", step 0): SFT step s trains on
+// The batches of the SFT warm start (docs/design.md "The RL step", step 0): SFT step s trains on
 // batch_size training examples, each tokenized as BOS + prompt + answer + EOS with the loss on
 // the answer and the EOS (tokenize_example in rl/tasks.h). Stateless like prompt_indices: a
 // step's batch depends only on the split, the seed and the step.

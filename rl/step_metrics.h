@@ -1,4 +1,4 @@
-// The metrics rows of an RL job (docs/design.md "One RL step"): row 0 describes the start (SFT
+// The metrics rows of an RL job (docs/design.md "The RL step"): row 0 describes the start (SFT
 // warm start, first validation), row s >= 1 describes RL step s. The job store keeps each row
 // as a flat {key: number} object and the REST and gRPC APIs serve it as is, so the key names
 // are user-visible (dashboards, tools/fp8rl): to_row() below is the one place that spells them.

@@ -324,6 +324,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
     clipped_tokens += result->stats.clip_fraction *
                       static_cast<double>(result->stats.valid_tokens) / static_cast<double>(epochs);
     r.learning_rate = step->lr;
+    rl::fold_probs_ratio(result->stats, &r.mismatch);
   }
   ++version_;
   calibration_ = batch.tokens;

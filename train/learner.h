@@ -1,7 +1,7 @@
 // The learner: the policy under training (fp32 master weights + AdamW state, an optional frozen
 // reference copy) and the updates that change it, with plain C++ requests and results (no gRPC,
 // no protobuf; services/trainer_worker translates its proto messages to these).
-//   - GRPO update (docs/design.md "One RL step", steps 5-6): prev logprobs, then epochs x
+//   - GRPO update (docs/design.md "The RL step", steps 5-6): prev logprobs, then epochs x
 //     minibatches of IS-corrected policy loss, backward and AdamW.
 //   - SFT update: NLL of the masked response tokens, minibatches of AdamW steps.
 //   - Export for generation: KV-scale calibration under the *generation* precision, then the
@@ -29,7 +29,7 @@
 
 namespace fp8rl::train {
 
-// KV-cache calibration (docs/design.md "FP8 recipe"): percentile 99.9 of the per-forward amax of
+// KV-cache calibration (docs/design.md "The FP8 recipe"): percentile 99.9 of the per-forward amax of
 // each layer's K and V, x 1.05 margin, / 448 (E4M3 max).
 inline constexpr double kKvCalibrationPercentile = 99.9;
 inline constexpr double kKvCalibrationMargin = 1.05;

@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
     FP8RL_ASSIGN(family,
                  registry->add_gauge(absl::StrCat("fp8rl_rl_", std::string(name)),
                                      absl::StrCat("Last RL step's ", std::string(name),
-                                                  " (ARCHITECTURE.md), from the trainer.")));
+                                                  " (docs/design.md, Mismatch metrics), from the trainer.")));
     m->mismatch.emplace(std::string(name), family);
   }
 #undef FP8RL_ASSIGN

@@ -1,4 +1,4 @@
-// The coordinator's RL loop (ARCHITECTURE.md "One RL step"): optional SFT warm start, then per
+// The coordinator's RL loop (docs/design.md "The RL step"): optional SFT warm start, then per
 // step: P prompts x G samples spread over the live generation workers (unfinished samples of a
 // failed or dead worker are re-dispatched, a sample is never counted twice), rewards and group
 // advantages via rl/, TrainStep and Publish on the trainer, wait until every live generation
@@ -184,7 +184,7 @@ class RlLoop {
     int64_t start_step = 0;          // steps done before this run (the checkpoint's step)
     int64_t version = 0;             // the last published policy version
     rl::StartMetrics start_metrics;  // row 0, filled while starting
-    bool calibrate_kv_scales() const { return config.precision.kv_cache == rl::Precision::kFp8; }
+    bool calibrate_kv_scales() const { return config.precision.kv_cache == rl::Precision::kFP8; }
   };
   // One RL step's samples and what the workers generated for them.
   struct Rollout {
@@ -193,7 +193,7 @@ class RlLoop {
     std::map<std::string, GenResult> results;  // by sample_id, one per sample
   };
 
-  // The phases of run(), numbered as in docs/design.md "One RL step".
+  // The phases of run(), numbered as in docs/design.md "The RL step".
   // Step 0: waits (up to worker_wait) for a registered trainer.
   absl::Status connect_trainer(JobRun& run);
   // Step 0: loads the job's last checkpoint; the steps after it run (and record rows) again.

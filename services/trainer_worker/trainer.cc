@@ -57,11 +57,10 @@ absl::StatusOr<model::AdamWConfig> to_adamw(const v1::InitPolicyRequest& request
   return c;
 }
 
-// The IS rule and bounds of AlgorithmParams. Bounds left at 0 take the defaults of
-// rl/importance.h; tis reads is_cap, or is_hi from a sender that predates is_cap.
+// The IS rule and bounds of AlgorithmParams. tis reads is_cap, or is_hi from a sender that
+// predates is_cap; an unset hi/cap takes the rule's default (rl::default_is_config).
 absl::StatusOr<rl::IsConfig> to_is_config(const v1::AlgorithmParams& a) {
   rl::IsConfig c;
-  const rl::IsConfig defaults;
   switch (a.is_rule()) {
     case v1::IS_RULE_UNSPECIFIED:
     case v1::IS_RULE_TIS:
@@ -87,10 +86,14 @@ absl::StatusOr<rl::IsConfig> to_is_config(const v1::AlgorithmParams& a) {
           absl::StrCat("algorithm.", name, ": must be >= 0, got ", value));
     }
   }
+  const rl::IsConfig rule_defaults = rl::default_is_config(c.rule);
+  // hi and cap are >= 1 whenever they are set, so 0 can only mean "not sent"; lo = 0 is a valid
+  // bound (nothing is masked from below) and is used as sent. The coordinator always sends the
+  // job's values (the job config fills in each rule's defaults at submission).
   const double cap = a.is_cap() > 0 ? a.is_cap() : a.is_hi();
-  c.cap = cap > 0 ? cap : defaults.cap;
-  c.hi = a.is_hi() > 0 ? a.is_hi() : defaults.hi;
-  c.lo = a.is_lo() > 0 ? a.is_lo() : defaults.lo;
+  c.cap = cap > 0 ? cap : rule_defaults.cap;
+  c.hi = a.is_hi() > 0 ? a.is_hi() : rule_defaults.hi;
+  c.lo = a.is_lo();
   if (auto s = rl::validate_is_config(c, "algorithm.is"); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(s.message(), " (from algorithm.is_lo=", a.is_lo(), ", is_hi=", a.is_hi(),
@@ -238,8 +241,8 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
     metrics_->phase_seconds->with({"forward_backward"}).set(result->forward_backward_seconds);
     metrics_->phase_seconds->with({"optimizer"}).set(result->optimizer_seconds);
     metrics_->is_weight->with({"mean"}).set(mismatch.sampling_importance_ratio);
-    metrics_->is_weight->with({"min"}).set(mismatch.probs_ratio_min);
-    metrics_->is_weight->with({"max"}).set(mismatch.probs_ratio_max);
+    metrics_->is_weight->with({"min"}).set(mismatch.is_weight_min);
+    metrics_->is_weight->with({"max"}).set(mismatch.is_weight_max);
     metrics_->token_mult_prob_error->get().set(mismatch.token_mult_prob_error);
     metrics_->gen_kl_error->get().set(mismatch.gen_kl_error);
     metrics_->sampling_importance_ratio->get().set(mismatch.sampling_importance_ratio);

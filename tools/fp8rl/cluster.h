@@ -1,6 +1,6 @@
 // The local launcher behind `fp8rl up` and `fp8rl run`: plans the services of a one-host cluster
 // (coordinator, weight sync, trainer, N generation workers) on the default ports of
-// ARCHITECTURE.md plus an offset, spawns them as child processes with logs under the data dir,
+// docs/design.md "Services and ports" plus an offset, spawns them as child processes with logs under the data dir,
 // waits until each is healthy, supervises them (a child that exits is restarted with a back-off,
 // like docker compose's `restart: unless-stopped`) and stops them cleanly (SIGTERM, bounded wait,
 // SIGKILL). Children die with the launcher (PR_SET_PDEATHSIG), so nothing is ever orphaned.
@@ -21,7 +21,7 @@
 
 namespace fp8rl::cli {
 
-// Default ports (ARCHITECTURE.md "Services"); generation worker i adds i to its two ports.
+// Default ports (docs/design.md "Services and ports"); generation worker i adds i to its two ports.
 inline constexpr int kCoordinatorGrpcPort = 50051;
 inline constexpr int kCoordinatorHttpPort = 8080;
 inline constexpr int kWeightSyncGrpcPort = 50052;
