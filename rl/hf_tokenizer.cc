@@ -286,8 +286,12 @@ struct HfTokenizer::Impl {
   std::vector<SplitStep> splits;
 
   std::vector<HfAddedToken> added;
-  std::vector<int32_t> raw_added;         // indexes into `added`: normalized == false
-  std::vector<int32_t> normalized_added;  // normalized == true (content normalized)
+  // Indexes into `added` bucketed by the first byte of the content, longest content first:
+  // raw_added for normalized == false, normalized_added for normalized == true (matched on the
+  // normalized text with normalized content).
+  using AddedBuckets = std::array<std::vector<int32_t>, 256>;
+  AddedBuckets raw_added;
+  AddedBuckets normalized_added;
   std::vector<std::string> normalized_content;  // parallel to `added`
 
   std::vector<TemplatePiece> single_template;  // empty: no post-processing ids
@@ -305,7 +309,7 @@ struct HfTokenizer::Impl {
   static constexpr size_t kMaxCacheEntries = 1 << 20;
 
   absl::Status normalize(std::string_view in, std::string* out) const;
-  void split_added(std::string_view text, const std::vector<int32_t>& candidates, bool normalized,
+  void split_added(std::string_view text, const AddedBuckets& buckets, bool normalized,
                    std::vector<std::pair<std::string_view, int32_t>>* out) const;
   absl::Status encode_plain(std::string_view text, std::vector<int32_t>* ids) const;
   absl::Status encode_word(std::string_view piece, std::vector<int32_t>* ids) const;
@@ -339,20 +343,16 @@ absl::Status HfTokenizer::Impl::normalize(std::string_view in, std::string* out)
 
 // Cuts `text` at the leftmost-longest occurrences of the candidate added tokens: out gets
 // (piece, -1) for text to encode and (content, index into added) for a token.
-void HfTokenizer::Impl::split_added(std::string_view text, const std::vector<int32_t>& candidates,
+void HfTokenizer::Impl::split_added(std::string_view text, const AddedBuckets& buckets,
                                     bool normalized,
                                     std::vector<std::pair<std::string_view, int32_t>>* out) const {
-  if (candidates.empty()) {
-    if (!text.empty()) out->emplace_back(text, -1);
-    return;
-  }
   size_t piece_start = 0;
   size_t i = 0;
   while (i < text.size()) {
     // Candidates are sorted longest first, so the first match at i is the longest.
     int32_t match = -1;
     size_t match_len = 0;
-    for (int32_t k : candidates) {
+    for (int32_t k : buckets[static_cast<uint8_t>(text[i])]) {
       const std::string& content = normalized ? normalized_content[k] : added[k].content;
       if (content.empty() || content.size() > text.size() - i) continue;
       if (text[i] != content[0] || text.compare(i, content.size(), content) != 0) continue;
@@ -926,18 +926,23 @@ absl::StatusOr<HfTokenizer> HfTokenizer::from_json_text(const std::string& text,
           !s.ok()) {
         return s;
       }
-      impl->normalized_added.push_back(static_cast<int32_t>(k));
+      if (impl->normalized_content[k].empty()) continue;
+      impl->normalized_added[static_cast<uint8_t>(impl->normalized_content[k][0])].push_back(
+          static_cast<int32_t>(k));
     } else {
-      impl->raw_added.push_back(static_cast<int32_t>(k));
+      impl->raw_added[static_cast<uint8_t>(impl->added[k].content[0])].push_back(
+          static_cast<int32_t>(k));
     }
   }
-  for (std::vector<int32_t>* list : {&impl->raw_added, &impl->normalized_added}) {
-    const bool normalized = list == &impl->normalized_added;
-    std::stable_sort(list->begin(), list->end(), [&](int32_t x, int32_t y) {
-      const auto& cx = normalized ? impl->normalized_content[x] : impl->added[x].content;
-      const auto& cy = normalized ? impl->normalized_content[y] : impl->added[y].content;
-      return cx.size() > cy.size();
-    });
+  for (Impl::AddedBuckets* buckets : {&impl->raw_added, &impl->normalized_added}) {
+    const bool normalized = buckets == &impl->normalized_added;
+    for (std::vector<int32_t>& list : *buckets) {
+      std::stable_sort(list.begin(), list.end(), [&](int32_t x, int32_t y) {
+        const auto& cx = normalized ? impl->normalized_content[x] : impl->added[x].content;
+        const auto& cy = normalized ? impl->normalized_content[y] : impl->added[y].content;
+        return cx.size() > cy.size();
+      });
+    }
   }
 
   // Decoded bytes per id (the ByteLevel decoder: a token whose characters are all in the

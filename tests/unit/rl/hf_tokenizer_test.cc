@@ -348,6 +348,13 @@ std::vector<Json> run_reference(const std::string& dir, const std::vector<Json>&
   return out;
 }
 
+// Combining marks: an NFC normalizer (Qwen3's) composes them, so this line does not round-trip
+// byte for byte there; it decodes to kNotNfcComposed.
+constexpr char kNotNfc[] =
+    "e\u0301 vs \u00e9, A\u030a vs \u00c5, \ufb01 ligature, \u2460 circled, \u00bd half";
+constexpr char kNotNfcComposed[] =
+    "\u00e9 vs \u00e9, \u00c5 vs \u00c5, \ufb01 ligature, \u2460 circled, \u00bd half";
+
 // Text that is hard for a tokenizer: mixed scripts, emoji and ZWJ sequences, digit runs, code,
 // whitespace runs, contractions, Unicode spaces, combining marks (NFC), plus every added token.
 std::vector<std::string> hard_corpus(const HfTokenizer& tok) {
@@ -365,7 +372,7 @@ std::vector<std::string> hard_corpus(const HfTokenizer& tok) {
       "\n\n\n\nnewlines\n \n \t\t \n",
       "     ",
       "a  b   c    d\u00a0e\u2003f\u3000g\u200bh\u0085i\u2028j",
-      "e\u0301 vs \u00e9, A\u030a vs \u00c5, \ufb01 ligature, \u2460 circled, \u00bd half",
+      kNotNfc,
       "Mixed123abc456DEF 7eleven x86_64 UTF-8 naïve café résumé",
       "'s 't 're 've 'm 'll 'd 'S 'T 'RE's",
       "!!!??? ... --- *** ### $$$ %%% ^^^ &&& ((( ))) [[[ ]]] {{{ }}} <<< >>>",
@@ -446,9 +453,13 @@ TEST_P(RealTokenizerTest, EncodingsAndDecodingsMatchTheReference) {
                       << "\n fp8rl:     " << Json(ids).dump()
                       << "\n reference: " << Json(expected).dump();
       }
+      // Round trip (without the post-processor's BOS); NFC composes kNotNfc.
+      if (requests[i]["add_special_tokens"]) continue;
       absl::StatusOr<std::string> back = tok->decode(ids);
       ASSERT_TRUE(back.ok());
-      EXPECT_EQ(*back, text) << "round trip";
+      const bool nfc = package == "tokenizer-qwen3";
+      EXPECT_EQ(*back, nfc && text == kNotNfc ? std::string(kNotNfcComposed) : text)
+          << "round trip";
     } else {
       const Ids ids = requests[i]["ids"].get<Ids>();
       absl::StatusOr<std::string> bytes = tok->decode(ids);
