@@ -192,14 +192,13 @@ absl::StatusOr<bool> get_bool(const JsonCtx& ctx, const Json& obj, const std::st
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return default_value;
   if (!it->is_boolean()) {
-    return ctx.error(absl::StrCat(path, ".", key), absl::StrCat("expected a boolean, got ",
-                                                                it->type_name()));
+    return ctx.error(absl::StrCat(path, ".", key),
+                     absl::StrCat("expected a boolean, got ", it->type_name()));
   }
   return it->get<bool>();
 }
 
-absl::StatusOr<std::string> get_type(const JsonCtx& ctx, const Json& obj,
-                                     const std::string& path) {
+absl::StatusOr<std::string> get_type(const JsonCtx& ctx, const Json& obj, const std::string& path) {
   if (!obj.is_object()) {
     return ctx.error(path, absl::StrCat("expected an object, got ", obj.type_name()));
   }
@@ -232,14 +231,13 @@ struct TemplatePiece {
   std::vector<int32_t> ids;
 };
 
-absl::StatusOr<std::unique_ptr<pcre2_code, Pcre2Deleter>> compile_regex(const JsonCtx& ctx,
-                                                                        const std::string& path,
-                                                                        const std::string& pattern) {
+absl::StatusOr<std::unique_ptr<pcre2_code, Pcre2Deleter>> compile_regex(
+    const JsonCtx& ctx, const std::string& path, const std::string& pattern) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error_code,
+                                   &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
@@ -276,7 +274,7 @@ struct HfTokenizer::Impl {
   absl::flat_hash_map<std::string, int32_t> vocab_bytes;
   absl::flat_hash_map<std::string, int32_t> token_ids;  // tokenizer.json strings (all tokens)
   absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> merges;
-  std::array<int32_t, 256> byte_ids{};        // id of each single byte, -1 if missing
+  std::array<int32_t, 256> byte_ids{};           // id of each single byte, -1 if missing
   std::array<int32_t, 256> byte_fallback_ids{};  // id of <0xXX>, -1 if missing
   bool ignore_merges = false;
   bool byte_fallback = false;
@@ -332,8 +330,7 @@ absl::Status HfTokenizer::Impl::normalize(std::string_view in, std::string* out)
                            sink, nullptr, status);
       }
       if (U_FAILURE(status)) {
-        return absl::InternalError(
-            absl::StrCat("NFC normalization failed: ", u_errorName(status)));
+        return absl::InternalError(absl::StrCat("NFC normalization failed: ", u_errorName(status)));
       }
       *out = std::move(result);
     }
@@ -441,8 +438,8 @@ absl::Status HfTokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>
     heap.pop();
     Symbol& s = symbols[pos];
     if (s.id != left || s.next < 0 || symbols[s.next].id != right) continue;  // stale
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-                         static_cast<uint32_t>(right);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
     s.id = merges.find(key)->second.second;
     const int32_t removed = s.next;
     s.next = symbols[removed].next;
@@ -502,7 +499,7 @@ absl::Status HfTokenizer::Impl::encode_plain(std::string_view text,
     if (!step.code) continue;
     if (md == nullptr) md = pcre2_match_data_create(1, nullptr);
     for (std::string_view p : pieces) {
-      size_t start = 0;   // search position
+      size_t start = 0;    // search position
       size_t emitted = 0;  // end of the last emitted piece
       while (start <= p.size()) {
         const int rc = pcre2_match(step.code.get(), reinterpret_cast<PCRE2_SPTR>(p.data()),
@@ -784,9 +781,9 @@ absl::StatusOr<HfTokenizer> HfTokenizer::from_json_text(const std::string& text,
       return ctx.unsupported(absl::StrCat("model.", key), absl::StrCat("a non-empty ", key));
     }
   }
-  for (const auto& [key, field] : {std::pair<const char*, bool*>{"ignore_merges",
-                                                                  &impl->ignore_merges},
-                                   {"byte_fallback", &impl->byte_fallback}}) {
+  for (const auto& [key, field] :
+       {std::pair<const char*, bool*>{"ignore_merges", &impl->ignore_merges},
+        {"byte_fallback", &impl->byte_fallback}}) {
     absl::StatusOr<bool> v = get_bool(ctx, model, "model", key, false);
     if (!v.ok()) return v.status();
     *field = *v;
@@ -855,10 +852,10 @@ absl::StatusOr<HfTokenizer> HfTokenizer::from_json_text(const std::string& text,
     auto ia = impl->token_ids.find(a);
     auto ib = impl->token_ids.find(b);
     auto im = impl->token_ids.find(a + b);
-    if (ia == impl->token_ids.end() || ib == impl->token_ids.end() ||
-        im == impl->token_ids.end()) {
-      return ctx.error(absl::StrCat("model.merges[", rank, "]"),
-                       absl::StrCat("merge '", a, "' + '", b, "' uses a token not in the vocabulary"));
+    if (ia == impl->token_ids.end() || ib == impl->token_ids.end() || im == impl->token_ids.end()) {
+      return ctx.error(
+          absl::StrCat("model.merges[", rank, "]"),
+          absl::StrCat("merge '", a, "' + '", b, "' uses a token not in the vocabulary"));
     }
     const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
                          static_cast<uint32_t>(ib->second);
@@ -867,14 +864,14 @@ absl::StatusOr<HfTokenizer> HfTokenizer::from_json_text(const std::string& text,
   }
 
   // Normalizer, pre-tokenizer, decoder, post-processor.
-  if (absl::Status s = load_normalizer(ctx, root.value("normalizer", Json()), "normalizer",
-                                       &impl->normalizers);
+  if (absl::Status s =
+          load_normalizer(ctx, root.value("normalizer", Json()), "normalizer", &impl->normalizers);
       !s.ok()) {
     return s;
   }
   bool byte_level = false;
-  if (absl::Status s = load_pre_tokenizer(ctx, root.value("pre_tokenizer", Json()),
-                                          "pre_tokenizer", &impl->splits, &byte_level);
+  if (absl::Status s = load_pre_tokenizer(ctx, root.value("pre_tokenizer", Json()), "pre_tokenizer",
+                                          &impl->splits, &byte_level);
       !s.ok()) {
     return s;
   }
@@ -906,10 +903,11 @@ absl::StatusOr<HfTokenizer> HfTokenizer::from_json_text(const std::string& text,
       token.content = t["content"].get<std::string>();
       if (token.id < 0) return ctx.error(path + ".id", "negative id");
       if (token.content.empty()) return ctx.error(path + ".content", "empty");
-      for (const auto& [key, field] :
-           {std::pair<const char*, bool*>{"special", &token.special}, {"lstrip", &token.lstrip},
-            {"rstrip", &token.rstrip}, {"normalized", &token.normalized},
-            {"single_word", &token.single_word}}) {
+      for (const auto& [key, field] : {std::pair<const char*, bool*>{"special", &token.special},
+                                       {"lstrip", &token.lstrip},
+                                       {"rstrip", &token.rstrip},
+                                       {"normalized", &token.normalized},
+                                       {"single_word", &token.single_word}}) {
         absl::StatusOr<bool> v = get_bool(ctx, t, path, key, false);
         if (!v.ok()) return v.status();
         *field = *v;
@@ -987,7 +985,8 @@ absl::StatusOr<HfTokenizer> HfTokenizer::load(const std::string& dir) {
     if (!config.ok()) return config.status();
     for (const auto& [key, slot] :
          {std::pair<const char*, std::optional<int32_t>*>{"bos_token", &impl.bos},
-          {"eos_token", &impl.eos}, {"pad_token", &impl.pad}}) {
+          {"eos_token", &impl.eos},
+          {"pad_token", &impl.pad}}) {
       if (std::optional<std::string> token = config_token(*config, key)) {
         absl::StatusOr<int32_t> id = resolve(config_path, key, *token);
         if (!id.ok()) return id.status();
@@ -1001,9 +1000,9 @@ absl::StatusOr<HfTokenizer> HfTokenizer::load(const std::string& dir) {
     if (!gen.ok()) return gen.status();
     auto check_id = [&](const Json& v, const std::string& key) -> absl::StatusOr<int32_t> {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= tok->vocab_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            gen_path, ": ", key, ": expected a token id below ", tok->vocab_size(), ", got ",
-            v.dump()));
+        return absl::InvalidArgumentError(absl::StrCat(gen_path, ": ", key,
+                                                       ": expected a token id below ",
+                                                       tok->vocab_size(), ", got ", v.dump()));
       }
       return v.get<int32_t>();
     };
@@ -1042,8 +1041,7 @@ absl::StatusOr<std::vector<int32_t>> HfTokenizer::encode(std::string_view text,
                                                          bool add_special_tokens) const {
   const Impl& im = *impl_;
   if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("text is not valid UTF-8 (byte ", bad, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("text is not valid UTF-8 (byte ", bad, ")"));
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);

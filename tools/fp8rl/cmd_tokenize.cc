@@ -34,8 +34,9 @@ absl::StatusOr<std::string> tokenize_line(const rl::HfTokenizer& tok, const std:
   }
   if (req.contains("messages")) {
     return absl::UnimplementedError(
-        absl::StrCat(where, ": \"messages\" needs the chat template, which fp8rl tokenize does "
-                            "not support yet; give {\"text\": ...} or {\"ids\": [...]}"));
+        absl::StrCat(where,
+                     ": \"messages\" needs the chat template, which fp8rl tokenize does "
+                     "not support yet; give {\"text\": ...} or {\"ids\": [...]}"));
   }
   const bool has_text = req.contains("text");
   const bool has_ids = req.contains("ids");
@@ -68,7 +69,8 @@ absl::StatusOr<std::string> tokenize_line(const rl::HfTokenizer& tok, const std:
     absl::StatusOr<std::vector<int32_t>> ids =
         tok.encode(req["text"].get<std::string>(), *add_special);
     if (!ids.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": \"text\": ", ids.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"text\": ", ids.status().message()));
     }
     out["ids"] = *ids;
   } else {

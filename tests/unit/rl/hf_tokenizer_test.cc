@@ -98,8 +98,8 @@ Json tiny_tokenizer(const std::vector<std::string>& extra, const Json& merges) {
         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
   t["post_processor"] = nullptr;
   t["decoder"] = {{"type", "ByteLevel"}};
-  t["model"] = {{"type", "BPE"},     {"dropout", nullptr}, {"unk_token", nullptr},
-                {"vocab", vocab},    {"merges", merges},   {"byte_fallback", false},
+  t["model"] = {{"type", "BPE"},         {"dropout", nullptr}, {"unk_token", nullptr},
+                {"vocab", vocab},        {"merges", merges},   {"byte_fallback", false},
                 {"ignore_merges", false}};
   return t;
 }
@@ -137,12 +137,12 @@ TEST(HfTokenizer, StringAndArrayMergeFormsAgree) {
   const std::vector<std::string> extra = {"he", "ll", "hell", "hello", "Ġw"};
   HfTokenizer s = must_load(tiny_tokenizer(extra, {"h e", "l l", "he ll", "hell o", "Ġ w"}));
   HfTokenizer a = must_load(tiny_tokenizer(
-      extra, Json::array({Json::array({"h", "e"}), Json::array({"l", "l"}),
-                          Json::array({"he", "ll"}), Json::array({"hell", "o"}),
-                          Json::array({"Ġ", "w"})})));
+      extra,
+      Json::array({Json::array({"h", "e"}), Json::array({"l", "l"}), Json::array({"he", "ll"}),
+                   Json::array({"hell", "o"}), Json::array({"Ġ", "w"})})));
   const std::string text = "hello world hell\n\tyes 123";
-  const Ids expected = {259, 260, 'o', 'r', 'l', 'd', ' ', 258, '\n', '\t', 'y', 'e', 's', ' ',
-                        '1', '2', '3'};
+  const Ids expected = {259,  260, 'o', 'r', 'l', 'd', ' ', 258, '\n',
+                        '\t', 'y', 'e', 's', ' ', '1', '2', '3'};
   EXPECT_EQ(must_encode(s, text), expected);
   EXPECT_EQ(must_encode(a, text), expected);
   absl::StatusOr<std::string> back = s.decode(expected);
@@ -184,8 +184,9 @@ TEST(HfTokenizer, PostProcessorTemplateAddsBos) {
   t["added_tokens"] = {{{"id", 256}, {"content", "<s>"}, {"special", true}}};
   t["post_processor"] = {
       {"type", "TemplateProcessing"},
-      {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                  {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"single",
+       {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
       {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {256}}, {"tokens", {"<s>"}}}}}}};
   HfTokenizer tok = must_load(t);
   EXPECT_EQ(must_encode(tok, "hi", true), (Ids{256, 'h', 'i'}));
@@ -360,11 +361,13 @@ constexpr char kNotNfcComposed[] =
 std::vector<std::string> hard_corpus(const HfTokenizer& tok) {
   std::vector<std::string> c = {
       "Hello, world! It's a test; we'll see. I'M HERE, you'Re not, they'VE gone.",
-      "中文分词测试：今天天气很好，我们去公园散步吧。日本語のテキストもあります。カタカナ、ひらがな。",
+      "中文分词测试：今天天气很好，我们去公园散步吧。日本語のテキストもあります。カタカナ、ひらがな"
+      "。",
       "한국어 문장도 있습니다. Ελληνικά κείμενα. Русский текст, ёжик.",
       "مرحبا بالعالم، هذا نص عربي مع أرقام ١٢٣٤٥ and English mixed in.",
       "हिन्दी पाठ: नमस्ते दुनिया, क्षत्रिय ज्ञान। ০১২৩ বাংলা",
-      "Emoji: 😀😃 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️‍🔥 🇺🇸🇯🇵 #️⃣ a😀b",
+      "Emoji: 😀😃 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️‍🔥 🇺🇸🇯🇵 #️⃣ "
+      "a😀b",
       "Digits 1 12 123 1234 12345 123456789012345678901234567890 3.14159 -0.5e-10 1,000,000",
       "def f(x):\n    return x ** 2  # square\n\n\nclass A:\n\tpass\n",
       "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }  // dot\r\n",
@@ -394,8 +397,8 @@ std::vector<std::string> hard_corpus(const HfTokenizer& tok) {
   if (!specials.empty()) c.push_back(specials + " end");
   // Random mixtures of fragments.
   std::mt19937 rng(2024);
-  const std::vector<std::string> frags = {"the", " cat", "中文", " 😀", "123", "4567", "  ",
-                                          "\n",  "'s",   "-",    "é",    "عربي", "\t", "ab1"};
+  const std::vector<std::string> frags = {"the", " cat", "中文", " 😀", "123",  "4567", "  ",
+                                          "\n",  "'s",   "-",    "é",  "عربي", "\t",   "ab1"};
   for (int i = 0; i < 40; ++i) {
     std::string s;
     for (int j = 0; j < 25; ++j) s += frags[rng() % frags.size()];
@@ -473,9 +476,10 @@ TEST_P(RealTokenizerTest, EncodingsAndDecodingsMatchTheReference) {
     }
   }
   EXPECT_EQ(mismatches, 0);
-  std::printf("[ hf_tokenizer ] %s: %zu requests (%zu encoded ids) match @huggingface/tokenizers; "
-              "load %.2f s\n",
-              package.c_str(), requests.size(), total_ids, load_s);
+  std::printf(
+      "[ hf_tokenizer ] %s: %zu requests (%zu encoded ids) match @huggingface/tokenizers; "
+      "load %.2f s\n",
+      package.c_str(), requests.size(), total_ids, load_s);
 }
 
 TEST_P(RealTokenizerTest, ThroughputOnEnglishText) {
@@ -505,15 +509,17 @@ TEST_P(RealTokenizerTest, ThroughputOnEnglishText) {
   const double cold = timed(text, &n_ids);
   const double warm = timed(text, &n_ids);
   EXPECT_GT(n_ids, text.size() / 8);
-  std::printf("[ hf_tokenizer ] %s: %.2f MB English text, %zu ids: %.1f MB/s cold cache, "
-              "%.1f MB/s warm (one core)\n",
-              package.c_str(), text.size() / 1e6, n_ids, cold, warm);
+  std::printf(
+      "[ hf_tokenizer ] %s: %.2f MB English text, %zu ids: %.1f MB/s cold cache, "
+      "%.1f MB/s warm (one core)\n",
+      package.c_str(), text.size() / 1e6, n_ids, cold, warm);
 }
 
 TEST_P(RealTokenizerTest, SpecialIdsFromTheCheckpoint) {
   const std::string package = GetParam();
   if (!stdfs::exists(stdfs::path(model_dir(package)) / "tokenizer.json")) {
-    GTEST_SKIP() << "SKIPPED: " << model_dir(package) << " missing (run scripts/fetch_tokenizers.sh)";
+    GTEST_SKIP() << "SKIPPED: " << model_dir(package)
+                 << " missing (run scripts/fetch_tokenizers.sh)";
   }
   absl::StatusOr<HfTokenizer> tok = HfTokenizer::load(model_dir(package));
   ASSERT_TRUE(tok.ok()) << tok.status();
@@ -589,9 +595,9 @@ TEST(FP8RLTokenizeCli, EncodesDecodesAndRejectsBadLinesWithoutPartialOutput) {
   write_file(dir.file("good.jsonl"),
              "{\"text\": \"hello<eos>\"}\n{\"ids\": [256, 257, 111, 300]}\n"
              "{\"ids\": [256, 195], \"skip_special_tokens\": true}\n");
-  CliResult ok = run_cli(tok_flag + " --in '" + dir.file("good.jsonl") + "' --out '" +
-                             dir.file("good.out") + "'",
-                         dir.file("err"));
+  CliResult ok = run_cli(
+      tok_flag + " --in '" + dir.file("good.jsonl") + "' --out '" + dir.file("good.out") + "'",
+      dir.file("err"));
   ASSERT_EQ(ok.rc, 0) << ok.stderr_text;
   EXPECT_EQ(read_file(dir.file("good.out")),
             "{\"ids\":[256,257,111,300]}\n{\"text\":\"hello<eos>\"}\n"
