@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -485,7 +486,8 @@ absl::Status HfTokenizer::Impl::encode_plain(std::string_view text,
   std::deque<std::string> owned;  // pieces that got a prefix space (deque: views stay valid)
   std::vector<std::string_view> pieces = {text};
   std::vector<std::string_view> next;
-  pcre2_match_data* md = nullptr;
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(nullptr,
+                                                                         &pcre2_match_data_free);
   for (const SplitStep& step : splits) {
     next.clear();
     if (step.add_prefix_space) {
@@ -497,19 +499,18 @@ absl::Status HfTokenizer::Impl::encode_plain(std::string_view text,
       }
     }
     if (!step.code) continue;
-    if (md == nullptr) md = pcre2_match_data_create(1, nullptr);
+    if (md == nullptr) md.reset(pcre2_match_data_create(1, nullptr));
     for (std::string_view p : pieces) {
       size_t start = 0;    // search position
       size_t emitted = 0;  // end of the last emitted piece
       while (start <= p.size()) {
         const int rc = pcre2_match(step.code.get(), reinterpret_cast<PCRE2_SPTR>(p.data()),
-                                   p.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
+                                   p.size(), start, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
-          pcre2_match_data_free(md);
           return absl::InternalError(absl::StrCat(source, ": regex match failed (code ", rc, ")"));
         }
-        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
         const size_t m_begin = ov[0], m_end = ov[1];
         if (m_end == m_begin) {  // empty match: step one character forward
           if (m_end >= p.size()) break;
@@ -528,7 +529,6 @@ absl::Status HfTokenizer::Impl::encode_plain(std::string_view text,
     }
     pieces.swap(next);
   }
-  if (md != nullptr) pcre2_match_data_free(md);
   for (std::string_view p : pieces) {
     if (absl::Status s = encode_word(p, ids); !s.ok()) return s;
   }
