@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libopenblas-dev
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev zlib1g-dev
+  libpcre2-dev libicu-dev
   curl prometheus docker-compose
   python3 python3-numpy python3-torch python3-yaml
   python3-grpcio python3-grpc-tools python3-protobuf
@@ -22,8 +23,16 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# Real tokenizer files and the reference tokenizer for the hf_tokenizer tests (ignored cache).
+# Not fatal: without them those tests skip with a message.
+fetch_tokenizers() {
+  bash "$(dirname "${BASH_SOURCE[0]}")/fetch_tokenizers.sh" ||
+    echo "setup: WARNING: fetch_tokenizers.sh failed; the hf_tokenizer reference tests will skip" >&2
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
+  fetch_tokenizers
   exit 0
 fi
 
@@ -33,4 +42,5 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fetch_tokenizers
 echo "setup: done"

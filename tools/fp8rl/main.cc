@@ -30,6 +30,7 @@ const std::vector<Command> kCommands = {
      "[--kv-cache fp32|bf16|fp8] [--bf16-first-layers N] [--bf16-last-layers N] "
      "[--pow2-scales] [--no-kv-fake-quant]",
      score_main},
+    {"tokenize", "tokenize --tokenizer DIR --in FILE --out FILE", tokenize_main},
 #if FP8RL_HAVE_SERVICES
     {"up",
      "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
