@@ -661,11 +661,13 @@ class Lexer {
       }
       Piece piece{kind == '{' ? Piece::kVar : Piece::kBlock, "", {}, tag_pos};
       const std::string_view close = kind == '{' ? "}}" : "%}";
+      Pos close_pos;
       while (true) {
         while (pos < s.size() && SpaceAt(s, pos)) pos += SpaceAt(s, pos);
         if (pos >= s.size()) {
           Fail(tag_pos, absl::StrCat("missing end of tag '", std::string(close), "'"));
         }
+        close_pos = At(pos);
         if (s.substr(pos, 2) == close) {
           pos += 2;
           line_starting = AfterTagEnd('\0', kind == '%', pos);
@@ -679,7 +681,7 @@ class Lexer {
         }
         piece.tokens.push_back(NextToken(pos));
       }
-      piece.tokens.push_back({Tok::kEnd, std::string(close), At(pos)});
+      piece.tokens.push_back({Tok::kEnd, std::string(close), close_pos});
       pieces.push_back(std::move(piece));
     }
     return pieces;
@@ -708,7 +710,11 @@ class Lexer {
   Pos At(size_t offset) const {
     const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), offset);
     const size_t line = static_cast<size_t>(it - line_starts_.begin());
-    return {static_cast<int>(line), static_cast<int>(offset - line_starts_[line - 1] + 1)};
+    int col = 1;  // in code points
+    for (size_t k = line_starts_[line - 1]; k < offset; ++k) {
+      if ((static_cast<unsigned char>(src_[k]) & 0xc0) != 0x80) ++col;
+    }
+    return {static_cast<int>(line), col};
   }
 
   Token NextToken(size_t& pos) {
@@ -1121,6 +1127,11 @@ class Parser {
       ExpectEnd();
       ++at_;
       return st;
+    }
+    static const std::set<std::string, std::less<>> kClosers = {
+        "elif", "else", "endif", "endfor", "endset", "endgeneration"};
+    if (kClosers.count(kw.text)) {
+      Fail(kw.pos, absl::StrCat("unexpected '", kw.text, "' (no open block it closes)"));
     }
     Fail(kw.pos, absl::StrCat("unsupported tag '", kw.text, "'"));
   }
@@ -2178,7 +2189,10 @@ class Evaluator {
     return v.s;
   }
 
-  Value EvalCall(const Expr& e) {
+  Value EvalCall(const Expr& call) {
+    // Errors point at the callee (the function name, or the '.' of a method).
+    Expr e = call;
+    e.pos = call.kids[0]->pos;
     const Value callee = Eval(*e.kids[0]);
     if (callee.is(Kind::kUndefined)) FailUndefined(callee, e.pos);
     if (!callee.is(Kind::kFunc)) {
