@@ -87,8 +87,8 @@ std::string Encode(std::u32string_view s) {
 
 bool IsPySpace(char32_t c) {
   return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202f || c == 0x205f || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
+         c == 0x205f || c == 0x3000;
 }
 
 // Length in bytes of the Python-whitespace code point starting at s[i], or 0.
@@ -120,7 +120,18 @@ struct Value;
 using List = std::vector<Value>;
 struct Dict;
 
-enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kFunc };
+enum class Kind {
+  kUndefined,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kList,
+  kDict,
+  kNamespace,
+  kFunc
+};
 
 struct Value {
   Kind kind = Kind::kUndefined;
@@ -129,8 +140,8 @@ struct Value {
   double f = 0;
   std::string s;  // kString; kFunc: the function or method name; kUndefined: the missing name
   std::shared_ptr<List> list;
-  std::shared_ptr<Dict> dict;     // kDict, kNamespace (shared and mutable for ns.attr = ...)
-  std::shared_ptr<Value> self;    // kFunc bound method: the receiver
+  std::shared_ptr<Dict> dict;   // kDict, kNamespace (shared and mutable for ns.attr = ...)
+  std::shared_ptr<Value> self;  // kFunc bound method: the receiver
 
   static Value Undefined(std::string name = "") {
     Value v;
@@ -176,7 +187,9 @@ struct Value {
     return v;
   }
   bool is(Kind k) const { return kind == k; }
-  bool is_number() const { return kind == Kind::kBool || kind == Kind::kInt || kind == Kind::kFloat; }
+  bool is_number() const {
+    return kind == Kind::kBool || kind == Kind::kInt || kind == Kind::kFloat;
+  }
   bool is_integral() const { return kind == Kind::kBool || kind == Kind::kInt; }
   int64_t as_int() const { return kind == Kind::kBool ? (b ? 1 : 0) : i; }
   double as_double() const { return kind == Kind::kFloat ? f : static_cast<double>(as_int()); }
@@ -462,7 +475,8 @@ void JsonString(std::string& out, const std::string& s, bool ensure_ascii) {
         if (c < 0x20 || (ensure_ascii && c >= 0x7f)) {
           if (c >= 0x10000) {
             const char32_t u = c - 0x10000;
-            std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x", static_cast<unsigned>(0xd800 + (u >> 10)),
+            std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x",
+                          static_cast<unsigned>(0xd800 + (u >> 10)),
                           static_cast<unsigned>(0xdc00 + (u & 0x3ff)));
           } else {
             std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
@@ -543,7 +557,8 @@ void Json(std::string& out, const Value& v, const JsonOptions& o, int depth, Pos
       return;
     }
     default:
-      Fail(pos, absl::StrCat("tojson: object of type '", TypeName(v), "' is not JSON serializable"));
+      Fail(pos,
+           absl::StrCat("tojson: object of type '", TypeName(v), "' is not JSON serializable"));
   }
 }
 
@@ -723,7 +738,8 @@ class Lexer {
     const char c = s[pos];
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t end = pos;
-      while (end < s.size() && (std::isalnum(static_cast<unsigned char>(s[end])) || s[end] == '_')) {
+      while (end < s.size() &&
+             (std::isalnum(static_cast<unsigned char>(s[end])) || s[end] == '_')) {
         ++end;
       }
       Token t{Tok::kName, std::string(s.substr(pos, end - pos)), at};
@@ -741,7 +757,8 @@ class Lexer {
       };
       digits();
       bool is_float = false;
-      if (end + 1 < s.size() && s[end] == '.' && std::isdigit(static_cast<unsigned char>(s[end + 1]))) {
+      if (end + 1 < s.size() && s[end] == '.' &&
+          std::isdigit(static_cast<unsigned char>(s[end + 1]))) {
         ++end;
         digits();
         is_float = true;
@@ -876,8 +893,8 @@ struct Expr {
     kDict,  // kids: key, value, key, value, ...
     kGetAttr,
     kGetItem,
-    kSlice,  // kids: object, start, stop, step (null when absent)
-    kCall,   // kids[0]: callee; args: positional; kwargs
+    kSlice,   // kids: object, start, stop, step (null when absent)
+    kCall,    // kids[0]: callee; args: positional; kwargs
     kFilter,  // kids[0]: object (null inside a filter block); name; args; kwargs
     kTest,    // kids[0]: object; name; args; negated
     kNeg,
@@ -938,20 +955,20 @@ namespace {
 
 const std::set<std::string, std::less<>>& KnownFilters() {
   static const auto* f = new std::set<std::string, std::less<>>{
-      "trim",    "length", "count",      "tojson",     "string", "first",  "last",
-      "items",   "join",   "reject",     "select",     "rejectattr", "selectattr", "map",
-      "list",    "default", "d",         "replace",    "lower",  "upper",  "safe",
-      "int",     "abs",    "unique",     "capitalize", "title",  "float",  "dictsort"};
+      "trim",  "length",  "count",  "tojson",     "string",     "first",      "last",
+      "items", "join",    "reject", "select",     "rejectattr", "selectattr", "map",
+      "list",  "default", "d",      "replace",    "lower",      "upper",      "safe",
+      "int",   "abs",     "unique", "capitalize", "title",      "float",      "dictsort"};
   return *f;
 }
 
 const std::set<std::string, std::less<>>& KnownTests() {
   static const auto* t = new std::set<std::string, std::less<>>{
-      "defined", "undefined", "none",     "boolean", "false",    "true",  "integer",
-      "float",   "number",    "string",   "mapping", "iterable", "sequence", "callable",
-      "equalto", "eq",        "==",       "ne",      "!=",       "lt",    "<",
-      "le",      "<=",        "gt",       ">",       "ge",       ">=",    "in",
-      "even",    "odd",       "divisibleby", "sameas", "lower",  "upper"};
+      "defined", "undefined", "none",        "boolean", "false",    "true",     "integer",
+      "float",   "number",    "string",      "mapping", "iterable", "sequence", "callable",
+      "equalto", "eq",        "==",          "ne",      "!=",       "lt",       "<",
+      "le",      "<=",        "gt",          ">",       "ge",       ">=",       "in",
+      "even",    "odd",       "divisibleby", "sameas",  "lower",    "upper"};
   return *t;
 }
 
@@ -1147,7 +1164,8 @@ class Parser {
   bool IsOp(std::string_view op) const { return Cur().type == Tok::kOp && Cur().text == op; }
   bool IsName(std::string_view n) const { return Cur().type == Tok::kName && Cur().text == n; }
   void ExpectOp(std::string_view op) {
-    if (!IsOp(op)) Fail(Cur().pos, absl::StrCat("expected '", std::string(op), "', got '", Cur().text, "'"));
+    if (!IsOp(op))
+      Fail(Cur().pos, absl::StrCat("expected '", std::string(op), "', got '", Cur().text, "'"));
     Next();
   }
   std::string ExpectName() {
@@ -1510,8 +1528,8 @@ class Parser {
         }
         n->pos = Cur().pos;
         if (Cur().type == Tok::kOp &&
-            (Cur().text == "==" || Cur().text == "!=" || Cur().text == "<" ||
-             Cur().text == ">" || Cur().text == "<=" || Cur().text == ">=")) {
+            (Cur().text == "==" || Cur().text == "!=" || Cur().text == "<" || Cur().text == ">" ||
+             Cur().text == "<=" || Cur().text == ">=")) {
           n->name = Next().text;
         } else {
           n->name = DottedName();
@@ -1652,8 +1670,7 @@ std::vector<std::string> PySplit(const std::string& s, const Value& sep, int64_t
   size_t k = 0;
   while (true) {
     const size_t f = s.find(sep.s, k);
-    if (f == std::string::npos ||
-        (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit)) {
+    if (f == std::string::npos || (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit)) {
       out.push_back(s.substr(k));
       break;
     }
@@ -1699,26 +1716,26 @@ bool IsAscii(const std::string& s) {
 const std::set<std::string, std::less<>>& StrMethods() {
   static const auto* m = new std::set<std::string, std::less<>>{
       // Every Python str method, so that an unsupported one is named when called.
-      "capitalize", "casefold",   "center",     "count",     "encode",       "endswith",
-      "expandtabs", "find",       "format",     "format_map", "index",       "isalnum",
-      "isalpha",    "isascii",    "isdecimal",  "isdigit",   "isidentifier", "islower",
-      "isnumeric",  "isprintable", "isspace",   "istitle",   "isupper",      "join",
-      "ljust",      "lower",      "lstrip",     "maketrans", "partition",    "removeprefix",
-      "removesuffix", "replace",  "rfind",      "rindex",    "rjust",        "rpartition",
-      "rsplit",     "rstrip",     "split",      "splitlines", "startswith",  "strip",
-      "swapcase",   "title",      "translate",  "upper",     "zfill"};
+      "capitalize",   "casefold",    "center",    "count",      "encode",       "endswith",
+      "expandtabs",   "find",        "format",    "format_map", "index",        "isalnum",
+      "isalpha",      "isascii",     "isdecimal", "isdigit",    "isidentifier", "islower",
+      "isnumeric",    "isprintable", "isspace",   "istitle",    "isupper",      "join",
+      "ljust",        "lower",       "lstrip",    "maketrans",  "partition",    "removeprefix",
+      "removesuffix", "replace",     "rfind",     "rindex",     "rjust",        "rpartition",
+      "rsplit",       "rstrip",      "split",     "splitlines", "startswith",   "strip",
+      "swapcase",     "title",       "translate", "upper",      "zfill"};
   return *m;
 }
 const std::set<std::string, std::less<>>& DictMethods() {
   static const auto* m = new std::set<std::string, std::less<>>{
-      "items", "keys", "values", "get", "pop", "update", "copy", "clear", "setdefault",
-      "popitem", "fromkeys"};
+      "items", "keys",  "values",     "get",     "pop",     "update",
+      "copy",  "clear", "setdefault", "popitem", "fromkeys"};
   return *m;
 }
 const std::set<std::string, std::less<>>& ListMethods() {
   static const auto* m = new std::set<std::string, std::less<>>{
-      "append", "extend", "insert", "pop", "remove", "index", "count", "sort", "reverse",
-      "copy", "clear"};
+      "append", "extend", "insert",  "pop",  "remove", "index",
+      "count",  "sort",   "reverse", "copy", "clear"};
   return *m;
 }
 
@@ -1791,8 +1808,8 @@ class Evaluator {
       case Stmt::kSetNsAttr: {
         const Value ns = Lookup(st.names[0]);
         if (!ns.is(Kind::kNamespace)) {
-          Fail(st.pos, absl::StrCat("cannot assign attribute '", st.names[1], "' on '",
-                                    st.names[0], "' (", TypeName(ns), "): not a namespace"));
+          Fail(st.pos, absl::StrCat("cannot assign attribute '", st.names[1], "' on '", st.names[0],
+                                    "' (", TypeName(ns), "): not a namespace"));
         }
         ns.dict->set(st.names[1], Eval(*st.expr));
         return Flow::kNormal;
@@ -1815,8 +1832,8 @@ class Evaluator {
     }
     const std::vector<Value> items = Iterate(v, pos);
     if (items.size() != names.size()) {
-      Fail(pos, absl::StrCat("cannot unpack ", items.size(), " values into ", names.size(),
-                             " names"));
+      Fail(pos,
+           absl::StrCat("cannot unpack ", items.size(), " values into ", names.size(), " names"));
     }
     for (size_t k = 0; k < names.size(); ++k) frame[names[k]] = items[k];
   }
@@ -2036,8 +2053,8 @@ class Evaluator {
     switch (container.kind) {
       case Kind::kString:
         if (!item.is(Kind::kString)) {
-          Fail(pos, absl::StrCat("'in <string>' requires string as left operand, not ",
-                                 TypeName(item)));
+          Fail(pos,
+               absl::StrCat("'in <string>' requires string as left operand, not ", TypeName(item)));
         }
         return container.s.find(item.s) != std::string::npos;
       case Kind::kList:
@@ -2092,8 +2109,8 @@ class Evaluator {
         return Value::MakeList(std::move(items));
       }
     }
-    if (op == "*" && (a.is(Kind::kString) || a.is(Kind::kList) || b.is(Kind::kString) ||
-                      b.is(Kind::kList))) {
+    if (op == "*" &&
+        (a.is(Kind::kString) || a.is(Kind::kList) || b.is(Kind::kString) || b.is(Kind::kList))) {
       const Value& seq = a.is_integral() ? b : a;
       const Value& times = a.is_integral() ? a : b;
       if (!times.is_integral() || !(seq.is(Kind::kString) || seq.is(Kind::kList))) unsupported();
@@ -2165,8 +2182,8 @@ class Evaluator {
   std::vector<Value> Bind(const Args& a, const std::vector<std::string>& params,
                           const std::string& fn, Pos pos) {
     if (a.pos.size() > params.size()) {
-      Fail(pos, absl::StrCat(fn, "() takes at most ", params.size(), " arguments (",
-                             a.pos.size(), " given)"));
+      Fail(pos, absl::StrCat(fn, "() takes at most ", params.size(), " arguments (", a.pos.size(),
+                             " given)"));
     }
     std::vector<Value> out(params.size());
     for (size_t k = 0; k < a.pos.size(); ++k) out[k] = a.pos[k];
@@ -2223,7 +2240,8 @@ class Evaluator {
       if (fn == "namespace") d.kind = Kind::kNamespace;
       if (a.pos.size() > 1) Fail(e.pos, absl::StrCat(fn, "() takes at most 1 positional argument"));
       if (a.pos.size() == 1) {
-        if (!a.pos[0].is(Kind::kDict)) Fail(e.pos, absl::StrCat(fn, "() positional must be a dict"));
+        if (!a.pos[0].is(Kind::kDict))
+          Fail(e.pos, absl::StrCat(fn, "() positional must be a dict"));
         d.dict->items = a.pos[0].dict->items;
       }
       for (const auto& [k, v] : a.kw) d.dict->set(k, v);
@@ -2267,9 +2285,9 @@ class Evaluator {
           options.push_back(ExpectStr(p[0], fn + " argument", pos));
         }
         for (const std::string& o : options) {
-          if (fn == "startswith" ? s.compare(0, o.size(), o) == 0 && s.size() >= o.size()
-                                 : s.size() >= o.size() &&
-                                       s.compare(s.size() - o.size(), o.size(), o) == 0) {
+          if (fn == "startswith"
+                  ? s.compare(0, o.size(), o) == 0 && s.size() >= o.size()
+                  : s.size() >= o.size() && s.compare(s.size() - o.size(), o.size(), o) == 0) {
             return Value::Bool(true);
           }
         }
@@ -2344,8 +2362,7 @@ class Evaluator {
   }
 
   // Applies test `name` to `v` with extra args (for select/reject and `is`).
-  bool ApplyTest(const std::string& name, const Value& v, const std::vector<Value>& args,
-                 Pos pos) {
+  bool ApplyTest(const std::string& name, const Value& v, const std::vector<Value>& args, Pos pos) {
     auto arg0 = [&]() -> const Value& {
       if (args.empty()) Fail(pos, absl::StrCat("test '", name, "' needs an argument"));
       return args[0];

