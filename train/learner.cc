@@ -328,6 +328,16 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
   }
   ++version_;
   calibration_ = batch.tokens;
+  r.logprobs.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    GrpoResult::SequenceLogprobs& out = r.logprobs[static_cast<size_t>(b)];
+    for (int64_t t = 0; t < L; ++t) {
+      const size_t i = static_cast<size_t>(b * L + t);
+      if (batch.mask[i] == 0) continue;
+      out.gen.push_back(batch.gen_logprobs[i]);
+      out.prev.push_back(prev[i]);
+    }
+  }
   r.updates = updates;
   r.tokens = batch.valid_tokens;
   r.clip_fraction =

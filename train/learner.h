@@ -70,6 +70,13 @@ struct GrpoResult {
   int64_t updates = 0;           // optimizer steps taken
   rl::MismatchMetrics mismatch;  // generation vs prev logprobs
   double logprob_seconds = 0, forward_backward_seconds = 0, optimizer_seconds = 0;
+  // Per request sequence, the logprobs of its loss tokens (the response tokens in the loss, in
+  // order): gen as sent, prev as the learner computed them before the update. What the mismatch
+  // metrics are computed from, so they can be recomputed from a log of these.
+  struct SequenceLogprobs {
+    std::vector<float> gen, prev;
+  };
+  std::vector<SequenceLogprobs> logprobs;
 };
 
 struct SftRequest {

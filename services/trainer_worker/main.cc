@@ -68,6 +68,7 @@ int run(const std::vector<std::string>& args) {
   options.worker_id = config->name;
   options.default_weight_sync_address = config->weight_sync;
   options.data_dir = config->service.data_dir;
+  options.logprob_log_dir = config->logprob_log_dir;
   trainer::Trainer trainer(options, publisher.get(), metrics->get());
   trainer::TrainerServiceImpl service_impl(&trainer);
 

@@ -8,6 +8,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/fs.h"
+#include "common/service/log.h"
+#include "nlohmann/json.hpp"
 #include "proto/precision_proto.h"
 #include "train/checkpoint.h"
 
@@ -209,6 +212,10 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
   absl::StatusOr<train::GrpoResult> result = learner_->grpo_update(*r, &stopping_);
   update_status();
   if (!result.ok()) return result.status();
+  if (absl::Status s = write_logprob_log(request.job_id(), request.step(), *result); !s.ok()) {
+    // The update is applied; a log that cannot be written must not fail the step.
+    service::log_warn("trainer", "logprob log not written", {{"error", std::string(s.message())}});
+  }
 
   v1::TrainStepResponse response;
   response.set_loss(result->loss);
@@ -373,6 +380,31 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
   response.set_version(learner_->version());
   response.set_optimizer_restored(loaded->optimizer_restored);
   return response;
+}
+
+// One JSON line per sequence of the step, in request order:
+//   {"sequence": i, "gen": [...], "prev": [...]}
+// over the sequence's loss tokens; the first line is {"job": id, "step": N, "version": v}
+// (v = the policy version after the update). Written atomically, so a reader never sees half.
+absl::Status Trainer::write_logprob_log(const std::string& job_id, int64_t step,
+                                        const train::GrpoResult& result) const {
+  if (options_.logprob_log_dir.empty()) return absl::OkStatus();
+  const std::filesystem::path dir =
+      std::filesystem::path(resolve_path(options_.logprob_log_dir)) / job_id;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+  std::string out = nlohmann::json{{"job", job_id}, {"step", step}, {"version", learner_->version()}}
+                        .dump();
+  out += '\n';
+  for (size_t i = 0; i < result.logprobs.size(); ++i) {
+    out += nlohmann::json{{"sequence", i},
+                          {"gen", result.logprobs[i].gen},
+                          {"prev", result.logprobs[i].prev}}
+               .dump();
+    out += '\n';
+  }
+  return write_file_atomic((dir / absl::StrCat("step-", step, ".jsonl")).string(), out);
 }
 
 std::string Trainer::resolve_path(const std::string& path) const {

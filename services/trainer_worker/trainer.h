@@ -40,6 +40,9 @@ struct TrainerOptions {
   std::string default_weight_sync_address = "localhost:50052";
   // Relative SaveCheckpoint / LoadCheckpoint paths are taken relative to this folder.
   std::string data_dir = ".";
+  // When set (relative: under data_dir), every TrainStep writes the per-token logprobs its
+  // mismatch metrics come from to <dir>/<job id>/step-<N>.jsonl (see write_logprob_log).
+  std::string logprob_log_dir;
 };
 
 class Trainer {
@@ -80,6 +83,8 @@ class Trainer {
   absl::StatusOr<train::GrpoRequest> grpo_request(const v1::TrainStepRequest& request) const;
   void update_status();
   std::string resolve_path(const std::string& path) const;
+  absl::Status write_logprob_log(const std::string& job_id, int64_t step,
+                                 const train::GrpoResult& result) const;
 
   const TrainerOptions options_;
   WeightPublisher* publisher_;

@@ -18,6 +18,8 @@ service::ServiceOptions default_trainer_service_options() {
       {"metrics_port", absl::StrCat(kDefaultMetricsPort)},
       {"weight_sync", kDefaultWeightSync},
       {"name", "trainer"},
+      // Per-token logprob log of every TrainStep (relative: under --data-dir); empty = off.
+      {"logprob_log_dir", ""},
   };
   return o;
 }
@@ -38,6 +40,7 @@ absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string
     return absl::InvalidArgumentError("--weight-sync: must be a host:port");
   }
   config.name = service::extra_string(config.service, "name");
+  config.logprob_log_dir = service::extra_string(config.service, "logprob_log_dir");
   if (config.service.data_dir.empty()) {
     return absl::InvalidArgumentError("--data-dir: must not be empty");
   }

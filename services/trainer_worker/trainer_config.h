@@ -21,6 +21,7 @@ struct TrainerConfig {
   int metrics_port = kDefaultMetricsPort;        // HTTP port of /metrics and /healthz
   std::string weight_sync = kDefaultWeightSync;  // default Publish target
   std::string name = "trainer";                  // name registered with the coordinator
+  std::string logprob_log_dir;                   // --logprob-log-dir (empty: no log)
 };
 
 // Defaults of every flag (gRPC 50053, metrics 9403, coordinator localhost:50051).

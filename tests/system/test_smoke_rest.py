@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """System test: `fp8rl up` on free ports, the smoke job over REST (POST /v1/jobs, poll, metrics
-with row 0 + one row per step), bad requests answered 400 naming the field while the service
-keeps serving, unknown job 404, the gRPC CLI commands (list/status/watch/cancel/submit) against
-the same coordinator, then a clean SIGTERM shutdown with no child left."""
+with row 0 + one row per step, the mismatch metrics recomputed from the trainer's logprob log),
+bad requests answered 400 naming the field while the service keeps serving, unknown job 404, the
+gRPC CLI commands (list/status/watch/cancel/submit) against the same coordinator, then a clean
+SIGTERM shutdown with no child left."""
 
 import copy
 import json
 import os
 import re
+import subprocess
+import sys
 
 import system_util as su
 
@@ -116,6 +119,16 @@ def body(clusters):
                     "time_train_seconds"):
             su.check(key in r["metrics"], f"row {r['step']} lacks {key}")
     su.log(f"  metrics rows: {len(rows)}; row {steps}: " + json.dumps(rows[-1]["metrics"])[:300])
+    # The mismatch metrics of every step, recomputed from the trainer's per-token logprob log by
+    # an independent implementation of their definitions.
+    recompute = subprocess.run(
+        [sys.executable, os.path.join(su.SOURCE_DIR, "scripts", "recompute_mismatch.py"),
+         "--log-dir", os.path.join(cluster.data_dir, "trainer", "logprobs"), "--job", job_id,
+         "--coordinator", cluster.rest], capture_output=True, text=True, timeout=60)
+    su.check(recompute.returncode == 0,
+             f"recompute_mismatch failed ({recompute.returncode}): {recompute.stdout[-800:]} "
+             f"{recompute.stderr[-800:]}")
+    su.log("  " + recompute.stdout.strip().splitlines()[-1])
     status, listing = su.http("GET", f"{cluster.rest}/v1/jobs")
     su.check(status == 200 and job_id in json.dumps(listing), f"GET /v1/jobs: {status}")
 

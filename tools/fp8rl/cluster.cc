@@ -223,6 +223,9 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   tr.args.push_back(port_flag("metrics-port", tr.http_port));
   tr.args.push_back("--coordinator=" + coordinator);
   tr.args.push_back("--weight-sync=" + weight_sync);
+  // The local cluster keeps the per-token logprobs of every step (<data dir>/trainer/logprobs/),
+  // so a job's mismatch metrics can be recomputed (scripts/recompute_mismatch.py).
+  tr.args.push_back("--logprob-log-dir=logprobs");
   tr.log_path = log_path(tr.name);
   out.push_back(tr);
 

