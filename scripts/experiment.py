@@ -192,29 +192,23 @@ def plot(runs, out_dir):
         ax.plot(steps, means, label=f"{setup} (n={len(series)})", color=colors[setup])
         ax.fill_between(steps, lo, hi, alpha=0.15, color=colors[setup])
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for setup in SETUPS:
-        band(ax, "val_accuracy", setup)
-    ax.set_xlabel("GRPO step (0 = after SFT)")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title("Held-out accuracy: mean over seeds, band = min..max")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "accuracy.png"), dpi=110)
-    plt.close(fig)
+    def chart(key, xlabel, ylabel, title, name):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for setup in SETUPS:
+            band(ax, key, setup)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for setup in SETUPS:
-        band(ax, "token_mult_prob_error", setup)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("token_mult_prob_error = mean(exp(|gen - prev|))")
-    ax.set_title("Sampler/learner mismatch per step")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "mismatch.png"), dpi=110)
-    plt.close(fig)
+    chart("val_accuracy", "GRPO step (0 = after SFT)", "held-out accuracy",
+          "Held-out accuracy: mean over seeds, band = min..max", "accuracy.png")
+    chart("token_mult_prob_error", "GRPO step", "token_mult_prob_error = mean(exp(|gen - prev|))",
+          "Sampler/learner mismatch per step", "mismatch.png")
 
 
 def main():

@@ -29,8 +29,8 @@
 
 namespace fp8rl::train {
 
-// KV-cache calibration (docs/design.md "The FP8 recipe"): percentile 99.9 of the per-forward amax of
-// each layer's K and V, x 1.05 margin, / 448 (E4M3 max).
+// KV-cache calibration (docs/design.md "The FP8 recipe"): percentile 99.9 of the per-forward amax
+// of each layer's K and V, x 1.05 margin, / 448 (E4M3 max).
 inline constexpr double kKvCalibrationPercentile = 99.9;
 inline constexpr double kKvCalibrationMargin = 1.05;
 // Calibration runs one forward per this many sequences, so the percentile has many samples.

@@ -20,7 +20,8 @@ namespace fp8rl::coordinator {
 inline constexpr std::array<std::string_view, 8> kRlPhases = {
     "sft", "validate", "generate", "score", "train", "publish", "sync", "checkpoint"};
 
-// The mismatch metrics (docs/design.md "Mismatch metrics") the coordinator re-exports as fp8rl_rl_<name>.
+// The mismatch metrics (docs/design.md "Mismatch metrics") the coordinator re-exports as
+// fp8rl_rl_<name>.
 inline constexpr std::array<std::string_view, 6> kRlMismatchMetrics = {
     "token_mult_prob_error", "gen_kl_error",    "sampling_importance_ratio",
     "is_oob_ratio",          "probs_ratio_min", "probs_ratio_max"};

@@ -29,8 +29,8 @@ class GrpcCluster final : public Cluster {
 
   WorkerRegistry* registry_;
   std::chrono::milliseconds rpc_timeout_;
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+  std::mutex mu_;  // guards channels_ (held only to look up or insert a channel)
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_; by address
 };
 
 }  // namespace fp8rl::coordinator

@@ -393,15 +393,16 @@ absl::Status Trainer::write_logprob_log(const std::string& job_id, int64_t step,
       std::filesystem::path(resolve_path(options_.logprob_log_dir)) / job_id;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
-  std::string out = nlohmann::json{{"job", job_id}, {"step", step}, {"version", learner_->version()}}
-                        .dump();
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+  std::string out =
+      nlohmann::json{{"job", job_id}, {"step", step}, {"version", learner_->version()}}.dump();
   out += '\n';
   for (size_t i = 0; i < result.logprobs.size(); ++i) {
-    out += nlohmann::json{{"sequence", i},
-                          {"gen", result.logprobs[i].gen},
-                          {"prev", result.logprobs[i].prev}}
-               .dump();
+    out +=
+        nlohmann::json{
+            {"sequence", i}, {"gen", result.logprobs[i].gen}, {"prev", result.logprobs[i].prev}}
+            .dump();
     out += '\n';
   }
   return write_file_atomic((dir / absl::StrCat("step-", step, ".jsonl")).string(), out);

