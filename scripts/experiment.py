@@ -48,8 +48,11 @@ def http(method, url, body=None, timeout=30):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read().decode() or "null")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read().decode() or "null")
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"experiment: {method} {url}: HTTP {e.code} {e.read().decode()[:300]}")
 
 
 def job_config(base, setup, seed, steps, out_dir):
@@ -225,7 +228,16 @@ def main():
                     help="also copy table.md and the plots into this folder (e.g. docs/results)")
     args = ap.parse_args()
 
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"experiment: --seeds: expected comma-separated integers, got '{args.seeds}'")
+    if not seeds:
+        raise SystemExit("experiment: --seeds: no seed given")
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit(f"experiment: --steps: must be >= 1, got {args.steps}")
+    if not os.path.isfile(args.config):
+        raise SystemExit(f"experiment: --config: no such file '{args.config}'")
     steps = args.steps
     if args.quick:
         seeds = seeds[:1]

@@ -389,6 +389,11 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
 absl::Status Trainer::write_logprob_log(const std::string& job_id, int64_t step,
                                         const train::GrpoResult& result) const {
   if (options_.logprob_log_dir.empty()) return absl::OkStatus();
+  // The job id names a folder: refuse anything that would leave the log folder.
+  if (job_id.empty() || job_id == "." || job_id == ".." ||
+      job_id.find_first_of("/\\") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("job id '", job_id, "' is not a folder name"));
+  }
   const std::filesystem::path dir =
       std::filesystem::path(resolve_path(options_.logprob_log_dir)) / job_id;
   std::error_code ec;
