@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/service/log.h"
+#include "rl/model_checkpoint.h"
 #include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
@@ -40,6 +41,12 @@ absl::StatusOr<JobRecord> JobManager::submit_text(std::string_view config_text) 
 
 absl::StatusOr<JobRecord> JobManager::submit(const rl::JobConfig& config) {
   if (absl::Status s = rl::validate_job_config(config); !s.ok()) return s;
+  if (!config.model.checkpoint.empty()) {
+    // The folder is read here, where it is cheap to refuse (small files only).
+    absl::StatusOr<rl::ModelCheckpointInfo> ckpt =
+        rl::check_model_checkpoint(config.model.checkpoint);
+    if (!ckpt.ok()) return ckpt.status();
+  }
   absl::StatusOr<JobRecord> job =
       store_->create_job(rl::job_config_to_json(config).dump(), config.algorithm.steps);
   if (!job.ok()) return job.status();

@@ -23,11 +23,14 @@ def bad_requests(cluster, good):
     unknown["algorithm"]["bogus_knob"] = 1
     out_of_range = copy.deepcopy(good)
     out_of_range["algorithm"]["samples_per_prompt"] = 1
+    bad_checkpoint = copy.deepcopy(good)
+    bad_checkpoint["model"] = {"checkpoint": "/nonexistent/fp8rl-model"}
     cases = [
         ("malformed JSON", b'{"name": "x", "model": ', None),
         ("unknown field", unknown, "algorithm.bogus_knob"),
         ("wrong type", wrong_type, "algorithm.steps"),
         ("out of range", out_of_range, "algorithm.samples_per_prompt"),
+        ("missing checkpoint folder", bad_checkpoint, "model.checkpoint"),
         ("oversized body", b'{"name": "' + b"x" * (2 << 20) + b'"}', "body"),
         ("not an object", b"[1, 2]", "body"),
     ]
@@ -81,6 +84,28 @@ def cli_commands(cluster, job_id, tmp):
     su.check(rc == 0 and new_id in out, f"fp8rl cancel: {rc} {out} {err}")
     job = su.wait_job(cluster, new_id, timeout=90)
     su.check(job["state"] == "CANCELLED", f"cancelled job ended {job['state']}: {job}")
+    # The job's newest checkpoint (step 3) exported as a Hugging Face folder, read back with the
+    # independent reader: every tensor the BF16 rounding of the trainer's F32 checkpoint.
+    sys.path.insert(0, os.path.join(su.SOURCE_DIR, "tests", "reference"))
+    import safetensors_reader as st
+    export_dir = os.path.join(tmp, "export-hf")
+    rc, out, err = su.run_cli(["export", "--job", job_id, "--out", export_dir, "--format", "hf"]
+                              + coord)
+    su.check(rc == 0 and "step-3" in out, f"fp8rl export --job: {rc} {out} {err}")
+    if rc == 0:
+        source = os.path.join(tmp, "checkpoints", job_id, "step-3")
+        src, _, _ = st.read_checkpoint(source)
+        got, _, _ = st.read_checkpoint(export_dir)
+        su.check(set(got) == {n for n in src if not n.endswith(("k_scale", "v_scale"))},
+                 f"export --job: tensors {sorted(set(got) ^ set(src))}")
+        for name, (dtype, shape, raw) in got.items():
+            want = st.round_bf16(st.decode(*src[name]))
+            su.check(dtype == "BF16" and (st.decode(dtype, shape, raw) == want).all(),
+                     f"export --job: {name} is not the BF16 rounding of the checkpoint")
+    rc, out, err = su.run_cli(["export", "--job", "job-nope", "--out", export_dir + "-2",
+                               "--format", "hf"] + coord)
+    su.check(rc == 1 and err.count("\n") == 1 and "job-nope" in err and
+             not os.path.exists(export_dir + "-2"), f"fp8rl export unknown job: {rc} {err!r}")
     # Unreachable coordinator: one line, non-zero.
     closed = f"127.0.0.1:{su.free_port_offset(1) + 50051}"
     rc, out, err = su.run_cli(["list", "--coordinator", closed, "--connect-timeout", "1"])

@@ -31,6 +31,10 @@ const std::vector<Command> kCommands = {
      "[--pow2-scales] [--no-kv-fake-quant]",
      score_main},
     {"tokenize", "tokenize --tokenizer DIR --in FILE --out FILE", tokenize_main},
+    {"export",
+     "export (--checkpoint DIR | --job ID [--coordinator HOST:PORT]) --out DIR --format hf|fp8 "
+     "[--max-shard-bytes N] [--tokenizer DIR]",
+     export_main},
 #if FP8RL_HAVE_SERVICES
     {"up",
      "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "

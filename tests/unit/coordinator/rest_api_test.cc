@@ -86,6 +86,15 @@ TEST_F(RestApiTest, BadBodiesAnswer400NamingTheField) {
   EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
 }
 
+// model.checkpoint is read at submission: a folder that cannot work is a 400 naming the field.
+TEST_F(RestApiTest, BadCheckpointFolderAnswers400) {
+  std::string missing = kValidJob;
+  const std::string init = R"({"init": {"config": {"hidden_size": 64}, "seed": 3}})";
+  missing.replace(missing.find(init), init.size(), R"({"checkpoint": "/nonexistent/fp8rl/model"})");
+  expect_400(missing, "model.checkpoint: /nonexistent/fp8rl/model does not exist");
+  EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
+}
+
 TEST_F(RestApiTest, SubmitGetListCancelMetrics) {
   auto [status, created] = post("/v1/jobs", kValidJob);
   ASSERT_EQ(status, 201) << created;
