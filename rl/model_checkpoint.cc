@@ -18,7 +18,7 @@ namespace {
 namespace stdfs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
-absl::Status bad(std::string_view message) {
+absl::Status bad(absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("model.checkpoint: ", message));
 }
 

@@ -60,6 +60,7 @@ absl::StatusOr<ExportOptions> parse_options(const std::vector<std::string>& argv
   absl::StatusOr<std::string> out = args->required("out");
   if (!out.ok()) return out.status();
   o.out = *out;
+  while (o.out.size() > 1 && o.out.back() == '/') o.out.pop_back();  // "out/" names "out"
   if (o.out.empty()) return absl::InvalidArgumentError("--out: empty path");
   absl::StatusOr<std::string> format = args->required("format");
   if (!format.ok()) return format.status();

@@ -153,7 +153,7 @@ def good_cases(tmp, rng):
     f32 = os.path.join(tmp, "src_f32")
     tensors, _ = cq.make_model(f32, rng, dtype="F32", **shape)
     out = os.path.join(tmp, "f32_hf")
-    r = run(["--checkpoint", f32, "--out", out, "--format", "hf"])
+    r = run(["--checkpoint", f32, "--out", out + "/", "--format", "hf"])  # "out/" names "out"
     if check(r.returncode == 0, f"f32 hf: exit {r.returncode}: {r.stderr.strip()}"):
         check_hf("F32 -> hf (one file)", f32, source_values(tensors), out, 1)
     # The hf export is itself a checkpoint fp8rl reads: exporting it again changes nothing.
