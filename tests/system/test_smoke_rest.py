@@ -92,6 +92,7 @@ def cli_commands(cluster, job_id, tmp):
     rc, out, err = su.run_cli(["export", "--job", job_id, "--out", export_dir, "--format", "hf"]
                               + coord)
     su.check(rc == 0 and "step-3" in out, f"fp8rl export --job: {rc} {out} {err}")
+    su.log("  " + out.strip())
     if rc == 0:
         source = os.path.join(tmp, "checkpoints", job_id, "step-3")
         src, _, _ = st.read_checkpoint(source)
