@@ -103,6 +103,22 @@ def cli_commands(cluster, job_id, tmp):
             want = st.round_bf16(st.decode(*src[name]))
             su.check(dtype == "BF16" and (st.decode(dtype, shape, raw) == want).all(),
                      f"export --job: {name} is not the BF16 rounding of the checkpoint")
+        # A job starts from the export (sharded BF16 this time, no tokenizer files: the byte
+        # tokenizer) and runs to the end.
+        sharded = os.path.join(tmp, "export-hf-sharded")
+        rc, out, err = su.run_cli(["export", "--checkpoint", export_dir, "--out", sharded,
+                                   "--format", "hf", "--max-shard-bytes", "200000"])
+        su.check(rc == 0 and os.path.exists(os.path.join(sharded, "model.safetensors.index.json")),
+                 f"fp8rl export sharded: {rc} {out} {err}")
+        again = su.smoke_config(tmp, steps=1)
+        again["model"] = {"checkpoint": sharded}
+        again.pop("sft", None)
+        status, reply = su.http("POST", f"{cluster.rest}/v1/jobs", again)
+        su.check(status == 201, f"POST job from the export: {status} {reply}")
+        if status == 201:
+            job = su.wait_job(cluster, reply["id"], timeout=90)
+            su.check(job["state"] == "SUCCEEDED",
+                     f"job from the export ended {job['state']}: {job.get('error')}")
     rc, out, err = su.run_cli(["export", "--job", "job-nope", "--out", export_dir + "-2",
                                "--format", "hf"] + coord)
     su.check(rc == 1 and err.count("\n") == 1 and "job-nope" in err and
