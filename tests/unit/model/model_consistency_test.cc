@@ -191,6 +191,22 @@ TEST(Sampling, StopTokensGreedyAndBadParams) {
   ASSERT_TRUE(s.ok());
   EXPECT_EQ((*s)[0].tokens.size(), 1u);
   EXPECT_EQ((*s)[0].reason, FinishReason::kStop);
+  // Several stop ids (Llama 3 has three EOS ids): any of them ends the sequence. Stop at the
+  // first greedy token k > 0 that differs from the ones before it, listed last of three ids.
+  const std::vector<int32_t>& t = (*g)[0].tokens;
+  size_t k = 1;
+  while (k < t.size() && std::find(t.begin(), t.begin() + k, t[k]) != t.begin() + k) ++k;
+  ASSERT_LT(k, t.size()) << "greedy output repeats one token; pick another prompt";
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; ids.size() < 2; ++id) {
+    if (std::find(t.begin(), t.begin() + k + 1, id) == t.begin() + k + 1) ids.push_back(id);
+  }
+  ids.push_back(t[k]);
+  stop.stop_tokens = ids;
+  s = generate(model, {ps[0]}, stop);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)[0].tokens, std::vector<int32_t>(t.begin(), t.begin() + k + 1));
+  EXPECT_EQ((*s)[0].reason, FinishReason::kStop);
 
   Generator gen(model);
   EXPECT_FALSE(gen.add({}, greedy).ok());
