@@ -15,8 +15,9 @@ namespace fp8rl::rl {
 
 struct ModelCheckpointInfo {
   int64_t vocab_size = 0;  // config.json
-  // tokenizer.json is present: the job uses it and the folder's chat template (when
-  // tokenizer_config.json has one); otherwise the byte tokenizer (fp8rl's own checkpoints).
+  // tokenizer.json is present (a Hugging Face model's vocabulary); without it the job uses the
+  // byte tokenizer (fp8rl's own checkpoints). The coordinator refuses jobs on a folder with a
+  // tokenizer until the RL loop encodes prompts with it (docs/design.md).
   bool has_tokenizer = false;
   bool has_chat_template = false;
   int32_t tokenizer_vocab_size = 0;  // one past the largest token id (0 without a tokenizer)

@@ -1,11 +1,17 @@
 // Tests the coordinator REST API in-process on a free loopback port: bad bodies (malformed JSON,
 // unknown field, wrong type, out of range, oversized) answer 400 naming the field, unknown jobs
-// 404, and the server keeps serving valid requests afterwards.
+// 404, a model.checkpoint folder that cannot work answers 400 naming the field, and the server
+// keeps serving valid requests afterwards.
 #include "services/coordinator/rest_api.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/fs.h"
 #include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
@@ -92,6 +98,30 @@ TEST_F(RestApiTest, BadCheckpointFolderAnswers400) {
   const std::string init = R"({"init": {"config": {"hidden_size": 64}, "seed": 3}})";
   missing.replace(missing.find(init), init.size(), R"({"checkpoint": "/nonexistent/fp8rl/model"})");
   expect_400(missing, "model.checkpoint: /nonexistent/fp8rl/model does not exist");
+  // A good folder with a tokenizer: refused until the RL loop encodes with it (not byte ids).
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("fp8rl_rest_ckpt_", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"config.json", R"({"vocab_size": 300})"},
+      {"model.safetensors", "x"},
+      {"tokenizer_config.json", R"({"eos_token": "<e>"})"},
+      {"tokenizer.json",
+       R"({"version": "1.0", "truncation": null, "padding": null, "normalizer": null,
+           "added_tokens": [{"id": 2, "content": "<e>", "single_word": false, "lstrip": false,
+                             "rstrip": false, "normalized": false, "special": true}],
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
+           "post_processor": null, "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "dropout": null, "unk_token": null, "vocab": {"a": 0, "b": 1},
+                     "merges": [], "byte_fallback": false, "ignore_merges": false}})"}};
+  for (const auto& [name, text] : files) {
+    ASSERT_TRUE(write_file_atomic((dir / name).string(), text).ok()) << name;
+  }
+  std::string with_tokenizer = kValidJob;
+  with_tokenizer.replace(with_tokenizer.find(init), init.size(),
+                         absl::StrCat(R"({"checkpoint": ")", dir.string(), R"("})"));
+  expect_400(with_tokenizer, "has a tokenizer.json");
+  std::filesystem::remove_all(dir);
   EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
 }
 
