@@ -2,9 +2,7 @@
 #include "model/hf_export.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
