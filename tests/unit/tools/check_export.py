@@ -6,7 +6,9 @@ outliers; shapes that are not multiples of 128), runs the CLI, and reads the res
 tensor: hf must hold every parameter as the round-to-nearest-even BF16 of the source value, fp8
 every linear weight as the 128x128-block E4M3 codes and float32(amax)/448 scales of the recipe
 (oracle from check_quantize.py), the rest BF16, with a consistent index, config.json,
-generation_config.json and copied tokenizer files. Bad input must fail with one stderr line and a
+generation_config.json and copied tokenizer files; and the sharded hf export, read as a model by
+the float64 PyTorch decoder of tests/reference/llama_ref.py (when torch is installed), gives the
+logprobs `fp8rl score` computes from it. Bad input must fail with one stderr line and a
 non-zero exit, and leave nothing behind (no output, no temporary folder).
 """
 import json
@@ -134,6 +136,40 @@ def check_fp8(label, src_dir, src, out, layers, shards_expected):
     return codes_checked
 
 
+def check_oracle(label, out, rng, tmp):
+    """The exported folder as a model: the float64 PyTorch decoder of tests/reference/llama_ref.py
+    (Hugging Face equations, its own config.json reading) on the tensors read back by the
+    reference reader gives the logprobs `fp8rl score` computes from the same folder."""
+    try:
+        import torch
+        import llama_ref
+    except ImportError as e:
+        print(f"skip {label}: the PyTorch oracle needs torch ({e})")
+        return
+    tensors, _, _ = st.read_checkpoint(out)
+    params = {n: torch.from_numpy(st.decode(d, s, raw).astype(np.float64))
+              for n, (d, s, raw) in tensors.items()}
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    tokens = [int(t) for t in rng.integers(0, config["vocab_size"], 10)]
+    z = llama_ref.Llama(config, params).logits(tokens)
+    want = torch.log_softmax(z, dim=-1)[:-1].gather(1, torch.tensor(tokens[1:])[:, None])[:, 0]
+    req, res = os.path.join(tmp, f"{label}.in.jsonl"), os.path.join(tmp, f"{label}.out.jsonl")
+    with open(req, "w") as f:
+        f.write(json.dumps({"tokens": tokens}) + "\n")
+    r = subprocess.run([cq.fp8rl(), "score", "--model", out, "--precision", "fp32", "--in", req,
+                        "--out", res], capture_output=True, text=True, timeout=120)
+    if not check(r.returncode == 0, f"{label}: fp8rl score: {r.stderr.strip()}"):
+        return
+    with open(res) as f:
+        got = np.array(json.loads(f.readline())["logprobs"], dtype=np.float64)
+    # fp32 engine vs float64 oracle: relative to the largest |logprob| (as the golden test).
+    err = float(np.max(np.abs(got - want.numpy())))
+    scale = max(1.0, float(np.max(np.abs(want.numpy()))))
+    check(err <= 1e-5 * scale, f"{label}: logprobs differ from the oracle by {err} (scale {scale})")
+    print(f"ok {label}: fp8rl score matches the PyTorch oracle on the export (max |d| {err:.2e}, max |logprob| {scale:.1f})")
+
+
 def good_cases(tmp, rng):
     layers = 2
     shape = dict(layers=layers, hidden=160, inter=272, heads=4, kv_heads=2, vocab=96)
@@ -148,6 +184,7 @@ def good_cases(tmp, rng):
             continue
         if fmt == "hf":
             check_hf("sharded F16 -> hf", f16, src, out, 3)
+            check_oracle("oracle_f16_hf", out, rng, tmp)
         else:
             n = check_fp8("sharded F16 -> fp8", f16, src, out, layers, 3)
     f32 = os.path.join(tmp, "src_f32")
