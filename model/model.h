@@ -169,7 +169,7 @@ class Model {
   PrecisionPolicy policy_;
   ParamLayout layout_;
   bool inference_only_ = false;
-  std::vector<float> params_;  // empty when inference_only_
+  std::vector<float> params_;                         // empty when inference_only_
   std::vector<std::array<LinearWeight, 7>> linears_;  // q k v o gate up down
   LinearWeight embed_w_, head_w_;
   std::vector<float> rope_cos_, rope_sin_;

@@ -179,7 +179,8 @@ absl::Status Model::install_linear(const WeightView& view, const TensorView& t, 
     return absl::OkStatus();
   }
   return for_each_block(t, what, [&](const float* v, int64_t i0, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) w.exact[i0 + i] = static_cast<double>(kernels::round_bf16(v[i]));
+    for (int64_t i = 0; i < n; ++i)
+      w.exact[i0 + i] = static_cast<double>(kernels::round_bf16(v[i]));
     return absl::OkStatus();
   });
 }
@@ -198,9 +199,9 @@ absl::Status Model::install(const WeightView& view) {
       return absl::NotFoundError(absl::StrCat(what, ": missing tensor '", p.name, "'"));
     }
     if (t->shape != p.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": tensor '", p.name, "' has shape [", absl::StrJoin(t->shape, ","),
-          "], expected [", absl::StrJoin(p.shape, ","), "]"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": tensor '", p.name, "' has shape [",
+                                                     absl::StrJoin(t->shape, ","), "], expected [",
+                                                     absl::StrJoin(p.shape, ","), "]"));
     }
     if (t->dtype == DType::kF8E4M3 && p.kind != ParamKind::kLinear) {
       return absl::InvalidArgumentError(

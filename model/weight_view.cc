@@ -15,12 +15,11 @@ absl::Status WeightView::add(TensorView t) {
   }
   const int64_t want = numel * dtype_size(t.dtype);
   if (static_cast<int64_t>(t.bytes.size()) != want) {
-    return absl::InvalidArgumentError(absl::StrCat("weight view: ", t.name, ": ", t.bytes.size(),
-                                                   " bytes, expected ", want));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight view: ", t.name, ": ", t.bytes.size(), " bytes, expected ", want));
   }
   if (!index_.emplace(t.name, tensors_.size()).second) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weight view: duplicate tensor '", t.name, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("weight view: duplicate tensor '", t.name, "'"));
   }
   tensors_.push_back(std::move(t));
   return absl::OkStatus();

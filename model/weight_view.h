@@ -19,7 +19,7 @@ namespace fp8rl::model {
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
-  std::vector<int64_t> shape;     // {} for a scalar
+  std::vector<int64_t> shape;      // {} for a scalar
   std::span<const uint8_t> bytes;  // little-endian, numel * dtype_size; not owned
 };
 

@@ -63,13 +63,13 @@ class WeightDoubleBuffer {
   void served(const model::Model* model);
 
   struct Stats {
-    int64_t installs = 0;             // successful install() calls
-    int64_t in_place_installs = 0;    // of them, written into an existing model
-    int64_t models_built = 0;         // inference-only models constructed
-    int64_t full_models_built = 0;    // fp32-policy fallbacks (Model::FromWeightView)
-    int64_t buffer_allocations = 0;   // receive buffers mapped
-    int64_t buffer_bytes = 0;         // receive buffer bytes mapped now
-    bool huge_pages = false;          // the last mapping was advised MADV_HUGEPAGE
+    int64_t installs = 0;            // successful install() calls
+    int64_t in_place_installs = 0;   // of them, written into an existing model
+    int64_t models_built = 0;        // inference-only models constructed
+    int64_t full_models_built = 0;   // fp32-policy fallbacks (Model::FromWeightView)
+    int64_t buffer_allocations = 0;  // receive buffers mapped
+    int64_t buffer_bytes = 0;        // receive buffer bytes mapped now
+    bool huge_pages = false;         // the last mapping was advised MADV_HUGEPAGE
   };
   Stats stats() const;
 

@@ -165,7 +165,7 @@ bool WeightSubscriber::stream_once() {
   std::unique_ptr<grpc::ClientReaderInterface<v1::SubscribeResponse>> reader =
       stub_->Subscribe(&context, request);
   PayloadAssembler assembler(options_.max_version_bytes);
-  int64_t skipping = 0;  // a rejected version whose remaining chunks are dropped
+  int64_t skipping = 0;      // a rejected version whose remaining chunks are dropped
   std::span<char> in_place;  // receiver_.target of the version being received
   bool received = false;
   v1::SubscribeResponse message;

@@ -226,10 +226,9 @@ absl::Status PayloadAssembler::begin_into(v1::VersionManifest manifest, std::spa
   reset();
   if (absl::Status s = validate_manifest(manifest, max_version_bytes_); !s.ok()) return s;
   if (manifest.total_bytes() > target.size()) {
-    return absl::ResourceExhaustedError(absl::StrCat("manifest.total_bytes: ",
-                                                     manifest.total_bytes(),
-                                                     " bytes do not fit the receive buffer of ",
-                                                     target.size(), " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("manifest.total_bytes: ", manifest.total_bytes(),
+                     " bytes do not fit the receive buffer of ", target.size(), " bytes"));
   }
   manifest_ = std::move(manifest);
   target_ = target;

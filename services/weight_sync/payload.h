@@ -95,8 +95,8 @@ class PayloadAssembler {
   uint64_t max_version_bytes_;
   bool active_ = false;
   v1::VersionManifest manifest_;
-  std::string payload_;          // the payload, unless begun with begin_into()
-  std::span<char> target_;       // begin_into()'s buffer (empty otherwise)
+  std::string payload_;     // the payload, unless begun with begin_into()
+  std::span<char> target_;  // begin_into()'s buffer (empty otherwise)
   uint64_t received_ = 0;
   int next_tensor_ = 0;    // first tensor whose checksum is not yet verified
   uint32_t crc_ = 0;       // running CRC-32C of next_tensor_'s bytes received so far

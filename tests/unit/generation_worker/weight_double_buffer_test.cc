@@ -4,13 +4,14 @@
 // memory flat.
 #include "services/generation_worker/weight_double_buffer.h"
 
-#include <fstream>
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <map>
 #include <string>
@@ -55,7 +56,8 @@ absl::Status install(WeightDoubleBuffer& buffer, Scheduler& scheduler,
   return absl::OkStatus();
 }
 
-absl::Status install(WeightDoubleBuffer& buffer, Scheduler& scheduler, const model::WeightSet& set) {
+absl::Status install(WeightDoubleBuffer& buffer, Scheduler& scheduler,
+                     const model::WeightSet& set) {
   absl::StatusOr<model::WeightView> view = model::view_of(set);
   if (!view.ok()) return view.status();
   return install(buffer, scheduler, *view);
@@ -114,10 +116,10 @@ void expect_version(const std::vector<SampleOutcome>& got,
 TEST(WeightDoubleBufferTest, VersionsSwappedMidStreamNeverMixAndSlotsAreReusedInPlace) {
   std::map<int64_t, model::WeightSet> sets;
   for (int64_t v = 1; v <= 4; ++v) {
-    sets[v] = export_set(*random_model(40 + static_cast<uint64_t>(v)), model::WeightFormat::kFP8,
-                         v);
+    sets[v] =
+        export_set(*random_model(40 + static_cast<uint64_t>(v)), model::WeightFormat::kFP8, v);
   }
-  WeightDoubleBuffer buffer({});
+  WeightDoubleBuffer buffer(PrecisionOverrides{});
   SchedulerOptions options;
   options.batch_wait = 0ms;
   Scheduler scheduler(options, nullptr);
@@ -130,8 +132,8 @@ TEST(WeightDoubleBufferTest, VersionsSwappedMidStreamNeverMixAndSlotsAreReusedIn
     // (in place from version 3 on, over the model of next-2) while the batch keeps decoding.
     auto running = submit(scheduler, {static_cast<int>(next), static_cast<int>(next) + 10}, kLong);
     ASSERT_TRUE(eventually([&] { return scheduler.snapshot().running_samples == 2; }));
-    auto installing = std::async(std::launch::async,
-                                 [&] { return install(buffer, scheduler, sets[next]); });
+    auto installing =
+        std::async(std::launch::async, [&] { return install(buffer, scheduler, sets[next]); });
     ASSERT_TRUE(eventually([&] { return buffer.stats().installs == next; }));
     // The idle slot was written while the batch kept decoding at next-1.
     EXPECT_EQ(scheduler.snapshot().running_samples, 2);
@@ -179,7 +181,7 @@ TEST(WeightDoubleBufferTest, MemoryStaysFlatAcross100VersionsReceivedInPlace) {
     ASSERT_TRUE(m.ok()) << m.status();
     contents.push_back(export_set(**m, model::WeightFormat::kFP8, 1));
   }
-  WeightDoubleBuffer buffer({});
+  WeightDoubleBuffer buffer(PrecisionOverrides{});
   SchedulerOptions options;
   options.batch_wait = 0ms;
   Scheduler scheduler(options, nullptr);
@@ -194,19 +196,18 @@ TEST(WeightDoubleBufferTest, MemoryStaysFlatAcross100VersionsReceivedInPlace) {
     auto target = buffer.receive_target(manifest->total_bytes());
     ASSERT_TRUE(target.ok()) << target.status();
     ASSERT_TRUE(assembler.begin_into(*manifest, *target).ok());
-    ASSERT_TRUE(weight_sync::for_each_chunk(set, kChunk,
-                                            [&](uint64_t offset, std::string_view data) {
-                                              v1::WeightChunk chunk;
-                                              chunk.set_version(v);
-                                              chunk.set_offset(offset);
-                                              chunk.set_data(std::string(data));
-                                              return assembler.add(chunk);
-                                            })
-                    .ok());
+    ASSERT_TRUE(
+        weight_sync::for_each_chunk(set, kChunk, [&](uint64_t offset, std::string_view data) {
+          v1::WeightChunk chunk;
+          chunk.set_version(v);
+          chunk.set_offset(offset);
+          chunk.set_data(std::string(data));
+          return assembler.add(chunk);
+        }).ok());
     auto done = assembler.finish();
     ASSERT_TRUE(done.ok()) << done.status();
-    auto view = weight_sync::to_weight_view(done->manifest,
-                                            target->first(done->manifest.total_bytes()));
+    auto view =
+        weight_sync::to_weight_view(done->manifest, target->first(done->manifest.total_bytes()));
     ASSERT_TRUE(view.ok()) << view.status();
     ASSERT_TRUE(install(buffer, scheduler, *view).ok()) << "version " << v;
     if (v == 3) {

@@ -91,8 +91,8 @@ std::vector<Case> cases() {
   bf16.linear = Precision::kBF16;
   bf16.kv_cache = KvCacheDtype::kBF16;
   return {
-      {"llama fp8, bf16 first/last layers, fp8 kv", llama,
-       fp8_policy(1, 1, KvCacheDtype::kFP8), WeightFormat::kFP8},
+      {"llama fp8, bf16 first/last layers, fp8 kv", llama, fp8_policy(1, 1, KvCacheDtype::kFP8),
+       WeightFormat::kFP8},
       {"qwen2 untied fp8, bf16 kv", qwen, fp8_policy(0, 0, KvCacheDtype::kBF16),
        WeightFormat::kFP8},
       {"llama bf16", llama, bf16, WeightFormat::kBF16},
