@@ -56,9 +56,9 @@ struct Model::Source {
   std::function<absl::StatusOr<std::vector<float>>(const std::string&)> read_f32;
 };
 
-Model::Model(const ModelConfig& config, const PrecisionPolicy& policy)
-    : config_(config), policy_(policy), layout_(config) {
-  params_.assign(layout_.total(), 0.0f);
+Model::Model(const ModelConfig& config, const PrecisionPolicy& policy, bool inference_only)
+    : config_(config), policy_(policy), layout_(config), inference_only_(inference_only) {
+  if (!inference_only) params_.assign(layout_.total(), 0.0f);
   linears_.resize(config.num_hidden_layers);
   fp8_pinned_.assign(config.num_hidden_layers * 7, false);
   const int64_t half = config.head_dim / 2, max_pos = config.max_position_embeddings;
@@ -70,6 +70,7 @@ Model::Model(const ModelConfig& config, const PrecisionPolicy& policy)
 }
 
 void Model::refresh() {
+  if (inference_only_) return;  // no master to derive from; install() writes the working copies
   const int64_t n_layers = config_.num_hidden_layers;
   for (int64_t l = 0; l < n_layers; ++l) {
     const LayerOffsets& lo = layout_.layer(l);
@@ -283,16 +284,23 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
 absl::StatusOr<std::unique_ptr<Model>> Model::FromWeightSet(const WeightSet& set,
                                                             const PrecisionPolicy& policy) {
   if (auto s = validate_weight_set(set); !s.ok()) return s;
-  auto config = parse_model_config(set.config_json);
+  absl::StatusOr<WeightView> view = view_of(set);
+  if (!view.ok()) return view.status();
+  return FromWeightView(*view, policy);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::FromWeightView(const WeightView& view,
+                                                             const PrecisionPolicy& policy) {
+  auto config = parse_model_config(view.config_json);
   if (!config.ok()) return config.status();
   std::unique_ptr<Model> m(new Model(*config, policy));
-  const std::string what = absl::StrCat("weight set v", set.version);
-  auto lookup = [&](const std::string& n) -> absl::StatusOr<const NamedTensor*> {
-    const NamedTensor* t = set.find(n);
+  const std::string what = absl::StrCat("weight set v", view.version);
+  auto lookup = [&](const std::string& n) -> absl::StatusOr<const TensorView*> {
+    const TensorView* t = view.find(n);
     if (!t) return absl::NotFoundError(absl::StrCat(what, ": missing tensor '", n, "'"));
     return t;
   };
-  Source src{what, [&](const std::string& n) { return set.find(n) != nullptr; },
+  Source src{what, [&](const std::string& n) { return view.find(n) != nullptr; },
              [&](const std::string& n) -> absl::StatusOr<TensorInfo> {
                auto t = lookup(n);
                if (!t.ok()) return t.status();
@@ -305,7 +313,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromWeightSet(const WeightSet& set
              [&](const std::string& n) -> absl::StatusOr<std::vector<uint8_t>> {
                auto t = lookup(n);
                if (!t.ok()) return t.status();
-               return (*t)->bytes;
+               return std::vector<uint8_t>((*t)->bytes.begin(), (*t)->bytes.end());
              },
              [&](const std::string& n) -> absl::StatusOr<std::vector<float>> {
                auto t = lookup(n);
@@ -317,6 +325,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromWeightSet(const WeightSet& set
 }
 
 absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t version) const {
+  if (inference_only_) {
+    return absl::FailedPreconditionError(
+        "export_weights: an inference-only model holds no fp32 master to export");
+  }
   WeightSet out;
   out.version = version;
   out.config_json = model_config_to_json(config_, format == WeightFormat::kFP8);

@@ -21,6 +21,7 @@
 #include "model/params.h"
 #include "model/precision.h"
 #include "model/weight_set.h"
+#include "model/weight_view.h"
 
 namespace fp8rl::model {
 
@@ -83,6 +84,31 @@ class Model {
                                                      const PrecisionPolicy& policy);
   static absl::StatusOr<std::unique_ptr<Model>> FromWeightSet(const WeightSet& set,
                                                               const PrecisionPolicy& policy);
+  // FromWeightSet over views (the full model: fp32 master, working copies, backward operands).
+  static absl::StatusOr<std::unique_ptr<Model>> FromWeightView(const WeightView& view,
+                                                               const PrecisionPolicy& policy);
+
+  // An inference-only model (docs/design.md "Installing a weight version in place"): it holds
+  // what the KV-cache forward reads and nothing else -- FP8 layers: the E4M3 codes and 128x128
+  // scales as received (no re-quantization, no transposed blocks); BF16 layers and lm_head: the
+  // double-accumulation operand; the embedding table as bf16 values; norms, biases, KV scales.
+  // No fp32 master: params() is empty, refresh() does nothing, export_weights()/save() fail and
+  // backward() must not be called. Starts without weights; install() writes a version into it.
+  // InvalidArgument for a bad config or policy.linear fp32 (use FromWeightView for fp32).
+  static absl::StatusOr<std::unique_ptr<Model>> ForInference(const ModelConfig& config,
+                                                             const PrecisionPolicy& policy);
+  // Writes version `view` into this inference-only model's storage in place: buffers keep their
+  // size from one version to the next, so after the first install nothing is allocated. FP8
+  // layers take F8_E4M3 codes + "<name>_scale_inv" as they are (BF16/F32 weights are quantized
+  // with the policy's recipe); other tensors are converted to the forward's formats. Generation
+  // is bit-identical to FromWeightView(view, policy()). Errors name the tensor: NotFound for a
+  // missing tensor, InvalidArgument for a wrong shape or dtype, a non-finite value or scale, or a
+  // NaN code. After an error the weights are unspecified until the next successful install().
+  // FailedPrecondition on a model that is not inference-only.
+  absl::Status install(const WeightView& view);
+  bool inference_only() const { return inference_only_; }
+  // Bytes of weight storage this model holds (master, working copies, operands, norms).
+  int64_t weight_bytes() const;
 
   // Tensors in checkpoint layout, with config.json and the version.
   absl::StatusOr<WeightSet> export_weights(WeightFormat format, int64_t version = 0) const;
@@ -122,7 +148,7 @@ class Model {
                               InferenceWorkspace* ws) const;
 
  private:
-  Model(const ModelConfig& config, const PrecisionPolicy& policy);
+  Model(const ModelConfig& config, const PrecisionPolicy& policy, bool inference_only = false);
   struct Source;
   absl::Status load_from(const Source& source);
 
@@ -135,11 +161,15 @@ class Model {
   // Working copy of a norm weight or bias (bf16-rounded when activations are bf16) by offset.
   const float* small_param(int64_t offset) const;
   const LinearWeight& head() const;
+  // install() of one linear weight (layer l, linear j of q k v o gate up down).
+  absl::Status install_linear(const WeightView& view, const TensorView& t, int64_t l, int j,
+                              const std::string& what);
 
   ModelConfig config_;
   PrecisionPolicy policy_;
   ParamLayout layout_;
-  std::vector<float> params_;
+  bool inference_only_ = false;
+  std::vector<float> params_;                         // empty when inference_only_
   std::vector<std::array<LinearWeight, 7>> linears_;  // q k v o gate up down
   LinearWeight embed_w_, head_w_;
   std::vector<float> rope_cos_, rope_sin_;

@@ -232,6 +232,7 @@ absl::StatusOr<std::vector<float>> Model::logits(const std::vector<int32_t>& tok
 
 absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
                              float* grads) const {
+  if (inference_only_) return absl::FailedPreconditionError("backward: inference-only model");
   const int64_t n_seq = static_cast<int64_t>(c.tokens.size());
   if (static_cast<int64_t>(c.layers.size()) != config_.num_hidden_layers || c.x_final.empty()) {
     return absl::FailedPreconditionError("backward: the forward did not save activations");

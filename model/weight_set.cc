@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
+#include "model/weight_view.h"
 
 namespace fp8rl::model {
 namespace {
@@ -74,6 +75,10 @@ absl::Status add_to_writer(const WeightSet& set, SafetensorsWriter* writer) {
 }
 
 absl::StatusOr<std::vector<float>> tensor_to_f32(const NamedTensor& t) {
+  return tensor_to_f32(TensorView{t.name, t.dtype, t.shape, t.bytes});
+}
+
+absl::StatusOr<std::vector<float>> tensor_to_f32(const TensorView& t) {
   const int64_t n = numel_of(t.shape);
   if (static_cast<int64_t>(t.bytes.size()) != n * dtype_size(t.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(t.name, ": byte size does not match shape"));

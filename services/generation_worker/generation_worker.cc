@@ -31,6 +31,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   if (!metrics.ok()) return metrics.status();
   w->metrics_ = std::move(*metrics);
   w->scheduler_ = std::make_unique<Scheduler>(config.scheduler, w->metrics_.get());
+  w->weights_ = std::make_unique<WeightDoubleBuffer>(config.precision);
   GenerationWorker* self = w.get();
   w->service_ = std::make_unique<GenerationServiceImpl>(
       w->scheduler_.get(), w->metrics_.get(), config.max_samples_per_request, [self] {
@@ -60,9 +61,17 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
 
   weight_sync::SubscriberOptions sub_options;
   sub_options.worker_id = w->name_;
+  weight_sync::InPlaceReceiver receiver;
+  receiver.target = [self](const v1::VersionManifest& manifest) {
+    return self->weights_->receive_target(manifest.total_bytes());
+  };
+  receiver.install = [self](const v1::VersionManifest& manifest, std::span<const char> payload) {
+    absl::StatusOr<model::WeightView> view = weight_sync::to_weight_view(manifest, payload);
+    if (!view.ok()) return view.status();
+    return self->install_view(*view);
+  };
   w->subscriber_ = std::make_unique<weight_sync::WeightSubscriber>(
-      insecure_channel(config.weight_sync), sub_options,
-      [self](model::WeightSet set) { return self->install_weights(std::move(set)); });
+      insecure_channel(config.weight_sync), sub_options, std::move(receiver));
   FP8RL_RETURN_IF_ERROR(w->subscriber_->start());
 
   service::WorkerRegistrationOptions reg_options;
@@ -93,8 +102,15 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
 GenerationWorker::~GenerationWorker() { shutdown(std::chrono::milliseconds(0)); }
 
 absl::Status GenerationWorker::install_weights(model::WeightSet set) {
-  const int64_t version = set.version;
-  absl::StatusOr<LoadedWeights> loaded = load_weights(set, config_.precision);
+  FP8RL_RETURN_IF_ERROR(model::validate_weight_set(set));
+  absl::StatusOr<model::WeightView> view = model::view_of(set);
+  if (!view.ok()) return view.status();
+  return install_view(*view);
+}
+
+absl::Status GenerationWorker::install_view(const model::WeightView& view) {
+  const int64_t version = view.version;
+  absl::StatusOr<LoadedWeights> loaded = weights_->install(view);
   if (!loaded.ok()) {
     service::log_warn(
         kComponent, "weight version rejected",
@@ -102,7 +118,9 @@ absl::Status GenerationWorker::install_weights(model::WeightSet set) {
     return loaded.status();
   }
   const model::PrecisionPolicy policy = loaded->policy;
+  const model::Model* served = loaded->model.get();
   FP8RL_RETURN_IF_ERROR(scheduler_->install(std::move(*loaded)));
+  weights_->served(served);
   service::log_info(kComponent, "weights swapped in",
                     {{"version", absl::StrCat(version)},
                      {"linear", std::string(model::precision_name(policy.linear))},

@@ -17,9 +17,11 @@
 #include "common/service/metrics.h"
 #include "common/service/worker_registration.h"
 #include "model/weight_set.h"
+#include "model/weight_view.h"
 #include "services/generation_worker/generation_metrics.h"
 #include "services/generation_worker/generation_service.h"
 #include "services/generation_worker/scheduler.h"
+#include "services/generation_worker/weight_double_buffer.h"
 #include "services/generation_worker/worker_config.h"
 #include "services/weight_sync/client.h"
 
@@ -45,6 +47,10 @@ class GenerationWorker {
   // swaps it in at the next batch boundary; returns once it is served. The weight-sync subscriber
   // calls it (and acks with its result); tests may call it directly.
   absl::Status install_weights(model::WeightSet set);
+  // install_weights() of a version given as views (a payload received in place, or a set). The
+  // version is written into the idle slot of the worker's double buffer
+  // (weight_double_buffer.h) and served from the next batch boundary on.
+  absl::Status install_view(const model::WeightView& view);
 
   // Stops admitting requests, lets in-flight samples finish for up to `grace` (then cancels
   // them), stops the subscriber, deregisters, and stops both servers. Idempotent.
@@ -53,6 +59,7 @@ class GenerationWorker {
   Scheduler& scheduler() { return *scheduler_; }
   service::WorkerRegistration& registration() { return *registration_; }
   weight_sync::WeightSubscriber& subscriber() { return *subscriber_; }
+  const WeightDoubleBuffer& weight_buffer() const { return *weights_; }
   service::MetricsRegistry& metrics_registry() { return registry_; }
 
  private:
@@ -63,6 +70,7 @@ class GenerationWorker {
   service::MetricsRegistry registry_;
   std::unique_ptr<GenerationMetrics> metrics_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<WeightDoubleBuffer> weights_;
   std::unique_ptr<GenerationServiceImpl> service_;
   std::unique_ptr<service::GrpcServer> grpc_;
   std::unique_ptr<service::HttpServer> http_;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/config.h"
+#include "model/weight_view.h"
 
 namespace fp8rl::generation {
 namespace {
@@ -59,13 +60,13 @@ absl::StatusOr<ExplicitPrecision> read_explicit(const std::string& config_json) 
 
 // Per decoder layer: true when its linears are F8_E4M3 in the payload. All seven linears of a
 // layer must agree.
-absl::StatusOr<std::vector<bool>> fp8_layers(const model::WeightSet& set, int64_t num_layers) {
+absl::StatusOr<std::vector<bool>> fp8_layers(const model::WeightView& set, int64_t num_layers) {
   std::vector<bool> out(num_layers, false);
   for (int64_t l = 0; l < num_layers; ++l) {
     int fp8 = 0;
     for (const char* linear : kLinearNames) {
       const std::string name = absl::StrCat("model.layers.", l, ".", linear, ".weight");
-      const model::NamedTensor* t = set.find(name);
+      const model::TensorView* t = set.find(name);
       if (t == nullptr) {
         return absl::InvalidArgumentError(
             absl::StrCat("weight set v", set.version, ": missing tensor '", name, "'"));
@@ -84,8 +85,13 @@ absl::StatusOr<std::vector<bool>> fp8_layers(const model::WeightSet& set, int64_
 }  // namespace
 
 v1::WeightFormat weight_set_format(const model::WeightSet& set) {
+  absl::StatusOr<model::WeightView> view = model::view_of(set);
+  return view.ok() ? weight_set_format(*view) : v1::WEIGHT_FORMAT_UNSPECIFIED;
+}
+
+v1::WeightFormat weight_set_format(const model::WeightView& set) {
   bool all_bf16 = true;
-  for (const model::NamedTensor& t : set.tensors) {
+  for (const model::TensorView& t : set.tensors()) {
     if (t.dtype == DType::kF8E4M3) return v1::WEIGHT_FORMAT_FP8;
     // KV scales are F32 scalars in every format.
     if (t.dtype != DType::kBF16 && !t.shape.empty()) all_bf16 = false;
@@ -95,6 +101,13 @@ v1::WeightFormat weight_set_format(const model::WeightSet& set) {
 
 absl::StatusOr<model::PrecisionPolicy> resolve_precision_policy(
     const model::WeightSet& set, const PrecisionOverrides& overrides) {
+  absl::StatusOr<model::WeightView> view = model::view_of(set);
+  if (!view.ok()) return view.status();
+  return resolve_precision_policy(*view, overrides);
+}
+
+absl::StatusOr<model::PrecisionPolicy> resolve_precision_policy(
+    const model::WeightView& set, const PrecisionOverrides& overrides) {
   absl::StatusOr<model::ModelConfig> config = model::parse_model_config(set.config_json);
   if (!config.ok()) return config.status();
   absl::StatusOr<ExplicitPrecision> explicit_policy = read_explicit(set.config_json);

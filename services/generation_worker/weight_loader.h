@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "model/precision.h"
 #include "model/weight_set.h"
+#include "model/weight_view.h"
 
 namespace fp8rl::generation {
 
@@ -41,12 +42,15 @@ struct PrecisionOverrides {
 // WEIGHT_FORMAT_FP8 when any tensor is F8_E4M3, WEIGHT_FORMAT_BF16 when every non-scalar tensor
 // is BF16, WEIGHT_FORMAT_UNSPECIFIED otherwise (an F32 set, only built in-process).
 v1::WeightFormat weight_set_format(const model::WeightSet& set);
+v1::WeightFormat weight_set_format(const model::WeightView& set);
 
 // The policy the worker runs `set` with. InvalidArgument naming the field for a malformed
 // "fp8rl_precision" entry, an FP8 payload with BF16 linears in a middle layer, explicit
 // bf16_first/last_layers that disagree with the payload, or an FP8 KV cache without KV scales.
 absl::StatusOr<model::PrecisionPolicy> resolve_precision_policy(
     const model::WeightSet& set, const PrecisionOverrides& overrides);
+absl::StatusOr<model::PrecisionPolicy> resolve_precision_policy(
+    const model::WeightView& set, const PrecisionOverrides& overrides);
 
 // A version ready to serve.
 struct LoadedWeights {

@@ -71,6 +71,14 @@ WeightSubscriber::WeightSubscriber(std::shared_ptr<grpc::ChannelInterface> chann
       handler_(std::move(handler)),
       held_version_(options_.held_version) {}
 
+WeightSubscriber::WeightSubscriber(std::shared_ptr<grpc::ChannelInterface> channel,
+                                   SubscriberOptions options, InPlaceReceiver receiver)
+    : channel_(std::move(channel)),
+      stub_(v1::WeightSyncService::NewStub(channel_)),
+      options_(std::move(options)),
+      receiver_(std::move(receiver)),
+      held_version_(options_.held_version) {}
+
 WeightSubscriber::~WeightSubscriber() { stop(); }
 
 absl::Status WeightSubscriber::start() {
@@ -86,7 +94,13 @@ absl::Status WeightSubscriber::start() {
   if (options_.ack_timeout.count() <= 0) {
     return absl::InvalidArgumentError("ack_timeout: must be > 0");
   }
-  if (!handler_) return absl::InvalidArgumentError("handler: empty");
+  if (!handler_ && !receiver_.target && !receiver_.install) {
+    return absl::InvalidArgumentError("handler: empty");
+  }
+  if (!handler_ && !receiver_.target) return absl::InvalidArgumentError("receiver.target: empty");
+  if (!handler_ && !receiver_.install) {
+    return absl::InvalidArgumentError("receiver.install: empty");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (started_) return absl::FailedPreconditionError("subscriber already started");
   started_ = true;
@@ -151,7 +165,8 @@ bool WeightSubscriber::stream_once() {
   std::unique_ptr<grpc::ClientReaderInterface<v1::SubscribeResponse>> reader =
       stub_->Subscribe(&context, request);
   PayloadAssembler assembler(options_.max_version_bytes);
-  int64_t skipping = 0;  // a rejected version whose remaining chunks are dropped
+  int64_t skipping = 0;      // a rejected version whose remaining chunks are dropped
+  std::span<char> in_place;  // receiver_.target of the version being received
   bool received = false;
   v1::SubscribeResponse message;
   while (reader->Read(&message)) {
@@ -159,7 +174,16 @@ bool WeightSubscriber::stream_once() {
     if (message.has_manifest()) {
       const int64_t version = message.manifest().version();
       skipping = 0;
-      if (absl::Status s = assembler.begin(std::move(*message.mutable_manifest())); !s.ok()) {
+      absl::Status s;
+      if (handler_) {
+        s = assembler.begin(std::move(*message.mutable_manifest()));
+      } else {
+        absl::StatusOr<std::span<char>> target = receiver_.target(message.manifest());
+        s = target.ok() ? assembler.begin_into(std::move(*message.mutable_manifest()), *target)
+                        : target.status();
+        if (s.ok()) in_place = *target;
+      }
+      if (!s.ok()) {
         reject(version, s);
         skipping = version;
         continue;
@@ -178,7 +202,9 @@ bool WeightSubscriber::stream_once() {
     if (assembler.complete()) {
       const int64_t number = assembler.version();
       absl::StatusOr<AssembledVersion> version = assembler.finish();
-      if (version.ok()) {
+      if (version.ok() && !handler_) {
+        deliver_in_place(version->manifest, in_place.first(version->manifest.total_bytes()));
+      } else if (version.ok()) {
         deliver(std::move(*version));
       } else {
         reject(number, version.status());
@@ -219,6 +245,21 @@ void WeightSubscriber::deliver(AssembledVersion version) {
     reject(number, s);
     return;
   }
+  accepted(number);
+}
+
+void WeightSubscriber::deliver_in_place(const v1::VersionManifest& manifest,
+                                        std::span<const char> payload) {
+  const int64_t number = manifest.version();
+  if (number <= held_version()) return;  // already serving it (or newer)
+  if (absl::Status s = receiver_.install(manifest, payload); !s.ok()) {
+    reject(number, s);
+    return;
+  }
+  accepted(number);
+}
+
+void WeightSubscriber::accepted(int64_t number) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     held_version_ = number;

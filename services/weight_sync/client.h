@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -53,16 +54,30 @@ struct SubscriberOptions {
 // An error: the version is acknowledged as rejected with the error's message.
 using WeightSetHandler = std::function<absl::Status(model::WeightSet set)>;
 
+// The in-place receive of a generation worker (docs/design.md "Installing a weight version in
+// place"): `target(manifest)` returns the buffer a version's chunks are written into as they land
+// (the inactive half of the worker's double buffer; an error rejects the version), checked per
+// tensor (CRC-32C) as with a WeightSetHandler; `install(manifest, payload)` gets the verified
+// bytes, payload = target[0, total_bytes), and returns as a WeightSetHandler does.
+struct InPlaceReceiver {
+  std::function<absl::StatusOr<std::span<char>>(const v1::VersionManifest& manifest)> target;
+  std::function<absl::Status(const v1::VersionManifest& manifest, std::span<const char> payload)>
+      install;
+};
+
 class WeightSubscriber {
  public:
   WeightSubscriber(std::shared_ptr<grpc::ChannelInterface> channel, SubscriberOptions options,
                    WeightSetHandler handler);
+  WeightSubscriber(std::shared_ptr<grpc::ChannelInterface> channel, SubscriberOptions options,
+                   InPlaceReceiver receiver);
   ~WeightSubscriber();  // stop()
   WeightSubscriber(const WeightSubscriber&) = delete;
   WeightSubscriber& operator=(const WeightSubscriber&) = delete;
 
   // Starts the background stream. InvalidArgument naming the option for an empty worker_id, a
-  // negative held_version, bad backoffs or an empty handler; FailedPrecondition when already
+  // negative held_version, bad backoffs or an empty handler (or receiver function);
+  // FailedPrecondition when already
   // started.
   absl::Status start();
   // Cancels the stream and joins the thread (bounded: the stream is cancelled, not drained; a
@@ -87,13 +102,18 @@ class WeightSubscriber {
   // One Subscribe call until it ends; true when it delivered at least one message.
   bool stream_once();
   void deliver(AssembledVersion version);
+  // deliver() of a version received in place into `payload`.
+  void deliver_in_place(const v1::VersionManifest& manifest, std::span<const char> payload);
+  // The version was served: held_version_, stats, log, ack.
+  void accepted(int64_t version);
   void reject(int64_t version, const absl::Status& error);
   void send_ack(int64_t version, bool ok, const std::string& error);
 
   std::shared_ptr<grpc::ChannelInterface> channel_;
   std::unique_ptr<v1::WeightSyncService::Stub> stub_;
   const SubscriberOptions options_;
-  WeightSetHandler handler_;
+  WeightSetHandler handler_;  // one of handler_ and receiver_ is set
+  InPlaceReceiver receiver_;
 
   // Guards the members marked below.
   mutable std::mutex mu_;

@@ -2,6 +2,7 @@
 #include "services/weight_sync/payload.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -199,6 +200,7 @@ void PayloadAssembler::reset() {
   active_ = false;
   manifest_.Clear();
   payload_ = std::string();
+  target_ = {};
   received_ = 0;
   next_tensor_ = 0;
   crc_ = 0;
@@ -217,6 +219,20 @@ absl::Status PayloadAssembler::begin(v1::VersionManifest manifest) {
   manifest_ = std::move(manifest);
   active_ = true;
   // Empty tensors at the front are complete already.
+  return check_finished_tensors();
+}
+
+absl::Status PayloadAssembler::begin_into(v1::VersionManifest manifest, std::span<char> target) {
+  reset();
+  if (absl::Status s = validate_manifest(manifest, max_version_bytes_); !s.ok()) return s;
+  if (manifest.total_bytes() > target.size()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("manifest.total_bytes: ", manifest.total_bytes(),
+                     " bytes do not fit the receive buffer of ", target.size(), " bytes"));
+  }
+  manifest_ = std::move(manifest);
+  target_ = target;
+  active_ = true;
   return check_finished_tensors();
 }
 
@@ -251,7 +267,11 @@ absl::Status PayloadAssembler::add(const v1::WeightChunk& chunk) {
     reset();
     return error;
   }
-  payload_.append(chunk.data());
+  if (target_.empty()) {
+    payload_.append(chunk.data());
+  } else {
+    std::memcpy(target_.data() + received_, chunk.data().data(), chunk.data().size());
+  }
   received_ += chunk.data().size();
   if (absl::Status s = check_finished_tensors(); !s.ok()) {
     reset();
@@ -266,7 +286,7 @@ absl::Status PayloadAssembler::check_finished_tensors() {
     const uint64_t end = t.offset() + t.byte_size();
     const uint64_t upto = std::min(received_, end);
     if (upto > crc_upto_) {
-      crc_ = service::crc32c(payload_.data() + crc_upto_, upto - crc_upto_, crc_);
+      crc_ = service::crc32c(bytes() + crc_upto_, upto - crc_upto_, crc_);
       crc_upto_ = upto;
     }
     if (received_ < end) break;
@@ -295,17 +315,16 @@ absl::StatusOr<AssembledVersion> PayloadAssembler::finish() {
   return out;
 }
 
-absl::StatusOr<model::WeightSet> to_weight_set(const v1::VersionManifest& manifest,
-                                               std::string_view payload) {
+absl::StatusOr<model::WeightView> to_weight_view(const v1::VersionManifest& manifest,
+                                                 std::span<const char> payload) {
   if (payload.size() != manifest.total_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("payload: ", payload.size(),
                                                    " bytes but manifest.total_bytes is ",
                                                    manifest.total_bytes()));
   }
-  model::WeightSet set;
-  set.version = manifest.version();
-  set.config_json = manifest.model_config_json();
-  set.tensors.reserve(manifest.tensors_size());
+  model::WeightView view;
+  view.version = manifest.version();
+  view.config_json = manifest.model_config_json();
   for (int i = 0; i < manifest.tensors_size(); ++i) {
     const v1::TensorManifestEntry& e = manifest.tensors(i);
     absl::StatusOr<DType> dtype = parse_dtype(e.dtype());
@@ -317,13 +336,29 @@ absl::StatusOr<model::WeightSet> to_weight_set(const v1::VersionManifest& manife
       return absl::InvalidArgumentError(
           absl::StrCat(where(i, e), ": bytes lie outside the payload"));
     }
-    model::NamedTensor t;
-    t.name = e.name();
-    t.dtype = *dtype;
-    t.shape.assign(e.shape().begin(), e.shape().end());
     const auto* p = reinterpret_cast<const uint8_t*>(payload.data() + e.offset());
-    t.bytes.assign(p, p + e.byte_size());
-    set.tensors.push_back(std::move(t));
+    if (absl::Status s = view.add({e.name(),
+                                   *dtype,
+                                   {e.shape().begin(), e.shape().end()},
+                                   {p, static_cast<size_t>(e.byte_size())}});
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where(i, e), ": ", s.message()));
+    }
+  }
+  return view;
+}
+
+absl::StatusOr<model::WeightSet> to_weight_set(const v1::VersionManifest& manifest,
+                                               std::string_view payload) {
+  absl::StatusOr<model::WeightView> view =
+      to_weight_view(manifest, std::span<const char>(payload.data(), payload.size()));
+  if (!view.ok()) return view.status();
+  model::WeightSet set;
+  set.version = view->version;
+  set.config_json = view->config_json;
+  set.tensors.reserve(view->tensors().size());
+  for (const model::TensorView& t : view->tensors()) {
+    set.tensors.push_back({t.name, t.dtype, t.shape, {t.bytes.begin(), t.bytes.end()}});
   }
   return set;
 }

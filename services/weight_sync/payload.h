@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "fp8rl/v1/weight_sync.pb.h"
 #include "model/weight_set.h"
+#include "model/weight_view.h"
 
 namespace fp8rl::weight_sync {
 
@@ -67,6 +69,13 @@ class PayloadAssembler {
 
   // Starts a version (validate_manifest first). Discards any unfinished one.
   absl::Status begin(v1::VersionManifest manifest);
+  // begin() that writes the payload straight into `target` (a caller's buffer, e.g. the inactive
+  // half of a generation worker's double buffer) instead of a string of its own; the same checks
+  // apply as chunks land, and finish() then returns an empty `payload` (the verified bytes are
+  // target[0, total_bytes)). `target` must stay valid until finish() or reset(); bytes of a
+  // version that fails are left partly written. ResourceExhausted naming manifest.total_bytes
+  // when `target` is smaller.
+  absl::Status begin_into(v1::VersionManifest manifest, std::span<char> target);
   absl::Status add(const v1::WeightChunk& chunk);
   // The finished version; DataLoss naming received vs expected bytes when incomplete.
   absl::StatusOr<AssembledVersion> finish();
@@ -78,19 +87,27 @@ class PayloadAssembler {
   uint64_t received() const { return received_; }
 
  private:
+  // The received bytes so far (payload_ or target_).
+  const char* bytes() const { return target_.empty() ? payload_.data() : target_.data(); }
   // Checks every tensor whose bytes are all in, advancing next_tensor_.
   absl::Status check_finished_tensors();
 
   uint64_t max_version_bytes_;
   bool active_ = false;
   v1::VersionManifest manifest_;
-  std::string payload_;
+  std::string payload_;     // the payload, unless begun with begin_into()
+  std::span<char> target_;  // begin_into()'s buffer (empty otherwise)
   uint64_t received_ = 0;
   int next_tensor_ = 0;    // first tensor whose checksum is not yet verified
   uint32_t crc_ = 0;       // running CRC-32C of next_tensor_'s bytes received so far
   uint64_t crc_upto_ = 0;  // payload offset up to which crc_ has consumed bytes
 };
 
+// Views of the tensors of a verified version into `payload` (nothing copied; the payload must
+// outlive the view). InvalidArgument naming the manifest entry for an unknown dtype, bytes
+// outside the payload, or a size or name the view refuses.
+absl::StatusOr<model::WeightView> to_weight_view(const v1::VersionManifest& manifest,
+                                                 std::span<const char> payload);
 // The WeightSet of a verified version (tensor bytes copied out of the payload).
 absl::StatusOr<model::WeightSet> to_weight_set(const v1::VersionManifest& manifest,
                                                std::string_view payload);

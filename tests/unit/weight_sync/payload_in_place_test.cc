@@ -1,0 +1,109 @@
+// PayloadAssembler::begin_into and to_weight_view: chunks written straight into a caller's
+// buffer with the same per-tensor CRC-32C checks, and views of the verified tensors that point
+// into that buffer (what a generation worker installs from without copying the payload).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "services/weight_sync/payload.h"
+#include "tests/unit/weight_sync/test_weights.h"
+
+namespace fp8rl::weight_sync {
+namespace {
+
+using testing::random_fp8_set;
+
+std::vector<v1::WeightChunk> chunks(const model::WeightSet& set, uint64_t chunk_bytes) {
+  std::vector<v1::WeightChunk> out;
+  EXPECT_TRUE(for_each_chunk(set, chunk_bytes, [&](uint64_t offset, std::string_view data) {
+                v1::WeightChunk c;
+                c.set_version(set.version);
+                c.set_offset(offset);
+                c.set_data(std::string(data));
+                out.push_back(std::move(c));
+                return absl::OkStatus();
+              }).ok());
+  return out;
+}
+
+TEST(InPlace, ChunksLandInTheTargetAndViewsPointIntoIt) {
+  const model::WeightSet set = random_fp8_set(4, 21);
+  auto manifest = build_manifest(set, v1::WEIGHT_FORMAT_FP8);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  std::vector<char> target(manifest->total_bytes() + 100, 'x');
+  PayloadAssembler a;
+  ASSERT_TRUE(a.begin_into(*manifest, target).ok());
+  // An odd chunk size: chunk boundaries fall inside tensors.
+  for (const auto& c : chunks(set, 1000003)) ASSERT_TRUE(a.add(c).ok());
+  ASSERT_TRUE(a.complete());
+  auto done = a.finish();
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->payload.empty());  // the bytes are in the target, not copied
+  EXPECT_EQ(target.back(), 'x');       // nothing written past total_bytes
+  const std::span<const char> payload(target.data(), manifest->total_bytes());
+  auto view = to_weight_view(done->manifest, payload);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->tensors().size(), set.tensors.size());
+  for (const model::NamedTensor& t : set.tensors) {
+    const model::TensorView* v = view->find(t.name);
+    ASSERT_NE(v, nullptr) << t.name;
+    EXPECT_EQ(v->dtype, t.dtype);
+    EXPECT_EQ(v->shape, t.shape);
+    EXPECT_TRUE(std::equal(v->bytes.begin(), v->bytes.end(), t.bytes.begin(), t.bytes.end()))
+        << t.name;
+    EXPECT_GE(reinterpret_cast<const char*>(v->bytes.data()), payload.data());
+    EXPECT_LE(reinterpret_cast<const char*>(v->bytes.data() + v->bytes.size()),
+              payload.data() + payload.size());
+  }
+  EXPECT_EQ(view->version, 4);
+  EXPECT_EQ(view->config_json, set.config_json);
+}
+
+TEST(InPlace, CorruptionIsDataLossNamingTheTensorAsItLands) {
+  const model::WeightSet set = random_fp8_set(5, 22);
+  auto manifest = build_manifest(set, v1::WEIGHT_FORMAT_FP8);
+  ASSERT_TRUE(manifest.ok());
+  std::vector<char> target(manifest->total_bytes());
+  PayloadAssembler a;
+  ASSERT_TRUE(a.begin_into(*manifest, target).ok());
+  auto cs = chunks(set, 1 << 20);
+  ASSERT_GT(cs.size(), 3u);
+  // Flip a byte of the embedding (tensor 0: 1.25 MiB, so its last byte is in chunk 1).
+  cs[0].mutable_data()->at(12345) ^= 0x10;
+  absl::Status error;
+  size_t failed_at = 0;
+  for (size_t i = 0; i < cs.size() && error.ok(); ++i) {
+    error = a.add(cs[i]);
+    failed_at = i;
+  }
+  EXPECT_EQ(error.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(error.message().find("model.embed_tokens.weight"), std::string::npos) << error;
+  EXPECT_EQ(failed_at, 1u);  // detected when the tensor's last byte landed
+  EXPECT_FALSE(a.active());
+}
+
+TEST(InPlace, TargetTooSmallIsResourceExhausted) {
+  const model::WeightSet set = random_fp8_set(6, 23);
+  auto manifest = build_manifest(set, v1::WEIGHT_FORMAT_FP8);
+  ASSERT_TRUE(manifest.ok());
+  std::vector<char> target(manifest->total_bytes() - 1);
+  PayloadAssembler a;
+  const absl::Status s = a.begin_into(*manifest, target);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("manifest.total_bytes"), std::string::npos) << s;
+  EXPECT_FALSE(a.active());
+}
+
+TEST(InPlace, ViewOfAPayloadOfTheWrongSizeIsRejected) {
+  const model::WeightSet set = random_fp8_set(7, 24);
+  auto manifest = build_manifest(set, v1::WEIGHT_FORMAT_FP8);
+  ASSERT_TRUE(manifest.ok());
+  std::vector<char> short_payload(manifest->total_bytes() - 2);
+  auto view = to_weight_view(*manifest, short_payload);
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(view.status().message().find("manifest.total_bytes"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fp8rl::weight_sync
