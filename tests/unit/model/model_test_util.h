@@ -30,6 +30,15 @@ namespace fp8rl::model::testing {
 // the bars; the bars stay at the estimate so a change of summation order cannot flake them.
 inline constexpr double kLogitRelTol = 1e-5;
 inline constexpr double kGradRelTol = 2e-5;
+// bf16 / fp8 backward vs the fp32 backward on the same master weights, calc_diff per parameter
+// tensor (model_arch_test, Qwen3 and Llama 3.1 configs at hidden 160). These bars compare the
+// whole chain of roundings, not one op: bf16 rounds every activation (2^-9 relative), measured
+// worst 6.2e-4; the FP8 recipe quantizes both operands of every GEMM to E4M3 (2^-4 relative per
+// element, ~6e-4 calc_diff per GEMM, kernels/tolerances.h) through 2 layers forward and backward,
+// measured 1-2.5e-2 for most tensors and 6.0e-2 worst (layer 1 k_proj, whose gradient is the
+// smallest). A missing or wrong term of a backward gives calc_diff ~1 (2 for a sign error).
+inline constexpr double kBf16GradMaxCalcDiff = 2e-3;
+inline constexpr double kFp8GradMaxCalcDiff = 1e-1;
 // Consistency of generation and training logprobs (issue 3).
 inline constexpr double kConsistencyMaxAbsTol = 1e-4;   // fp32 / bf16: max |d|
 inline constexpr double kConsistencyMeanAbsTol = 1e-5;  // fp8: mean |d|
