@@ -65,9 +65,9 @@ absl::Status read_token_id(const Json& j, const char* key, int64_t* out) {
 absl::Status validate_rope_scaling(const RopeScaling& r, const std::string& field) {
   if (r.rope_type == "default") return absl::OkStatus();
   if (r.rope_type != "llama3") {
-    return field_error(field + ".rope_type",
-                       absl::StrCat("'", r.rope_type,
-                                    "' is not supported (expected \"default\" or \"llama3\")"));
+    return field_error(
+        field + ".rope_type",
+        absl::StrCat("'", r.rope_type, "' is not supported (expected \"default\" or \"llama3\")"));
   }
   if (!(r.factor >= 1.0) || !std::isfinite(r.factor)) {
     return field_error(field + ".factor", absl::StrCat("must be >= 1, got ", r.factor));
@@ -114,8 +114,8 @@ absl::Status read_rope_scaling(const Json& j, const std::string& field, RopeScal
     }
   }
   if (!llama3) return absl::OkStatus();
-  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor",
-                          "original_max_position_embeddings"}) {
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
     if (!j.contains(key)) return field_error(absl::StrCat(field, ".", key), "missing");
   }
   const std::string f = field + ".";
@@ -224,7 +224,7 @@ absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text) {
   c.num_key_value_heads = c.num_attention_heads;
   if (!(s = read_int(j, "num_key_value_heads", false, &c.num_key_value_heads)).ok()) return s;
   // HF defaults: Qwen3Config has head_dim 128; Llama and Qwen2 derive it.
-  c.head_dim = c.model_type == "qwen3"        ? 128
+  c.head_dim = c.model_type == "qwen3"     ? 128
                : c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads
                                            : 0;
   if (!(s = read_int(j, "head_dim", false, &c.head_dim)).ok()) return s;

@@ -1,5 +1,5 @@
-// The Llama/Qwen2/Qwen3 decoder engine shared by generation and training: HF checkpoints in and out,
-// a training forward over packed sequences that returns per-token logprobs and keeps what the
+// The Llama/Qwen2/Qwen3 decoder engine shared by generation and training: HF checkpoints in and
+// out, a training forward over packed sequences that returns per-token logprobs and keeps what the
 // backward needs, a backward driven by a caller-supplied dL/dlogprob per token (how rl/ plugs in
 // GRPO losses), and a KV-cache forward for batched prefill and incremental decode. Every linear
 // layer runs in the precision policy's format through model/linear.h (the backend boundary).

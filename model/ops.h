@@ -29,7 +29,8 @@ void rmsnorm_backward(const float* x, const float* g, const float* inv_rms, cons
 //   w > L / low_freq_factor  -> inv_freq / factor                       (low frequencies)
 //   w < L / high_freq_factor -> inv_freq                                (high frequencies)
 //   otherwise                -> (1 - s) inv_freq / factor + s inv_freq,  (medium, smoothed)
-//                               s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor)
+//                               s = (L / w - low_freq_factor) / (high_freq_factor -
+//                               low_freq_factor)
 std::vector<float> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& scaling);
 
 // Rotary tables for positions [0, max_pos): cos/sin[pos * half + i] of pos * inv_freq[i] (angle in

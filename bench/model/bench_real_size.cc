@@ -79,12 +79,12 @@ int run(int argc, char** argv) {
   auto prec = parse_precision(precision);
   if (!prec.ok()) return fail(prec.status());
   const PrecisionPolicy policy{.linear = *prec};
-  std::printf("%s: %s, hidden %ld, %ld layers, %ld/%ld heads, head_dim %ld, vocab %ld, linears %s\n",
-              cfg_path.c_str(), config->model_type.c_str(), static_cast<long>(config->hidden_size),
-              static_cast<long>(config->num_hidden_layers),
-              static_cast<long>(config->num_attention_heads),
-              static_cast<long>(config->num_key_value_heads), static_cast<long>(config->head_dim),
-              static_cast<long>(config->vocab_size), precision.c_str());
+  std::printf(
+      "%s: %s, hidden %ld, %ld layers, %ld/%ld heads, head_dim %ld, vocab %ld, linears %s\n",
+      cfg_path.c_str(), config->model_type.c_str(), static_cast<long>(config->hidden_size),
+      static_cast<long>(config->num_hidden_layers), static_cast<long>(config->num_attention_heads),
+      static_cast<long>(config->num_key_value_heads), static_cast<long>(config->head_dim),
+      static_cast<long>(config->vocab_size), precision.c_str());
   row("start", 0, "");
 
   double t0 = now();

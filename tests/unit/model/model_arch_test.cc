@@ -158,22 +158,29 @@ TEST(ArchConfig, UnimplementedMathIsAnErrorNamingTheKey) {
   const Case cases[] = {
       {llama31_8b(), "rope_scaling", yarn,
        "config.json: rope_scaling.rope_type: 'yarn' is not supported"},
-      {llama31_8b(), "rope_scaling", {{"type", "linear"}, {"factor", 2.0}},
+      {llama31_8b(),
+       "rope_scaling",
+       {{"type", "linear"}, {"factor", 2.0}},
        "config.json: rope_scaling.rope_type: 'linear' is not supported"},
-      {llama31_8b(), "rope_scaling", Json::object(), "config.json: rope_scaling.rope_type: missing"},
+      {llama31_8b(), "rope_scaling", Json::object(),
+       "config.json: rope_scaling.rope_type: missing"},
       {llama31_8b(), "rope_scaling", no_low, "config.json: rope_scaling.low_freq_factor: missing"},
       {llama31_8b(), "rope_scaling", extra,
        "config.json: rope_scaling.attention_factor: not supported with rope_type 'llama3'"},
       {llama31_8b(), "rope_scaling", inverted,
        "config.json: rope_scaling.high_freq_factor: must be > low_freq_factor"},
-      {qwen3_0_6b(), "rope_scaling", {{"rope_type", "default"}, {"factor", 2.0}},
+      {qwen3_0_6b(),
+       "rope_scaling",
+       {{"rope_type", "default"}, {"factor", 2.0}},
        "config.json: rope_scaling.factor: not supported with rope_type 'default'"},
       {qwen3_0_6b(), "rope_parameters", yarn, "config.json: rope_parameters.rope_type: 'yarn'"},
       {llama31_8b(), "mlp_bias", true, "config.json: mlp_bias: only false is supported"},
       {qwen3_0_6b(), "use_sliding_window", true,
        "config.json: use_sliding_window: only false is supported"},
       {qwen3_0_6b(), "attention_dropout", 0.1, "config.json: attention_dropout: only 0"},
-      {qwen3_0_6b(), "layer_types", {"full_attention", "sliding_attention"},
+      {qwen3_0_6b(),
+       "layer_types",
+       {"full_attention", "sliding_attention"},
        "config.json: layer_types[1]: only \"full_attention\""},
       {qwen3_0_6b(), "partial_rotary_factor", 0.5, "config.json: partial_rotary_factor"},
       {qwen3_0_6b(), "hidden_act", "gelu", "config.json: hidden_act"},
@@ -263,9 +270,9 @@ TEST_P(ArchPrecisionTest, GenerationLogprobsEqualTrainingLogprobs) {
   const PrecisionCase pc = GetParam();
   auto model = arch_model(pc.arch, {.linear = pc.linear, .kv_cache = KvCacheDtype::kBF16});
   Rng rng(3);
-  const std::vector<std::vector<int32_t>> prompts = {
-      testing::random_tokens(rng, 5, 96), testing::random_tokens(rng, 11, 96),
-      testing::random_tokens(rng, 1, 96)};
+  const std::vector<std::vector<int32_t>> prompts = {testing::random_tokens(rng, 5, 96),
+                                                     testing::random_tokens(rng, 11, 96),
+                                                     testing::random_tokens(rng, 1, 96)};
   SamplingParams sp{.temperature = 0.9f, .max_new_tokens = 10, .seed = 8};
   auto results = generate(model, prompts, sp);
   ASSERT_TRUE(results.ok()) << results.status();
@@ -306,7 +313,8 @@ TEST_P(ArchPrecisionTest, BackwardMatchesTheFp32Backward) {
   auto model = arch_model(pc.arch, {.linear = pc.linear});
   auto ref = arch_model(pc.arch, {});
   Rng rng(12);
-  const TokenBatch batch = {testing::random_tokens(rng, 13, 96), testing::random_tokens(rng, 7, 96)};
+  const TokenBatch batch = {testing::random_tokens(rng, 13, 96),
+                            testing::random_tokens(rng, 7, 96)};
   TokenValues dlogp;
   for (const auto& s : batch) {
     dlogp.emplace_back(s.size() - 1);
@@ -344,14 +352,12 @@ TEST_P(ArchPrecisionTest, BackwardMatchesTheFp32Backward) {
               case_name(pc).c_str(), worst, worst_name.c_str(), bar);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, ArchPrecisionTest,
-                         ::testing::Values(PrecisionCase{0, Precision::kF32},
-                                           PrecisionCase{0, Precision::kBF16},
-                                           PrecisionCase{0, Precision::kFP8},
-                                           PrecisionCase{1, Precision::kF32},
-                                           PrecisionCase{1, Precision::kBF16},
-                                           PrecisionCase{1, Precision::kFP8}),
-                         [](const auto& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Archs, ArchPrecisionTest,
+    ::testing::Values(PrecisionCase{0, Precision::kF32}, PrecisionCase{0, Precision::kBF16},
+                      PrecisionCase{0, Precision::kFP8}, PrecisionCase{1, Precision::kF32},
+                      PrecisionCase{1, Precision::kBF16}, PrecisionCase{1, Precision::kFP8}),
+    [](const auto& info) { return case_name(info.param); });
 
 }  // namespace
 }  // namespace fp8rl::model

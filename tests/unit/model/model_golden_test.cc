@@ -143,7 +143,8 @@ TEST_P(GoldenTest, LogitsAndEveryGradientMatchPyTorch) {
       gc.name.c_str(), worst_logit, kLogitRelTol, m.layout().params().size(), worst, kGradRelTol);
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, GoldenTest, ::testing::Range(0, static_cast<int>(std::size(kCases))),
+INSTANTIATE_TEST_SUITE_P(Configs, GoldenTest,
+                         ::testing::Range(0, static_cast<int>(std::size(kCases))),
                          [](const auto& info) { return kCases[info.param].name; });
 
 // Directional finite differences of L = sum dlogp * logprobs in fp32 on micro configs (Qwen2 with
