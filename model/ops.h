@@ -25,12 +25,11 @@ void rmsnorm_backward(const float* x, const float* g, const float* inv_rms, cons
 
 // Rotary frequencies, half = head_dim / 2 values: inv_freq[i] = theta^(-2i/head_dim) as HF's fp32
 // value; with rope_type llama3 (HF _compute_llama3_parameters, evaluated in double on those fp32
-// values): wavelength w = 2 pi / inv_freq, L = original_max_position_embeddings;
-//   w > L / low_freq_factor  -> inv_freq / factor                       (low frequencies)
-//   w < L / high_freq_factor -> inv_freq                                (high frequencies)
-//   otherwise                -> (1 - s) inv_freq / factor + s inv_freq,  (medium, smoothed)
-//                               s = (L / w - low_freq_factor) / (high_freq_factor -
-//                               low_freq_factor)
+// values), with wavelength w = 2 pi / inv_freq, L = original_max_position_embeddings,
+// lo = low_freq_factor, hi = high_freq_factor:
+//   w > L / lo  -> inv_freq / factor                        (low frequencies)
+//   w < L / hi  -> inv_freq                                 (high frequencies)
+//   otherwise   -> (1 - s) inv_freq / factor + s inv_freq,  s = (L / w - lo) / (hi - lo)
 std::vector<float> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& scaling);
 
 // Rotary tables for positions [0, max_pos): cos/sin[pos * half + i] of pos * inv_freq[i] (angle in
