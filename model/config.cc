@@ -1,6 +1,7 @@
 // config.json <-> ModelConfig with field-named errors.
 #include "model/config.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -61,12 +62,122 @@ absl::Status read_token_id(const Json& j, const char* key, int64_t* out) {
   return absl::OkStatus();
 }
 
+absl::Status validate_rope_scaling(const RopeScaling& r, const std::string& field) {
+  if (r.rope_type == "default") return absl::OkStatus();
+  if (r.rope_type != "llama3") {
+    return field_error(
+        field + ".rope_type",
+        absl::StrCat("'", r.rope_type, "' is not supported (expected \"default\" or \"llama3\")"));
+  }
+  if (!(r.factor >= 1.0) || !std::isfinite(r.factor)) {
+    return field_error(field + ".factor", absl::StrCat("must be >= 1, got ", r.factor));
+  }
+  if (!(r.low_freq_factor > 0) || !std::isfinite(r.low_freq_factor)) {
+    return field_error(field + ".low_freq_factor", "must be > 0");
+  }
+  if (!(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor)) {
+    return field_error(field + ".high_freq_factor", "must be > low_freq_factor");
+  }
+  if (r.original_max_position_embeddings <= 0) {
+    return field_error(field + ".original_max_position_embeddings", "must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+// HF "rope_scaling" (or transformers 5's "rope_parameters", which also carries rope_theta).
+// Every key is known or an error: a scaling we do not implement must not be silently dropped.
+absl::Status read_rope_scaling(const Json& j, const std::string& field, RopeScaling* out,
+                               double* rope_theta) {
+  if (!j.is_object()) return field_error(field, "expected an object or null");
+  const auto type_it = j.contains("rope_type") ? j.find("rope_type") : j.find("type");
+  if (type_it == j.end()) return field_error(field + ".rope_type", "missing");
+  if (!type_it->is_string()) return field_error(field + ".rope_type", "expected a string");
+  out->rope_type = type_it->get<std::string>();
+  const bool llama3 = out->rope_type == "llama3";
+  if (out->rope_type != "default" && !llama3) {
+    return field_error(field + ".rope_type",
+                       absl::StrCat("'", out->rope_type,
+                                    "' is not supported (expected \"default\" or \"llama3\")"));
+  }
+  for (const auto& [key, value] : j.items()) {
+    const std::string name = absl::StrCat(field, ".", key);
+    if (key == "rope_type" || key == "type") continue;
+    if (key == "rope_theta") {
+      if (!value.is_number()) return field_error(name, "expected a number");
+      *rope_theta = value.get<double>();
+      continue;
+    }
+    const bool llama3_key = key == "factor" || key == "low_freq_factor" ||
+                            key == "high_freq_factor" || key == "original_max_position_embeddings";
+    if (!llama3 || !llama3_key) {
+      return field_error(name, absl::StrCat("not supported with rope_type '", out->rope_type, "'"));
+    }
+  }
+  if (!llama3) return absl::OkStatus();
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    if (!j.contains(key)) return field_error(absl::StrCat(field, ".", key), "missing");
+  }
+  const std::string f = field + ".";
+  if (!j["factor"].is_number()) return field_error(f + "factor", "expected a number");
+  if (!j["low_freq_factor"].is_number()) {
+    return field_error(f + "low_freq_factor", "expected a number");
+  }
+  if (!j["high_freq_factor"].is_number()) {
+    return field_error(f + "high_freq_factor", "expected a number");
+  }
+  if (!j["original_max_position_embeddings"].is_number_integer()) {
+    return field_error(f + "original_max_position_embeddings", "expected an integer");
+  }
+  out->factor = j["factor"].get<double>();
+  out->low_freq_factor = j["low_freq_factor"].get<double>();
+  out->high_freq_factor = j["high_freq_factor"].get<double>();
+  out->original_max_position_embeddings = j["original_max_position_embeddings"].get<int64_t>();
+  return validate_rope_scaling(*out, field);
+}
+
+// Keys of HF configs that change the decoder's math in ways we do not implement: refuse them
+// unless they hold the value that means "off".
+absl::Status check_unsupported(const Json& j) {
+  auto truthy = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>());
+  };
+  for (const char* key : {"mlp_bias", "use_sliding_window"}) {
+    if (truthy(key)) return field_error(key, "only false is supported");
+  }
+  if (auto it = j.find("attention_dropout"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() != 0.0) {
+      return field_error("attention_dropout", "only 0 is supported (no dropout)");
+    }
+  }
+  if (auto it = j.find("partial_rotary_factor"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() != 1.0) {
+      return field_error("partial_rotary_factor", "only 1 is supported (full rotary dims)");
+    }
+  }
+  if (auto it = j.find("layer_types"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return field_error("layer_types", "expected a list");
+    for (size_t i = 0; i < it->size(); ++i) {
+      if ((*it)[i] != "full_attention") {
+        return field_error(absl::StrCat("layer_types[", i, "]"),
+                           "only \"full_attention\" is supported");
+      }
+    }
+  }
+  if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu") {
+    return field_error("hidden_act", "only \"silu\" is supported");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status validate_model_config(const ModelConfig& c) {
-  if (c.model_type != "llama" && c.model_type != "qwen2") {
-    return field_error("model_type", absl::StrCat("unsupported '", c.model_type,
-                                                  "' (expected \"llama\" or \"qwen2\")"));
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3") {
+    return field_error("model_type",
+                       absl::StrCat("unsupported '", c.model_type,
+                                    "' (expected \"llama\", \"qwen2\" or \"qwen3\")"));
   }
   const std::pair<const char*, int64_t> positive[] = {
       {"vocab_size", c.vocab_size},
@@ -91,7 +202,7 @@ absl::Status validate_model_config(const ModelConfig& c) {
   if (!(c.rope_theta > 0)) return field_error("rope_theta", "must be > 0");
   if (c.bos_token_id >= c.vocab_size) return field_error("bos_token_id", "must be < vocab_size");
   if (c.eos_token_id >= c.vocab_size) return field_error("eos_token_id", "must be < vocab_size");
-  return absl::OkStatus();
+  return validate_rope_scaling(c.rope_scaling, "rope_scaling");
 }
 
 absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text) {
@@ -112,7 +223,10 @@ absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text) {
   if (!(s = read_int(j, "num_attention_heads", true, &c.num_attention_heads)).ok()) return s;
   c.num_key_value_heads = c.num_attention_heads;
   if (!(s = read_int(j, "num_key_value_heads", false, &c.num_key_value_heads)).ok()) return s;
-  c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+  // HF defaults: Qwen3Config has head_dim 128; Llama and Qwen2 derive it.
+  c.head_dim = c.model_type == "qwen3"     ? 128
+               : c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads
+                                           : 0;
   if (!(s = read_int(j, "head_dim", false, &c.head_dim)).ok()) return s;
   if (!(s = read_int(j, "max_position_embeddings", false, &c.max_position_embeddings)).ok()) {
     return s;
@@ -124,20 +238,21 @@ absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text) {
   if (!(s = read_bool(j, "attention_bias", &c.attention_bias)).ok()) return s;
   if (!(s = read_token_id(j, "bos_token_id", &c.bos_token_id)).ok()) return s;
   if (!(s = read_token_id(j, "eos_token_id", &c.eos_token_id)).ok()) return s;
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    return field_error("rope_scaling", "not supported (only plain rotary embeddings)");
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
+      if (!(s = read_rope_scaling(*it, key, &c.rope_scaling, &c.rope_theta)).ok()) return s;
+    }
   }
-  if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu") {
-    return field_error("hidden_act", "only \"silu\" is supported");
-  }
+  if (!(s = check_unsupported(j)).ok()) return s;
   if (auto st = validate_model_config(c); !st.ok()) return st;
   return c;
 }
 
 std::string model_config_to_json(const ModelConfig& c, bool fp8_block_quantization) {
   Json j;
-  j["architectures"] =
-      Json::array({c.model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"});
+  j["architectures"] = Json::array({c.model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                                    : c.model_type == "qwen3" ? "Qwen3ForCausalLM"
+                                                              : "LlamaForCausalLM"});
   j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -149,6 +264,16 @@ std::string model_config_to_json(const ModelConfig& c, bool fp8_block_quantizati
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.llama3()) {
+    const RopeScaling& r = c.rope_scaling;
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", r.factor},
+                         {"low_freq_factor", r.low_freq_factor},
+                         {"high_freq_factor", r.high_freq_factor},
+                         {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["attention_bias"] = c.attention_bias;
   j["hidden_act"] = "silu";

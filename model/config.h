@@ -1,5 +1,6 @@
 // The decoder's shape and hyper-parameters, read from and written to a Hugging Face config.json
-// (LlamaForCausalLM / Qwen2ForCausalLM spelling), so checkpoints move between fp8rl and HF tools.
+// (LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM spelling), so checkpoints move between
+// fp8rl and HF tools.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,21 @@
 
 namespace fp8rl::model {
 
+// Rotary frequency scaling, HF "rope_scaling" (or "rope_parameters"). "default": plain
+// theta^(-2i/d) frequencies; "llama3": Llama 3.1's piecewise rescaling of the low and medium
+// frequencies (docs/design.md "Architectures").
+struct RopeScaling {
+  std::string rope_type = "default";  // "default" or "llama3"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+
+  bool llama3() const { return rope_type == "llama3"; }
+};
+
 struct ModelConfig {
-  std::string model_type = "llama";  // "llama" or "qwen2"
+  std::string model_type = "llama";  // "llama", "qwen2" or "qwen3"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -21,6 +35,7 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v bias (always true for qwen2)
   int64_t bos_token_id = -1;    // -1: none
@@ -28,10 +43,15 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  // Qwen3: per-head RMSNorm (weights q_norm / k_norm [head_dim]) on q and k before RoPE.
+  bool qk_norm() const { return model_type == "qwen3"; }
 };
 
 // Parses config.json text. Errors name the field ("config.json: hidden_size: must be > 0").
 // A "quantization_config" entry is accepted (FP8 block checkpoints) and otherwise ignored here.
+// Keys that would change the math and are not implemented (another rope_type, mlp_bias,
+// use_sliding_window, attention_dropout > 0, ...) are errors naming the key, never ignored.
+// Defaults follow the HF config classes (qwen3: head_dim 128, no q/k/v bias).
 absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text);
 
 // Checks the invariants (sizes positive, heads divide, even head_dim, ...).

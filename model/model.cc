@@ -64,7 +64,8 @@ Model::Model(const ModelConfig& config, const PrecisionPolicy& policy, bool infe
   const int64_t half = config.head_dim / 2, max_pos = config.max_position_embeddings;
   rope_cos_.resize(half * max_pos);
   rope_sin_.resize(half * max_pos);
-  ops::rope_fill(config.rope_theta, config.head_dim, max_pos, rope_cos_.data(), rope_sin_.data());
+  ops::rope_fill(ops::rope_inv_freq(config.rope_theta, config.head_dim, config.rope_scaling),
+                 max_pos, rope_cos_.data(), rope_sin_.data());
   kv_scales_.k.assign(config.num_hidden_layers, 1.0f);
   kv_scales_.v.assign(config.num_hidden_layers, 1.0f);
 }

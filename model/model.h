@@ -1,5 +1,5 @@
-// The Llama/Qwen2 decoder engine shared by generation and training: HF checkpoints in and out,
-// a training forward over packed sequences that returns per-token logprobs and keeps what the
+// The Llama/Qwen2/Qwen3 decoder engine shared by generation and training: HF checkpoints in and
+// out, a training forward over packed sequences that returns per-token logprobs and keeps what the
 // backward needs, a backward driven by a caller-supplied dL/dlogprob per token (how rl/ plugs in
 // GRPO losses), and a KV-cache forward for batched prefill and incremental decode. Every linear
 // layer runs in the precision policy's format through model/linear.h (the backend boundary).
@@ -45,6 +45,8 @@ struct TrainForwardOptions {
 // Activations saved by a training forward for its backward (one per micro-batch).
 struct LayerActivations {
   std::vector<float> x, inv1, h1, q, k, v, o, x2, inv2, h2, g, u, act;
+  // qk_norm only: q/k before the per-head norm (saved for backward) and its 1/rms per head row.
+  std::vector<float> q_raw, k_raw, inv_q, inv_k;
 };
 struct ForwardContext {
   TokenBatch tokens;

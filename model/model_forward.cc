@@ -69,6 +69,29 @@ absl::Status Model::layer_forward(int64_t l, int64_t m, const int32_t* pos, floa
   if (auto s = linear_forward(W[0], a.h1.data(), m, bias(lo.q_bias), a.q.data()); !s.ok()) return s;
   if (auto s = linear_forward(W[1], a.h1.data(), m, bias(lo.k_bias), a.k.data()); !s.ok()) return s;
   if (auto s = linear_forward(W[2], a.h1.data(), m, bias(lo.v_bias), a.v.data()); !s.ok()) return s;
+  if (config_.qk_norm()) {
+    // Qwen3: q [m, heads, hd], k [m, kv_heads, hd] <- RMSNorm of each head's hd values (q_norm,
+    // k_norm weights [hd]), before RoPE.
+    const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+    if (save) {
+      a.q_raw.assign(a.q.begin(), a.q.end());
+      a.k_raw.assign(a.k.begin(), a.k.end());
+    }
+    a.inv_q.resize(m * nh);
+    a.inv_k.resize(m * nkv);
+    rows_parallel(m, grain, [&](int64_t b, int64_t e) {
+      float* q = a.q.data() + b * qd;
+      float* k = a.k.data() + b * kvd;
+      ops::rmsnorm_forward(q, small_param(lo.q_norm), (e - b) * nh, hd, eps, q,
+                           a.inv_q.data() + b * nh);
+      ops::rmsnorm_forward(k, small_param(lo.k_norm), (e - b) * nkv, hd, eps, k,
+                           a.inv_k.data() + b * nkv);
+      if (rb) {
+        ops::round_bf16_inplace(q, (e - b) * qd);
+        ops::round_bf16_inplace(k, (e - b) * kvd);
+      }
+    });
+  }
   const ops::RopeTable rope{hd / 2, config_.max_position_embeddings,
                             const_cast<float*>(rope_cos_.data()),
                             const_cast<float*>(rope_sin_.data())};
@@ -354,6 +377,15 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
                               const_cast<float*>(rope_sin_.data())};
     ops::rope_apply(rope, c.pos.data(), m, config_.num_attention_heads, hd, dq.data(), true);
     ops::rope_apply(rope, c.pos.data(), m, n_kv, hd, dk.data(), true);
+    if (config_.qk_norm()) {
+      // q = q_norm(q_raw), k = k_norm(k_raw) per head (forward: "Qwen3: q [m, heads, hd] <- ...").
+      ops::rmsnorm_backward(a.q_raw.data(), small_param(lo.q_norm), a.inv_q.data(), dq.data(),
+                            m * config_.num_attention_heads, hd, tmp.data(), grads + lo.q_norm);
+      std::copy(tmp.begin(), tmp.begin() + m * qd, dq.begin());
+      ops::rmsnorm_backward(a.k_raw.data(), small_param(lo.k_norm), a.inv_k.data(), dk.data(),
+                            m * n_kv, hd, tmp.data(), grads + lo.k_norm);
+      std::copy(tmp.begin(), tmp.begin() + m * kvd, dk.begin());
+    }
     auto bias = [&](int64_t off) { return off >= 0 ? grads + off : nullptr; };
     if (auto s = linear_backward(W[0], a.h1.data(), dq.data(), m, dh.data(), grads + lo.q,
                                  bias(lo.q_bias));

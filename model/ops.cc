@@ -52,14 +52,39 @@ void rmsnorm_backward(const float* x, const float* g, const float* inv_rms, cons
   }
 }
 
-void rope_fill(double theta, int64_t head_dim, int64_t max_pos, float* cos, float* sin) {
+std::vector<float> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& scaling) {
   const int64_t half = head_dim / 2;
+  std::vector<float> inv_freq(half);
   for (int64_t i = 0; i < half; ++i) {
-    // HF computes inv_freq in fp32; keep that value, then the angle in double.
-    const float inv_freq = static_cast<float>(
+    // HF computes inv_freq in fp32; keep that value.
+    inv_freq[i] = static_cast<float>(
         1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+  }
+  if (!scaling.llama3()) return inv_freq;
+  const double old_len = static_cast<double>(scaling.original_max_position_embeddings);
+  const double low_wavelen = old_len / scaling.low_freq_factor;
+  const double high_wavelen = old_len / scaling.high_freq_factor;
+  for (float& f : inv_freq) {
+    const double freq = f;
+    const double wavelen = 2.0 * M_PI / freq;
+    double scaled = freq;
+    if (wavelen > low_wavelen) {
+      scaled = freq / scaling.factor;
+    } else if (wavelen >= high_wavelen) {
+      const double s = (old_len / wavelen - scaling.low_freq_factor) /
+                       (scaling.high_freq_factor - scaling.low_freq_factor);
+      scaled = (1.0 - s) * freq / scaling.factor + s * freq;
+    }
+    f = static_cast<float>(scaled);
+  }
+  return inv_freq;
+}
+
+void rope_fill(const std::vector<float>& inv_freq, int64_t max_pos, float* cos, float* sin) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  for (int64_t i = 0; i < half; ++i) {
     for (int64_t p = 0; p < max_pos; ++p) {
-      const double angle = static_cast<double>(p) * static_cast<double>(inv_freq);
+      const double angle = static_cast<double>(p) * static_cast<double>(inv_freq[i]);
       cos[p * half + i] = static_cast<float>(std::cos(angle));
       sin[p * half + i] = static_cast<float>(std::sin(angle));
     }

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "model/config.h"
 
 namespace fp8rl::model::ops {
 
@@ -20,15 +23,24 @@ void rmsnorm_forward(const float* x, const float* g, int64_t rows, int64_t h, fl
 void rmsnorm_backward(const float* x, const float* g, const float* inv_rms, const float* dy,
                       int64_t rows, int64_t h, float* dx, float* dg);
 
-// Rotary tables for positions [0, max_pos): cos/sin[pos * half + i], half = head_dim / 2,
-// inv_freq[i] = theta^(-2i/head_dim) (HF "rotate half" layout).
+// Rotary frequencies, half = head_dim / 2 values: inv_freq[i] = theta^(-2i/head_dim) as HF's fp32
+// value; with rope_type llama3 (HF _compute_llama3_parameters, evaluated in double on those fp32
+// values), with wavelength w = 2 pi / inv_freq, L = original_max_position_embeddings,
+// lo = low_freq_factor, hi = high_freq_factor:
+//   w > L / lo  -> inv_freq / factor                        (low frequencies)
+//   w < L / hi  -> inv_freq                                 (high frequencies)
+//   otherwise   -> (1 - s) inv_freq / factor + s inv_freq,  s = (L / w - lo) / (hi - lo)
+std::vector<float> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& scaling);
+
+// Rotary tables for positions [0, max_pos): cos/sin[pos * half + i] of pos * inv_freq[i] (angle in
+// double) (HF "rotate half" layout).
 struct RopeTable {
   int64_t half = 0;
   int64_t max_pos = 0;
   float* cos = nullptr;  // owned by the caller (model), [max_pos * half]
   float* sin = nullptr;
 };
-void rope_fill(double theta, int64_t head_dim, int64_t max_pos, float* cos, float* sin);
+void rope_fill(const std::vector<float>& inv_freq, int64_t max_pos, float* cos, float* sin);
 // Rotates each head of x[rows, heads * head_dim] in place, row r at position pos[r].
 // inverse: applies the transposed rotation (the backward of the forward rotation).
 void rope_apply(const RopeTable& t, const int32_t* pos, int64_t rows, int64_t heads,

@@ -1,4 +1,4 @@
-// The HF parameter naming of Llama/Qwen2 decoders mapped onto one flat buffer.
+// The HF parameter naming of Llama/Qwen2/Qwen3 decoders mapped onto one flat buffer.
 #include "model/params.h"
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +32,11 @@ ParamLayout::ParamLayout(const ModelConfig& c) {
       l.v_bias = add(p + "self_attn.v_proj.bias", {kv}, ParamKind::kBias, i);
     }
     l.o = add(p + "self_attn.o_proj.weight", {h, q}, ParamKind::kLinear, i);
+    l.q_norm = l.k_norm = -1;
+    if (c.qk_norm()) {
+      l.q_norm = add(p + "self_attn.q_norm.weight", {c.head_dim}, ParamKind::kNorm, i);
+      l.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, ParamKind::kNorm, i);
+    }
     l.post_norm = add(p + "post_attention_layernorm.weight", {h}, ParamKind::kNorm, i);
     l.gate = add(p + "mlp.gate_proj.weight", {f, h}, ParamKind::kLinear, i);
     l.up = add(p + "mlp.up_proj.weight", {f, h}, ParamKind::kLinear, i);

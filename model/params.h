@@ -21,9 +21,10 @@ struct ParamInfo {
   int64_t layer = -1;  // decoder layer, -1 for embedding / final norm / lm_head
 };
 
-// Offsets of one decoder layer's parameters (bias offsets are -1 without attention_bias).
+// Offsets of one decoder layer's parameters (bias offsets are -1 without attention_bias,
+// q_norm / k_norm offsets -1 without qk_norm).
 struct LayerOffsets {
-  int64_t input_norm, q, k, v, o, q_bias, k_bias, v_bias, post_norm, gate, up, down;
+  int64_t input_norm, q, k, v, o, q_bias, k_bias, v_bias, q_norm, k_norm, post_norm, gate, up, down;
 };
 
 class ParamLayout {

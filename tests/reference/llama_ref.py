@@ -1,9 +1,11 @@
 #!/usr/bin/python3
-"""Independent PyTorch oracle for the fp8rl model engine (Llama / Qwen2 decoder).
+"""Independent PyTorch oracle for the fp8rl model engine (Llama / Qwen2 / Qwen3 decoder).
 
-Written from the Hugging Face LlamaForCausalLM / Qwen2ForCausalLM equations (RMSNorm, rotate-half
-RoPE with rope_theta, GQA, SwiGLU, optional q/k/v bias, tied or untied lm_head) without the
-`transformers` package. Runs in float64 (or float32 with --dtype f32) on the CPU.
+Written from the Hugging Face LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM equations
+(RMSNorm, rotate-half RoPE with rope_theta and the Llama 3.1 "llama3" frequency scaling, GQA,
+SwiGLU, optional q/k/v bias, Qwen3's per-head q_norm / k_norm before RoPE, explicit head_dim,
+tied or untied lm_head) without the `transformers` package. Runs in float64 (or float32 with
+--dtype f32) on the CPU.
 
   llama_ref.py CHECKPOINT_DIR REQUEST.json OUT.safetensors [CHECKPOINT_DIR REQUEST.json OUT ...]
 
@@ -68,7 +70,10 @@ class Llama:
         self.h = config["hidden_size"]
         self.nh = config["num_attention_heads"]
         self.nkv = config.get("num_key_value_heads", self.nh)
-        self.hd = config.get("head_dim", self.h // self.nh)
+        qwen3 = config.get("model_type") == "qwen3"
+        # Qwen3Config defaults head_dim to 128; Llama and Qwen2 derive it.
+        self.hd = config.get("head_dim") or (128 if qwen3 else self.h // self.nh)
+        self.qk_norm = qwen3
         self.eps = config.get("rms_norm_eps", 1e-6)
         self.theta = config.get("rope_theta", 10000.0)
         self.tied = config.get("tie_word_embeddings", False)
@@ -78,9 +83,31 @@ class Llama:
         var = x.pow(2).mean(-1, keepdim=True)
         return w * (x * torch.rsqrt(var + self.eps))
 
-    def rope(self, x, pos):  # x [heads, T, hd]
+    def inv_freq(self):
+        # HF computes the plain frequencies in float32; the llama3 rescaling is evaluated here in
+        # float64 on those values (HF: float32), see _compute_llama3_parameters.
         inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
-        ang = pos.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+        inv_freq = inv_freq.to(torch.float64)
+        scaling = self.c.get("rope_scaling") or {"rope_type": "default"}
+        rope_type = scaling.get("rope_type", scaling.get("type"))
+        if rope_type == "default":
+            return inv_freq
+        if rope_type != "llama3":
+            sys.exit(f"llama_ref.py: rope_scaling.rope_type {rope_type!r} is not implemented")
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        low_freq_wavelen = old_len / low
+        high_freq_wavelen = old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(medium, smoothed, scaled)
+
+    def rope(self, x, pos):  # x [heads, T, hd]
+        ang = pos.to(torch.float64)[:, None] * self.inv_freq()[None, :]
         emb = torch.cat([ang, ang], dim=-1).to(x.dtype)
         cos, sin = emb.cos(), emb.sin()
         half = self.hd // 2
@@ -102,9 +129,13 @@ class Llama:
         for i in range(self.layers):
             pre = f"model.layers.{i}."
             h = self.rmsnorm(x, p[pre + "input_layernorm.weight"])
-            q = self.linear(h, pre + "self_attn.q_proj", True).view(t, self.nh, self.hd).transpose(0, 1)
-            k = self.linear(h, pre + "self_attn.k_proj", True).view(t, self.nkv, self.hd).transpose(0, 1)
-            v = self.linear(h, pre + "self_attn.v_proj", True).view(t, self.nkv, self.hd).transpose(0, 1)
+            q = self.linear(h, pre + "self_attn.q_proj", True).view(t, self.nh, self.hd)
+            k = self.linear(h, pre + "self_attn.k_proj", True).view(t, self.nkv, self.hd)
+            v = self.linear(h, pre + "self_attn.v_proj", True).view(t, self.nkv, self.hd)
+            if self.qk_norm:  # Qwen3: RMSNorm over each head's head_dim values, before RoPE
+                q = self.rmsnorm(q, p[pre + "self_attn.q_norm.weight"])
+                k = self.rmsnorm(k, p[pre + "self_attn.k_norm.weight"])
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
             q, k = self.rope(q, pos), self.rope(k, pos)
             rep = self.nh // self.nkv
             k = k.repeat_interleave(rep, dim=0)

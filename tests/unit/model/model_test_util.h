@@ -16,9 +16,29 @@
 
 namespace fp8rl::model::testing {
 
-// fp32 engine vs the float64 PyTorch oracle (relative to the tensor's max |value|).
+// fp32 engine vs the float64 PyTorch oracle (relative to the tensor's max |value|). Where they
+// come from: every fp32 op rounds with unit roundoff u = 2^-24 = 6e-8; a length-K dot product
+// (K <= 112 here, 8-lane or BLAS blocked sums) adds about sqrt(K) u = 6e-7 relative to the sum of
+// |terms|, and a logit passes ~15 such roundings per layer (norm, 3+1 projections, RoPE, softmax,
+// attention sum, MLP 3 GEMMs, residual adds) over 2 layers plus the final norm and lm_head: a
+// random-walk sum of ~35 steps of <= 6e-7 gives ~4e-6, times cancellation in the residual stream
+// (max |logit| is the scale, not each entry) of at most ~2: 1e-5. The RoPE tables are fp32
+// (sin/cos of a double angle, inv_freq as HF's fp32 value; the llama3 rescaling rounds once more
+// to fp32: an angle error <= pos * inv_freq * 2^-24 <= 1e-6 rad at the test lengths). Gradients
+// go through the same chain twice (forward recomputation and the transposed backward), hence 2x.
+// Measured (model_golden_test, 7 configs): logits <= 6.5e-7, gradients <= 1.7e-6, 12-15x below
+// the bars; the bars stay at the estimate so a change of summation order cannot flake them.
 inline constexpr double kLogitRelTol = 1e-5;
 inline constexpr double kGradRelTol = 2e-5;
+// bf16 / fp8 backward vs the fp32 backward on the same master weights, calc_diff per parameter
+// tensor (model_arch_test, Qwen3 and Llama 3.1 configs at hidden 160). These bars compare the
+// whole chain of roundings, not one op: bf16 rounds every activation (2^-9 relative), measured
+// worst 6.2e-4; the FP8 recipe quantizes both operands of every GEMM to E4M3 (2^-4 relative per
+// element, ~6e-4 calc_diff per GEMM, kernels/tolerances.h) through 2 layers forward and backward,
+// measured 1-2.5e-2 for most tensors and 6.0e-2 worst (layer 1 k_proj, whose gradient is the
+// smallest). A missing or wrong term of a backward gives calc_diff ~1 (2 for a sign error).
+inline constexpr double kBf16GradMaxCalcDiff = 2e-3;
+inline constexpr double kFp8GradMaxCalcDiff = 1e-1;
 // Consistency of generation and training logprobs (issue 3).
 inline constexpr double kConsistencyMaxAbsTol = 1e-4;   // fp32 / bf16: max |d|
 inline constexpr double kConsistencyMeanAbsTol = 1e-5;  // fp8: mean |d|
@@ -39,6 +59,28 @@ inline ModelConfig make_config(int64_t vocab, int64_t hidden, int64_t inter, int
   c.rope_theta = qwen2 ? 1000000.0 : 10000.0;
   c.tie_word_embeddings = tied;
   c.attention_bias = qwen2;
+  return c;
+}
+
+// Qwen3: per-head q/k RMSNorm, explicit head_dim (may differ from hidden / heads), no q/k/v bias.
+inline ModelConfig make_qwen3_config(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers,
+                                     int64_t heads, int64_t kv_heads, int64_t head_dim, bool tied) {
+  ModelConfig c = make_config(vocab, hidden, inter, layers, heads, kv_heads, tied, true);
+  c.model_type = "qwen3";
+  c.head_dim = head_dim;
+  c.attention_bias = false;
+  return c;
+}
+
+// Llama 3.1 rope scaling on `c`. With head_dim 16, theta 1e4, original 256, low 1, high 8 the 8
+// frequencies split 2 high (kept) / 2 medium (smoothed) / 4 low (divided by factor).
+inline ModelConfig with_llama3_rope(ModelConfig c, double factor = 8.0, double low = 1.0,
+                                    double high = 8.0, int64_t original = 256) {
+  c.rope_scaling.rope_type = "llama3";
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.low_freq_factor = low;
+  c.rope_scaling.high_freq_factor = high;
+  c.rope_scaling.original_max_position_embeddings = original;
   return c;
 }
 
