@@ -2,7 +2,9 @@
 #include "services/weight_sync/client.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
@@ -148,6 +150,13 @@ bool WeightSubscriber::stream_once() {
     request.set_held_version(held_version_);
     ++stats_.streams_opened;
   }
+  request.set_accept_delta(options_.accept_delta);
+  if (options_.accept_delta && !want_full_) {
+    request.set_delta_base_version(base_.manifest.version());
+  }
+  want_full_ = false;
+  DeltaReceiver delta(options_.max_version_bytes);
+  bool abandoned = false;  // a delta failed: the stream is cancelled, remaining messages dropped
   std::unique_ptr<grpc::ClientReaderInterface<v1::SubscribeResponse>> reader =
       stub_->Subscribe(&context, request);
   PayloadAssembler assembler(options_.max_version_bytes);
@@ -156,9 +165,68 @@ bool WeightSubscriber::stream_once() {
   v1::SubscribeResponse message;
   while (reader->Read(&message)) {
     received = true;
+    if (abandoned) continue;
+    if (message.has_delta()) {
+      skipping = 0;
+      assembler.reset();
+      const int64_t version = message.delta().target().version();
+      absl::Status s = absl::FailedPreconditionError(
+          absl::StrCat("delta against version ", message.delta().base_version(),
+                       " but this worker holds the bytes of version ", base_.manifest.version()));
+      if (message.delta().base_version() == base_.manifest.version() && !base_.payload.empty()) {
+        s = delta.begin(std::move(*message.mutable_delta()));
+      }
+      if (s.ok() && !delta.complete()) continue;
+      if (!s.ok()) {
+        delta_failed(version, s);
+        abandoned = true;
+        context.TryCancel();
+        continue;
+      }
+    } else if (message.has_chunk() && delta.active() &&
+               message.chunk().version() == delta.version()) {
+      const int64_t version = delta.version();
+      if (absl::Status s = delta.add(message.chunk()); !s.ok()) {
+        delta_failed(version, s);
+        abandoned = true;
+        context.TryCancel();
+        continue;
+      }
+      if (!delta.complete()) continue;
+    }
+    if (delta.active() && delta.complete()) {
+      // A complete delta: rebuild the full version from the base and verify every tensor.
+      const auto start = std::chrono::steady_clock::now();
+      AssembledVersion full;
+      full.manifest = delta.delta().target();
+      full.payload.resize(full.manifest.total_bytes());
+      const absl::Status s = apply_delta(
+          delta.delta(),
+          std::span(reinterpret_cast<const uint8_t*>(base_.payload.data()), base_.payload.size()),
+          delta.payload(),
+          std::span(reinterpret_cast<uint8_t*>(full.payload.data()), full.payload.size()));
+      const uint64_t delta_bytes = delta.payload().size();
+      delta.reset();
+      if (!s.ok()) {
+        delta_failed(full.manifest.version(), s);
+        abandoned = true;
+        context.TryCancel();
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.versions_from_delta;
+        stats_.delta_bytes_received += delta_bytes;
+        stats_.delta_decode_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      deliver(std::move(full));
+      continue;
+    }
     if (message.has_manifest()) {
       const int64_t version = message.manifest().version();
       skipping = 0;
+      delta.reset();
       if (absl::Status s = assembler.begin(std::move(*message.mutable_manifest())); !s.ok()) {
         reject(version, s);
         skipping = version;
@@ -191,7 +259,8 @@ bool WeightSubscriber::stream_once() {
     std::lock_guard<std::mutex> lock(mu_);
     active_context_ = nullptr;
     stopping = stopping_;
-    if (!stopping) {
+    // A stream this worker cancelled after a failed delta keeps the delta's error.
+    if (!stopping && !abandoned) {
       stats_.last_error =
           absl::StrCat("subscribe stream ended: ", status.ok() ? "OK" : status.error_message());
     }
@@ -209,8 +278,8 @@ void WeightSubscriber::deliver(AssembledVersion version) {
   const int64_t number = version.manifest.version();
   if (number <= held_version()) return;  // already serving it (or newer)
   absl::StatusOr<model::WeightSet> set = to_weight_set(version.manifest, version.payload);
-  // The tensors hold their own copy now; drop the assembled bytes before the swap.
-  version.payload = std::string();
+  // The tensors hold their own copy now; without deltas drop the assembled bytes before the swap.
+  if (!options_.accept_delta) version.payload = std::string();
   if (!set.ok()) {
     reject(number, set.status());
     return;
@@ -219,6 +288,7 @@ void WeightSubscriber::deliver(AssembledVersion version) {
     reject(number, s);
     return;
   }
+  if (options_.accept_delta) base_ = std::move(version);
   {
     std::lock_guard<std::mutex> lock(mu_);
     held_version_ = number;
@@ -228,6 +298,19 @@ void WeightSubscriber::deliver(AssembledVersion version) {
   service::log_info(kComponent, "version loaded",
                     {{"worker", options_.worker_id}, {"version", absl::StrCat(number)}});
   send_ack(number, true, "");
+}
+
+void WeightSubscriber::delta_failed(int64_t version, const absl::Status& error) {
+  want_full_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.delta_fallbacks;
+    stats_.last_error = std::string(error.message());
+  }
+  service::log_warn(kComponent, "delta not applied, fetching the full version",
+                    {{"worker", options_.worker_id},
+                     {"version", absl::StrCat(version)},
+                     {"error", std::string(error.message())}});
 }
 
 void WeightSubscriber::reject(int64_t version, const absl::Status& error) {
