@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libopenblas-dev
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev zlib1g-dev
+  libzstd-dev
   libpcre2-dev libicu-dev
   curl prometheus docker-compose
   python3 python3-numpy python3-torch python3-yaml python3-jinja2

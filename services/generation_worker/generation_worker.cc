@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
     if (!view.ok()) return view.status();
     return self->install_view(*view);
   };
+  receiver.base = [self](int64_t version) { return self->weights_->payload_of(version); };
   w->subscriber_ = std::make_unique<weight_sync::WeightSubscriber>(
       insecure_channel(config.weight_sync), sub_options, std::move(receiver));
   FP8RL_RETURN_IF_ERROR(w->subscriber_->start());

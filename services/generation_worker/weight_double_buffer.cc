@@ -52,7 +52,13 @@ HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
 
 absl::StatusOr<std::span<char>> WeightDoubleBuffer::receive_target(uint64_t total_bytes) {
   std::lock_guard lock(mu_);
-  Slot& slot = slots_[1 - serving_];
+  // Never the slot holding the last installed version's bytes: a delta is applied to them.
+  const int index = base_slot_ >= 0 ? 1 - base_slot_ : 1 - serving_;
+  Slot& slot = slots_[index];
+  slot.payload_version = 0;
+  slot.payload_bytes = 0;
+  receiving_ = index;
+  receiving_bytes_ = total_bytes;
   if (slot.payload.size() < total_bytes) {
     stats_.buffer_bytes -= static_cast<int64_t>(slot.payload.size());
     slot.payload = HugePageBuffer();  // unmap first: never hold both
@@ -84,6 +90,7 @@ absl::StatusOr<LoadedWeights> WeightDoubleBuffer::install(const model::WeightVie
     std::lock_guard lock(mu_);
     stats_.full_models_built += 1;
     stats_.installs += 1;
+    note_payload(view);
     return out;
   }
   std::lock_guard lock(mu_);
@@ -105,8 +112,29 @@ absl::StatusOr<LoadedWeights> WeightDoubleBuffer::install(const model::WeightVie
   if (absl::Status s = slot.model->install(view); !s.ok()) return s;
   stats_.installs += 1;
   stats_.in_place_installs += reuse ? 1 : 0;
+  note_payload(view);
   out.model = slot.model;
   return out;
+}
+
+void WeightDoubleBuffer::note_payload(const model::WeightView& view) {
+  base_slot_ = -1;
+  if (receiving_ < 0 || view.tensors().empty()) return;
+  Slot& slot = slots_[receiving_];
+  const std::span<char> buffer = slot.payload.span();
+  const auto* first = reinterpret_cast<const char*>(view.tensors().front().bytes.data());
+  if (first < buffer.data() || first >= buffer.data() + buffer.size()) return;
+  slot.payload_version = view.version;
+  slot.payload_bytes = receiving_bytes_;
+  base_slot_ = receiving_;
+}
+
+std::span<const char> WeightDoubleBuffer::payload_of(int64_t version) const {
+  std::lock_guard lock(mu_);
+  if (base_slot_ < 0 || version <= 0) return {};
+  const Slot& slot = slots_[base_slot_];
+  if (slot.payload_version != version) return {};
+  return std::span<const char>(slot.payload.span().data(), slot.payload_bytes);
 }
 
 void WeightDoubleBuffer::served(const model::Model* model) {

@@ -62,6 +62,12 @@ class WeightDoubleBuffer {
   // The scheduler now serves `model` (from install()): its slot becomes the serving one.
   void served(const model::Model* model);
 
+  // The payload bytes of `version` when it was the last version installed and its bytes were
+  // received into a slot's buffer (receive_target); empty otherwise. Weight-sync deltas are
+  // applied to them (services/weight_sync/delta.h). receive_target() never hands out this slot,
+  // so the span stays valid until the next version has been installed.
+  std::span<const char> payload_of(int64_t version) const;
+
   struct Stats {
     int64_t installs = 0;            // successful install() calls
     int64_t in_place_installs = 0;   // of them, written into an existing model
@@ -79,7 +85,11 @@ class WeightDoubleBuffer {
     std::shared_ptr<model::Model> model;  // inference-only; null before the first install
     std::string config_json;              // what `model` was built for
     model::PrecisionPolicy policy;
+    int64_t payload_version = 0;  // version whose verified bytes the payload holds (0: none)
+    uint64_t payload_bytes = 0;   // its size
   };
+  // Marks the receiving slot as holding `view`'s bytes when they lie in its buffer. Holds mu_.
+  void note_payload(const model::WeightView& view);
 
   const PrecisionOverrides overrides_;
   // Guards the members below. install() holds it while writing into a slot's model, so two
@@ -87,6 +97,9 @@ class WeightDoubleBuffer {
   mutable std::mutex mu_;
   Slot slots_[2];
   int serving_ = 0;  // index of the slot whose model the scheduler serves (or last served)
+  int receiving_ = -1;  // slot of the last receive_target() (-1: none yet)
+  uint64_t receiving_bytes_ = 0;
+  int base_slot_ = -1;  // slot holding the last installed version's bytes (-1: none)
   Stats stats_;
 };
 

@@ -2,7 +2,9 @@
 #include "services/weight_sync/client.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
@@ -162,6 +164,13 @@ bool WeightSubscriber::stream_once() {
     request.set_held_version(held_version_);
     ++stats_.streams_opened;
   }
+  request.set_accept_delta(options_.accept_delta);
+  if (options_.accept_delta && !want_full_) {
+    request.set_delta_base_version(delta_base_version());
+  }
+  want_full_ = false;
+  DeltaReceiver delta(options_.max_version_bytes);
+  bool abandoned = false;  // a delta failed: the stream is cancelled, remaining messages dropped
   std::unique_ptr<grpc::ClientReaderInterface<v1::SubscribeResponse>> reader =
       stub_->Subscribe(&context, request);
   PayloadAssembler assembler(options_.max_version_bytes);
@@ -171,9 +180,89 @@ bool WeightSubscriber::stream_once() {
   v1::SubscribeResponse message;
   while (reader->Read(&message)) {
     received = true;
+    if (abandoned) continue;
+    if (message.has_delta()) {
+      skipping = 0;
+      assembler.reset();
+      const int64_t version = message.delta().target().version();
+      absl::Status s = absl::FailedPreconditionError(
+          absl::StrCat("delta against version ", message.delta().base_version(),
+                       " but this worker holds the bytes of version ", delta_base_version()));
+      if (message.delta().base_version() > 0 &&
+          message.delta().base_version() == delta_base_version()) {
+        s = delta.begin(std::move(*message.mutable_delta()));
+      }
+      if (s.ok() && !delta.complete()) continue;
+      if (!s.ok()) {
+        delta_failed(version, s);
+        abandoned = true;
+        context.TryCancel();
+        continue;
+      }
+    } else if (message.has_chunk() && delta.active() &&
+               message.chunk().version() == delta.version()) {
+      const int64_t version = delta.version();
+      if (absl::Status s = delta.add(message.chunk()); !s.ok()) {
+        delta_failed(version, s);
+        abandoned = true;
+        context.TryCancel();
+        continue;
+      }
+      if (!delta.complete()) continue;
+    }
+    if (delta.active() && delta.complete()) {
+      // A complete delta: rebuild the full version from the base and verify every tensor.
+      const auto start = std::chrono::steady_clock::now();
+      AssembledVersion full;
+      full.manifest = delta.delta().target();
+      const std::span<const char> base = delta_base(delta.delta().base_version());
+      std::span<char> out;
+      absl::Status s;
+      if (handler_) {
+        full.payload.resize(full.manifest.total_bytes());
+        out = std::span<char>(full.payload.data(), full.payload.size());
+      } else {
+        // In place: rebuild straight into the receive buffer the receiver hands out (never the
+        // buffer that holds the base).
+        absl::StatusOr<std::span<char>> target = receiver_.target(full.manifest);
+        if (target.ok()) {
+          out = target->first(full.manifest.total_bytes());
+        } else {
+          s = target.status();
+        }
+      }
+      if (s.ok()) {
+        s = apply_delta(delta.delta(),
+                        std::span(reinterpret_cast<const uint8_t*>(base.data()), base.size()),
+                        delta.payload(),
+                        std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+      }
+      const uint64_t delta_bytes = delta.payload().size();
+      delta.reset();
+      if (!s.ok()) {
+        delta_failed(full.manifest.version(), s);
+        abandoned = true;
+        context.TryCancel();
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.versions_from_delta;
+        stats_.delta_bytes_received += delta_bytes;
+        stats_.delta_decode_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      if (handler_) {
+        deliver(std::move(full));
+      } else {
+        deliver_in_place(full.manifest, out);
+      }
+      continue;
+    }
     if (message.has_manifest()) {
       const int64_t version = message.manifest().version();
       skipping = 0;
+      delta.reset();
       absl::Status s;
       if (handler_) {
         s = assembler.begin(std::move(*message.mutable_manifest()));
@@ -217,7 +306,8 @@ bool WeightSubscriber::stream_once() {
     std::lock_guard<std::mutex> lock(mu_);
     active_context_ = nullptr;
     stopping = stopping_;
-    if (!stopping) {
+    // A stream this worker cancelled after a failed delta keeps the delta's error.
+    if (!stopping && !abandoned) {
       stats_.last_error =
           absl::StrCat("subscribe stream ended: ", status.ok() ? "OK" : status.error_message());
     }
@@ -235,8 +325,8 @@ void WeightSubscriber::deliver(AssembledVersion version) {
   const int64_t number = version.manifest.version();
   if (number <= held_version()) return;  // already serving it (or newer)
   absl::StatusOr<model::WeightSet> set = to_weight_set(version.manifest, version.payload);
-  // The tensors hold their own copy now; drop the assembled bytes before the swap.
-  version.payload = std::string();
+  // The tensors hold their own copy now; without deltas drop the assembled bytes before the swap.
+  if (!options_.accept_delta) version.payload = std::string();
   if (!set.ok()) {
     reject(number, set.status());
     return;
@@ -245,6 +335,7 @@ void WeightSubscriber::deliver(AssembledVersion version) {
     reject(number, s);
     return;
   }
+  if (options_.accept_delta) base_ = std::move(version);
   accepted(number);
 }
 
@@ -269,6 +360,34 @@ void WeightSubscriber::accepted(int64_t number) {
   service::log_info(kComponent, "version loaded",
                     {{"worker", options_.worker_id}, {"version", absl::StrCat(number)}});
   send_ack(number, true, "");
+}
+
+int64_t WeightSubscriber::delta_base_version() const {
+  if (handler_) return base_.payload.empty() ? 0 : base_.manifest.version();
+  if (!receiver_.base) return 0;
+  const int64_t held = held_version();
+  return held > 0 && !receiver_.base(held).empty() ? held : 0;
+}
+
+std::span<const char> WeightSubscriber::delta_base(int64_t version) const {
+  if (handler_) {
+    if (version <= 0 || version != base_.manifest.version()) return {};
+    return std::span<const char>(base_.payload.data(), base_.payload.size());
+  }
+  return receiver_.base ? receiver_.base(version) : std::span<const char>();
+}
+
+void WeightSubscriber::delta_failed(int64_t version, const absl::Status& error) {
+  want_full_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.delta_fallbacks;
+    stats_.last_error = std::string(error.message());
+  }
+  service::log_warn(kComponent, "delta not applied, fetching the full version",
+                    {{"worker", options_.worker_id},
+                     {"version", absl::StrCat(version)},
+                     {"error", std::string(error.message())}});
 }
 
 void WeightSubscriber::reject(int64_t version, const absl::Status& error) {

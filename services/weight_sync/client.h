@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "fp8rl/v1/weight_sync.grpc.pb.h"
 #include "model/weight_set.h"
+#include "services/weight_sync/delta.h"
 #include "services/weight_sync/payload.h"
 
 namespace fp8rl::weight_sync {
@@ -48,6 +49,9 @@ struct SubscriberOptions {
   std::chrono::milliseconds max_backoff{5000};     // reconnect delay cap (doubles up to it)
   std::chrono::milliseconds ack_timeout{5000};     // deadline of each Ack call
   uint64_t max_version_bytes = kDefaultMaxVersionBytes;
+  // Keep the bytes of the version last accepted and take new versions as deltas against it
+  // (services/weight_sync/delta.h); costs one extra copy of a version in memory.
+  bool accept_delta = true;
 };
 
 // Receives a verified version and swaps it in. OK: the worker now serves it (acked ok).
@@ -59,10 +63,14 @@ using WeightSetHandler = std::function<absl::Status(model::WeightSet set)>;
 // (the inactive half of the worker's double buffer; an error rejects the version), checked per
 // tensor (CRC-32C) as with a WeightSetHandler; `install(manifest, payload)` gets the verified
 // bytes, payload = target[0, total_bytes), and returns as a WeightSetHandler does.
+// Optional `base(version)`: the verified bytes of `version` when the receiver still holds them
+// (empty otherwise), which a delta (delta.h) is applied to; `target` must never hand out the buffer
+// holding them. Without `base` the subscriber takes full versions only.
 struct InPlaceReceiver {
   std::function<absl::StatusOr<std::span<char>>(const v1::VersionManifest& manifest)> target;
   std::function<absl::Status(const v1::VersionManifest& manifest, std::span<const char> payload)>
       install;
+  std::function<std::span<const char>(int64_t version)> base;
 };
 
 class WeightSubscriber {
@@ -90,10 +98,14 @@ class WeightSubscriber {
   bool wait_for_version(int64_t version, std::chrono::milliseconds timeout) const;
 
   struct Stats {
-    int64_t versions_loaded = 0;    // accepted by the handler and acked ok
-    int64_t versions_rejected = 0;  // failed verification or the handler, acked with an error
-    int64_t streams_opened = 0;     // Subscribe calls made (1 + reconnects)
-    std::string last_error;         // last rejection or stream error
+    int64_t versions_loaded = 0;        // accepted by the handler and acked ok
+    int64_t versions_rejected = 0;      // failed verification or the handler, acked with an error
+    int64_t streams_opened = 0;         // Subscribe calls made (1 + reconnects)
+    std::string last_error;             // last rejection or stream error
+    int64_t versions_from_delta = 0;    // of versions_loaded, rebuilt from a delta
+    int64_t delta_fallbacks = 0;        // deltas that failed (no base, bad CRC): full refetched
+    uint64_t delta_bytes_received = 0;  // delta payload bytes
+    double delta_decode_seconds = 0;    // the last delta's apply_delta time
   };
   Stats stats() const;
 
@@ -106,6 +118,12 @@ class WeightSubscriber {
   void deliver_in_place(const v1::VersionManifest& manifest, std::span<const char> payload);
   // The version was served: held_version_, stats, log, ack.
   void accepted(int64_t version);
+  // A delta could not be applied: counts it and makes the next stream ask for full versions.
+  void delta_failed(int64_t version, const absl::Status& error);
+  // The version whose bytes a delta can be applied to (0: none), and those bytes (empty when
+  // `version` is not held). Subscriber thread only.
+  int64_t delta_base_version() const;
+  std::span<const char> delta_base(int64_t version) const;
   void reject(int64_t version, const absl::Status& error);
   void send_ack(int64_t version, bool ok, const std::string& error);
 
@@ -127,6 +145,10 @@ class WeightSubscriber {
   int64_t held_version_ = 0;  // guarded by mu_
   Stats stats_;               // guarded by mu_
   std::thread thread_;        // started by start(), joined by stop()
+  // Subscriber thread only: the last version accepted (the base of the next delta; empty when
+  // none or !accept_delta), and whether the next stream must ask for full versions.
+  AssembledVersion base_;
+  bool want_full_ = false;
 };
 
 }  // namespace fp8rl::weight_sync

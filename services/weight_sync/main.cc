@@ -98,7 +98,8 @@ int run(const std::vector<std::string>& args) {
                     {{"grpc_port", absl::StrCat((*grpc)->port())},
                      {"metrics_port", absl::StrCat(*http_port)},
                      {"coordinator", config->registers() ? config->service.coordinator : "(none)"},
-                     {"keep_versions", absl::StrCat(config->sync.keep_versions)}});
+                     {"keep_versions", absl::StrCat(config->sync.keep_versions)},
+                     {"deltas", config->sync.deltas ? "on" : "off"}});
 
   service::wait_for_shutdown();
   service::log_info("weight-sync", "shutting down");

@@ -44,10 +44,34 @@ absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> WeightSyncMetrics::create(
   take(registry->add_gauge("fp8rl_weight_sync_version_bytes",
                            "Payload size of the latest version, by format.", {"format"}),
        &m->version_bytes);
+  take(registry->add_counter("fp8rl_weight_sync_pushes_total",
+                             "Versions pushed to workers, by kind (full or delta).", {"kind"}),
+       &m->pushes);
+  take(registry->add_counter("fp8rl_weight_sync_pushed_bytes_total",
+                             "Payload bytes of the versions pushed to workers, by kind.", {"kind"}),
+       &m->pushed_bytes);
+  take(registry->add_gauge("fp8rl_weight_sync_version_wire_bytes",
+                           "Bytes on the wire for the latest version: full payload, or its delta "
+                           "against the previous version a worker held.",
+                           {"kind"}),
+       &m->version_wire_bytes);
+  take(registry->add_gauge("fp8rl_weight_sync_delta_compression_ratio",
+                           "Full bytes / delta bytes of the latest version's delta."),
+       &m->delta_compression_ratio);
+  take(registry->add_histogram("fp8rl_weight_sync_delta_encode_seconds",
+                               "Time to encode one delta (XOR with the base, zstd).", {},
+                               service::default_seconds_buckets()),
+       &m->delta_encode_seconds);
   if (!status.ok()) return status;
   // Both results exist from the start, so a scrape before the first upload shows them.
   m->uploads->with({"accepted"});
   m->uploads->with({"rejected"});
+  for (const char* kind : {"full", "delta"}) {
+    m->pushes->with({kind});
+    m->pushed_bytes->with({kind});
+    m->version_wire_bytes->with({kind});
+  }
+  m->delta_compression_ratio->get();
   m->subscribers->get();
   m->latest_version->get();
   return m;

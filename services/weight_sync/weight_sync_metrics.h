@@ -23,6 +23,12 @@ struct WeightSyncMetrics {
   service::GaugeFamily* worker_version = nullptr;    // {worker}: acknowledged version
   service::HistogramFamily* push_seconds = nullptr;  // arrival -> last worker's ack
   service::GaugeFamily* version_bytes = nullptr;     // {format: fp8|bf16}: latest's size
+  // Delta versions (services/weight_sync/delta.h).
+  service::CounterFamily* pushes = nullptr;                 // {kind: full|delta}: versions pushed
+  service::CounterFamily* pushed_bytes = nullptr;           // {kind}: payload bytes of those pushes
+  service::GaugeFamily* version_wire_bytes = nullptr;       // {kind}: latest version's wire size
+  service::GaugeFamily* delta_compression_ratio = nullptr;  // full / delta bytes, latest
+  service::HistogramFamily* delta_encode_seconds = nullptr;  // one encode per (base, target)
 };
 
 }  // namespace fp8rl::weight_sync

@@ -36,6 +36,14 @@ absl::Status validate_options(const WeightSyncOptions& options) {
   if (options.poll_interval.count() <= 0) {
     return absl::InvalidArgumentError("poll_interval: must be > 0");
   }
+  if (!(options.delta_max_fraction > 0 && options.delta_max_fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta_max_fraction: must be in (0, 1], got ", options.delta_max_fraction));
+  }
+  if (options.delta_zstd_level < 1 || options.delta_zstd_level > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta_zstd_level: must be in [1, 19], got ", options.delta_zstd_level));
+  }
   return absl::OkStatus();
 }
 
@@ -115,6 +123,7 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
     metrics_->version_bytes->with({std::string(format_label(f))})
         .set(f == format ? static_cast<double>(bytes) : 0.0);
   }
+  metrics_->version_wire_bytes->with({"full"}).set(static_cast<double>(bytes));
   service::log_info(kComponent, "version stored",
                     {{"version", absl::StrCat(version)},
                      {"format", std::string(format_label(format))},
@@ -144,6 +153,76 @@ bool WeightSyncServiceImpl::send_version(const StoredVersion& version, grpc::Ser
   return true;
 }
 
+bool WeightSyncServiceImpl::send_delta(const EncodedDelta& delta, grpc::ServerContext* context,
+                                       grpc::ServerWriter<v1::SubscribeResponse>* writer) {
+  v1::SubscribeResponse message;
+  *message.mutable_delta() = delta.manifest;
+  if (!writer->Write(message)) return false;
+  const std::string& payload = delta.payload;
+  for (uint64_t offset = 0; offset < payload.size(); offset += options_.chunk_bytes) {
+    if (context->IsCancelled() || shutting_down_.load()) return false;
+    const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, payload.size() - offset);
+    v1::WeightChunk* chunk = message.mutable_chunk();
+    chunk->set_version(delta.manifest.target().version());
+    chunk->set_offset(offset);
+    chunk->set_data(payload.data() + offset, n);
+    if (!writer->Write(message)) return false;
+    metrics_->sent_bytes->get().inc(static_cast<double>(n));
+  }
+  return true;
+}
+
+std::shared_ptr<const EncodedDelta> WeightSyncServiceImpl::delta_for(const StoredVersion& base,
+                                                                     const StoredVersion& target) {
+  std::shared_ptr<DeltaEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(delta_mu_);
+    const std::pair<int64_t, int64_t> key(base.version(), target.version());
+    auto it = deltas_.find(key);
+    if (it == deltas_.end()) {
+      // Deltas towards older targets are never asked for again.
+      std::erase_if(deltas_, [&](const auto& e) { return e.first.second < target.version(); });
+      it = deltas_.emplace(key, std::make_shared<DeltaEntry>()).first;
+    }
+    entry = it->second;
+  }
+  std::call_once(entry->once, [&] {
+    absl::StatusOr<EncodedDelta> encoded = encode_delta(
+        base.manifest, base.payload, target.manifest, target.payload, options_.delta_zstd_level);
+    if (!encoded.ok()) {
+      service::log_warn(kComponent, "delta encoding failed, sending full versions",
+                        {{"base", absl::StrCat(base.version())},
+                         {"version", absl::StrCat(target.version())},
+                         {"error", std::string(encoded.status().message())}});
+      return;
+    }
+    metrics_->delta_encode_seconds->get().observe(encoded->encode_seconds);
+    const double full = static_cast<double>(target.payload.size());
+    const double wire = static_cast<double>(encoded->payload.size());
+    if (target.version() == store_.latest_version()) {
+      metrics_->version_wire_bytes->with({"delta"}).set(wire);
+      metrics_->delta_compression_ratio->get().set(wire > 0 ? full / wire : 0.0);
+    }
+    service::log_info(kComponent, "delta encoded",
+                      {{"base", absl::StrCat(base.version())},
+                       {"version", absl::StrCat(target.version())},
+                       {"full_bytes", absl::StrCat(target.payload.size())},
+                       {"delta_bytes", absl::StrCat(encoded->payload.size())},
+                       {"encode_seconds", absl::StrCat(encoded->encode_seconds)}});
+    if (wire <= options_.delta_max_fraction * full) {
+      entry->delta = std::make_shared<const EncodedDelta>(std::move(*encoded));
+    }
+  });
+  return entry->delta;
+}
+
+int64_t WeightSyncServiceImpl::acked_version(const std::string& worker) const {
+  for (const WorkerState& w : workers_.snapshot()) {
+    if (w.worker_id == worker) return w.version;
+  }
+  return 0;
+}
+
 void WeightSyncServiceImpl::record_push_latency(std::optional<double> seconds) {
   if (seconds) metrics_->push_seconds->get().observe(*seconds);
 }
@@ -169,6 +248,12 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
 
   grpc::Status status = grpc::Status::OK;
   int64_t held = request->held_version();
+  // The version this worker keeps the bytes of, pinned here so a delta against it stays possible
+  // after the store evicts it (nullptr: send full versions).
+  StoredVersionPtr base;
+  if (request->accept_delta() && request->delta_base_version() > 0) {
+    base = store_.get(request->delta_base_version());
+  }
   while (!context->IsCancelled()) {
     StoredVersionPtr next = store_.wait_newer(held, options_.poll_interval);
     if (shutting_down_.load()) {
@@ -176,13 +261,30 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
       break;
     }
     if (next == nullptr) continue;
-    if (!send_version(*next, context, writer)) {
+    std::shared_ptr<const EncodedDelta> delta;
+    if (options_.deltas && base != nullptr && base->manifest.format() == next->manifest.format() &&
+        acked_version(worker) == base->version()) {
+      delta = delta_for(*base, *next);
+    }
+    const bool sent = delta != nullptr ? send_delta(*delta, context, writer)
+                                       : send_version(*next, context, writer);
+    if (sent) {
+      const std::string_view kind = delta != nullptr ? "delta" : "full";
+      metrics_->pushes->with({std::string(kind)}).inc();
+      metrics_->pushed_bytes->with({std::string(kind)})
+          .inc(
+              static_cast<double>(delta != nullptr ? delta->payload.size() : next->payload.size()));
+    }
+    if (!sent) {
       status = shutting_down_.load()
                    ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "weight sync is shutting down")
                    : grpc::Status(grpc::StatusCode::CANCELLED, "subscriber stream closed");
       break;
     }
     held = next->version();
+    // The next delta's base is this version once the worker acknowledged it (a worker serves
+    // only what it acknowledged); otherwise the next version goes out in full.
+    base = request->accept_delta() ? std::move(next) : nullptr;
   }
   record_push_latency(workers_.stream_closed(worker));
   metrics_->subscribers->get().set(workers_.subscribed_workers());

@@ -9,10 +9,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <utility>
 
 #include "fp8rl/v1/weight_sync.grpc.pb.h"
+#include "services/weight_sync/delta.h"
 #include "services/weight_sync/payload.h"
 #include "services/weight_sync/version_store.h"
 #include "services/weight_sync/weight_sync_metrics.h"
@@ -26,10 +30,17 @@ struct WeightSyncOptions {
   uint64_t max_version_bytes = kDefaultMaxVersionBytes;  // larger uploads are rejected
   // How often an idle Subscribe stream checks whether its client went away.
   std::chrono::milliseconds poll_interval{200};
+  // Push a version as a delta against the one a worker acknowledged when the delta is at most
+  // delta_max_fraction of the full payload (only to workers that subscribe with accept_delta): a
+  // delta that saves little is not worth the worker's decode time.
+  bool deltas = true;
+  double delta_max_fraction = 0.9;                // in (0, 1]
+  int delta_zstd_level = kDefaultDeltaZstdLevel;  // in [1, 19]
 };
 
 // InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
-// max_version_bytes == 0 or a non-positive poll_interval.
+// max_version_bytes == 0, a non-positive poll_interval, delta_max_fraction outside (0, 1] or
+// delta_zstd_level outside [1, 19].
 absl::Status validate_options(const WeightSyncOptions& options);
 
 class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
@@ -61,7 +72,17 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   // Streams one version (manifest, then chunks); false when the stream broke or shutdown began.
   bool send_version(const StoredVersion& version, grpc::ServerContext* context,
                     grpc::ServerWriter<v1::SubscribeResponse>* writer);
+  // Streams an encoded delta (delta manifest, then chunks of its payload); false as above.
+  bool send_delta(const EncodedDelta& delta, grpc::ServerContext* context,
+                  grpc::ServerWriter<v1::SubscribeResponse>* writer);
+  // The delta of `target` against `base` when it is at most delta_max_fraction of the full
+  // version (nullptr otherwise, or when encoding failed). Encoded once per pair and shared by every
+  // stream.
+  std::shared_ptr<const EncodedDelta> delta_for(const StoredVersion& base,
+                                                const StoredVersion& target);
   void record_push_latency(std::optional<double> seconds);
+  // The version `worker` last acknowledged with ok (0 when none).
+  int64_t acked_version(const std::string& worker) const;
 
   const WeightSyncOptions options_;
   WeightSyncMetrics* metrics_;
@@ -69,6 +90,17 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   WorkerTable workers_;
   std::atomic<uint64_t> rejected_{0};
   std::atomic<bool> shutting_down_{false};
+
+  // One encoding of (base, target): the first stream to ask encodes, the others wait on `once`.
+  struct DeltaEntry {
+    std::once_flag once;
+    std::shared_ptr<const EncodedDelta> delta;  // set inside `once`; nullptr: send full
+  };
+  // Guards deltas_.
+  std::mutex delta_mu_;
+  // Guarded by delta_mu_: entries by (base version, target version); only those for the newest
+  // target asked for are kept.
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<DeltaEntry>> deltas_;
 };
 
 }  // namespace fp8rl::weight_sync
