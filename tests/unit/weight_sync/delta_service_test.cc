@@ -106,6 +106,54 @@ TEST(DeltaPush, NextVersionGoesAsADeltaAndRebuildsBitExact) {
   EXPECT_DOUBLE_EQ(m.delta_compression_ratio->get().value(), full / delta);
 }
 
+// The in-place receive path (a generation worker's double buffer): the delta is rebuilt straight
+// into the buffer `target` hands out, from the bytes `base` returns, and installed from there.
+TEST(DeltaPush, InPlaceReceiverRebuildsDeltasIntoTheIdleBuffer) {
+  const auto& sets = fp8_versions();
+  testing::TestServer server;
+  std::mutex mu;
+  std::vector<char> buffers[2];
+  int base_index = -1, receiving = 0;
+  int64_t base_version = 0;
+  std::vector<std::string> installed;
+  InPlaceReceiver rx;
+  rx.target = [&](const v1::VersionManifest& m) -> absl::StatusOr<std::span<char>> {
+    std::lock_guard lock(mu);
+    receiving = base_index < 0 ? 0 : 1 - base_index;  // never the base's buffer
+    buffers[receiving].assign(m.total_bytes(), 0);
+    return std::span<char>(buffers[receiving]);
+  };
+  rx.install = [&](const v1::VersionManifest& m, std::span<const char> payload) {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(payload.data(), buffers[receiving].data());
+    installed.emplace_back(payload.begin(), payload.end());
+    base_index = receiving;
+    base_version = m.version();
+    return absl::OkStatus();
+  };
+  rx.base = [&](int64_t version) -> std::span<const char> {
+    std::lock_guard lock(mu);
+    if (base_index < 0 || version != base_version) return {};
+    return std::span<const char>(buffers[base_index]);
+  };
+  WeightSubscriber sub(server.channel(), fast_subscriber("gen-in-place"), rx);
+  ASSERT_TRUE(sub.start().ok());
+  for (int v = 1; v <= 3; ++v) {
+    ASSERT_TRUE(upload(server.stub(), sets[v - 1], v1::WEIGHT_FORMAT_FP8).ok());
+    ASSERT_TRUE(sub.wait_for_version(v, 10s));
+    ASSERT_TRUE(acked(server, "gen-in-place", v));
+  }
+  sub.stop();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(installed.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const std::string want = payload_of(sets[i]);
+    EXPECT_TRUE(installed[i] == want) << "version " << i + 1 << " differs";
+  }
+  EXPECT_EQ(sub.stats().versions_from_delta, 2);
+  EXPECT_EQ(sub.stats().delta_fallbacks, 0);
+}
+
 // A worker that holds version 1 without its bytes (started with held_version 1) and one that
 // takes no deltas both get version 2 in full while a third gets the delta.
 TEST(DeltaPush, AWorkerWithoutTheBaseGetsTheFullVersion) {
