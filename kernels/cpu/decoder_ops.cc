@@ -68,8 +68,8 @@ void attention_prefill(const float* q, const float* k, const float* v, const int
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t hh = 0; hh < n_heads; ++hh) {
         const int64_t g = hh / group;
-        auto keys = [&](int64_t j) { return dm::FloatRow{k + (r0 + j) * kvd + g * head_dim}; };
-        auto values = [&](int64_t j) { return dm::FloatRow{v + (r0 + j) * kvd + g * head_dim}; };
+        const dm::FloatRows keys{k + r0 * kvd + g * head_dim, kvd};
+        const dm::FloatRows values{v + r0 * kvd + g * head_dim, kvd};
         dm::attend_row(q + r * qd + hh * head_dim, keys, values, r - r0 + 1, head_dim, scale,
                        out + r * qd + hh * head_dim);
       }
@@ -98,16 +98,8 @@ void attention_paged(const float* q, int64_t rows, const int32_t* row_seq, const
     const int64_t s = row_seq[r];
     for (int64_t hh = 0; hh < n_heads; ++hh) {
       const int64_t g = hh / group;
-      auto keys = [&](int64_t j) {
-        return dm::KvRow{dm::kv_elem_ptr(static_cast<const void*>(kv.k_pool), kv.dtype,
-                                         dm::paged_kv_offset(kv, s, j, g)),
-                         kv.dtype, kv.k_scale};
-      };
-      auto values = [&](int64_t j) {
-        return dm::KvRow{dm::kv_elem_ptr(static_cast<const void*>(kv.v_pool), kv.dtype,
-                                         dm::paged_kv_offset(kv, s, j, g)),
-                         kv.dtype, kv.v_scale};
-      };
+      const dm::PagedRows keys{&kv, kv.k_pool, kv.k_scale, s, g};
+      const dm::PagedRows values{&kv, kv.v_pool, kv.v_scale, s, g};
       dm::attend_row(q + r * qd + hh * hd, keys, values, int64_t{row_pos[r]} + 1, hd, scale,
                      out + r * qd + hh * hd);
     }

@@ -6,6 +6,7 @@
 
 #include "kernels/device_math/dot.h"
 #include "kernels/device_math/hd.h"
+#include "kernels/device_math/paged_kv.h"
 
 namespace fp8rl::kernels::dm {
 
@@ -41,6 +42,24 @@ struct KvRow {
   KvDtype dtype;
   float scale;
   FP8RL_HD float operator()(int64_t i) const { return kv_load(row, i, dtype, scale); }
+};
+
+// Rows j of a contiguous fp32 matrix: base + j * stride.
+struct FloatRows {
+  const float* base;
+  int64_t stride;
+  FP8RL_HD FloatRow operator()(int64_t j) const { return FloatRow{base + j * stride}; }
+};
+
+// Positions j of sequence s, kv head g, in one pool (K or V) of a paged cache.
+struct PagedRows {
+  const PagedKvView* kv;
+  const void* pool;
+  float scale;
+  int64_t s, g;
+  FP8RL_HD KvRow operator()(int64_t j) const {
+    return KvRow{kv_elem_ptr(pool, kv->dtype, paged_kv_offset(*kv, s, j, g)), kv->dtype, scale};
+  }
 };
 
 }  // namespace fp8rl::kernels::dm

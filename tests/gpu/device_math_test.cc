@@ -74,8 +74,7 @@ TEST(DeviceMathTest, RmsnormMatchesModelOps) {
     for (bool bf16 : {false, true}) {
       std::vector<float> y(rows * h), inv(rows), y_ref(rows * h), inv_ref(rows);
       cpu::rmsnorm(x.data(), g.data(), rows, h, 1e-5f, bf16, y.data(), inv.data());
-      model::ops::rmsnorm_forward(x.data(), g.data(), rows, h, 1e-5f, y_ref.data(),
-                                  inv_ref.data());
+      model::ops::rmsnorm_forward(x.data(), g.data(), rows, h, 1e-5f, y_ref.data(), inv_ref.data());
       if (bf16) model::ops::round_bf16_inplace(y_ref.data(), rows * h);
       expect_bits_equal(y, y_ref, "rmsnorm y");
       expect_bits_equal(inv, inv_ref, "rmsnorm inv_rms");
@@ -175,8 +174,8 @@ TEST(DeviceMathTest, PagedKvWriteAndAttentionMatchKvCache) {
                                {dm::KvDtype::kFP8, model::KvCacheDtype::kFP8}}) {
     const int64_t bytes = num_blocks * block * kvd * dm::kv_elem_bytes(dtype);
     std::vector<uint8_t> kpool(bytes), vpool(bytes);
-    dm::PagedKvView kv{kpool.data(), vpool.data(), dtype,         num_blocks, block,  n_kv, hd,
-                       table.data(), max_blocks,   k_scale,       v_scale};
+    dm::PagedKvView kv{kpool.data(), vpool.data(), dtype,      num_blocks, block,  n_kv,
+                       hd,           table.data(), max_blocks, k_scale,    v_scale};
     cpu::kv_write_paged(k.data(), v.data(), rows, row_seq.data(), row_pos.data(), kv);
     std::vector<float> out(rows * qd);
     cpu::attention_paged(q.data(), rows, row_seq.data(), row_pos.data(), kv, n_heads, scale,
@@ -238,9 +237,8 @@ TEST(DeviceMathTest, SamplingMatchesModelSampler) {
     float t, p;
     int64_t k;
   };
-  for (Mode m : {Mode{0.0f, 1.0f, 0}, Mode{1.0f, 1.0f, 0}, Mode{0.8f, 0.9f, 0},
-                 Mode{1.3f, 1.0f, 5}, Mode{0.6f, 0.5f, 20}, Mode{1.0f, 0.05f, 0},
-                 Mode{1.0f, 1.0f, vocab + 3}}) {
+  for (Mode m : {Mode{0.0f, 1.0f, 0}, Mode{1.0f, 1.0f, 0}, Mode{0.8f, 0.9f, 0}, Mode{1.3f, 1.0f, 5},
+                 Mode{0.6f, 0.5f, 20}, Mode{1.0f, 0.05f, 0}, Mode{1.0f, 1.0f, vocab + 3}}) {
     model::SamplingParams mp;
     mp.temperature = m.t;
     mp.top_p = m.p;
