@@ -48,7 +48,7 @@ NVCC=/usr/local/cuda/bin/nvcc
 [ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
 missing=()
 [ -n "$NVCC" ] || missing+=(nvcc)
-for tool in cmake ninja c++; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+for tool in cmake ninja c++ python3; do # python3: tests/deploy configures with it command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then
   say "missing tools: ${missing[*]}"
   row tools FAILED "missing: ${missing[*]}"
