@@ -48,7 +48,8 @@ NVCC=/usr/local/cuda/bin/nvcc
 [ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
 missing=()
 [ -n "$NVCC" ] || missing+=(nvcc)
-for tool in cmake ninja c++ python3; do # python3: tests/deploy configures with it command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+# python3: the configure of tests/deploy needs it (the GPU image has it, with PyTorch).
+for tool in cmake ninja c++ python3; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then
   say "missing tools: ${missing[*]}"
   row tools FAILED "missing: ${missing[*]}"
