@@ -19,10 +19,14 @@ START=$(date +%s)
 mkdir -p "$LOG_DIR"
 : >"$LOG_DIR/summary.txt"
 ROWS=() # the final table: "check|result|detail"
+PACK_LD="" # library folders of the extracted pack (step 2)
 
 remaining() { # seconds left in the budget (at least 10)
   local left=$((BUDGET_S - ($(date +%s) - START)))
   echo $((left > 10 ? left : 10))
+}
+with_pack() { # runs "$@" with the pack's libraries first on the loader path
+  if [ -z "$PACK_LD" ]; then "$@"; else LD_LIBRARY_PATH="$PACK_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; fi
 }
 say() { echo "gpu_check: $*" | tee -a "$LOG_DIR/summary.txt"; }
 row() { ROWS+=("$1|$2|$3"); }
@@ -83,7 +87,9 @@ if compgen -G "$PACK_DIR/*.deb" >/dev/null; then
   export CMAKE_PREFIX_PATH="$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   export PKG_CONFIG_LIBDIR="$LIB/pkgconfig:$LIB/openblas-pthread/pkgconfig:$PREFIX/usr/share/pkgconfig"
   export PKG_CONFIG_SYSROOT_DIR=$PREFIX
-  export LD_LIBRARY_PATH="$LIB:$LIB/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # Only for what needs the packed libraries (pkgconf at configure time, our binaries), not for
+  # the machine's own tools, which must keep their own versions of libraries such as pcre2.
+  PACK_LD="$LIB:$LIB/openblas-pthread"
   cmake_extra+=("-DPKG_CONFIG_EXECUTABLE=$PREFIX/usr/bin/pkgconf")
   row packages ok "$(find "$PACK_DIR" -name '*.deb' | wc -l) packages from $PACK_DIR into $BUILD_DIR/prefix"
 else
@@ -91,7 +97,7 @@ else
 fi
 
 # 3. Configure and build only what the check runs.
-if ! timeout "$(remaining)" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+if ! with_pack timeout "$(remaining)" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DFP8RL_BUILD_SERVICES=OFF -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90a \
   "${cmake_extra[@]}" >"$LOG_DIR/configure.txt" 2>&1; then
   say "configure failed (see configure.txt; without a pack run scripts/gpu_pack.sh where a registry is reachable)"
@@ -123,7 +129,7 @@ row build ok "${TARGETS[*]} in $(($(date +%s) - START)) s"
 BIN=$BUILD_DIR/bin
 
 # 4. The shared-math test needs no GPU: it ties the kernels' CPU reference to the model's.
-if timeout "$(remaining)" "$BIN/fp8rl_device_math_test" >"$LOG_DIR/device_math_test.txt" 2>&1; then
+if with_pack timeout "$(remaining)" "$BIN/fp8rl_device_math_test" >"$LOG_DIR/device_math_test.txt" 2>&1; then
   row "device math (CPU)" ok "$(grep -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$LOG_DIR/device_math_test.txt")"
 else
   row "device math (CPU)" FAILED "see device_math_test.txt"
@@ -131,7 +137,7 @@ else
 fi
 
 # 5. Is there an sm_90 device? Without one, stop here: everything before this point passed.
-probe=$(timeout 60 "$BIN/fp8rl-bench-gemm-gpu" --probe 2>&1)
+probe=$(with_pack timeout 60 "$BIN/fp8rl-bench-gemm-gpu" --probe 2>&1)
 probe_rc=$?
 if [ "$probe_rc" != 0 ]; then
   say "no GPU"
@@ -145,7 +151,7 @@ command -v nvidia-smi >/dev/null 2>&1 &&
 
 # 6. Every GPU test; on a GPU machine a skipped test is a failure.
 failed=0
-timeout "$(remaining)" "$BIN/fp8rl_gpu_kernels_test" >"$LOG_DIR/gpu_tests.txt" 2>&1 || failed=1
+with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_kernels_test" >"$LOG_DIR/gpu_tests.txt" 2>&1 || failed=1
 while read -r status name ms; do
   row "$name" "$status" "$ms"
   [ "$status" = ok ] || failed=1
@@ -158,7 +164,7 @@ grep -E '^\[ (gemm|decoder)' "$LOG_DIR/gpu_tests.txt" >>"$LOG_DIR/summary.txt"
 SAN=/usr/local/cuda/bin/compute-sanitizer
 [ -x "$SAN" ] || SAN=$(command -v compute-sanitizer || true)
 if [ -n "$SAN" ]; then
-  if timeout "$(remaining)" "$SAN" --tool memcheck --error-exitcode 9 "$BIN/fp8rl_gpu_kernels_test" \
+  if with_pack timeout "$(remaining)" "$SAN" --tool memcheck --error-exitcode 9 "$BIN/fp8rl_gpu_kernels_test" \
     --gtest_filter='GpuDecoderTest.PagedKvWriteAndAttentionMatchCpu' >"$LOG_DIR/sanitizer.txt" 2>&1; then
     row "compute-sanitizer memcheck" ok "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer.txt" | tail -1)"
   else
@@ -171,7 +177,7 @@ else
 fi
 
 # 8. The GEMM benchmark: one table row per shape.
-if timeout "$(remaining)" "$BIN/fp8rl-bench-gemm-gpu" >"$LOG_DIR/bench_gemm_gpu.txt" 2>&1; then
+if with_pack timeout "$(remaining)" "$BIN/fp8rl-bench-gemm-gpu" >"$LOG_DIR/bench_gemm_gpu.txt" 2>&1; then
   while IFS='|' read -r _ name shape fp8 bf16 ratio _; do
     row "bench gemm $(echo $name) $(echo $shape)" ok "fp8 $(echo $fp8) / bf16 $(echo $bf16) TFLOP/s, x$(echo $ratio)"
   done < <(grep -E '^\| [A-Za-z_]' "$LOG_DIR/bench_gemm_gpu.txt" | grep -v '^| shape')
