@@ -87,8 +87,9 @@ if compgen -G "$PACK_DIR/*.deb" >/dev/null; then
   export CMAKE_PREFIX_PATH="$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   export PKG_CONFIG_LIBDIR="$LIB/pkgconfig:$LIB/openblas-pthread/pkgconfig:$PREFIX/usr/share/pkgconfig"
   export PKG_CONFIG_SYSROOT_DIR=$PREFIX
-  # Only for what needs the packed libraries (pkgconf at configure time, our binaries), not for
-  # the machine's own tools, which must keep their own versions of libraries such as pcre2.
+  # Only for what needs the packed libraries (pkgconf at configure time, the build, which runs the
+  # test binaries to list their tests, our binaries), not for the script's own tools (grep, awk),
+  # which keep the machine's versions of libraries such as pcre2.
   PACK_LD="$LIB:$LIB/openblas-pthread"
   cmake_extra+=("-DPKG_CONFIG_EXECUTABLE=$PREFIX/usr/bin/pkgconf")
   row packages ok "$(find "$PACK_DIR" -name '*.deb' | wc -l) packages from $PACK_DIR into $BUILD_DIR/prefix"
@@ -112,7 +113,8 @@ if ! grep -q "CUDA ON" "$LOG_DIR/configure.txt"; then
 fi
 row configure ok "sm_90a (-gencode arch=compute_90a,code=sm_90a)"
 TARGETS=(fp8rl_device_math_test fp8rl_gpu_kernels_test fp8rl-bench-gemm-gpu)
-timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}" \
+# with_pack: gtest_discover_tests runs each test binary right after linking it.
+with_pack timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}" \
   >"$LOG_DIR/build.txt" 2>&1
 build_rc=$?
 if [ "$build_rc" = 124 ]; then
