@@ -1,116 +1,191 @@
 #!/usr/bin/env bash
-# One command for a GPU (sm_90) machine, from a bare checkout: builds the kernels, model, tests and
-# benchmarks (no services), runs every GPU test and the GPU GEMM benchmark, prints a summary, and
-# copies the logs to $OUT when it is set. Budget: under 8 minutes on one H200.
+# One command for a GPU (sm_90) machine that reaches no package registry: builds the GPU tests and
+# the GPU GEMM benchmark (no services), runs every GPU test, one kernel's test under
+# compute-sanitizer, then the benchmark, and prints one table. The -dev libraries come from
+# build-gpu-pack/ (made by scripts/gpu_pack.sh on a machine with a registry), extracted with
+# `dpkg -x` into a private prefix in the build folder; a machine that has them installed needs no
+# pack. Copies the logs to $OUT when it is set. Budget: under 8 minutes on one H200.
+# Exit: 0 all passed; 1 a step failed; 2 no sm_90 GPU (everything before the GPU passed).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 BUILD_DIR=${FP8RL_GPU_BUILD_DIR:-build-gpu}
+PACK_DIR=${FP8RL_GPU_PACK_DIR:-build-gpu-pack}
 LOG_DIR=${FP8RL_GPU_LOG_DIR:-$BUILD_DIR/gpu-check-logs}
-BUDGET_S=${FP8RL_GPU_BUDGET_S:-460}  # leaves headroom under 8 minutes
+BUDGET_S=${FP8RL_GPU_BUDGET_S:-460} # leaves headroom under 8 minutes
 JOBS=$(nproc)
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} # ccache (where present) hits across checkouts
 START=$(date +%s)
 mkdir -p "$LOG_DIR"
+: >"$LOG_DIR/summary.txt"
+ROWS=() # the final table: "check|result|detail"
+PACK_LD="" # library folders of the extracted pack (step 2)
 
-# Seconds left in the budget (at least 10, so a late step still gets a short try).
-remaining() {
+remaining() { # seconds left in the budget (at least 10)
   local left=$((BUDGET_S - ($(date +%s) - START)))
   echo $((left > 10 ? left : 10))
 }
+with_pack() { # runs "$@" with the pack's libraries first on the loader path
+  if [ -z "$PACK_LD" ]; then "$@"; else LD_LIBRARY_PATH="$PACK_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; fi
+}
 say() { echo "gpu_check: $*" | tee -a "$LOG_DIR/summary.txt"; }
+row() { ROWS+=("$1|$2|$3"); }
 finish() {
   local rc=$1
+  {
+    echo
+    echo "| check | result | detail |"
+    echo "| --- | --- | --- |"
+    for r in "${ROWS[@]}"; do
+      IFS='|' read -r a b c <<<"$r"
+      echo "| $a | $b | $c |"
+    done
+    echo
+  } | tee -a "$LOG_DIR/summary.txt"
   say "finished in $(($(date +%s) - START)) s, exit $rc"
-  if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT" && cp "$LOG_DIR"/*.txt "$OUT"/ 2>/dev/null
-  fi
+  if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$LOG_DIR"/*.txt "$OUT"/ 2>/dev/null; fi
   exit "$rc"
 }
-: >"$LOG_DIR/summary.txt"
 
-# 1. Packages: only when the build tools or the needed -dev packages are missing.
-need_setup=0
-for tool in cmake ninja g++ pkg-config; do
-  command -v "$tool" >/dev/null 2>&1 || need_setup=1
-done
-if command -v dpkg-query >/dev/null 2>&1; then
-  for pkg in libabsl-dev libgtest-dev libopenblas-dev nlohmann-json3-dev; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || need_setup=1
-  done
-fi
-if [ "$need_setup" = 1 ]; then
-  say "build tools or -dev packages missing: running scripts/setup.sh"
-  if ! timeout 300 bash scripts/setup.sh >"$LOG_DIR/setup.txt" 2>&1; then
-    say "scripts/setup.sh failed (see setup.txt)"
-    finish 1
-  fi
-fi
-if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null 2>&1; then
-  say "no CUDA toolkit (nvcc) found"
+# 1. Tools the machine must have (nothing can be installed there).
+NVCC=/usr/local/cuda/bin/nvcc
+[ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
+missing=()
+[ -n "$NVCC" ] || missing+=(nvcc)
+# python3: the configure of tests/deploy needs it (the GPU image has it, with PyTorch).
+for tool in cmake ninja c++ python3; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "missing tools: ${missing[*]}"
+  row tools FAILED "missing: ${missing[*]}"
   finish 1
 fi
-if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
-    sed 's/^/gpu_check: device: /' | tee -a "$LOG_DIR/summary.txt"
+row tools ok "$("$NVCC" --version | grep -o 'release [0-9.]*'), cmake $(cmake --version | head -1 | awk '{print $3}')"
+
+# 2. The packed -dev libraries, extracted once into a private prefix (never into /).
+cmake_extra=()
+if compgen -G "$PACK_DIR/*.deb" >/dev/null; then
+  arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
+  if [ -f "$PACK_DIR/ARCH" ] && [ "$(cat "$PACK_DIR/ARCH")" != "$arch" ]; then
+    say "$PACK_DIR holds $(cat "$PACK_DIR/ARCH") packages, this machine is $arch"
+    row packages FAILED "wrong architecture"
+    finish 1
+  fi
+  PREFIX=$PWD/$BUILD_DIR/prefix
+  if [ ! -f "$PREFIX/.extracted" ]; then
+    rm -rf "$PREFIX" && mkdir -p "$PREFIX"
+    for deb in "$PACK_DIR"/*.deb; do
+      if command -v dpkg-deb >/dev/null 2>&1; then
+        dpkg-deb -x "$deb" "$PREFIX" || { say "cannot extract $deb"; row packages FAILED "$deb"; finish 1; }
+      else # no dpkg: a .deb is an ar archive holding data.tar.*
+        (cd "$PREFIX" && ar p "$OLDPWD/$deb" "$(ar t "$OLDPWD/$deb" | grep '^data.tar')" | tar -x -a -f - 2>/dev/null ||
+          ar p "$OLDPWD/$deb" data.tar.xz | tar -xJ) || { say "cannot extract $deb"; row packages FAILED "$deb"; finish 1; }
+      fi
+    done
+    touch "$PREFIX/.extracted"
+  fi
+  LIB=$PREFIX/usr/lib/x86_64-linux-gnu
+  export CMAKE_PREFIX_PATH="$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export PKG_CONFIG_LIBDIR="$LIB/pkgconfig:$LIB/openblas-pthread/pkgconfig:$PREFIX/usr/share/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR=$PREFIX
+  # Only for what needs the packed libraries (pkgconf at configure time, the build, which runs the
+  # test binaries to list their tests, our binaries), not for the script's own tools (grep, awk),
+  # which keep the machine's versions of libraries such as pcre2.
+  PACK_LD="$LIB:$LIB/openblas-pthread"
+  cmake_extra+=("-DPKG_CONFIG_EXECUTABLE=$PREFIX/usr/bin/pkgconf")
+  row packages ok "$(find "$PACK_DIR" -name '*.deb' | wc -l) packages from $PACK_DIR into $BUILD_DIR/prefix"
 else
-  say "nvidia-smi not found"
+  row packages ok "none packed: using the system's"
 fi
 
-# 2. Configure and build (all cores; services off so gRPC is not needed).
-if ! timeout "$(remaining)" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DFP8RL_BUILD_SERVICES=OFF >"$LOG_DIR/configure.txt" 2>&1; then
-  say "configure failed (see configure.txt)"
+# 3. Configure and build only what the check runs.
+if ! with_pack timeout "$(remaining)" cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DFP8RL_BUILD_SERVICES=OFF -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90a \
+  "${cmake_extra[@]}" >"$LOG_DIR/configure.txt" 2>&1; then
+  say "configure failed (see configure.txt; without a pack run scripts/gpu_pack.sh where a registry is reachable)"
   tail -20 "$LOG_DIR/configure.txt"
+  row configure FAILED "see configure.txt"
   finish 1
 fi
 if ! grep -q "CUDA ON" "$LOG_DIR/configure.txt"; then
   say "CMake did not enable CUDA (see configure.txt)"
+  row configure FAILED "CUDA not enabled"
   finish 1
 fi
-build_ok=1
-if ! timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" >"$LOG_DIR/build.txt" 2>&1; then
-  say "full build failed; building only the GPU test and benchmark targets (see build.txt)"
-  build_ok=0
-  if ! timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" --target \
-    fp8rl_gpu_kernels_test fp8rl-bench-gemm-gpu >>"$LOG_DIR/build.txt" 2>&1; then
-    say "GPU targets failed to build"
-    tail -30 "$LOG_DIR/build.txt"
-    finish 1
-  fi
+row configure ok "sm_90a (-gencode arch=compute_90a,code=sm_90a)"
+TARGETS=(fp8rl_device_math_test fp8rl_gpu_kernels_test fp8rl-bench-gemm-gpu)
+# with_pack: gtest_discover_tests runs each test binary right after linking it.
+with_pack timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}" \
+  >"$LOG_DIR/build.txt" 2>&1
+build_rc=$?
+if [ "$build_rc" = 124 ]; then
+  say "build ran past the ${BUDGET_S} s budget (FP8RL_GPU_BUDGET_S; a rerun continues it)"
+  row build FAILED "timed out after $(($(date +%s) - START)) s"
+  finish 1
+elif [ "$build_rc" != 0 ]; then
+  say "build failed (see build.txt)"
+  grep -E 'error|FAILED' "$LOG_DIR/build.txt" | head -20
+  row build FAILED "see build.txt"
+  finish 1
 fi
-say "build done after $(($(date +%s) - START)) s"
+row build ok "${TARGETS[*]} in $(($(date +%s) - START)) s"
+BIN=$BUILD_DIR/bin
 
-# 3. Every GPU test: ctest's Gpu* tests when the whole tree built, else the GPU binary itself.
-tests_rc=0
-if [ "$build_ok" = 1 ]; then
-  timeout "$(remaining)" ctest --test-dir "$BUILD_DIR" -R 'Gpu|gpu' --output-on-failure \
-    -j 4 --timeout 300 >"$LOG_DIR/gpu_tests.txt" 2>&1 || tests_rc=$?
-  # The per-GEMM accuracy lines are printed by the binary; run it once more verbosely for them.
-  timeout "$(remaining)" "$BUILD_DIR/bin/fp8rl_gpu_kernels_test" --gtest_brief=0 \
-    >"$LOG_DIR/gpu_test_binary.txt" 2>&1 || tests_rc=$((tests_rc == 0 ? $? : tests_rc))
+# 4. The shared-math test needs no GPU: it ties the kernels' CPU reference to the model's.
+if with_pack timeout "$(remaining)" "$BIN/fp8rl_device_math_test" >"$LOG_DIR/device_math_test.txt" 2>&1; then
+  row "device math (CPU)" ok "$(grep -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$LOG_DIR/device_math_test.txt")"
 else
-  timeout "$(remaining)" "$BUILD_DIR/bin/fp8rl_gpu_kernels_test" \
-    >"$LOG_DIR/gpu_test_binary.txt" 2>&1 || tests_rc=$?
-fi
-skipped=$(grep -c '^\[  SKIPPED \] Gpu.*ms)$' "$LOG_DIR/gpu_test_binary.txt" 2>/dev/null || true)
-say "GPU tests: exit $tests_rc"
-grep -E '^(\[  PASSED  \]|\[  FAILED  \]|\[  SKIPPED \] [0-9]+ test)' "$LOG_DIR/gpu_test_binary.txt" |
-  sed 's/^/gpu_check:   /' | tee -a "$LOG_DIR/summary.txt"
-[ -f "$LOG_DIR/gpu_tests.txt" ] && grep -E 'tests passed|tests failed' "$LOG_DIR/gpu_tests.txt" |
-  sed 's/^/gpu_check:   ctest: /' | tee -a "$LOG_DIR/summary.txt"
-grep '^\[ gemm' "$LOG_DIR/gpu_test_binary.txt" | tee -a "$LOG_DIR/summary.txt"
-if [ "${skipped:-0}" != 0 ]; then
-  say "WARNING: $skipped GPU tests were skipped (no sm_90 device visible?)"
-  tests_rc=${tests_rc:-0}
-  [ "$tests_rc" = 0 ] && tests_rc=3
+  row "device math (CPU)" FAILED "see device_math_test.txt"
+  finish 1
 fi
 
-# 4. The GPU GEMM benchmark table.
-bench_rc=0
-timeout "$(remaining)" "$BUILD_DIR/bin/fp8rl-bench-gemm-gpu" >"$LOG_DIR/bench_gemm_gpu.txt" 2>&1 ||
-  bench_rc=$?
-say "GPU GEMM benchmark: exit $bench_rc"
-tee -a "$LOG_DIR/summary.txt" <"$LOG_DIR/bench_gemm_gpu.txt"
+# 5. Is there an sm_90 device? Without one, stop here: everything before this point passed.
+probe=$(with_pack timeout 60 "$BIN/fp8rl-bench-gemm-gpu" --probe 2>&1)
+probe_rc=$?
+if [ "$probe_rc" != 0 ]; then
+  say "no GPU"
+  echo "$probe" >"$LOG_DIR/probe.txt"
+  row device "no GPU" "$probe"
+  finish 2
+fi
+row device ok "$probe"
+command -v nvidia-smi >/dev/null 2>&1 &&
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$LOG_DIR/nvidia_smi.txt" 2>&1
 
-if [ "$tests_rc" != 0 ] || [ "$bench_rc" != 0 ]; then finish 1; fi
-finish 0
+# 6. Every GPU test; on a GPU machine a skipped test is a failure.
+failed=0
+with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_kernels_test" >"$LOG_DIR/gpu_tests.txt" 2>&1 || failed=1
+while read -r status name ms; do
+  row "$name" "$status" "$ms"
+  [ "$status" = ok ] || failed=1
+done < <(awk '/^\[       OK \]/ {print "ok", $4, $5 $6}
+              /^\[  FAILED  \] [A-Za-z].*\(/ {print "FAILED", $4, $5 $6}
+              /^\[  SKIPPED \] [A-Za-z].*\(/ {print "SKIPPED", $4, $5 $6}' "$LOG_DIR/gpu_tests.txt")
+grep -E '^\[ (gemm|decoder)' "$LOG_DIR/gpu_tests.txt" >>"$LOG_DIR/summary.txt"
+
+# 7. One kernel under compute-sanitizer (memcheck): the paged KV write + attention.
+SAN=/usr/local/cuda/bin/compute-sanitizer
+[ -x "$SAN" ] || SAN=$(command -v compute-sanitizer || true)
+if [ -n "$SAN" ]; then
+  if with_pack timeout "$(remaining)" "$SAN" --tool memcheck --error-exitcode 9 "$BIN/fp8rl_gpu_kernels_test" \
+    --gtest_filter='GpuDecoderTest.PagedKvWriteAndAttentionMatchCpu' >"$LOG_DIR/sanitizer.txt" 2>&1; then
+    row "compute-sanitizer memcheck" ok "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer.txt" | tail -1)"
+  else
+    row "compute-sanitizer memcheck" FAILED "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer.txt" | tail -1) (see sanitizer.txt)"
+    failed=1
+  fi
+else
+  row "compute-sanitizer memcheck" FAILED "compute-sanitizer not found"
+  failed=1
+fi
+
+# 8. The GEMM benchmark: one table row per shape.
+if with_pack timeout "$(remaining)" "$BIN/fp8rl-bench-gemm-gpu" >"$LOG_DIR/bench_gemm_gpu.txt" 2>&1; then
+  while IFS='|' read -r _ name shape fp8 bf16 ratio _; do
+    row "bench gemm $(echo $name) $(echo $shape)" ok "fp8 $(echo $fp8) / bf16 $(echo $bf16) TFLOP/s, x$(echo $ratio)"
+  done < <(grep -E '^\| [A-Za-z_]' "$LOG_DIR/bench_gemm_gpu.txt" | grep -v '^| shape')
+else
+  row "bench gemm" FAILED "see bench_gemm_gpu.txt"
+  failed=1
+fi
+
+finish "$failed"

@@ -83,6 +83,19 @@ std::vector<float> random_values(size_t n, uint64_t seed) {
   return v;
 }
 
+// --probe: prints the sm_90 device and exits 0, or "no GPU (<reason>)" and exits 2
+// (scripts/gpu_check.sh asks this before it runs anything that needs the device).
+int probe() {
+  absl::StatusOr<DeviceInfo> dev = require_sm90();
+  if (!dev.ok()) {
+    std::printf("no GPU (%s)\n", std::string(dev.status().message()).c_str());
+    return 2;
+  }
+  std::printf("sm_90 GPU: %s (sm_%d%d, %d SMs)\n", dev->name.c_str(), dev->major, dev->minor,
+              dev->sm_count);
+  return 0;
+}
+
 int run() {
   absl::StatusOr<DeviceInfo> dev = require_sm90();
   if (!dev.ok()) {
@@ -171,4 +184,11 @@ int run() {
 }  // namespace
 }  // namespace fp8rl::kernels::cuda
 
-int main() { return fp8rl::kernels::cuda::run(); }
+int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--probe") return fp8rl::kernels::cuda::probe();
+  if (argc != 1) {
+    std::fprintf(stderr, "usage: fp8rl-bench-gemm-gpu [--probe]\n");
+    return 1;
+  }
+  return fp8rl::kernels::cuda::run();
+}

@@ -141,8 +141,34 @@ struct CublasLtGemm::Impl {
     if (handle != nullptr) cublasLtDestroy(handle);
   }
 
-  // Builds (once) the plan for `key`; `a_scale`/`b_scale` are our operands' scale pointers.
-  absl::StatusOr<Plan*> plan_for(const PlanKey& key) {
+  // Points the descriptor at our operands' scale tensors (FP8 only). cuBLAS A is our B, so our
+  // B's scales go to the A slot. The pointers differ per call, so run() sets them every time;
+  // plan_for() sets them too, BEFORE the heuristic query: for the VEC128_32F / BLK128x128_32F
+  // modes cublasLtMatmulAlgoGetHeuristic refuses a descriptor whose scale pointers are unset
+  // ("requires a custom pointer").
+  static absl::Status set_scale_pointers(cublasLtMatmulDesc_t desc, const void* a_scale,
+                                         const void* b_scale) {
+    FP8RL_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    FP8RL_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+    return absl::OkStatus();
+  }
+
+  // Builds (once) the plan for `key`; `a_scale`/`b_scale` are our operands' scale pointers
+  // (device; null for BF16), needed by the heuristic query of the block-scaled modes.
+  //
+  // Attribute types, checked against the CUDA 13.0 cublasLt.h documentation comments:
+  //   TRANSA/TRANSB int32_t (cublasOperation_t); FAST_ACCUM int8_t (0 = promote to fp32
+  //   periodically); A/B_SCALE_MODE int32_t (cublasLtMatmulMatrixScale_t: VEC128_32F = 4, one
+  //   fp32 scale per 128 elements of the innermost dimension, BLK128x128_32F = 5, one per
+  //   128x128 block); A/B_SCALE_POINTER const void* (device); PREF_MAX_WORKSPACE_BYTES uint64_t;
+  //   PREF_MIN_ALIGNMENT_*_BYTES uint32_t (default 256, so smaller alignments must be declared).
+  // The exact placement of the scale tensors (our "GEMM layout" in fp8_cuda.h: VEC128 scales
+  // outer-dimension-major with the leading dimension padded to 16 bytes) is NOT spelled out in
+  // that header; the GPU tests compare every scaling pair against the float64 reference, which
+  // is what pins it down (never run: no sm_90 device has run them yet).
+  absl::StatusOr<Plan*> plan_for(const PlanKey& key, const void* a_scale, const void* b_scale) {
     auto it = plans.find(key);
     if (it != plans.end()) return it->second.get();
     auto plan = std::make_unique<Plan>();
@@ -170,6 +196,7 @@ struct CublasLtGemm::Impl {
           plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
       FP8RL_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
           plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
+      if (absl::Status st = set_scale_pointers(plan->desc, a_scale, b_scale); !st.ok()) return st;
     }
     // Column-major views: our B [N,K] row-major = [K,N] col-major (ld K), our A likewise.
     FP8RL_CUBLAS_RETURN_IF_ERROR(
@@ -222,14 +249,12 @@ struct CublasLtGemm::Impl {
   absl::Status run(const PlanKey& key, const void* a, const void* a_scale, const void* b,
                    const void* b_scale, void* y, Stream stream) {
     std::lock_guard<std::mutex> lock(mu);
-    absl::StatusOr<Plan*> plan = plan_for(key);
+    absl::StatusOr<Plan*> plan = plan_for(key, a_scale, b_scale);
     if (!plan.ok()) return plan.status();
     if (key.kind == Kind::kFp8) {
-      // cuBLAS A is our B: its scales go to the A slot.
-      FP8RL_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-          (*plan)->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
-      FP8RL_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-          (*plan)->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+      if (absl::Status st = set_scale_pointers((*plan)->desc, a_scale, b_scale); !st.ok()) {
+        return st;
+      }
     }
     const float alpha = 1.0f;
     const float beta = key.accumulate ? 1.0f : 0.0f;

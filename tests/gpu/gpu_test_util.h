@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -52,6 +53,13 @@ inline std::vector<float> random_matrix(int64_t rows, int64_t cols, uint32_t see
 }
 
 using ::fp8rl::kernels::calc_diff;  // kernels/calc_diff.h
+
+// Bit-exact equality of two floats, except that any two NaNs are equal: a NaN's sign and payload
+// are not part of the recipe, and the device writes other NaN bit patterns than the CPU does.
+inline bool same_float(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+}
 
 template <typename T>
 std::vector<double> to_f64(const std::vector<T>& v) {

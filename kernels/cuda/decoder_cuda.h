@@ -1,0 +1,64 @@
+// The decoder's non-GEMM ops on the GPU: embedding gather, RMSNorm, RoPE, SwiGLU, causal GQA
+// prefill attention, a paged KV cache (write + attention with in-kernel FP8 dequantization),
+// log-softmax and temperature/top-p/top-k sampling with per-sample random streams. 1x128
+// activation quantization is quantize(..., kTile1x128, ...) in fp8_cuda.h.
+//
+// Each op is the same computation as its CPU reference in kernels/cpu/decoder_ops.h (same
+// shapes, same layouts, same shared math from kernels/device_math), on device pointers and an
+// explicit stream; see that header for the shapes. Agreement with the CPU: bit for bit where no
+// exp/log is involved (embedding, RMSNorm, RoPE, paged KV writes, bf16/fp8 rounding), a few fp32
+// ulp where one is (SwiGLU, attention, log-softmax), identical tokens in sampling unless a draw
+// lands within ~1e-15 of a cumulative-mass boundary.
+//
+// Errors (InvalidArgumentError, naming the argument) come from host-side checks before any
+// launch; a failed launch is InternalError. Nothing here synchronizes the stream.
+//
+// Never run on a GPU yet (no sm_90 device on the development machines); tests/gpu checks every op
+// against the CPU reference when one is present.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/fp8_cuda.h"
+#include "kernels/device_math/paged_kv.h"
+#include "kernels/device_math/sampling.h"
+
+namespace fp8rl::kernels::cuda {
+
+// bad_count (device int32, nullable) is incremented once per row whose token is out of range;
+// such rows are filled with NaN.
+absl::Status embed_gather(const float* table, int64_t vocab, int64_t h, const int32_t* tokens,
+                          int64_t rows, float* x, int32_t* bad_count, Stream stream);
+
+absl::Status rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, float eps,
+                     bool to_bf16, float* y, float* inv_rms, Stream stream);
+
+// cos/sin: device tables [max_pos, head_dim / 2] (model/ops.cc rope_fill); pos[r] < max_pos.
+absl::Status rope(const float* cos, const float* sin, const int32_t* pos, int64_t rows,
+                  int64_t heads, int64_t head_dim, bool to_bf16, float* x, Stream stream);
+
+absl::Status swiglu(const float* g, const float* u, int64_t n, bool to_bf16, float* act,
+                    Stream stream);
+
+// seq_start: device int32 [n_seq + 1], 0 = seq_start[0] < ... < seq_start[n_seq] = rows.
+absl::Status attention_prefill(const float* q, const float* k, const float* v,
+                               const int32_t* seq_start, int64_t n_seq, int64_t rows,
+                               int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
+                               float* out, Stream stream);
+
+// kv: device pools and block table (dm::PagedKvView documents the layout).
+absl::Status kv_write_paged(const float* k, const float* v, int64_t rows, const int32_t* row_seq,
+                            const int32_t* row_pos, const dm::PagedKvView& kv, Stream stream);
+absl::Status attention_paged(const float* q, int64_t rows, const int32_t* row_seq,
+                             const int32_t* row_pos, const dm::PagedKvView& kv, int64_t n_heads,
+                             float scale, float* out, Stream stream);
+
+absl::Status log_softmax(const float* z, int64_t rows, int64_t vocab, float inv_t,
+                         const int32_t* targets, float* lse, float* target_logprob, Stream stream);
+
+// params, rng (advanced in place), scratch (rows * vocab int32) and out are device arrays.
+absl::Status sample(const float* z, int64_t rows, int64_t vocab, const dm::SampleParams* params,
+                    dm::RngState* rng, int32_t* scratch, dm::SampleResult* out, Stream stream);
+
+}  // namespace fp8rl::kernels::cuda

@@ -1,0 +1,320 @@
+// The CUDA decoder kernels (kernels/cuda/decoder_cuda.h) against their CPU reference
+// (kernels/cpu/decoder_ops.h, itself tied to model/ops.cc by device_math_test.cc) on random
+// non-zero data with odd shapes. Needs an sm_90 device (skips otherwise), except the argument
+// checks, which run everywhere.
+#include "kernels/cuda/decoder_cuda.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/decoder_ops.h"
+#include "kernels/cuda/fp8_cuda.h"
+#include "model/ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace fp8rl::kernels::cuda {
+namespace {
+
+using testing::to_device;
+using testing::to_host;
+
+// Tolerances, with their reasons. Ops without exp/log must match bit for bit (same shared math,
+// no FMA contraction, IEEE sqrt and division on both sides). Ops with exp differ because CUDA's
+// expf (<= 2 ulp) and glibc's expf (< 1 ulp) round differently:
+//   kExpElementwiseRel  one exp per value, then a division and two products: ~4 fp32 ulp.
+//   kExpReductionRel    attention: each softmax weight carries the error of one exp and of the
+//                       sum of all of them; relative to the row's largest output.
+//   kLseAbs             log-sum-exp sums exp in float64 on both sides; only the final fp32
+//                       rounding of log(sum) can differ: one ulp of the result.
+//   kBf16FlipRel        after a bf16 rounding, a few-ulp fp32 difference flips the result by at
+//                       most one bf16 ulp (up to 2^-7 of the value) when it straddles a rounding
+//                       boundary.
+constexpr double kExpElementwiseRel = 1e-6;
+constexpr double kExpReductionRel = 2e-5;
+constexpr double kLseAbs = 4e-6;
+constexpr double kBf16FlipRel = 1.0 / 128.0;
+
+class GpuDecoderTest : public ::testing::Test {
+ protected:
+  void SetUp() override { FP8RL_REQUIRE_SM90(); }
+};
+
+std::vector<float> random_vec(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) {
+    v = normal(gen);
+    if (v == 0.0f) v = 0.25f * scale;
+  }
+  return x;
+}
+
+void expect_same(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                 const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_TRUE(testing::same_float(gpu[i], cpu[i]))
+        << what << " at " << i << ": gpu " << gpu[i] << " cpu " << cpu[i];
+  }
+}
+
+// Every |gpu - cpu| <= rel * |cpu| (elementwise) or rel * max|cpu| (row_scale).
+void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel,
+                  bool relative_to_max, const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double max_ref = 0, worst = 0;
+  for (float v : cpu) max_ref = std::max(max_ref, std::fabs(double(v)));
+  ASSERT_GT(max_ref, 0.0) << what << ": all-zero reference";
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double err = std::fabs(double(gpu[i]) - double(cpu[i]));
+    const double bound = rel * (relative_to_max ? max_ref : std::fabs(double(cpu[i]))) + 1e-30;
+    worst = std::max(worst, err / bound);
+    ASSERT_LE(err, bound) << what << " at " << i << ": gpu " << gpu[i] << " cpu " << cpu[i];
+  }
+  std::printf("[ decoder %s: worst error %.3f of its bound ]\n", what.c_str(), worst);
+}
+
+TEST_F(GpuDecoderTest, EmbedGatherMatchesCpuAndCountsBadIds) {
+  const int64_t vocab = 53, h = 37;
+  const auto table = random_vec(vocab * h, 1);
+  const std::vector<int32_t> tokens = {5, 0, 52, 53, -7, 5, 17};
+  const int64_t rows = static_cast<int64_t>(tokens.size());
+  DeviceBuffer dt = to_device(table), dtok = to_device(tokens),
+               dbad = to_device(std::vector<int32_t>{0});
+  absl::StatusOr<DeviceBuffer> dx = DeviceBuffer::allocate(sizeof(float) * rows * h);
+  ASSERT_TRUE(dx.ok());
+  FP8RL_ASSERT_OK(embed_gather(dt.as<float>(), vocab, h, dtok.as<int32_t>(), rows, dx->as<float>(),
+                               dbad.as<int32_t>(), nullptr));
+  std::vector<float> cpu(rows * h);
+  const int64_t bad = cpu::embed_gather(table.data(), vocab, h, tokens.data(), rows, cpu.data());
+  expect_same(to_host<float>(*dx, rows * h), cpu, "embed_gather");
+  EXPECT_EQ(to_host<int32_t>(dbad, 1)[0], bad);
+  EXPECT_EQ(bad, 2);
+}
+
+TEST_F(GpuDecoderTest, RmsnormMatchesCpuBitExact) {
+  for (auto [rows, h] : {std::pair<int64_t, int64_t>{1, 8}, {7, 37}, {33, 1000}, {4, 4096}}) {
+    const auto x = random_vec(rows * h, 10 + h, 3.0f), g = random_vec(h, 11 + h);
+    DeviceBuffer dx = to_device(x), dg = to_device(g);
+    for (bool bf16 : {false, true}) {
+      absl::StatusOr<DeviceBuffer> dy = DeviceBuffer::allocate(sizeof(float) * rows * h);
+      absl::StatusOr<DeviceBuffer> dinv = DeviceBuffer::allocate(sizeof(float) * rows);
+      ASSERT_TRUE(dy.ok() && dinv.ok());
+      FP8RL_ASSERT_OK(rmsnorm(dx.as<float>(), dg.as<float>(), rows, h, 1e-5f, bf16, dy->as<float>(),
+                              dinv->as<float>(), nullptr));
+      std::vector<float> y(rows * h), inv(rows);
+      cpu::rmsnorm(x.data(), g.data(), rows, h, 1e-5f, bf16, y.data(), inv.data());
+      const std::string what = "rmsnorm [" + std::to_string(rows) + ", " + std::to_string(h) + "]" +
+                               (bf16 ? " bf16" : "");
+      expect_same(to_host<float>(*dy, rows * h), y, what);
+      expect_same(to_host<float>(*dinv, rows), inv, what + " inv_rms");
+    }
+  }
+}
+
+TEST_F(GpuDecoderTest, RopeMatchesCpuBitExact) {
+  const int64_t rows = 11, heads = 5, hd = 18, max_pos = 300;
+  std::vector<float> cos(max_pos * hd / 2), sin(max_pos * hd / 2);
+  model::ops::rope_fill(500000.0, hd, max_pos, cos.data(), sin.data());
+  std::vector<int32_t> pos(rows);
+  for (int64_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>((r * 37) % max_pos);
+  const auto x = random_vec(rows * heads * hd, 20);
+  DeviceBuffer dcos = to_device(cos), dsin = to_device(sin), dpos = to_device(pos);
+  for (bool bf16 : {false, true}) {
+    DeviceBuffer dx = to_device(x);
+    FP8RL_ASSERT_OK(rope(dcos.as<float>(), dsin.as<float>(), dpos.as<int32_t>(), rows, heads, hd,
+                         bf16, dx.as<float>(), nullptr));
+    std::vector<float> ref = x;
+    cpu::rope(cos.data(), sin.data(), pos.data(), rows, heads, hd, bf16, ref.data());
+    expect_same(to_host<float>(dx, x.size()), ref, bf16 ? "rope bf16" : "rope");
+  }
+}
+
+TEST_F(GpuDecoderTest, SwigluMatchesCpu) {
+  const int64_t n = 12345;
+  const auto g = random_vec(n, 30, 4.0f), u = random_vec(n, 31);
+  DeviceBuffer dg = to_device(g), du = to_device(u);
+  absl::StatusOr<DeviceBuffer> da = DeviceBuffer::allocate(sizeof(float) * n);
+  ASSERT_TRUE(da.ok());
+  for (bool bf16 : {false, true}) {
+    FP8RL_ASSERT_OK(swiglu(dg.as<float>(), du.as<float>(), n, bf16, da->as<float>(), nullptr));
+    std::vector<float> ref(n);
+    cpu::swiglu(g.data(), u.data(), n, bf16, ref.data());
+    expect_close(to_host<float>(*da, n), ref, bf16 ? kBf16FlipRel : kExpElementwiseRel, false,
+                 bf16 ? "swiglu bf16" : "swiglu");
+  }
+}
+
+TEST_F(GpuDecoderTest, PrefillAttentionMatchesCpuCausalGqa) {
+  const int64_t n_heads = 8, n_kv = 2, hd = 40;
+  const std::vector<int32_t> seq_start = {0, 1, 18, 19, 83};  // lengths 1, 17, 1, 64
+  const int64_t n_seq = 4, rows = 83, qd = n_heads * hd, kvd = n_kv * hd;
+  const auto q = random_vec(rows * qd, 40), k = random_vec(rows * kvd, 41),
+             v = random_vec(rows * kvd, 42);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), ds = to_device(seq_start);
+  absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::allocate(sizeof(float) * rows * qd);
+  ASSERT_TRUE(dout.ok());
+  FP8RL_ASSERT_OK(attention_prefill(dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                    ds.as<int32_t>(), n_seq, rows, n_heads, n_kv, hd, scale,
+                                    dout->as<float>(), nullptr));
+  std::vector<float> ref(rows * qd);
+  cpu::attention_prefill(q.data(), k.data(), v.data(), seq_start.data(), n_seq, n_heads, n_kv, hd,
+                         scale, ref.data());
+  expect_close(to_host<float>(*dout, rows * qd), ref, kExpReductionRel, true, "prefill attention");
+}
+
+// Paged KV: writes must store the same bytes as the CPU (fp32, bf16, fp8 codes); decode and
+// chunked-prefill attention over shuffled blocks must match the CPU reference.
+TEST_F(GpuDecoderTest, PagedKvWriteAndAttentionMatchCpu) {
+  const int64_t n_heads = 12, n_kv = 4, hd = 64, block = 16;
+  const std::vector<int64_t> lens = {1, 15, 16, 17, 100};
+  const int64_t n_seq = 5, max_blocks = 7, num_blocks = n_seq * max_blocks + 3;
+  std::vector<int32_t> table(n_seq * max_blocks);
+  std::iota(table.begin(), table.end(), 3);
+  std::shuffle(table.begin(), table.end(), std::mt19937(9));
+  std::vector<int32_t> row_seq, row_pos;
+  for (int64_t s = 0; s < n_seq; ++s) {
+    for (int64_t p = 0; p < lens[s]; ++p) {
+      row_seq.push_back(int32_t(s));
+      row_pos.push_back(int32_t(p));
+    }
+  }
+  const int64_t rows = int64_t(row_seq.size()), qd = n_heads * hd, kvd = n_kv * hd;
+  const auto q = random_vec(rows * qd, 50), k = random_vec(rows * kvd, 51, 2.0f),
+             v = random_vec(rows * kvd, 52, 2.0f);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), dt = to_device(table),
+               dseq = to_device(row_seq), dpos = to_device(row_pos);
+  for (dm::KvDtype dtype : {dm::KvDtype::kF32, dm::KvDtype::kBF16, dm::KvDtype::kFP8}) {
+    const std::string what = "paged kv dtype " + std::to_string(int(dtype));
+    const size_t bytes = size_t(num_blocks * block * kvd * dm::kv_elem_bytes(dtype));
+    DeviceBuffer dkp = to_device(std::vector<uint8_t>(bytes, 0)),
+                 dvp = to_device(std::vector<uint8_t>(bytes, 0));
+    dm::PagedKvView dkv{dkp.data(), dvp.data(),       dtype,      num_blocks, block,  n_kv,
+                        hd,         dt.as<int32_t>(), max_blocks, 0.0131f,    0.0097f};
+    FP8RL_ASSERT_OK(kv_write_paged(dk.as<float>(), dv.as<float>(), rows, dseq.as<int32_t>(),
+                                   dpos.as<int32_t>(), dkv, nullptr));
+    std::vector<uint8_t> kpool(bytes, 0), vpool(bytes, 0);
+    dm::PagedKvView hkv = dkv;
+    hkv.k_pool = kpool.data();
+    hkv.v_pool = vpool.data();
+    hkv.block_table = table.data();
+    cpu::kv_write_paged(k.data(), v.data(), rows, row_seq.data(), row_pos.data(), hkv);
+    ASSERT_EQ(to_host<uint8_t>(dkp, bytes), kpool) << what << ": K pool bytes";
+    ASSERT_EQ(to_host<uint8_t>(dvp, bytes), vpool) << what << ": V pool bytes";
+
+    absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::allocate(sizeof(float) * rows * qd);
+    ASSERT_TRUE(dout.ok());
+    FP8RL_ASSERT_OK(attention_paged(dq.as<float>(), rows, dseq.as<int32_t>(), dpos.as<int32_t>(),
+                                    dkv, n_heads, scale, dout->as<float>(), nullptr));
+    std::vector<float> ref(rows * qd);
+    cpu::attention_paged(q.data(), rows, row_seq.data(), row_pos.data(), hkv, n_heads, scale,
+                         ref.data());
+    expect_close(to_host<float>(*dout, rows * qd), ref, kExpReductionRel, true, what);
+  }
+}
+
+TEST_F(GpuDecoderTest, LogSoftmaxMatchesCpu) {
+  const int64_t rows = 9, vocab = 32011;
+  const auto z = random_vec(rows * vocab, 60, 4.0f);
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = int32_t((r * 7919) % vocab);
+  DeviceBuffer dz = to_device(z), dtg = to_device(targets);
+  for (float inv_t : {1.0f, 1.0f / 0.7f}) {
+    absl::StatusOr<DeviceBuffer> dl = DeviceBuffer::allocate(sizeof(float) * rows);
+    absl::StatusOr<DeviceBuffer> dlp = DeviceBuffer::allocate(sizeof(float) * rows);
+    ASSERT_TRUE(dl.ok() && dlp.ok());
+    FP8RL_ASSERT_OK(log_softmax(dz.as<float>(), rows, vocab, inv_t, dtg.as<int32_t>(),
+                                dl->as<float>(), dlp->as<float>(), nullptr));
+    std::vector<float> lse(rows), lp(rows);
+    cpu::log_softmax(z.data(), rows, vocab, inv_t, targets.data(), lse.data(), lp.data());
+    const std::vector<float> glse = to_host<float>(*dl, rows), glp = to_host<float>(*dlp, rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_NEAR(glse[r], lse[r], kLseAbs * std::max(1.0f, std::fabs(lse[r]))) << r;
+      EXPECT_NEAR(glp[r], lp[r], kLseAbs * std::max(1.0f, std::fabs(lse[r]))) << r;
+    }
+  }
+}
+
+// Many rows, each with its own parameters and seed, several steps (the streams advance): the same
+// tokens as the CPU and logprobs within a float64-sum rounding.
+TEST_F(GpuDecoderTest, SamplingMatchesCpuTokensAndLogprobs) {
+  const int64_t rows = 48, vocab = 2053, steps = 4;
+  std::vector<dm::SampleParams> params(rows);
+  std::vector<dm::RngState> rng(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float temps[] = {0.0f, 1.0f, 0.7f, 1.3f};
+    const float tops[] = {1.0f, 0.9f, 0.5f, 1.0f};
+    const int64_t ks[] = {0, 0, 20, 7};
+    params[r] = dm::SampleParams{temps[r % 4], tops[(r / 4) % 4], ks[(r / 16) % 3]};
+    rng[r] = dm::rng_seed(1000 + uint64_t(r));
+  }
+  std::vector<dm::RngState> cpu_rng = rng;
+  DeviceBuffer dp = to_device(params), dr = to_device(rng),
+               dscr = to_device(std::vector<int32_t>(rows * vocab, 0)),
+               dout = to_device(std::vector<dm::SampleResult>(rows));
+  std::vector<int32_t> scratch(rows * vocab);
+  int64_t mismatches = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    auto z = random_vec(rows * vocab, 70 + uint32_t(step), 3.0f);
+    z[5] = z[6] = 12.0f;  // a tie at the top of row 0
+    DeviceBuffer dz = to_device(z);
+    FP8RL_ASSERT_OK(sample(dz.as<float>(), rows, vocab, dp.as<dm::SampleParams>(),
+                           dr.as<dm::RngState>(), dscr.as<int32_t>(), dout.as<dm::SampleResult>(),
+                           nullptr));
+    std::vector<dm::SampleResult> ref(rows);
+    cpu::sample(z.data(), rows, vocab, params.data(), cpu_rng.data(), scratch.data(), ref.data());
+    const auto got = to_host<dm::SampleResult>(dout, rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (got[r].token != ref[r].token) {
+        ++mismatches;
+        std::printf("[ decoder sampling: step %ld row %ld token gpu %d cpu %d ]\n", long(step),
+                    long(r), got[r].token, ref[r].token);
+        continue;
+      }
+      EXPECT_NEAR(got[r].logprob, ref[r].logprob, kLseAbs * 16) << "step " << step << " row " << r;
+      EXPECT_NEAR(got[r].full_logprob, ref[r].full_logprob, kLseAbs * 16) << r;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  const auto rng_after = to_host<dm::RngState>(dr, rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(rng_after[r].s[i], cpu_rng[r].s[i]) << "row " << r;
+  }
+}
+
+TEST(GpuDecoderArgsTest, BadArgumentsNameTheField) {
+  // Checked on the host before any launch, so these run without a GPU.
+  const float* f = reinterpret_cast<const float*>(0x1000);
+  float* out = reinterpret_cast<float*>(0x2000);
+  const int32_t* ids = reinterpret_cast<const int32_t*>(0x3000);
+  absl::Status st = rmsnorm(f, f, 0, 16, 1e-5f, false, out, nullptr, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("rows"), std::string::npos) << st;
+  st = rmsnorm(f, nullptr, 2, 16, 1e-5f, false, out, nullptr, nullptr);
+  EXPECT_NE(st.message().find("g is null"), std::string::npos) << st;
+  st = attention_prefill(f, f, f, ids, 1, 4, 6, 4, 8, 1.0f, out, nullptr);
+  EXPECT_NE(st.message().find("n_heads (6) must be a multiple of n_kv (4)"), std::string::npos)
+      << st;
+  st = rope(f, f, ids, 3, 2, 7, false, out, nullptr);
+  EXPECT_NE(st.message().find("head_dim must be even"), std::string::npos) << st;
+  dm::PagedKvView kv{out, out, dm::KvDtype::kFP8, 4, 16, 2, 8, ids, 2, 0.0f, 1.0f};
+  st = kv_write_paged(f, f, 3, ids, ids, kv, nullptr);
+  EXPECT_NE(st.message().find("kv.k_scale"), std::string::npos) << st;
+  st = log_softmax(f, 2, 10, 1.0f, ids, nullptr, nullptr, nullptr);
+  EXPECT_NE(st.message().find("targets and target_logprob"), std::string::npos) << st;
+  st = sample(f, 2, 10, nullptr, nullptr, nullptr, nullptr, nullptr);
+  EXPECT_NE(st.message().find("params is null"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace fp8rl::kernels::cuda
