@@ -15,7 +15,7 @@ namespace {
 using u128 = unsigned __int128;
 
 constexpr std::string_view kUnicodeMinus = "\xE2\x88\x92";  // U+2212
-constexpr size_t kMaxExactDigits = 36;                       // 10^36 < 2^120
+constexpr size_t kMaxExactDigits = 36;                      // 10^36 < 2^120
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
@@ -269,8 +269,9 @@ std::optional<std::string> extract_last_number(std::string_view text) {
   std::optional<std::string> last;
   size_t i = 0;
   while (i < text.size()) {
-    const bool starts = is_digit(text[i]) || (text[i] == '.' && i + 1 < text.size() &&
-                                              is_digit(text[i + 1]) && (i == 0 || !is_digit(text[i - 1])));
+    const bool starts =
+        is_digit(text[i]) || (text[i] == '.' && i + 1 < text.size() && is_digit(text[i + 1]) &&
+                              (i == 0 || !is_digit(text[i - 1])));
     if (!starts) {
       ++i;
       continue;
@@ -317,17 +318,16 @@ std::optional<std::string> extract_math_answer(std::string_view completion,
 }
 
 std::string normalize_math_answer(std::string_view answer) {
-  std::string s = absl::StrReplaceAll(
-      std::string(trim(answer)), {{"$", ""},
-                     {"\\left", ""},
-                     {"\\right", ""},
-                     {"\\!", ""},
-                     {"\\,", ""},
-                     {"\\;", ""},
-                     {"\\:", ""},
-                     {"\\ ", ""},
-                     {"{,}", ","},
-                     {"\xE2\x88\x92", "-"}});
+  std::string s = absl::StrReplaceAll(std::string(trim(answer)), {{"$", ""},
+                                                                  {"\\left", ""},
+                                                                  {"\\right", ""},
+                                                                  {"\\!", ""},
+                                                                  {"\\,", ""},
+                                                                  {"\\;", ""},
+                                                                  {"\\:", ""},
+                                                                  {"\\ ", ""},
+                                                                  {"{,}", ","},
+                                                                  {"\xE2\x88\x92", "-"}});
   s = std::string(trim(s));
   // Unwrap \text{...} (and friends) around the whole answer and drop one trailing '.' and '%',
   // repeated until nothing changes, so the result is a fixed point.

@@ -90,8 +90,7 @@ Example math_example(const TaskConfig& c, std::string_view question, std::string
   return ex;
 }
 
-absl::StatusOr<std::vector<Example>> read_math_jsonl(const std::string& path,
-                                                     const TaskConfig& c) {
+absl::StatusOr<std::vector<Example>> read_math_jsonl(const std::string& path, const TaskConfig& c) {
   absl::StatusOr<std::string> text = read_text_file(path);
   if (!text.ok()) return text.status();
   std::vector<Example> examples;

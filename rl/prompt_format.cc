@@ -18,9 +18,7 @@ class BytePromptTokenizer final : public PromptTokenizer {
   absl::StatusOr<std::vector<int32_t>> encode(std::string_view text) const override {
     return tokenizer_.encode(text);
   }
-  std::string decode(std::span<const int32_t> ids) const override {
-    return tokenizer_.decode(ids);
-  }
+  std::string decode(std::span<const int32_t> ids) const override { return tokenizer_.decode(ids); }
   int32_t vocab_size() const override { return tokenizer_.vocab_size(); }
 
  private:
@@ -136,8 +134,7 @@ absl::StatusOr<std::string> render_prompt(const Example& example, const PromptFo
   inputs.kwargs = format.template_kwargs;
   absl::StatusOr<std::string> text = format.chat_template->Render(inputs);
   if (!text.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chat template: ", text.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("chat template: ", text.status().message()));
   }
   return text;
 }

@@ -248,8 +248,8 @@ absl::StatusOr<Task> make_math_task(const TaskConfig& c) {
   std::vector<Example> train, validation;
   auto read = [&c](const std::string& path) { return read_math_jsonl(path, c); };
   if (absl::Status s = split_file_task(c, read, &train, &validation); !s.ok()) return s;
-  return Task(c.name, std::move(train), std::move(validation), AnswerMatch::kMath,
-              c.format_reward, math_extractors(c));
+  return Task(c.name, std::move(train), std::move(validation), AnswerMatch::kMath, c.format_reward,
+              math_extractors(c));
 }
 
 bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }

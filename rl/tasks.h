@@ -14,9 +14,9 @@
 //   math            GSM8K / MATH-style JSONL word problems (rl/math_task.h): configurable
 //                   fields, reference answers after "####", in \boxed{} or plain, answers
 //                   extracted and compared in canonical numeric form (rl/math_answer.h).
-// Splits: generated tasks: the validation split holds val_size distinct prompts; training prompts are drawn
-// (with repetition) from the problems NOT in the validation split, so validation is held out.
-// File tasks (jsonl, math): without val_path, a seeded shuffle of the train file whose first
+// Splits: generated tasks: the validation split holds val_size distinct prompts; training prompts
+// are drawn (with repetition) from the problems NOT in the validation split, so validation is held
+// out. File tasks (jsonl, math): without val_path, a seeded shuffle of the train file whose first
 // val_size examples are held out; with val_path, that file capped at val_size. The training split
 // is capped at train_size. The same TaskConfig always gives the same splits.
 //

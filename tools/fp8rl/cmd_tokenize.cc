@@ -41,8 +41,7 @@ struct ChatContext {
 absl::StatusOr<Json> render_messages(const rl::HfTokenizer& tok, const ChatContext& chat,
                                      const Json& req, const std::string& where) {
   for (const auto& [key, value] : req.items()) {
-    if (key != "messages" && key != "add_generation_prompt" && key != "tools" &&
-        key != "kwargs") {
+    if (key != "messages" && key != "add_generation_prompt" && key != "tools" && key != "kwargs") {
       return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field \"", key, "\""));
     }
   }
@@ -51,8 +50,8 @@ absl::StatusOr<Json> render_messages(const rl::HfTokenizer& tok, const ChatConte
         absl::StrCat(where, ": \"messages\": ", chat.files.status().message()));
   }
   if (!chat.files->chat_template.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": \"messages\": ", chat.config_path,
-                                                   " has no chat_template"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": \"messages\": ", chat.config_path, " has no chat_template"));
   }
   rl::ChatTemplateInputs inputs;
   inputs.messages = req["messages"];

@@ -40,8 +40,8 @@ TEST(MathAnswer, LastNumberSignsCommasDecimalsFractions) {
   EXPECT_EQ(extract_last_number("The answer is 42."), Opt("42"));
   EXPECT_EQ(extract_last_number("It is -5"), Opt("-5"));
   EXPECT_EQ(extract_last_number("x=-5"), Opt("-5"));
-  EXPECT_EQ(extract_last_number("3-4"), Opt("4"));          // binary minus
-  EXPECT_EQ(extract_last_number("(2)-4"), Opt("4"));        // after a closing bracket too
+  EXPECT_EQ(extract_last_number("3-4"), Opt("4"));    // binary minus
+  EXPECT_EQ(extract_last_number("(2)-4"), Opt("4"));  // after a closing bracket too
   EXPECT_EQ(extract_last_number("total 1,234.50 dollars"), Opt("1,234.50"));
   EXPECT_EQ(extract_last_number("1,234,567"), Opt("1,234,567"));
   EXPECT_EQ(extract_last_number("values 3,45"), Opt("45"));  // not a thousands group
@@ -49,7 +49,10 @@ TEST(MathAnswer, LastNumberSignsCommasDecimalsFractions) {
   EXPECT_EQ(extract_last_number("12345,678"), Opt("678"));  // first group too long
   EXPECT_EQ(extract_last_number("ratio 3/4."), Opt("3/4"));
   EXPECT_EQ(extract_last_number("costs .5 each"), Opt(".5"));
-  EXPECT_EQ(extract_last_number("temp \xE2\x88\x92" "7 C"), Opt("\xE2\x88\x92" "7"));
+  EXPECT_EQ(extract_last_number("temp \xE2\x88\x92"
+                                "7 C"),
+            Opt("\xE2\x88\x92"
+                "7"));
   EXPECT_EQ(extract_last_number("v2 of H2O is 10 and 3.14159"), Opt("3.14159"));
   EXPECT_EQ(extract_last_number("no digits"), std::nullopt);
   EXPECT_EQ(extract_last_number(""), std::nullopt);
@@ -100,7 +103,9 @@ TEST(MathAnswer, NormalizesNumbersToOneCanonicalForm) {
       {"-0", "0"},
       {"-0.0", "0"},
       {"-3", "-3"},
-      {"\xE2\x88\x92" "3", "-3"},
+      {"\xE2\x88\x92"
+       "3",
+       "-3"},
       {".5", "0.5"},
       {"0.75", "0.75"},
       {"3/4", "0.75"},
@@ -157,8 +162,8 @@ TEST(MathAnswer, EquivalentAnswersMatchAndDifferentOnesDoNot) {
 
 // Canonical forms must be a fixed point: normalizing twice changes nothing.
 TEST(MathAnswer, NormalizationIsIdempotent) {
-  for (const char* s : {"1,234.50", "3/4", "-\\frac{2}{6}", "$5", "1/7", "x+1", "-0.000",
-                        "100%", "\\text{12}."}) {
+  for (const char* s :
+       {"1,234.50", "3/4", "-\\frac{2}{6}", "$5", "1/7", "x+1", "-0.000", "100%", "\\text{12}."}) {
     const std::string once = normalize_math_answer(s);
     EXPECT_EQ(normalize_math_answer(once), once) << s;
   }

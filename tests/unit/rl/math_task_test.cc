@@ -66,13 +66,14 @@ TaskConfig math_config(const std::string& train_path, const std::string& val_pat
 
 TEST(MathTask, ReadsGsm8kLinesWithCanonicalAnswersAndPrompts) {
   TempDir dir;
-  const std::string train = dir.write(
-      "train.jsonl",
-      "{\"question\": \"Ann has 3 pens and buys 4. How many?\", \"answer\": \"3+4=<<3+4=7>>7\\n#### "
-      "7\"}\n"
-      "\n"
-      "{\"question\": \"Big?\", \"answer\": \"Sum is 1,234.\\n#### 1,234\", \"id\": 17}\n"
-      "{\"question\": \"Owe?\", \"answer\": \"#### -5\"}\r\n");
+  const std::string train =
+      dir.write("train.jsonl",
+                "{\"question\": \"Ann has 3 pens and buys 4. How many?\", \"answer\": "
+                "\"3+4=<<3+4=7>>7\\n#### "
+                "7\"}\n"
+                "\n"
+                "{\"question\": \"Big?\", \"answer\": \"Sum is 1,234.\\n#### 1,234\", \"id\": 17}\n"
+                "{\"question\": \"Owe?\", \"answer\": \"#### -5\"}\r\n");
   TaskConfig c = math_config(train);
   c.system_prompt = "You are a careful solver.";
   c.instruction = "Put the final answer after ####.";
@@ -109,10 +110,11 @@ TEST(MathTask, ReadsMathStyleBoxedAndPlainNumericAnswers) {
     EXPECT_EQ((*ex)[1].answer, "\\sqrt{2}") << format;
     EXPECT_EQ((*ex)[0].prompt, "p1");
   }
-  const std::string plain = dir.write(
-      "plain.jsonl",
-      "{\"question\": \"a\", \"answer\": 72}\n{\"question\": \"b\", \"answer\": 0.5}\n"
-      "{\"question\": \"c\", \"answer\": \"3/4\"}\n{\"question\": \"d\", \"answer\": \"+1,000.0\"}\n");
+  const std::string plain =
+      dir.write("plain.jsonl",
+                "{\"question\": \"a\", \"answer\": 72}\n{\"question\": \"b\", \"answer\": 0.5}\n"
+                "{\"question\": \"c\", \"answer\": \"3/4\"}\n{\"question\": \"d\", \"answer\": "
+                "\"+1,000.0\"}\n");
   for (const char* format : {"plain", "auto"}) {
     c = math_config(plain);
     c.answer_format = format;
@@ -133,7 +135,8 @@ TEST(MathTask, BadLinesAreErrorsNamingFileLineAndField) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {good + "{\"question\": \"q\", \"answer\": \"#### 1\"\n", "auto", "bad.jsonl:2: not valid JSON"},
+      {good + "{\"question\": \"q\", \"answer\": \"#### 1\"\n", "auto",
+       "bad.jsonl:2: not valid JSON"},
       {good + "[1, 2]\n", "auto", "bad.jsonl:2: must be a JSON object"},
       {good + good + "{\"answer\": \"#### 1\"}\n", "auto",
        "bad.jsonl:3: \"question\" must be a non-empty string"},
@@ -189,9 +192,13 @@ TEST(MathTask, ParamsAreValidatedNamingTheField) {
       {[](TaskConfig& c) { c.answer_format = "latex"; },
        "task.params.answer_format: must be one of auto, gsm8k, boxed, plain"},
       {[](TaskConfig& c) { c.extraction = {}; }, "task.params.extraction: must list"},
-      {[](TaskConfig& c) { c.extraction = {"boxed", "regex"}; },
+      {[](TaskConfig& c) {
+         c.extraction = {"boxed", "regex"};
+       },
        "task.params.extraction[1]: must be one of boxed, hash, last_number, got \"regex\""},
-      {[](TaskConfig& c) { c.extraction = {"hash", "hash"}; },
+      {[](TaskConfig& c) {
+         c.extraction = {"hash", "hash"};
+       },
        "task.params.extraction[1]: \"hash\" is listed twice"},
       {[](TaskConfig& c) { c.format_reward = 1.0; }, "task.format_reward"},
   };
@@ -207,11 +214,10 @@ TEST(MathTask, ParamsAreValidatedNamingTheField) {
 
 TEST(MathTask, RewardUsesConfiguredExtractionAndCanonicalMatch) {
   TempDir dir;
-  const std::string train = dir.write(
-      "t.jsonl",
-      "{\"question\": \"q1\", \"answer\": \"#### 1234.5\"}\n"
-      "{\"question\": \"q2\", \"answer\": \"#### 72\"}\n"
-      "{\"question\": \"q3\", \"answer\": \"#### 3\"}\n");
+  const std::string train = dir.write("t.jsonl",
+                                      "{\"question\": \"q1\", \"answer\": \"#### 1234.5\"}\n"
+                                      "{\"question\": \"q2\", \"answer\": \"#### 72\"}\n"
+                                      "{\"question\": \"q3\", \"answer\": \"#### 3\"}\n");
   TaskConfig c = math_config(train);
   c.val_size = 1;
   c.format_reward = 0.25;
@@ -327,11 +333,10 @@ task:
     ASSERT_FALSE(r.ok()) << extra;
     EXPECT_NE(r.status().message().find(expected), std::string::npos) << r.status().message();
   }
-  absl::StatusOr<JobConfig> no_path = parse_job_config(
-      "name: m\nmodel:\n  init:\n    config: c.json\ntask:\n  name: math\n");
+  absl::StatusOr<JobConfig> no_path =
+      parse_job_config("name: m\nmodel:\n  init:\n    config: c.json\ntask:\n  name: math\n");
   ASSERT_FALSE(no_path.ok());
-  EXPECT_NE(no_path.status().message().find("task.params.train_path: required"),
-            std::string::npos)
+  EXPECT_NE(no_path.status().message().find("task.params.train_path: required"), std::string::npos)
       << no_path.status().message();
 }
 

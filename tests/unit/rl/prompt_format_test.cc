@@ -74,8 +74,8 @@ void write_tokenizer_dir(const TempDir& dir, const Json& config) {
   t["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
   t["post_processor"] = nullptr;
   t["decoder"] = {{"type", "ByteLevel"}};
-  t["model"] = {{"type", "BPE"},  {"dropout", nullptr},      {"unk_token", nullptr},
-                {"vocab", vocab}, {"merges", Json::array()}, {"byte_fallback", false},
+  t["model"] = {{"type", "BPE"},         {"dropout", nullptr},      {"unk_token", nullptr},
+                {"vocab", vocab},        {"merges", Json::array()}, {"byte_fallback", false},
                 {"ignore_merges", false}};
   dir.write("tokenizer.json", t.dump());
   dir.write("tokenizer_config.json", config.dump());
@@ -134,9 +134,8 @@ TEST(PromptFormat, ChatFormatRendersSystemAndUserMessages) {
 
 TEST(PromptFormat, LoadsTokenizerFolderWithTemplateAndStopIds) {
   TempDir dir;
-  write_tokenizer_dir(dir, {{"chat_template", kChatMl},
-                            {"eos_token", "<|im_end|>"},
-                            {"bos_token", nullptr}});
+  write_tokenizer_dir(
+      dir, {{"chat_template", kChatMl}, {"eos_token", "<|im_end|>"}, {"bos_token", nullptr}});
   absl::StatusOr<PromptFormat> f = load_prompt_format(dir.path());
   ASSERT_TRUE(f.ok()) << f.status();
   ASSERT_TRUE(f->chat_template.has_value());
@@ -181,9 +180,9 @@ TEST(PromptFormat, BadFoldersFailNamingTheFile) {
   dir.write("tokenizer_config.json", "{\"chat_template\": ");
   absl::StatusOr<PromptFormat> malformed = load_prompt_format(dir.path());
   ASSERT_FALSE(malformed.ok());
-  EXPECT_NE(malformed.status().message().find("tokenizer_config.json: not valid JSON"),
-            std::string::npos)
+  EXPECT_NE(malformed.status().message().find("tokenizer_config.json: "), std::string::npos)
       << malformed.status();
+  EXPECT_NE(malformed.status().message().find("JSON"), std::string::npos) << malformed.status();
   absl::StatusOr<PromptFormat> missing = load_prompt_format(dir.path() + "/nope");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("nope/tokenizer.json"), std::string::npos)
