@@ -340,6 +340,22 @@ task:
       << no_path.status().message();
 }
 
+// configs/examples/: both math examples parse and validate; the toy one names a model config in
+// the tree and the generated data; the real-model one starts from a checkpoint folder.
+TEST(MathTask, ExampleConfigsParse) {
+  const std::string dir = source_dir() + "/configs/examples/";
+  absl::StatusOr<JobConfig> toy = load_job_config_file(dir + "toy-math.yaml");
+  ASSERT_TRUE(toy.ok()) << toy.status();
+  EXPECT_EQ(toy->task.name, "math");
+  EXPECT_TRUE(stdfs::exists(source_dir() + "/" + toy->model.init_config_path));
+  EXPECT_EQ(toy->task.train_path, "runs/data/math/train.jsonl");
+  absl::StatusOr<JobConfig> qwen = load_job_config_file(dir + "qwen2.5-1.5b-instruct-gsm8k.yaml");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->model.checkpoint, "checkpoints/Qwen2.5-1.5B-Instruct");
+  EXPECT_EQ(qwen->task.extraction, std::vector<std::string>{"boxed"});
+  EXPECT_NE(qwen->task.system_prompt.find("\\boxed{}"), std::string::npos);
+}
+
 // scripts/make_math_dataset.py: byte-identical output for the same arguments, different for
 // another seed, disjoint splits, and every line loads as the math task with the answer its own
 // worked steps compute.
