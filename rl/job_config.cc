@@ -181,6 +181,23 @@ class Fields {
     return absl::OkStatus();
   }
 
+  // A list of strings (a YAML sequence / JSON array).
+  absl::Status get_string_list(std::string_view key, std::vector<std::string>* out) const {
+    if (!has(key)) return absl::OkStatus();
+    const Json& v = at(key);
+    if (!v.is_array()) return type_error(key, "a list of strings", v);
+    std::vector<std::string> items;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string()) {
+        return field_error(absl::StrCat(path(key), "[", i, "]"),
+                           absl::StrCat("must be a string, got ", v[i].type_name()));
+      }
+      items.push_back(v[i].get<std::string>());
+    }
+    *out = std::move(items);
+    return absl::OkStatus();
+  }
+
   // fp8 or bf16: the formats the services carry (fp32 is named in its own error).
   absl::Status get_precision(std::string_view key, Precision* out) const {
     std::string name(precision_name(*out));
@@ -282,8 +299,23 @@ absl::Status read_task(const Fields& top, TaskConfig* task) {
     FP8RL_RETURN_IF_ERROR(params.get_string("train_path", &task->train_path));
     FP8RL_RETURN_IF_ERROR(params.get_string("val_path", &task->val_path));
     FP8RL_RETURN_IF_ERROR(params.get_string("match", &task->match));
+  } else if (task->name == "math") {
+    FP8RL_RETURN_IF_ERROR(params.allow_only(
+        {"train_path", "val_path", "question_field", "answer_field", "answer_format", "extraction",
+         "system_prompt", "instruction"},
+        "math takes train_path, val_path, question_field, answer_field, answer_format, "
+        "extraction, system_prompt, instruction"));
+    FP8RL_RETURN_IF_ERROR(params.get_string("train_path", &task->train_path));
+    FP8RL_RETURN_IF_ERROR(params.get_string("val_path", &task->val_path));
+    FP8RL_RETURN_IF_ERROR(params.get_string("question_field", &task->question_field));
+    FP8RL_RETURN_IF_ERROR(params.get_string("answer_field", &task->answer_field));
+    FP8RL_RETURN_IF_ERROR(params.get_string("answer_format", &task->answer_format));
+    FP8RL_RETURN_IF_ERROR(params.get_string_list("extraction", &task->extraction));
+    FP8RL_RETURN_IF_ERROR(params.get_string("system_prompt", &task->system_prompt));
+    FP8RL_RETURN_IF_ERROR(params.get_string("instruction", &task->instruction));
   } else {
-    return field_error("task.name", "must be one of addition, multiplication, arithmetic, jsonl");
+    return field_error("task.name",
+                       "must be one of addition, multiplication, arithmetic, jsonl, math");
   }
   return absl::OkStatus();
 }
@@ -439,7 +471,7 @@ absl::Status validate_job_config(const JobConfig& c) {
       require(c.validation.every_steps >= 0, "validation.every_steps", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(
       require(c.validation.num_prompts >= 0, "validation.num_prompts", "must be >= 0"));
-  if (c.task.name != "jsonl") {
+  if (c.task.name != "jsonl" && c.task.name != "math") {
     FP8RL_RETURN_IF_ERROR(
         require(c.validation.num_prompts <= c.task.val_size, "validation.num_prompts",
                 absl::StrCat("must be <= task.val_size (", c.task.val_size, ")")));
@@ -537,6 +569,15 @@ Json job_config_to_json(const JobConfig& c) {
     params["train_path"] = t.train_path;
     params["val_path"] = t.val_path;
     params["match"] = t.match;
+  } else if (t.name == "math") {
+    params["train_path"] = t.train_path;
+    params["val_path"] = t.val_path;
+    params["question_field"] = t.question_field;
+    params["answer_field"] = t.answer_field;
+    params["answer_format"] = t.answer_format;
+    params["extraction"] = t.extraction;
+    params["system_prompt"] = t.system_prompt;
+    params["instruction"] = t.instruction;
   }
   j["task"] = Json{{"name", t.name},
                    {"seed", t.seed},

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -41,7 +42,7 @@ struct ModelSpec {
 };
 
 struct TaskConfig {
-  std::string name;  // addition | multiplication | arithmetic | jsonl
+  std::string name;  // addition | multiplication | arithmetic | jsonl | math
   uint64_t seed = 1234;
   int64_t train_size = 10000;
   int64_t val_size = 200;
@@ -50,9 +51,18 @@ struct TaskConfig {
   int64_t digits = 3;       // addition (default 3), multiplication (default 2, set by the parser)
   int64_t terms = 3;        // arithmetic
   int64_t max_operand = 9;  // arithmetic
-  std::string train_path;   // jsonl (required)
-  std::string val_path;     // jsonl (optional)
+  std::string train_path;   // jsonl, math (required)
+  std::string val_path;     // jsonl, math (optional)
   std::string match = "line";  // jsonl: line | number
+  // math (rl/math_task.h): dataset field names, how the reference answer is written, the
+  // completion's answer extractors in order, and the prompt's optional system message and
+  // instruction.
+  std::string question_field = "question";
+  std::string answer_field = "answer";
+  std::string answer_format = "auto";  // auto | gsm8k | boxed | plain
+  std::vector<std::string> extraction = {"boxed", "hash", "last_number"};
+  std::string system_prompt;
+  std::string instruction;
   bool operator==(const TaskConfig&) const = default;
 };
 

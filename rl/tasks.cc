@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "nlohmann/json.hpp"
+#include "rl/math_task.h"
 
 namespace fp8rl::rl {
 
@@ -205,10 +206,13 @@ absl::StatusOr<std::vector<Example>> read_jsonl(const std::string& path) {
   return examples;
 }
 
-absl::StatusOr<Task> make_jsonl_task(const TaskConfig& c) {
-  absl::StatusOr<std::vector<Example>> train = read_jsonl(c.train_path);
-  if (!train.ok()) return train.status();
-  std::vector<Example> validation;
+// The split rule of file tasks (jsonl, math; see tasks.h). `read` parses one file.
+template <typename Reader>
+absl::Status split_file_task(const TaskConfig& c, const Reader& read, std::vector<Example>* train,
+                             std::vector<Example>* validation) {
+  absl::StatusOr<std::vector<Example>> all = read(c.train_path);
+  if (!all.ok()) return all.status();
+  *train = *std::move(all);
   if (c.val_path.empty()) {
     // Seeded shuffle, then the first val_size examples are held out.
     if (static_cast<int64_t>(train->size()) <= c.val_size) {
@@ -220,18 +224,32 @@ absl::StatusOr<Task> make_jsonl_task(const TaskConfig& c) {
     for (size_t i = train->size() - 1; i > 0; --i) {
       std::swap((*train)[i], (*train)[rng.uniform(i + 1)]);
     }
-    validation.assign(std::make_move_iterator(train->begin()),
-                      std::make_move_iterator(train->begin() + c.val_size));
+    validation->assign(std::make_move_iterator(train->begin()),
+                       std::make_move_iterator(train->begin() + c.val_size));
     train->erase(train->begin(), train->begin() + c.val_size);
   } else {
-    absl::StatusOr<std::vector<Example>> val = read_jsonl(c.val_path);
+    absl::StatusOr<std::vector<Example>> val = read(c.val_path);
     if (!val.ok()) return val.status();
-    validation = *std::move(val);
-    if (static_cast<int64_t>(validation.size()) > c.val_size) validation.resize(c.val_size);
+    *validation = *std::move(val);
+    if (static_cast<int64_t>(validation->size()) > c.val_size) validation->resize(c.val_size);
   }
   if (static_cast<int64_t>(train->size()) > c.train_size) train->resize(c.train_size);
-  return Task(c.name, *std::move(train), std::move(validation),
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Task> make_jsonl_task(const TaskConfig& c) {
+  std::vector<Example> train, validation;
+  if (absl::Status s = split_file_task(c, read_jsonl, &train, &validation); !s.ok()) return s;
+  return Task(c.name, std::move(train), std::move(validation),
               c.match == "number" ? AnswerMatch::kNumber : AnswerMatch::kLine, c.format_reward);
+}
+
+absl::StatusOr<Task> make_math_task(const TaskConfig& c) {
+  std::vector<Example> train, validation;
+  auto read = [&c](const std::string& path) { return read_math_jsonl(path, c); };
+  if (absl::Status s = split_file_task(c, read, &train, &validation); !s.ok()) return s;
+  return Task(c.name, std::move(train), std::move(validation), AnswerMatch::kMath, c.format_reward,
+              math_extractors(c));
 }
 
 bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
@@ -239,6 +257,11 @@ bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0;
 }  // namespace
 
 std::optional<std::string> extract_answer(std::string_view completion, AnswerMatch match) {
+  if (match == AnswerMatch::kMath) {
+    std::optional<std::string> raw = extract_math_answer(completion, default_math_extractors());
+    if (!raw.has_value()) return std::nullopt;
+    return normalize_math_answer(*raw);
+  }
   size_t i = 0;
   while (i < completion.size() && is_space(completion[i])) ++i;
   if (match == AnswerMatch::kNumber) {
@@ -257,12 +280,20 @@ std::optional<std::string> extract_answer(std::string_view completion, AnswerMat
 }
 
 Task::Task(std::string name, std::vector<Example> train, std::vector<Example> validation,
-           AnswerMatch match, double format_reward)
+           AnswerMatch match, double format_reward, std::vector<MathExtractor> math_extractors)
     : name_(std::move(name)),
       train_(std::move(train)),
       validation_(std::move(validation)),
       match_(match),
-      format_reward_(format_reward) {}
+      format_reward_(format_reward),
+      math_extractors_(std::move(math_extractors)) {}
+
+std::optional<std::string> Task::extract(std::string_view completion) const {
+  if (match_ != AnswerMatch::kMath) return extract_answer(completion, match_);
+  std::optional<std::string> raw = extract_math_answer(completion, math_extractors_);
+  if (!raw.has_value()) return std::nullopt;
+  return normalize_math_answer(*raw);
+}
 
 bool Task::correct(const Example& example, std::string_view completion) const {
   const std::optional<std::string> answer = extract(completion);
@@ -299,8 +330,8 @@ absl::Status validate_task_config(const TaskConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(path), ": ", std::string(message)));
   };
   if (c.name != "addition" && c.name != "multiplication" && c.name != "arithmetic" &&
-      c.name != "jsonl") {
-    return error("task.name", "must be one of addition, multiplication, arithmetic, jsonl");
+      c.name != "jsonl" && c.name != "math") {
+    return error("task.name", "must be one of addition, multiplication, arithmetic, jsonl, math");
   }
   if (c.train_size < 1 || c.train_size > kMaxTrainSize) {
     return error("task.train_size", absl::StrCat("must be in [1, ", kMaxTrainSize, "]"));
@@ -311,6 +342,7 @@ absl::Status validate_task_config(const TaskConfig& c) {
   if (!(c.format_reward >= 0.0 && c.format_reward < 1.0)) {
     return error("task.format_reward", "must be in [0, 1)");
   }
+  if (c.name == "math") return validate_math_params(c);
   if (c.name == "jsonl") {
     if (c.train_path.empty()) return error("task.params.train_path", "required");
     if (c.match != "line" && c.match != "number") {
@@ -342,6 +374,7 @@ absl::Status validate_task_config(const TaskConfig& c) {
 absl::StatusOr<Task> make_task(const TaskConfig& config) {
   if (absl::Status s = validate_task_config(config); !s.ok()) return s;
   if (config.name == "jsonl") return make_jsonl_task(config);
+  if (config.name == "math") return make_math_task(config);
   return make_generated_task(config);
 }
 

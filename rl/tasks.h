@@ -11,9 +11,14 @@
 //   jsonl           one {"prompt": "...", "answer": "..."} object per line (answer may be a JSON
 //                   string or integer; other keys are ignored; blank lines skipped). A bad line
 //                   is an error naming "<path>:<line>".
-// Splits: the validation split holds val_size distinct prompts; training prompts are drawn
-// (with repetition) from the problems NOT in the validation split, so validation is held out.
-// The same TaskConfig always gives the same splits.
+//   math            GSM8K / MATH-style JSONL word problems (rl/math_task.h): configurable
+//                   fields, reference answers after "####", in \boxed{} or plain, answers
+//                   extracted and compared in canonical numeric form (rl/math_answer.h).
+// Splits: generated tasks: the validation split holds val_size distinct prompts; training prompts
+// are drawn (with repetition) from the problems NOT in the validation split, so validation is held
+// out. File tasks (jsonl, math): without val_path, a seeded shuffle of the train file whose first
+// val_size examples are held out; with val_path, that file capped at val_size. The training split
+// is capped at train_size. The same TaskConfig always gives the same splits.
 //
 // Answer extraction from a completion (the decoded response text, without the prompt):
 //   number (built-ins, jsonl match: number): skip leading whitespace, then an optional '-' and
@@ -21,8 +26,12 @@
 //     no answer.
 //   line (jsonl default): skip leading whitespace, take up to the first '\n', trim trailing
 //     whitespace. Empty: no answer.
+//   math: the first of task.params.extraction (boxed, hash, last_number) that finds an answer,
+//     in canonical form (normalize_math_answer); the reference answer is stored canonical.
 // Reward: 1 when the extracted answer equals the example's answer as a string (so "042" is not
-// "42"), else format_reward when an answer could be extracted, else 0. Always in [0, 1].
+// "42" for number), else format_reward when an answer could be extracted, else 0. Always in
+// [0, 1]. For math, restricting extraction (e.g. to [boxed]) makes format_reward a reward for
+// answering in that format.
 #pragma once
 
 #include <cstdint>
@@ -34,33 +43,40 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "rl/job_config.h"
+#include "rl/math_answer.h"
 #include "rl/tokenizer.h"
 
 namespace fp8rl::rl {
 
 struct Example {
+  // The prompt in the plain format (no chat template): the model input text after BOS.
   std::string prompt;
   std::string answer;
+  // The prompt as chat messages, for models with a chat template (rl/prompt_format.h): an
+  // optional system message and the user message; an empty user means `prompt`.
+  std::string system = {};
+  std::string user = {};
   bool operator==(const Example&) const = default;
 };
 
-enum class AnswerMatch { kNumber, kLine };
+enum class AnswerMatch { kNumber, kLine, kMath };
 
+// kMath here uses the default extractor order; Task::extract uses the task's.
 std::optional<std::string> extract_answer(std::string_view completion, AnswerMatch match);
 
 class Task {
  public:
+  // `math_extractors` is used (and must be non-empty) when match is kMath.
   Task(std::string name, std::vector<Example> train, std::vector<Example> validation,
-       AnswerMatch match, double format_reward);
+       AnswerMatch match, double format_reward, std::vector<MathExtractor> math_extractors = {});
 
   const std::string& name() const { return name_; }
   const std::vector<Example>& train() const { return train_; }
   const std::vector<Example>& validation() const { return validation_; }
   AnswerMatch match() const { return match_; }
 
-  std::optional<std::string> extract(std::string_view completion) const {
-    return extract_answer(completion, match_);
-  }
+  // The completion's answer as compared with Example::answer (kMath: canonical form).
+  std::optional<std::string> extract(std::string_view completion) const;
   // Reward in [0, 1] of a completion for `example` (see the header comment).
   double reward(const Example& example, std::string_view completion) const;
   // 1 if the completion's answer is exactly right (what validation accuracy counts).
@@ -72,6 +88,7 @@ class Task {
   std::vector<Example> validation_;
   AnswerMatch match_;
   double format_reward_;
+  std::vector<MathExtractor> math_extractors_;
 };
 
 // Model input for an example. tokens = BOS, prompt bytes, then (with_answer) answer bytes and EOS.
@@ -90,7 +107,8 @@ TokenizedExample tokenize_example(const Example& example, const ByteTokenizer& t
 // field path ("task.params.digits: must be in [1, 9]"). Does not read JSONL files.
 absl::Status validate_task_config(const TaskConfig& config);
 
-// Builds the task: generates the splits, or reads and validates the JSONL files.
+// Builds the task: generates the splits, or reads and validates the JSONL files (errors name
+// "<path>:<line>").
 absl::StatusOr<Task> make_task(const TaskConfig& config);
 
 // Which training examples step `step` uses: `count` indices into a split of `split_size`,

@@ -1,5 +1,13 @@
-// `fp8rl tokenize`: encodes and decodes JSON lines with a checkpoint's Hugging Face tokenizer, so a
-// user can check what fp8rl feeds the model (and compare it with transformers) before a job runs.
+// `fp8rl tokenize`: encodes and decodes JSON lines with a checkpoint's Hugging Face tokenizer and
+// renders chat messages with its chat template, so a user can check what fp8rl feeds the model
+// (and compare it with transformers) before a job runs.
+//   {"text": ..., "add_special_tokens"?: bool}            -> {"ids": [...]}
+//   {"ids": [...], "skip_special_tokens"?: bool}          -> {"text": ...}
+//   {"messages": [...], "add_generation_prompt"?: bool, "tools"?: [...], "kwargs"?: {...}}
+//                                                         -> {"text": rendered, "ids": [...]}
+// The messages form renders tokenizer_config.json's chat_template like transformers'
+// apply_chat_template (bos_token / eos_token from that file, kwargs as extra template
+// variables) and encodes the text without adding special tokens (the template writes them).
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -9,20 +17,96 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "rl/chat_template.h"
 #include "rl/hf_tokenizer.h"
+#include "rl/prompt_format.h"
 #include "tools/fp8rl/args.h"
 #include "tools/fp8rl/command.h"
 
 namespace fp8rl::cli {
 namespace {
 
-using Json = nlohmann::json;
+// Ordered: message objects keep their key order, which templates' tojson prints.
+using Json = nlohmann::ordered_json;
 
 constexpr char kName[] = "tokenize";
 
+// What a messages line needs besides the tokenizer: the folder's chat template and tokens. A
+// template that fails to load fails the messages lines only; text and ids lines do not need it.
+struct ChatContext {
+  absl::StatusOr<rl::ChatTemplateFiles> files;
+  std::string config_path;  // DIR/tokenizer_config.json, for errors
+};
+
+absl::StatusOr<Json> render_messages(const rl::HfTokenizer& tok, const ChatContext& chat,
+                                     const Json& req, const std::string& where) {
+  for (const auto& [key, value] : req.items()) {
+    if (key != "messages" && key != "add_generation_prompt" && key != "tools" && key != "kwargs") {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field \"", key, "\""));
+    }
+  }
+  if (!chat.files.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": \"messages\": ", chat.files.status().message()));
+  }
+  if (!chat.files->chat_template.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": \"messages\": ", chat.config_path, " has no chat_template"));
+  }
+  rl::ChatTemplateInputs inputs;
+  inputs.messages = req["messages"];
+  if (!inputs.messages.is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": \"messages\": expected an array of message objects"));
+  }
+  for (size_t i = 0; i < inputs.messages.size(); ++i) {
+    if (!inputs.messages[i].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"messages\"[", i, "]: expected an object"));
+    }
+  }
+  if (req.contains("add_generation_prompt")) {
+    if (!req["add_generation_prompt"].is_boolean()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"add_generation_prompt\": expected true or false"));
+    }
+    inputs.add_generation_prompt = req["add_generation_prompt"].get<bool>();
+  }
+  if (req.contains("tools")) {
+    inputs.tools = req["tools"];
+    if (!inputs.tools.is_array() && !inputs.tools.is_null()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"tools\": expected an array of tool schemas or null"));
+    }
+  }
+  if (req.contains("kwargs")) {
+    inputs.kwargs = req["kwargs"];
+    if (!inputs.kwargs.is_object() && !inputs.kwargs.is_null()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"kwargs\": expected an object of template variables"));
+    }
+  }
+  inputs.bos_token = chat.files->bos_token;
+  inputs.eos_token = chat.files->eos_token;
+  absl::StatusOr<std::string> text = chat.files->chat_template->Render(inputs);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": chat template: ", text.status().message()));
+  }
+  absl::StatusOr<std::vector<int32_t>> ids = tok.encode(*text, /*add_special_tokens=*/false);
+  if (!ids.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": rendered text: ", ids.status().message()));
+  }
+  Json out = Json::object();
+  out["text"] = *text;
+  out["ids"] = *ids;
+  return out;
+}
+
 // One input line -> one output line. `where` is "FILE:LINE" for errors.
-absl::StatusOr<std::string> tokenize_line(const rl::HfTokenizer& tok, const std::string& line,
-                                          const std::string& where) {
+absl::StatusOr<std::string> tokenize_line(const rl::HfTokenizer& tok, const ChatContext& chat,
+                                          const std::string& line, const std::string& where) {
   Json req;
   try {
     req = Json::parse(line);
@@ -32,17 +116,18 @@ absl::StatusOr<std::string> tokenize_line(const rl::HfTokenizer& tok, const std:
   if (!req.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object"));
   }
-  if (req.contains("messages")) {
-    return absl::UnimplementedError(
-        absl::StrCat(where,
-                     ": \"messages\" needs the chat template, which fp8rl tokenize does "
-                     "not support yet; give {\"text\": ...} or {\"ids\": [...]}"));
-  }
   const bool has_text = req.contains("text");
   const bool has_ids = req.contains("ids");
-  if (has_text == has_ids) {
+  const bool has_messages = req.contains("messages");
+  if (static_cast<int>(has_text) + static_cast<int>(has_ids) + static_cast<int>(has_messages) !=
+      1) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": expected exactly one of \"text\" or \"ids\""));
+        absl::StrCat(where, ": expected exactly one of \"text\", \"ids\" or \"messages\""));
+  }
+  if (has_messages) {
+    absl::StatusOr<Json> out = render_messages(tok, chat, req, where);
+    if (!out.ok()) return out.status();
+    return out->dump();
   }
   for (const auto& [key, value] : req.items()) {
     const bool known = has_text ? (key == "text" || key == "add_special_tokens")
@@ -104,6 +189,8 @@ absl::Status run_tokenize(const std::string& dir, const std::string& in_path,
                           const std::string& out_path) {
   absl::StatusOr<rl::HfTokenizer> tok = rl::HfTokenizer::load(dir);
   if (!tok.ok()) return tok.status();
+  const ChatContext chat{rl::load_chat_template_files(dir),
+                         absl::StrCat(dir, "/tokenizer_config.json")};
   std::ifstream in(in_path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(in_path, ": cannot open"));
   std::string output;
@@ -116,7 +203,7 @@ absl::Status run_tokenize(const std::string& dir, const std::string& in_path,
     if (line.find_first_not_of(" \t") == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": empty line"));
     }
-    absl::StatusOr<std::string> result = tokenize_line(*tok, line, where);
+    absl::StatusOr<std::string> result = tokenize_line(*tok, chat, line, where);
     if (!result.ok()) return result.status();
     absl::StrAppend(&output, *result, "\n");
   }

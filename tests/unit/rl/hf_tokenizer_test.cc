@@ -627,7 +627,7 @@ TEST(FP8RLTokenizeCli, EncodesDecodesAndRejectsBadLinesWithoutPartialOutput) {
       {"{\"text\": \"a\", \"colour\": 1}\n", "bad.jsonl:1: unknown field \"colour\""},
       {"\n", "bad.jsonl:1: empty line"},
       {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
-       "bad.jsonl:1: \"messages\" needs the chat template"},
+       "bad.jsonl:1: \"messages\": " + dir.file("tokenizer_config.json") + " has no chat_template"},
   };
   for (const auto& [input, expected] : bad) {
     write_file(dir.file("bad.jsonl"), input);

@@ -252,7 +252,7 @@ TEST(JobConfig, BadConfigsNameTheField) {
        "model.init.seed: must be >= 0"},
       {"model: {checkpoint: a}\ntask: {seed: 1}", "task.name: required"},
       {"model: {checkpoint: a}\ntask: {name: sudoku}",
-       "task.name: must be one of addition, multiplication, arithmetic, jsonl"},
+       "task.name: must be one of addition, multiplication, arithmetic, jsonl, math"},
       {"model: {checkpoint: a}\ntask: {name: addition, params: {terms: 3}}",
        "task.params.terms: unknown key (addition takes digits)"},
       {"model: {checkpoint: a}\ntask: {name: addition, params: {digits: 12}}",

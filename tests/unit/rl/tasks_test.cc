@@ -254,7 +254,7 @@ TEST(TaskConfigValidation, NamesTheField) {
   EXPECT_EQ(validate_task_config(c).message(), "task.params.terms: must be in [2, 8]");
   c = config_for("nope");
   EXPECT_EQ(make_task(c).status().message(),
-            "task.name: must be one of addition, multiplication, arithmetic, jsonl");
+            "task.name: must be one of addition, multiplication, arithmetic, jsonl, math");
   c = config_for("jsonl");
   EXPECT_EQ(make_task(c).status().message(), "task.params.train_path: required");
 }
