@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <thread>
@@ -37,6 +38,14 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// CPU seconds used by every thread of this process (client and service alike): on a shared,
+// loaded machine a steadier measure of what a phase costs than its wall time.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 struct Options {
   std::string model;  // path to a config.json
   int workers = 1;
@@ -48,20 +57,22 @@ struct Options {
   // Also run the calibration pass the trainer used to make (a forward over the step's batch on
   // the updated weights), timed, and compare its KV scales with the ones published.
   bool compare_kv = false;
+  // Only export and upload (no workers, no training step): the upload's MB/s on its own.
+  bool upload_only = false;
 };
 
 void usage() {
   std::fprintf(stderr,
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
-               "[--compare-kv]\n");
+               "[--compare-kv] [--upload-only]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--delta" || a == "--compare-kv") {
-      (a == "--delta" ? o->delta : o->compare_kv) = true;
+    if (a == "--delta" || a == "--compare-kv" || a == "--upload-only") {
+      (a == "--delta" ? o->delta : a == "--compare-kv" ? o->compare_kv : o->upload_only) = true;
       continue;
     }
     if (i + 1 >= argc) return false;
@@ -103,6 +114,7 @@ std::vector<train::Sequence> random_batch(const Options& o, int64_t vocab, uint6
 struct Row {
   double step = 0, calibrate = 0, quantize = 0, serialize = 0, upload = 0, sync = 0;
   double mb = 0;
+  double upload_cpu = 0;                  // process CPU seconds during the upload
   double old_calibrate = 0, kv_diff = 0;  // --compare-kv
   double publish() const { return calibrate + quantize + serialize + upload + sync; }
 };
@@ -114,10 +126,12 @@ double median(std::vector<double> v) {
 
 void print_row(const std::string& label, const Row& r, int workers) {
   const double share = r.publish() / (r.step + r.publish());
+  const double copy = workers > 0 ? r.mb / r.sync : 0.0;
   std::printf(
-      "%-8s %8.1f %8.3f %8.4f %8.3f %8.3f %8.1f %8.3f %9.1f %8.1f %8.3f %6.1f%% %9.3f %8.4f\n",
-      label.c_str(), r.mb, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload, r.sync,
-      r.mb / r.sync, workers * r.mb / r.sync, r.publish(), 100.0 * share, r.old_calibrate,
+      "%-8s %8.1f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% %9.3f "
+      "%8.4f\n",
+      label.c_str(), r.mb, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload,
+      r.upload_cpu, r.sync, copy, workers * copy, r.publish(), 100.0 * share, r.old_calibrate,
       r.kv_diff);
 }
 
@@ -152,7 +166,7 @@ int run(const Options& o) {
   const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
 
   std::vector<std::unique_ptr<generation::GenerationWorker>> workers;
-  for (int i = 0; i < o.workers; ++i) {
+  for (int i = 0; i < (o.upload_only ? 0 : o.workers); ++i) {
     generation::GenerationWorkerConfig c;
     c.service = generation::default_generation_worker_options();
     c.service.listen_host = "127.0.0.1";
@@ -182,12 +196,16 @@ int run(const Options& o) {
   }
   train::Learner& l = **learner;
   const int64_t vocab = l.policy().config().vocab_size;
-  std::printf("model %s (%lld params), %d worker(s), batch %d x (%d + %d) tokens, FP8, full\n",
-              o.model.c_str(), static_cast<long long>(l.policy().num_params()), o.workers, o.batch,
-              o.prompt, o.response);
-  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s\n", "version", "MB",
-              "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "sync_s", "copy_MB/s",
-              "all_MB/s", "publ_s", "share", "oldcal_s", "kv_diff");
+  std::printf("model %s (%lld params), %d worker(s), batch %d x (%d + %d) tokens, FP8, full%s\n",
+              o.model.c_str(), static_cast<long long>(l.policy().num_params()),
+              static_cast<int>(workers.size()), o.batch, o.prompt, o.response,
+              o.upload_only ? ", upload only" : "");
+  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s\n", "version", "MB",
+              "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s", "sync_s",
+              "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s", "kv_diff");
+  // One channel for every upload, as the trainer's publisher caches its channel per address.
+  const std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   std::vector<Row> rows;
   for (int v = 1; v <= o.versions; ++v) {
     Row r;
@@ -195,13 +213,15 @@ int run(const Options& o) {
     step.batch = random_batch(o, vocab, static_cast<uint64_t>(v));
     step.loss.clip_eps = 0.2;
     auto start = Clock::now();
-    if (absl::StatusOr<train::GrpoResult> g = l.grpo_update(step); !g.ok()) {
+    if (absl::StatusOr<train::GrpoResult> g =
+            o.upload_only ? train::GrpoResult{} : l.grpo_update(step);
+        !g.ok()) {
       std::fprintf(stderr, "grpo_update: %s\n", g.status().ToString().c_str());
       return 1;
     }
     r.step = seconds_since(start);
     model::KvScales old_scales;
-    if (o.compare_kv) {
+    if (o.compare_kv && !o.upload_only) {
       // The pass export_for_generation used to run: the updated weights, the step's batch, the
       // scales in force (per-sequence records, as one forward per sequence gave).
       model::KvCalibrator calibrator(l.policy().config().num_hidden_layers);
@@ -220,14 +240,14 @@ int run(const Options& o) {
     r.calibrate = e->calibrate_seconds;
     r.quantize = e->quantize_seconds;
     r.mb = static_cast<double>(e->weights.nbytes()) / 1e6;
-    if (o.compare_kv) r.kv_diff = max_relative_difference(l.policy().kv_scales(), old_scales);
+    if (o.compare_kv && !o.upload_only)
+      r.kv_diff = max_relative_difference(l.policy().kv_scales(), old_scales);
     start = Clock::now();
     if (!weight_sync::build_manifest(e->weights, v1::WEIGHT_FORMAT_FP8).ok()) return 1;
     r.serialize = seconds_since(start);
     // upload() builds the manifest again: the upload time below includes that CRC pass.
     start = Clock::now();
-    grpc::ChannelArguments args;
-    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    const double cpu0 = process_cpu_seconds();
     absl::StatusOr<v1::UploadVersionResponse> up =
         weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8);
     if (!up.ok()) {
@@ -235,6 +255,7 @@ int run(const Options& o) {
       return 1;
     }
     r.upload = seconds_since(start) - r.serialize;
+    r.upload_cpu = process_cpu_seconds() - cpu0;
     l.set_published(v);
     start = Clock::now();
     for (auto& w : workers) {
@@ -244,7 +265,7 @@ int run(const Options& o) {
       }
     }
     r.sync = seconds_since(start);
-    print_row(absl::StrCat(v), r, o.workers);
+    print_row(absl::StrCat(v), r, static_cast<int>(workers.size()));
     rows.push_back(r);
   }
   // Median over the versions after the first (the first pays for warm-up: allocation, channels).
@@ -257,10 +278,10 @@ int run(const Options& o) {
   Row m;
   m.mb = rows.back().mb;
   for (double Row::*f : {&Row::step, &Row::calibrate, &Row::quantize, &Row::serialize, &Row::upload,
-                         &Row::sync, &Row::old_calibrate, &Row::kv_diff}) {
+                         &Row::upload_cpu, &Row::sync, &Row::old_calibrate, &Row::kv_diff}) {
     m.*f = med(f);
   }
-  print_row("median", m, o.workers);
+  print_row("median", m, static_cast<int>(workers.size()));
   for (auto& w : workers) w->shutdown(std::chrono::milliseconds(0));
   sync.begin_shutdown();
   (*server)->shutdown(std::chrono::milliseconds(0));
@@ -271,6 +292,7 @@ int run(const Options& o) {
 }  // namespace fp8rl
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as versions finish, also when piped
   fp8rl::Options o;
   if (!fp8rl::parse(argc, argv, &o)) {
     fp8rl::usage();
