@@ -2,11 +2,11 @@
 // (after RoPE) and of V, and turns them into vLLM-convention dequant scales:
 // scale = percentile(amaxes over calls, 99.9) * 1.05 / 448 (percentile and margin configurable).
 //
-// The percentile is taken over calls, so the caller decides what one sample is: a forward over
-// one sequence (or one micro-batch) records one amax per layer. One forward over the whole batch
-// records a single amax per layer and the percentile is then just the batch max. With n calls the
-// 99.9th percentile sits at rank 0.999 * (n - 1): it differs from the max only by interpolation
-// until n is in the hundreds (n = 101 calls: 0.9 of the way from the 2nd largest to the largest).
+// The percentile is taken over records. The training forward (Model::forward) records one amax
+// per layer per sequence of its batch, so a batched forward and one forward per sequence give the
+// same samples. With n records the 99.9th percentile sits at rank 0.999 * (n - 1): it differs
+// from the max only by interpolation until n is in the hundreds (n = 101: 0.9 of the way from the
+// 2nd largest to the largest).
 #pragma once
 
 #include <cstdint>

@@ -38,7 +38,9 @@ using TokenValues = std::vector<std::vector<float>>;
 
 struct TrainForwardOptions {
   float temperature = 1.0f;  // logprobs of logits / temperature
-  // Records per-layer K/V amax of this call when set.
+  // When set, records per layer the K (after RoPE) and V amax of each sequence of the batch: one
+  // sample per sequence, so a batched forward gives the calibrator what one call per sequence
+  // would.
   KvCalibrator* calibrator = nullptr;
 };
 
@@ -136,6 +138,9 @@ class Model {
   // Training forward: per-token logprobs at opts.temperature. With ctx, saves what backward needs.
   absl::StatusOr<TokenValues> forward(const TokenBatch& batch, const TrainForwardOptions& opts,
                                       ForwardContext* ctx) const;
+  // Training forwards run so far by every Model of this process (tests count the passes an
+  // operation costs).
+  static int64_t forward_calls_total();
   // Accumulates dL/dparams into grads[num_params()] given dL/dlogprob (same shape as forward's
   // result; zeros allowed).
   absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp, float* grads) const;
@@ -155,10 +160,13 @@ class Model {
   absl::Status load_from(const Source& source);
 
   // Runs decoder layer l on rows [M] in place on x; `attention` fills a.o from a.q/a.k/a.v.
+  // `calibrator` records one K/V amax per sequence, sequence s being rows [seq_row0[s],
+  // seq_row0[s + 1]) (the last one up to M).
   template <typename AttentionFn>
   absl::Status layer_forward(int64_t l, int64_t m, const int32_t* pos, float* x,
                              LayerActivations& a, bool save, KvCalibrator* calibrator,
-                             bool train_kv, const AttentionFn& attention) const;
+                             std::span<const int64_t> seq_row0, bool train_kv,
+                             const AttentionFn& attention) const;
   void embed(const int32_t* tokens, int64_t m, float* x) const;
   // Working copy of a norm weight or bias (bf16-rounded when activations are bf16) by offset.
   const float* small_param(int64_t offset) const;

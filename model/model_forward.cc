@@ -2,6 +2,7 @@
 // training backward. Both forwards run the same per-layer code (layer_forward) and the same
 // attention row routine, so generation and training compute identical numbers.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -14,6 +15,8 @@ namespace fp8rl::model {
 namespace {
 
 constexpr int64_t kHeadChunk = 64;  // lm_head rows per chunk (bounds the logits buffer)
+
+std::atomic<int64_t> g_forward_calls{0};  // Model::forward_calls_total()
 
 // Runs fn(begin, end) over rows in parallel (chunks of at least `grain` rows).
 template <typename Fn>
@@ -45,7 +48,8 @@ void Model::embed(const int32_t* tokens, int64_t m, float* x) const {
 template <typename AttentionFn>
 absl::Status Model::layer_forward(int64_t l, int64_t m, const int32_t* pos, float* x,
                                   LayerActivations& a, bool save, KvCalibrator* calibrator,
-                                  bool train_kv, const AttentionFn& attention) const {
+                                  std::span<const int64_t> seq_row0, bool train_kv,
+                                  const AttentionFn& attention) const {
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim(),
                 f = config_.intermediate_size, hd = config_.head_dim;
   const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -105,7 +109,11 @@ absl::Status Model::layer_forward(int64_t l, int64_t m, const int32_t* pos, floa
       ops::round_bf16_inplace(a.k.data() + b * kvd, (e - b) * kvd);
     }
   });
-  if (calibrator) calibrator->record(l, amax_of(a.k.data(), m * kvd), amax_of(a.v.data(), m * kvd));
+  for (size_t s = 0; calibrator != nullptr && s < seq_row0.size(); ++s) {
+    const int64_t r0 = seq_row0[s], r1 = s + 1 < seq_row0.size() ? seq_row0[s + 1] : m;
+    calibrator->record(l, amax_of(a.k.data() + r0 * kvd, (r1 - r0) * kvd),
+                       amax_of(a.v.data() + r0 * kvd, (r1 - r0) * kvd));
+  }
   if (train_kv && policy_.train_kv_fake_quant) {
     kv_round_trip(policy_.kv_cache, a.k.data(), m * kvd, kv_scales_.k[l]);
     kv_round_trip(policy_.kv_cache, a.v.data(), m * kvd, kv_scales_.v[l]);
@@ -142,8 +150,11 @@ absl::Status Model::layer_forward(int64_t l, int64_t m, const int32_t* pos, floa
   return absl::OkStatus();
 }
 
+int64_t Model::forward_calls_total() { return g_forward_calls.load(std::memory_order_relaxed); }
+
 absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainForwardOptions& opts,
                                            ForwardContext* ctx) const {
+  g_forward_calls.fetch_add(1, std::memory_order_relaxed);
   if (!(opts.temperature > 0) || !std::isfinite(opts.temperature)) {
     return absl::InvalidArgumentError(
         absl::StrCat("temperature: must be > 0, got ", opts.temperature));
@@ -198,7 +209,7 @@ absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainF
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     LayerActivations& a = c.layers[ctx ? l : 0];
     if (auto s = layer_forward(l, m, c.pos.data(), x.data(), a, ctx != nullptr, opts.calibrator,
-                               true, attention);
+                               c.row0, true, attention);
         !s.ok()) {
       return s;
     }
@@ -488,7 +499,8 @@ absl::Status Model::forward_cached(const std::vector<CachedSegment>& segments, f
     });
   };
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    if (auto s = layer_forward(l, m, ws->pos.data(), x, ws->a, false, nullptr, false, attention);
+    if (auto s =
+            layer_forward(l, m, ws->pos.data(), x, ws->a, false, nullptr, {}, false, attention);
         !s.ok()) {
       return s;
     }

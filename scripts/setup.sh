@@ -12,7 +12,7 @@ PACKAGES=(
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev zlib1g-dev
   libzstd-dev
   libpcre2-dev libicu-dev
-  curl prometheus docker-compose
+  curl prometheus docker-compose iperf3
   python3 python3-numpy python3-torch python3-yaml python3-jinja2
   python3-grpcio python3-grpc-tools python3-protobuf
 )

@@ -96,9 +96,11 @@ absl::StatusOr<float> logprob_temperature(double t, std::string_view field) {
 
 absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,
                                                      const PackedBatch& batch,
-                                                     model::ForwardContext* ctx) {
+                                                     model::ForwardContext* ctx,
+                                                     model::KvCalibrator* calibrator) {
   model::TrainForwardOptions options;
   options.temperature = batch.temperature;
+  options.calibrator = calibrator;
   absl::StatusOr<model::TokenValues> lp = model.forward(batch.tokens, options, ctx);
   if (!lp.ok()) return lp.status();
   const int64_t L = batch.length;

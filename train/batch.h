@@ -52,10 +52,12 @@ absl::StatusOr<PackedBatch> pack_sequences(std::span<const Sequence> seqs,
 absl::StatusOr<float> logprob_temperature(double t, std::string_view field);
 
 // Response-token logprobs of `batch` under `model`, [B*L] (0 at padding). With `ctx`, the forward
-// keeps what backward needs.
+// keeps what backward needs; with `calibrator`, records each sequence's K/V amax per layer (the KV
+// calibration taken in the step's own forward, docs/design.md "The FP8 recipe").
 absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,
                                                      const PackedBatch& batch,
-                                                     model::ForwardContext* ctx);
+                                                     model::ForwardContext* ctx,
+                                                     model::KvCalibrator* calibrator = nullptr);
 
 // dLoss/dlogprob in the model's layout (value [i-1] belongs to token i) from the padded [B*L]
 // gradient over response tokens.

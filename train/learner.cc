@@ -168,7 +168,13 @@ absl::StatusOr<std::vector<std::vector<float>>> Learner::logprobs(std::span<cons
   return out;
 }
 
-absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request) const {
+std::unique_ptr<model::KvCalibrator> Learner::new_kv_records() const {
+  if (precision_.kv_cache != Precision::kFP8) return nullptr;
+  return std::make_unique<model::KvCalibrator>(model_->config().num_hidden_layers);
+}
+
+absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
+                                                   model::KvCalibrator* calibrator) const {
   Prepared p;
   absl::StatusOr<PackedBatch> batch =
       pack_sequences(request.batch, *model_, "batch", /*require_gen=*/true);
@@ -207,7 +213,8 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request) c
   }
   // prev_logprobs: the policy at the rollout version, before any update, same kernels.
   const auto start = Clock::now();
-  absl::StatusOr<std::vector<float>> prev = response_logprobs(*model_, p.batch, nullptr);
+  absl::StatusOr<std::vector<float>> prev =
+      response_logprobs(*model_, p.batch, nullptr, calibrator);
   if (!prev.ok()) return prev.status();
   p.prev = std::move(*prev);
   if (c.kl_beta > 0) {
@@ -251,7 +258,7 @@ absl::Status Learner::set_learning_rate(double lr) {
 }
 
 absl::StatusOr<PolicyGradient> Learner::gradient(const GrpoRequest& request) const {
-  absl::StatusOr<Prepared> p = prepare(request);
+  absl::StatusOr<Prepared> p = prepare(request, nullptr);
   if (!p.ok()) return p.status();
   PolicyGradient out;
   absl::StatusOr<rl::PolicyLossResult> loss =
@@ -264,7 +271,9 @@ absl::StatusOr<PolicyGradient> Learner::gradient(const GrpoRequest& request) con
 
 absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
                                                 const std::atomic<bool>* stop) {
-  absl::StatusOr<Prepared> prepared = prepare(request);
+  // The KV calibration of the next export rides on the prev-logprobs forward.
+  std::unique_ptr<model::KvCalibrator> records = new_kv_records();
+  absl::StatusOr<Prepared> prepared = prepare(request, records.get());
   if (!prepared.ok()) return prepared.status();
   const PackedBatch& batch = prepared->batch;
   const rl::PolicyLossConfig& config = request.loss;
@@ -286,7 +295,10 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
   const int64_t updates = epochs * m;
   // An update that fails after `applied` optimizer steps still makes a new version.
   auto interrupted = [&](int64_t applied, const absl::Status& error) {
-    if (applied > 0) ++version_;
+    if (applied > 0) {
+      ++version_;
+      kv_records_ = std::move(records);
+    }
     return error;
   };
   double clipped_tokens = 0;
@@ -327,7 +339,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
     rl::fold_probs_ratio(result->stats, &r.mismatch);
   }
   ++version_;
-  calibration_ = batch.tokens;
+  kv_records_ = std::move(records);
   r.logprobs.resize(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     GrpoResult::SequenceLogprobs& out = r.logprobs[static_cast<size_t>(b)];
@@ -360,8 +372,13 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
         "minibatches: must be in [1, ", B, "] (the batch size), got ", request.minibatches));
   }
   if (auto s = set_learning_rate(request.learning_rate); !s.ok()) return s;
+  // The KV calibration of the next export rides on the training forwards.
+  std::unique_ptr<model::KvCalibrator> records = new_kv_records();
   auto interrupted = [&](int64_t applied, const absl::Status& error) {
-    if (applied > 0) ++version_;
+    if (applied > 0) {
+      ++version_;
+      kv_records_ = std::move(records);
+    }
     return error;
   };
 
@@ -373,7 +390,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     const PackedBatch mb = batch->slice(B * i / m, B * (i + 1) / m);
     auto start = Clock::now();
     model::ForwardContext ctx;
-    absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx);
+    absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx, records.get());
     if (!cur.ok()) return interrupted(i, cur.status());
     absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask);
     if (!nll.ok()) return interrupted(i, nll.status());
@@ -394,26 +411,10 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     r.learning_rate = step->lr;
   }
   ++version_;
-  calibration_ = batch->tokens;
+  kv_records_ = std::move(records);
   r.updates = m;
   r.tokens = batch->valid_tokens;
   return r;
-}
-
-absl::Status Learner::calibrate_kv_scales(const model::Model& generation) {
-  model::KvCalibrator calibrator(generation.config().num_hidden_layers);
-  model::TrainForwardOptions opts;
-  opts.calibrator = &calibrator;
-  // One forward per kKvCalibrationSequencesPerCall sequences: the calibrator records one amax per
-  // layer per call, so the percentile is taken over that many samples.
-  const int64_t n = static_cast<int64_t>(calibration_.size());
-  for (int64_t b = 0; b < n; b += kKvCalibrationSequencesPerCall) {
-    const int64_t e = std::min(n, b + kKvCalibrationSequencesPerCall);
-    const model::TokenBatch call(calibration_.begin() + b, calibration_.begin() + e);
-    if (auto lp = generation.forward(call, opts, nullptr); !lp.ok()) return lp.status();
-  }
-  const model::KvScales scales = calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);
-  return model_->set_kv_scales(scales);
 }
 
 absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t version,
@@ -439,16 +440,32 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
     generation = std::move(*g);
     return absl::OkStatus();
   };
-  // KV scales on the data of the last update, under the generation precision (FP8 KV cache only;
-  // nothing to calibrate on without data).
-  out.calibrated = calibrate_kv && precision_.kv_cache == Precision::kFP8 && !calibration_.empty();
+  // KV scales (FP8 KV cache only): from the last update's own forward; before any update, one
+  // forward over the init request's calibration sequences on the model generation runs. Nothing
+  // to calibrate on without either.
+  const bool recorded = kv_calibration_records() > 0;
+  out.calibrated =
+      calibrate_kv && precision_.kv_cache == Precision::kFP8 && (recorded || !calibration_.empty());
   if (out.calibrated) {
-    if (auto s = build_generation(); !s.ok()) return prefixed(s, "calibrating KV scales: ");
-    if (auto s = calibrate_kv_scales(generation ? *generation : *model_); !s.ok()) {
+    model::KvScales scales;
+    if (recorded) {
+      scales = kv_records_->scales(kKvCalibrationPercentile, kKvCalibrationMargin);
+    } else {
+      if (auto s = build_generation(); !s.ok()) return prefixed(s, "calibrating KV scales: ");
+      model::KvCalibrator calibrator(model_->config().num_hidden_layers);
+      model::TrainForwardOptions opts;
+      opts.calibrator = &calibrator;
+      if (auto lp = (generation ? *generation : *model_).forward(calibration_, opts, nullptr);
+          !lp.ok()) {
+        return prefixed(lp.status(), "calibrating KV scales: ");
+      }
+      scales = calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);
+    }
+    if (auto s = model_->set_kv_scales(scales); !s.ok()) {
       return prefixed(s, "calibrating KV scales: ");
     }
     if (generation) {
-      if (auto s = generation->set_kv_scales(model_->kv_scales()); !s.ok()) {
+      if (auto s = generation->set_kv_scales(scales); !s.ok()) {
         return prefixed(s, "calibrating KV scales: ");
       }
     }

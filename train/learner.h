@@ -4,8 +4,9 @@
 //   - GRPO update (docs/design.md "The RL step", steps 5-6): prev logprobs, then epochs x
 //     minibatches of IS-corrected policy loss, backward and AdamW.
 //   - SFT update: NLL of the masked response tokens, minibatches of AdamW steps.
-//   - Export for generation: KV-scale calibration under the *generation* precision, then the
-//     weights re-quantized to the generation format, with the policy in config.json.
+//   - Export for generation: the KV scales from the K/V amax the step's own forward recorded (no
+//     extra pass), then the weights re-quantized to the generation format, with the policy in
+//     config.json.
 //   - Checkpoints: train/checkpoint.h.
 // Errors are absl::Status naming the field (INVALID_ARGUMENT), FAILED_PRECONDITION for a KL term
 // without a reference policy, UNAVAILABLE when `stop` was set during an update. Not thread-safe:
@@ -29,12 +30,10 @@
 
 namespace fp8rl::train {
 
-// KV-cache calibration (docs/design.md "The FP8 recipe"): percentile 99.9 of the per-forward amax
-// of each layer's K and V, x 1.05 margin, / 448 (E4M3 max).
+// KV-cache calibration (docs/design.md "The FP8 recipe"): percentile 99.9 of the per-sequence
+// amax of each layer's K and V, x 1.05 margin, / 448 (E4M3 max).
 inline constexpr double kKvCalibrationPercentile = 99.9;
 inline constexpr double kKvCalibrationMargin = 1.05;
-// Calibration runs one forward per this many sequences, so the percentile has many samples.
-inline constexpr int64_t kKvCalibrationSequencesPerCall = 1;
 // Passes over a GRPO batch accepted in one update.
 inline constexpr int64_t kMaxEpochs = 64;
 
@@ -138,9 +137,11 @@ class Learner {
   absl::StatusOr<PolicyGradient> gradient(const GrpoRequest& request) const;
 
   // Weights for generation in `format` (kFP8 or kBF16) stamped with `version`. With
-  // `calibrate_kv` and an FP8 KV cache, first recalibrates the KV scales on the data of the last
-  // update (or InitRequest.calibration before any), one forward per sequence, on the model
-  // generation runs (generation precision), and installs them in the policy too.
+  // `calibrate_kv` and an FP8 KV cache, first sets the KV scales (policy and export) from the K/V
+  // amax the last update recorded in its own forward: the prev-logprobs forward of a GRPO update
+  // (the weights before the update, every sequence of the batch), the training forwards of an
+  // SFT update. No forward runs here, except before any update: then one forward over
+  // InitRequest.calibration on the model generation runs.
   absl::StatusOr<Export> export_for_generation(Precision format, int64_t version,
                                                bool calibrate_kv);
   // After a successful upload of `version`.
@@ -153,8 +154,8 @@ class Learner {
   const model::Model& policy() const { return *model_; }
   const model::Model* reference() const { return reference_.get(); }
   const model::AdamW& optimizer() const { return *optimizer_; }
-  // The sequences the next KV calibration runs on (tests).
-  const model::TokenBatch& calibration_tokens() const { return calibration_; }
+  // K/V amax samples (sequences) the next export calibrates on: the last update's, 0 before any.
+  int64_t kv_calibration_records() const { return kv_records_ ? kv_records_->num_records() : 0; }
 
  private:
   struct Prepared {
@@ -162,14 +163,18 @@ class Learner {
     std::vector<float> prev, ref;  // [B*L]; ref empty unless kl_beta > 0
     double logprob_seconds = 0;
   };
-  absl::StatusOr<Prepared> prepare(const GrpoRequest& request) const;
+  // Validates and computes the prev (and ref) logprobs; `calibrator` (optional) records the K/V
+  // amax of the prev-logprobs forward.
+  absl::StatusOr<Prepared> prepare(const GrpoRequest& request,
+                                   model::KvCalibrator* calibrator) const;
   absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(const PackedBatch& mb,
                                                           std::span<const float> prev,
                                                           std::span<const float> ref,
                                                           const rl::PolicyLossConfig& config,
                                                           std::vector<float>* grads) const;
   absl::Status set_learning_rate(double lr);
-  absl::Status calibrate_kv_scales(const model::Model& generation);
+  // A calibrator for an update's forwards (null unless the KV cache is FP8).
+  std::unique_ptr<model::KvCalibrator> new_kv_records() const;
 
   std::string job_id_;
   PrecisionConfig precision_;
@@ -178,7 +183,9 @@ class Learner {
   std::unique_ptr<model::AdamW> optimizer_;
   int64_t version_ = 0;
   int64_t published_version_ = 0;
-  model::TokenBatch calibration_;  // data of the last update, for KV calibration
+  // K/V amax records of the last update's forward (null before any update).
+  std::unique_ptr<model::KvCalibrator> kv_records_;
+  model::TokenBatch calibration_;  // InitRequest.calibration, for an export before any update
 };
 
 // Checks a PrecisionConfig the services can run: fp8 or bf16 formats, layer counts >= 0. Errors

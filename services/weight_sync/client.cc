@@ -38,18 +38,35 @@ absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInte
   *request.mutable_manifest() = std::move(*manifest);
   bool stream_ok = writer->Write(request);
   if (stream_ok) {
+    // Chunks are filled straight from the tensors into one reused chunk message (its data buffer
+    // keeps its capacity across chunks): one copy into the message, one serialization by gRPC.
     // A failed Write means the service ended the call (it rejected the upload or went away);
     // Finish() below reports why.
-    const absl::Status sent =
-        for_each_chunk(set, options.chunk_bytes, [&](uint64_t offset, std::string_view data) {
-          v1::WeightChunk* chunk = request.mutable_chunk();
-          chunk->set_version(set.version);
-          chunk->set_offset(offset);
-          chunk->set_data(data.data(), data.size());
-          if (!writer->Write(request)) return absl::AbortedError("upload stream closed");
-          return absl::OkStatus();
-        });
-    stream_ok = sent.ok();
+    v1::WeightChunk* chunk = request.mutable_chunk();
+    chunk->set_version(set.version);
+    std::string* data = chunk->mutable_data();
+    data->reserve(options.chunk_bytes);
+    uint64_t offset = 0;  // payload offset of (*data)[0]
+    auto send = [&]() {
+      chunk->set_offset(offset);
+      offset += data->size();
+      const bool ok = writer->Write(request);
+      data->clear();
+      return ok;
+    };
+    for (const model::NamedTensor& t : set.tensors) {
+      const char* p = reinterpret_cast<const char*>(t.bytes.data());
+      uint64_t left = t.bytes.size();
+      while (left > 0 && stream_ok) {
+        const uint64_t n = std::min<uint64_t>(left, options.chunk_bytes - data->size());
+        data->append(p, n);
+        p += n;
+        left -= n;
+        if (data->size() == options.chunk_bytes) stream_ok = send();
+      }
+      if (!stream_ok) break;
+    }
+    if (stream_ok && !data->empty()) stream_ok = send();
   }
   if (stream_ok) writer->WritesDone();
   const grpc::Status status = writer->Finish();

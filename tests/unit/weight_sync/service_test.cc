@@ -131,6 +131,31 @@ TEST(WeightSyncService, UploadThenSubscribeDeliversTheIdenticalWeightSet) {
   EXPECT_EQ(metric(text, "fp8rl_weight_sync_worker_version{worker=\"gen-0\"}"), 1);
 }
 
+// The upload fills each chunk straight from the tensors: chunks that end inside a tensor, span
+// several tensors, or hold the whole payload all arrive intact (the service checks every tensor's
+// CRC-32C, so an accepted upload is byte-exact).
+TEST(WeightSyncService, UploadChunksStraddlingTensorsArriveIntact) {
+  TestServer server;
+  const int64_t total = random_fp8_set(1, 105).nbytes();
+  const std::vector<uint64_t> chunk_sizes = {4093, 1 << 16, static_cast<uint64_t>(total),
+                                             static_cast<uint64_t>(total) + 1};
+  model::WeightSet last;
+  for (size_t i = 0; i < chunk_sizes.size(); ++i) {
+    const int64_t version = static_cast<int64_t>(i) + 1;
+    last = random_fp8_set(version, 105 + static_cast<uint32_t>(i));
+    UploadOptions options;
+    options.chunk_bytes = chunk_sizes[i];
+    absl::StatusOr<v1::UploadVersionResponse> up =
+        upload(server.channel(), last, v1::WEIGHT_FORMAT_FP8, options);
+    ASSERT_TRUE(up.ok()) << "chunk_bytes " << chunk_sizes[i] << ": " << up.status();
+    EXPECT_EQ(up->bytes_received(), static_cast<uint64_t>(last.nbytes()));
+  }
+  Received received;
+  auto sub = subscribe(server, "gen-0", received);
+  ASSERT_TRUE(sub->wait_for_version(4, 10s));
+  expect_same_set(last, received.last());
+}
+
 TEST(WeightSyncService, TwoSubscribersReceiveEveryNewVersion) {
   TestServer server;
   Received r0, r1;

@@ -1,0 +1,302 @@
+// fp8rl-bench-weight-sync: what publishing a policy version costs, phase by phase, with the real
+// parts in one process on loopback: a train::Learner takes GRPO steps on random data, exports each
+// version (KV calibration + re-quantization), serializes it (manifest with a CRC-32C per tensor),
+// uploads it to a WeightSyncServiceImpl on a gRPC server, and N GenerationWorkers (each with its
+// own subscriber, install path and scheduler) receive and install it. Prints one row per version
+// and the median over the versions after the first, plus the share of publish + sync in a step
+// (rollouts excluded, so the share is an upper bound). bench/weight_sync/run.sh runs it for the
+// models of docs/perf.md next to iperf3 on the same loopback.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/service/grpc_server.h"
+#include "common/service/log.h"
+#include "common/service/metrics.h"
+#include "model/rng.h"
+#include "services/generation_worker/generation_worker.h"
+#include "services/weight_sync/client.h"
+#include "services/weight_sync/payload.h"
+#include "services/weight_sync/weight_sync_metrics.h"
+#include "services/weight_sync/weight_sync_service.h"
+#include "train/learner.h"
+
+namespace fp8rl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// CPU seconds used by every thread of this process (client and service alike): on a shared,
+// loaded machine a steadier measure of what a phase costs than its wall time.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+struct Options {
+  std::string model;  // path to a config.json
+  int workers = 1;
+  int versions = 3;
+  int batch = 4;
+  int prompt = 16;
+  int response = 48;
+  bool delta = false;
+  // Also run the calibration pass the trainer used to make (a forward over the step's batch on
+  // the updated weights), timed, and compare its KV scales with the ones published.
+  bool compare_kv = false;
+  // Only export and upload (no workers, no training step): the upload's MB/s on its own.
+  bool upload_only = false;
+};
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
+               "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
+               "[--compare-kv] [--upload-only]\n");
+}
+
+bool parse(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--delta" || a == "--compare-kv" || a == "--upload-only") {
+      (a == "--delta" ? o->delta : a == "--compare-kv" ? o->compare_kv : o->upload_only) = true;
+      continue;
+    }
+    if (i + 1 >= argc) return false;
+    const std::string v = argv[++i];
+    int* field = a == "--workers"    ? &o->workers
+                 : a == "--versions" ? &o->versions
+                 : a == "--batch"    ? &o->batch
+                 : a == "--prompt"   ? &o->prompt
+                 : a == "--response" ? &o->response
+                                     : nullptr;
+    if (a == "--model") {
+      o->model = v;
+    } else if (field == nullptr || !absl::SimpleAtoi(v, field) || *field < 1) {
+      std::fprintf(stderr, "%s: expected a positive integer, got '%s'\n", a.c_str(), v.c_str());
+      return false;
+    }
+  }
+  return !o->model.empty();
+}
+
+// A GRPO batch of random tokens: advantages alternate +1/-1, gen logprobs random in [-4, -0.5].
+std::vector<train::Sequence> random_batch(const Options& o, int64_t vocab, uint64_t seed) {
+  model::Rng rng(seed);
+  std::vector<train::Sequence> out(o.batch);
+  for (int i = 0; i < o.batch; ++i) {
+    train::Sequence& s = out[i];
+    for (int t = 0; t < o.prompt + o.response; ++t) {
+      s.tokens.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(vocab)));
+    }
+    s.prompt_length = o.prompt;
+    s.advantage = i % 2 == 0 ? 1.0f : -1.0f;
+    for (int t = 0; t < o.response; ++t) {
+      s.gen_logprobs.push_back(static_cast<float>(-0.5 - 3.5 * rng.uniform()));
+    }
+  }
+  return out;
+}
+
+struct Row {
+  double step = 0, calibrate = 0, quantize = 0, serialize = 0, upload = 0, sync = 0;
+  double mb = 0;
+  double upload_cpu = 0;                  // process CPU seconds during the upload
+  double old_calibrate = 0, kv_diff = 0;  // --compare-kv
+  double publish() const { return calibrate + quantize + serialize + upload + sync; }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+void print_row(const std::string& label, const Row& r, int workers) {
+  const double share = r.publish() / (r.step + r.publish());
+  const double copy = workers > 0 ? r.mb / r.sync : 0.0;
+  std::printf(
+      "%-8s %8.1f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% %9.3f "
+      "%8.4f\n",
+      label.c_str(), r.mb, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload,
+      r.upload_cpu, r.sync, copy, workers * copy, r.publish(), 100.0 * share, r.old_calibrate,
+      r.kv_diff);
+}
+
+// Largest |a - b| / b over the layers of both K and V scales.
+double max_relative_difference(const model::KvScales& a, const model::KvScales& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.k.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a.k[i]) - b.k[i]) / b.k[i]);
+    worst = std::max(worst, std::abs(static_cast<double>(a.v[i]) - b.v[i]) / b.v[i]);
+  }
+  return worst;
+}
+
+int run(const Options& o) {
+  if (o.delta) {
+    std::fprintf(stderr,
+                 "--delta: this build ships full versions only (no delta encoding in weight "
+                 "sync yet)\n");
+    return 2;
+  }
+  service::set_log_level(service::LogLevel::kError);
+  service::MetricsRegistry registry;
+  std::unique_ptr<weight_sync::WeightSyncMetrics> metrics =
+      weight_sync::WeightSyncMetrics::create(&registry).value();
+  weight_sync::WeightSyncServiceImpl sync({}, metrics.get());
+  absl::StatusOr<std::unique_ptr<service::GrpcServer>> server =
+      service::GrpcServer::start({.address = "127.0.0.1:0"}, {&sync});
+  if (!server.ok()) {
+    std::fprintf(stderr, "weight sync server: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+
+  std::vector<std::unique_ptr<generation::GenerationWorker>> workers;
+  for (int i = 0; i < (o.upload_only ? 0 : o.workers); ++i) {
+    generation::GenerationWorkerConfig c;
+    c.service = generation::default_generation_worker_options();
+    c.service.listen_host = "127.0.0.1";
+    c.service.grpc_port = 0;
+    c.service.coordinator = address;  // no coordinator: registration retries in the background
+    c.metrics_port = 0;
+    c.weight_sync = address;
+    c.worker_id = absl::StrCat("bench-gen-", i);
+    absl::StatusOr<std::unique_ptr<generation::GenerationWorker>> w =
+        generation::GenerationWorker::start(c);
+    if (!w.ok()) {
+      std::fprintf(stderr, "worker %d: %s\n", i, w.status().ToString().c_str());
+      return 1;
+    }
+    workers.push_back(std::move(*w));
+  }
+
+  train::InitRequest init;
+  init.job_id = "bench";
+  init.model_config_json = o.model;
+  init.seed = 1;
+  init.adamw.lr = 1e-5;
+  absl::StatusOr<std::unique_ptr<train::Learner>> learner = train::Learner::create(init);
+  if (!learner.ok()) {
+    std::fprintf(stderr, "%s\n", learner.status().ToString().c_str());
+    return 1;
+  }
+  train::Learner& l = **learner;
+  const int64_t vocab = l.policy().config().vocab_size;
+  std::printf("model %s (%lld params), %d worker(s), batch %d x (%d + %d) tokens, FP8, full%s\n",
+              o.model.c_str(), static_cast<long long>(l.policy().num_params()),
+              static_cast<int>(workers.size()), o.batch, o.prompt, o.response,
+              o.upload_only ? ", upload only" : "");
+  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s\n", "version", "MB",
+              "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s", "sync_s",
+              "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s", "kv_diff");
+  // One channel for every upload, as the trainer's publisher caches its channel per address.
+  const std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  std::vector<Row> rows;
+  for (int v = 1; v <= o.versions; ++v) {
+    Row r;
+    train::GrpoRequest step;
+    step.batch = random_batch(o, vocab, static_cast<uint64_t>(v));
+    step.loss.clip_eps = 0.2;
+    auto start = Clock::now();
+    if (absl::StatusOr<train::GrpoResult> g =
+            o.upload_only ? train::GrpoResult{} : l.grpo_update(step);
+        !g.ok()) {
+      std::fprintf(stderr, "grpo_update: %s\n", g.status().ToString().c_str());
+      return 1;
+    }
+    r.step = seconds_since(start);
+    model::KvScales old_scales;
+    if (o.compare_kv && !o.upload_only) {
+      // The pass export_for_generation used to run: the updated weights, the step's batch, the
+      // scales in force (per-sequence records, as one forward per sequence gave).
+      model::KvCalibrator calibrator(l.policy().config().num_hidden_layers);
+      model::TokenBatch tokens;
+      for (const train::Sequence& s : step.batch) tokens.push_back(s.tokens);
+      start = Clock::now();
+      if (!l.policy().forward(tokens, {.calibrator = &calibrator}, nullptr).ok()) return 1;
+      old_scales = calibrator.scales(train::kKvCalibrationPercentile, train::kKvCalibrationMargin);
+      r.old_calibrate = seconds_since(start);
+    }
+    absl::StatusOr<train::Export> e = l.export_for_generation(Precision::kFP8, v, true);
+    if (!e.ok()) {
+      std::fprintf(stderr, "export: %s\n", e.status().ToString().c_str());
+      return 1;
+    }
+    r.calibrate = e->calibrate_seconds;
+    r.quantize = e->quantize_seconds;
+    r.mb = static_cast<double>(e->weights.nbytes()) / 1e6;
+    if (o.compare_kv && !o.upload_only)
+      r.kv_diff = max_relative_difference(l.policy().kv_scales(), old_scales);
+    start = Clock::now();
+    if (!weight_sync::build_manifest(e->weights, v1::WEIGHT_FORMAT_FP8).ok()) return 1;
+    r.serialize = seconds_since(start);
+    // upload() builds the manifest again: the upload time below includes that CRC pass.
+    start = Clock::now();
+    const double cpu0 = process_cpu_seconds();
+    absl::StatusOr<v1::UploadVersionResponse> up =
+        weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8);
+    if (!up.ok()) {
+      std::fprintf(stderr, "upload: %s\n", up.status().ToString().c_str());
+      return 1;
+    }
+    r.upload = seconds_since(start) - r.serialize;
+    r.upload_cpu = process_cpu_seconds() - cpu0;
+    l.set_published(v);
+    start = Clock::now();
+    for (auto& w : workers) {
+      if (!w->subscriber().wait_for_version(v, std::chrono::minutes(10))) {
+        std::fprintf(stderr, "%s did not receive version %d\n", w->name().c_str(), v);
+        return 1;
+      }
+    }
+    r.sync = seconds_since(start);
+    print_row(absl::StrCat(v), r, static_cast<int>(workers.size()));
+    rows.push_back(r);
+  }
+  // Median over the versions after the first (the first pays for warm-up: allocation, channels).
+  const size_t first = rows.size() > 1 ? 1 : 0;
+  auto med = [&](double Row::*field) {
+    std::vector<double> v;
+    for (size_t i = first; i < rows.size(); ++i) v.push_back(rows[i].*field);
+    return median(v);
+  };
+  Row m;
+  m.mb = rows.back().mb;
+  for (double Row::*f : {&Row::step, &Row::calibrate, &Row::quantize, &Row::serialize, &Row::upload,
+                         &Row::upload_cpu, &Row::sync, &Row::old_calibrate, &Row::kv_diff}) {
+    m.*f = med(f);
+  }
+  print_row("median", m, static_cast<int>(workers.size()));
+  for (auto& w : workers) w->shutdown(std::chrono::milliseconds(0));
+  sync.begin_shutdown();
+  (*server)->shutdown(std::chrono::milliseconds(0));
+  return 0;
+}
+
+}  // namespace
+}  // namespace fp8rl
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as versions finish, also when piped
+  fp8rl::Options o;
+  if (!fp8rl::parse(argc, argv, &o)) {
+    fp8rl::usage();
+    return 2;
+  }
+  return fp8rl::run(o);
+}
