@@ -3,7 +3,7 @@
 # fp8rl-bench-weight-sync for each model and worker count, in one run on one machine.
 # Usage: bench/weight_sync/run.sh [models...]   (default: small llama-10m llama-100m)
 # Env: WORKERS="1 4", VERSIONS=3, BATCH=4, PROMPT=16, RESPONSE=48, BUILD_DIR=build, DELTA=1 to
-# pass --delta (full vs delta, once weight sync ships deltas), COMPARE_KV=0 to skip timing the old
+# pass --delta (weight sync pushes deltas to workers that hold the base), COMPARE_KV=0 to skip timing the old
 # extra calibration pass (oldcal_s, kv_diff columns).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

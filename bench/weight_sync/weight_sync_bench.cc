@@ -146,17 +146,13 @@ double max_relative_difference(const model::KvScales& a, const model::KvScales& 
 }
 
 int run(const Options& o) {
-  if (o.delta) {
-    std::fprintf(stderr,
-                 "--delta: this build ships full versions only (no delta encoding in weight "
-                 "sync yet)\n");
-    return 2;
-  }
   service::set_log_level(service::LogLevel::kError);
   service::MetricsRegistry registry;
   std::unique_ptr<weight_sync::WeightSyncMetrics> metrics =
       weight_sync::WeightSyncMetrics::create(&registry).value();
-  weight_sync::WeightSyncServiceImpl sync({}, metrics.get());
+  weight_sync::WeightSyncOptions sync_options;
+  sync_options.deltas = o.delta;  // full versions unless --delta
+  weight_sync::WeightSyncServiceImpl sync(sync_options, metrics.get());
   absl::StatusOr<std::unique_ptr<service::GrpcServer>> server =
       service::GrpcServer::start({.address = "127.0.0.1:0"}, {&sync});
   if (!server.ok()) {
@@ -196,10 +192,10 @@ int run(const Options& o) {
   }
   train::Learner& l = **learner;
   const int64_t vocab = l.policy().config().vocab_size;
-  std::printf("model %s (%lld params), %d worker(s), batch %d x (%d + %d) tokens, FP8, full%s\n",
+  std::printf("model %s (%lld params), %d worker(s), batch %d x (%d + %d) tokens, FP8, %s%s\n",
               o.model.c_str(), static_cast<long long>(l.policy().num_params()),
               static_cast<int>(workers.size()), o.batch, o.prompt, o.response,
-              o.upload_only ? ", upload only" : "");
+              o.delta ? "deltas on" : "full versions", o.upload_only ? ", upload only" : "");
   std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s\n", "version", "MB",
               "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s", "sync_s",
               "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s", "kv_diff");
