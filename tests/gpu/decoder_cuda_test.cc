@@ -123,7 +123,8 @@ TEST_F(GpuDecoderTest, RmsnormMatchesCpuBitExact) {
 TEST_F(GpuDecoderTest, RopeMatchesCpuBitExact) {
   const int64_t rows = 11, heads = 5, hd = 18, max_pos = 300;
   std::vector<float> cos(max_pos * hd / 2), sin(max_pos * hd / 2);
-  model::ops::rope_fill(500000.0, hd, max_pos, cos.data(), sin.data());
+  model::ops::rope_fill(model::ops::rope_inv_freq(500000.0, hd, model::RopeScaling{}), max_pos,
+                        cos.data(), sin.data());
   std::vector<int32_t> pos(rows);
   for (int64_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>((r * 37) % max_pos);
   const auto x = random_vec(rows * heads * hd, 20);

@@ -85,7 +85,8 @@ TEST(DeviceMathTest, RmsnormMatchesModelOps) {
 TEST(DeviceMathTest, RopeMatchesModelOps) {
   const int64_t rows = 7, heads = 3, hd = 18, max_pos = 50;
   std::vector<float> cos(max_pos * hd / 2), sin(max_pos * hd / 2);
-  model::ops::rope_fill(500000.0, hd, max_pos, cos.data(), sin.data());
+  model::ops::rope_fill(model::ops::rope_inv_freq(500000.0, hd, model::RopeScaling{}), max_pos,
+                        cos.data(), sin.data());
   const std::vector<int32_t> pos = {0, 1, 2, 49, 17, 33, 5};
   const auto x = random_vec(rows * heads * hd, 11);
   for (bool bf16 : {false, true}) {
