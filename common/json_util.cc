@@ -8,6 +8,13 @@
 
 namespace fp8rl {
 
+std::string json_error_without_input(const std::exception& e) {
+  std::string message = e.what();
+  const size_t quoted = message.find("; last read: ");
+  if (quoted != std::string::npos) message.erase(quoted);
+  return message;
+}
+
 absl::StatusOr<nlohmann::ordered_json> parse_json_strict(std::string_view text,
                                                          const std::string& what) {
   // One key set per open object; a key seen twice in the same object is an error.
@@ -30,7 +37,8 @@ absl::StatusOr<nlohmann::ordered_json> parse_json_strict(std::string_view text,
   try {
     value = nlohmann::ordered_json::parse(text.begin(), text.end(), check);
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": malformed JSON: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": malformed JSON: ", json_error_without_input(e)));
   }
   if (!duplicate.empty()) {
     return absl::InvalidArgumentError(

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "common/json_util.h"
 #include "nlohmann/json.hpp"
 
 namespace fp8rl::rl {
@@ -173,7 +174,9 @@ absl::StatusOr<std::vector<Example>> read_jsonl(const std::string& path) {
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "not valid JSON: ", e.what()));
+      // The message without the text it quotes: the file's contents never reach an error.
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "not valid JSON: ", json_error_without_input(e)));
     }
     if (!j.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(where, "must be a JSON object"));

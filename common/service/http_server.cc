@@ -2,6 +2,7 @@
 #include "common/service/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <exception>
 #include <regex>
@@ -14,6 +15,19 @@
 #include "nlohmann/json.hpp"
 
 namespace fp8rl::service {
+
+namespace {
+
+void set_listener_socket_options(int fd) {
+  // httplib's default sets only SO_REUSEPORT on Linux: a second process could then bind the same
+  // port and take half its connections, and sockets left in TIME_WAIT by this listener would
+  // block `fp8rl up`'s pre-flight bind (which, like gRPC, uses SO_REUSEADDR). SO_REUSEADDR alone
+  // lets a restarted process re-bind at once while a live listener still makes bind() fail.
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+}
+
+}  // namespace
 
 HttpResponse json_error(int status, std::string_view message) {
   return {status, nlohmann::json{{"error", message}}.dump(), "application/json"};
@@ -107,6 +121,7 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
   const int threads = std::max(1, impl_->options.threads);
   impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl_->server.set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
+  impl_->server.set_socket_options(set_listener_socket_options);
   impl_->server.set_pre_routing_handler(
       [impl](const httplib::Request& req, httplib::Response& res) {
         return impl->route_bodyless_post(req, res);
