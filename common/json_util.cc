@@ -8,12 +8,18 @@
 
 namespace fp8rl {
 
+namespace {
+
+// nlohmann's message without the input text it quotes ("...; last read: 'xy'"), so an error about
+// a file never carries the file's contents.
 std::string json_error_without_input(const std::exception& e) {
   std::string message = e.what();
   const size_t quoted = message.find("; last read: ");
   if (quoted != std::string::npos) message.erase(quoted);
   return message;
 }
+
+}  // namespace
 
 absl::StatusOr<nlohmann::ordered_json> parse_json_strict(std::string_view text,
                                                          const std::string& what) {

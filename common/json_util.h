@@ -2,7 +2,6 @@
 // errors name the file, and duplicate object keys are rejected instead of silently overwritten.
 #pragma once
 
-#include <exception>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -15,10 +14,6 @@ namespace fp8rl {
 // keep their file order, so a read-modify-write round trip (config.json) keeps the layout.
 absl::StatusOr<nlohmann::ordered_json> parse_json_strict(std::string_view text,
                                                          const std::string& what);
-
-// nlohmann's message of a JSON error without the input text it quotes ("...; last read: 'xy'"),
-// so an error about a file never carries the file's contents.
-std::string json_error_without_input(const std::exception& e);
 
 // The JSON type name of a value ("object", "array", "string", "number", ...), for error messages.
 std::string json_type_name(const nlohmann::ordered_json& value);

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
-#include "common/json_util.h"
 #include "nlohmann/json.hpp"
 
 namespace fp8rl::rl {
@@ -173,10 +172,11 @@ absl::StatusOr<std::vector<Example>> read_jsonl(const std::string& path) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      // The message without the text it quotes: the file's contents never reach an error.
+    } catch (const nlohmann::json::parse_error& e) {
+      // The position only: nlohmann's message quotes the line, and a file's contents never
+      // reach an error.
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "not valid JSON: ", json_error_without_input(e)));
+          absl::StrCat(where, "not valid JSON (parse error at byte ", e.byte, ")"));
     }
     if (!j.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(where, "must be a JSON object"));

@@ -4,6 +4,8 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <regex>
 #include <thread>
@@ -40,6 +42,7 @@ struct HttpServer::Impl {
   std::function<bool()> healthy;
   httplib::Server server;
   std::thread thread;
+  std::atomic<bool> listen_returned{false};  // set by `thread` when listen_after_bind returns
   bool started = false;
 
   void count(int status) {
@@ -183,7 +186,16 @@ absl::StatusOr<int> HttpServer::start() {
   }
   port_ = port;
   impl_->started = true;
-  impl_->thread = std::thread([impl = impl_.get()] { impl->server.listen_after_bind(); });
+  impl_->listen_returned = false;
+  impl_->thread = std::thread([impl = impl_.get()] {
+    impl->server.listen_after_bind();
+    impl->listen_returned = true;
+  });
+  // httplib's stop() does nothing until the listen thread has marked the server running, so a
+  // stop() right after start() would leave that thread in accept() and hang the join: wait.
+  while (!impl_->server.is_running() && !impl_->listen_returned) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return port_;
 }
 

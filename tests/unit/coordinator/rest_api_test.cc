@@ -141,7 +141,7 @@ TEST_F(RestApiTest, PathsOutsideTheRootsNestedModelConfigsAndHugeRatesAnswer400)
   auto [ok_status, created] = post(
       "/v1/jobs",
       job_with(jsonl("train.jsonl"), R"("checkpoint": {"every_steps": 1, "dir": "runs/new"})"));
-  ASSERT_EQ(ok_status, 200) << created;
+  ASSERT_EQ(ok_status, 201) << created;
   auto [get_status, stored] = get("/v1/jobs/" + created["id"].get<std::string>());
   ASSERT_EQ(get_status, 200);
   EXPECT_EQ(stored["config"]["task"]["params"]["train_path"],

@@ -66,7 +66,7 @@ class JobPathsTest : public testing::Test {
     JobConfig c = with_path(field, path);
     const absl::Status s = resolve_job_paths(c, roots_);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << " = " << path;
-    EXPECT_TRUE(s.message().starts_with(field + ": ")) << s;
+    EXPECT_TRUE(std::string(s.message()).starts_with(field + ": ")) << s;
     EXPECT_NE(s.message().find("is outside"), std::string::npos) << s;
   }
 
@@ -151,7 +151,7 @@ TEST_F(JobPathsTest, MissingRootIsAnErrorNamingItsFlag) {
   roots.data_root = (base_ / "no-such-root").string();
   const absl::Status s = resolve_job_paths(c, roots);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(s.message().starts_with("--data-root: ")) << s;
+  EXPECT_TRUE(std::string(s.message()).starts_with("--data-root: ")) << s;
 }
 
 TEST(JobLimits, LearningRateOfTheIssueAndOtherOutOfRangeValues) {
@@ -183,7 +183,7 @@ TEST(JobLimits, LearningRateOfTheIssueAndOtherOutOfRangeValues) {
     k.set(bad);
     const absl::Status s = validate_job_config(bad);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.field;
-    EXPECT_TRUE(s.message().starts_with(std::string(k.field) + ": must be in ")) << s;
+    EXPECT_TRUE(std::string(s.message()).starts_with(std::string(k.field) + ": must be in ")) << s;
   }
   JobConfig lr = c;
   lr.algorithm.learning_rate = 9.2e18;
@@ -225,7 +225,7 @@ TEST(JobLimits, LearningRateOfTheIssueAndOtherOutOfRangeValues) {
     if (d != nullptr) *d = limit.hi * 2 + 1;
     if (i != nullptr) *i = static_cast<int64_t>(limit.hi * 2 + 1);
     const absl::Status s = validate_job_limits(probe);
-    EXPECT_TRUE(s.message().starts_with(f + ": must be in ")) << f << ": " << s;
+    EXPECT_TRUE(std::string(s.message()).starts_with(f + ": must be in ")) << f << ": " << s;
   }
 }
 

@@ -72,7 +72,11 @@ class KeepAliveClient {
     const sockaddr_in addr = loopback(port);
     connected_ = ::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
   }
-  ~KeepAliveClient() { ::close(fd_); }
+  ~KeepAliveClient() { close(); }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
   KeepAliveClient(const KeepAliveClient&) = delete;
   KeepAliveClient& operator=(const KeepAliveClient&) = delete;
 
@@ -124,8 +128,12 @@ TEST(Listener, HttpRebindsAtOnceAfterStopUnderKeepAlive) {
   ASSERT_TRUE(scraper.healthz());
   ASSERT_TRUE(scraper.healthz());  // same connection, second request
   const auto stop_start = std::chrono::steady_clock::now();
-  first->stop();
+  first->stop();  // waits for the idle keep-alive connection's read timeout (5 s)
   EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::seconds(10));
+  scraper.close();  // the scraper sees the server's FIN and closes: server end -> TIME_WAIT
+  for (int i = 0; i < 100 && time_wait_count(*port) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_GE(time_wait_count(*port), 1) << "the test did not produce the TIME_WAIT it is about";
   EXPECT_TRUE(preflight_bind_ok(*port)) << "port " << *port;
 
