@@ -8,6 +8,19 @@
 
 namespace fp8rl {
 
+namespace {
+
+// nlohmann's message without the input text it quotes ("...; last read: 'xy'"), so an error about
+// a file never carries the file's contents.
+std::string json_error_without_input(const std::exception& e) {
+  std::string message = e.what();
+  const size_t quoted = message.find("; last read: ");
+  if (quoted != std::string::npos) message.erase(quoted);
+  return message;
+}
+
+}  // namespace
+
 absl::StatusOr<nlohmann::ordered_json> parse_json_strict(std::string_view text,
                                                          const std::string& what) {
   // One key set per open object; a key seen twice in the same object is an error.
@@ -30,7 +43,8 @@ absl::StatusOr<nlohmann::ordered_json> parse_json_strict(std::string_view text,
   try {
     value = nlohmann::ordered_json::parse(text.begin(), text.end(), check);
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": malformed JSON: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": malformed JSON: ", json_error_without_input(e)));
   }
   if (!duplicate.empty()) {
     return absl::InvalidArgumentError(

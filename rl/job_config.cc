@@ -16,6 +16,7 @@
 #include "common/fs.h"
 #include "common/json_util.h"
 #include "common/status_macros.h"
+#include "rl/job_limits.h"
 #include "rl/tasks.h"
 #include "yaml-cpp/yaml.h"
 
@@ -481,7 +482,8 @@ absl::Status validate_job_config(const JobConfig& c) {
       require(c.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(require(c.checkpoint.every_steps == 0 || !c.checkpoint.dir.empty(),
                                 "checkpoint.dir", "required when checkpoint.every_steps > 0"));
-  return absl::OkStatus();
+  // upper bounds of the numeric fields (rl/job_limits.h)
+  return validate_job_limits(c);
 }
 
 absl::StatusOr<JobConfig> job_config_from_json(const Json& json) {

@@ -173,8 +173,11 @@ absl::StatusOr<std::vector<Example>> read_jsonl(const std::string& path) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "not valid JSON: ", e.what()));
+    } catch (const nlohmann::json::parse_error& e) {
+      // The position only: nlohmann's message quotes the line, and a file's contents never
+      // reach an error.
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "not valid JSON (parse error at byte ", e.byte, ")"));
     }
     if (!j.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(where, "must be a JSON object"));

@@ -254,7 +254,8 @@ def main():
     base_url = f"http://127.0.0.1:{8080 + PORT_OFFSET}"
     cluster_log = open(os.path.join(args.out, "cluster.log"), "w")
     proc = subprocess.Popen([fp8rl, "up", "--data-dir", os.path.join(args.out, "cluster"),
-                             "--port-offset", str(PORT_OFFSET), "--bin-dir", args.bin_dir],
+                             "--port-offset", str(PORT_OFFSET), "--bin-dir", args.bin_dir,
+                             "--data-root", os.path.abspath(args.out)],
                             stdout=cluster_log, stderr=subprocess.STDOUT)
     t0 = time.time()
     runs = []

@@ -9,8 +9,8 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev
   libopenblas-dev
-  libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev zlib1g-dev
-  libzstd-dev
+  libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev prometheus-cpp-dev
+  libssl-dev zlib1g-dev libzstd-dev
   libpcre2-dev libicu-dev
   curl prometheus docker-compose iperf3
   python3 python3-numpy python3-torch python3-yaml python3-jinja2

@@ -2,7 +2,10 @@
 #include "common/service/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <regex>
 #include <thread>
@@ -15,6 +18,19 @@
 
 namespace fp8rl::service {
 
+namespace {
+
+void set_listener_socket_options(int fd) {
+  // httplib's default sets only SO_REUSEPORT on Linux: a second process could then bind the same
+  // port and take half its connections, and sockets left in TIME_WAIT by this listener would
+  // block `fp8rl up`'s pre-flight bind (which, like gRPC, uses SO_REUSEADDR). SO_REUSEADDR alone
+  // lets a restarted process re-bind at once while a live listener still makes bind() fail.
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+}
+
+}  // namespace
+
 HttpResponse json_error(int status, std::string_view message) {
   return {status, nlohmann::json{{"error", message}}.dump(), "application/json"};
 }
@@ -26,6 +42,7 @@ struct HttpServer::Impl {
   std::function<bool()> healthy;
   httplib::Server server;
   std::thread thread;
+  std::atomic<bool> listen_returned{false};  // set by `thread` when listen_after_bind returns
   bool started = false;
 
   void count(int status) {
@@ -107,6 +124,7 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
   const int threads = std::max(1, impl_->options.threads);
   impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl_->server.set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
+  impl_->server.set_socket_options(set_listener_socket_options);
   impl_->server.set_pre_routing_handler(
       [impl](const httplib::Request& req, httplib::Response& res) {
         return impl->route_bodyless_post(req, res);
@@ -168,7 +186,16 @@ absl::StatusOr<int> HttpServer::start() {
   }
   port_ = port;
   impl_->started = true;
-  impl_->thread = std::thread([impl = impl_.get()] { impl->server.listen_after_bind(); });
+  impl_->listen_returned = false;
+  impl_->thread = std::thread([impl = impl_.get()] {
+    impl->server.listen_after_bind();
+    impl->listen_returned = true;
+  });
+  // httplib's stop() does nothing until the listen thread has marked the server running, so a
+  // stop() right after start() would leave that thread in accept() and hang the join: wait.
+  while (!impl_->server.is_running() && !impl_->listen_returned) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return port_;
 }
 

@@ -59,7 +59,8 @@ class HttpServer {
   void post(const std::string& pattern, HttpHandler handler);
 
   // Binds and serves on a background thread; returns the bound port. FailedPrecondition when the
-  // address cannot be bound.
+  // address cannot be bound. The listener sets SO_REUSEADDR and not SO_REUSEPORT: a restarted
+  // process re-binds at once (TIME_WAIT connections do not block it), a live listener refuses.
   absl::StatusOr<int> start();
   // Stops accepting, finishes in-flight requests, joins the thread. Idempotent.
   void stop();

@@ -1,14 +1,20 @@
-// Counters, gauges and histograms and their Prometheus text exposition (see metrics.h).
+// Our metric handles and registry on top of prometheus-cpp (see metrics.h).
 #include "common/service/metrics.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
+#include <map>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace fp8rl::service {
 namespace {
@@ -28,184 +34,85 @@ bool is_label_name(std::string_view name) {
   });
 }
 
-std::string escape_help(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string escape_label_value(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-// {a="x",b="y"} plus an optional extra pair (histogram "le"); empty string when no labels.
-std::string label_block(const std::vector<std::string>& names,
-                        const std::vector<std::string>& values, std::string_view extra_name = {},
-                        std::string_view extra_value = {}) {
-  if (names.empty() && extra_name.empty()) return "";
-  std::string out = "{";
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) out += ',';
-    absl::StrAppend(&out, names[i], "=\"", escape_label_value(values[i]), "\"");
-  }
-  if (!extra_name.empty()) {
-    if (!names.empty()) out += ',';
-    absl::StrAppend(&out, std::string(extra_name), "=\"", std::string(extra_value), "\"");
-  }
-  out += '}';
-  return out;
-}
-
-std::string_view type_name(MetricType type) {
-  switch (type) {
-    case MetricType::kCounter:
-      return "counter";
-    case MetricType::kGauge:
-      return "gauge";
-    case MetricType::kHistogram:
-      return "histogram";
-  }
-  return "untyped";
-}
-
-template <typename T>
-void render_header(const MetricFamily<T>& family, std::string& out) {
-  absl::StrAppend(&out, "# HELP ", family.name(), " ", escape_help(family.help()), "\n");
-  absl::StrAppend(&out, "# TYPE ", family.name(), " ", std::string(type_name(family.type())), "\n");
-}
-
-template <typename T>
-void render_scalar(const MetricFamily<T>& family, std::string& out) {
-  render_header(family, out);
-  for (const auto& [values, series] : family.series()) {
-    absl::StrAppend(&out, family.name(), label_block(family.label_names(), values), " ",
-                    format_metric_value(series->value()), "\n");
-  }
-}
-
-void render_histogram(const HistogramFamily& family, std::string& out) {
-  render_header(family, out);
-  const auto& bounds = family.bounds();
-  for (const auto& [values, series] : family.series()) {
-    const Histogram::Snapshot snap = series->snapshot();
-    for (size_t b = 0; b <= bounds.size(); ++b) {
-      const std::string le = b < bounds.size() ? format_metric_value(bounds[b]) : "+Inf";
-      absl::StrAppend(&out, family.name(), "_bucket",
-                      label_block(family.label_names(), values, "le", le), " ", snap.cumulative[b],
-                      "\n");
-    }
-    const std::string labels = label_block(family.label_names(), values);
-    absl::StrAppend(&out, family.name(), "_sum", labels, " ", format_metric_value(snap.sum), "\n");
-    absl::StrAppend(&out, family.name(), "_count", labels, " ", snap.count, "\n");
-  }
+// prometheus-cpp labels (a name -> value map) from our positional values.
+std::map<std::string, std::string> labels_of(const std::vector<std::string>& names,
+                                             const std::vector<std::string>& values) {
+  std::map<std::string, std::string> labels;
+  for (size_t i = 0; i < names.size(); ++i) labels[names[i]] = i < values.size() ? values[i] : "";
+  return labels;
 }
 
 }  // namespace
 
 void Counter::inc(double amount) {
   if (!(amount >= 0.0) || !std::isfinite(amount)) return;
-  value_.fetch_add(amount, std::memory_order_relaxed);
+  series_->Increment(amount);
 }
 
-Histogram::Histogram(const std::vector<double>* bounds)
-    : bounds_(bounds), counts_(bounds->size() + 1, 0) {}
+double Counter::value() const { return series_->Value(); }
+
+void Gauge::set(double value) { series_->Set(value); }
+
+void Gauge::add(double amount) { series_->Increment(amount); }
+
+double Gauge::value() const { return series_->Value(); }
 
 void Histogram::observe(double value) {
   if (std::isnan(value)) return;
-  const size_t bucket =
-      std::lower_bound(bounds_->begin(), bounds_->end(), value) - bounds_->begin();
-  absl::MutexLock lock(&mu_);
-  ++counts_[bucket];
-  sum_ += value;
-  ++count_;
+  series_->Observe(value);
 }
 
 Histogram::Snapshot Histogram::snapshot() const {
-  absl::MutexLock lock(&mu_);
+  const prometheus::ClientMetric metric = series_->Collect();
   Snapshot snap;
-  snap.cumulative.resize(counts_.size());
-  uint64_t running = 0;
-  for (size_t i = 0; i < counts_.size(); ++i) {
-    running += counts_[i];
-    snap.cumulative[i] = running;
+  for (const prometheus::ClientMetric::Bucket& bucket : metric.histogram.bucket) {
+    snap.cumulative.push_back(bucket.cumulative_count);
   }
-  snap.sum = sum_;
-  snap.count = count_;
+  snap.sum = metric.histogram.sample_sum;
+  snap.count = metric.histogram.sample_count;
   return snap;
 }
 
-template <typename T>
-T& MetricFamily<T>::with(const std::vector<std::string>& label_values) {
-  std::vector<std::string> key = label_values;
-  key.resize(label_names_.size());
-  absl::MutexLock lock(&mu_);
-  auto it = series_.find(key);
-  if (it == series_.end()) {
-    std::unique_ptr<T> series;
-    if constexpr (std::is_same_v<T, Histogram>) {
-      series = std::make_unique<Histogram>(&bounds_);
-    } else {
-      series = std::make_unique<T>();
-    }
-    it = series_.emplace(std::move(key), std::move(series)).first;
+template <typename P, typename T>
+T MetricFamily<P, T>::with(const std::vector<std::string>& label_values) {
+  if constexpr (std::is_same_v<P, prometheus::Histogram>) {
+    return T(&family_->Add(labels_of(label_names_, label_values), bounds_));
+  } else {
+    return T(&family_->Add(labels_of(label_names_, label_values)));
   }
-  return *it->second;
 }
 
-template <typename T>
-std::vector<std::pair<std::vector<std::string>, const T*>> MetricFamily<T>::series() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::pair<std::vector<std::string>, const T*>> out;
-  out.reserve(series_.size());
-  for (const auto& [key, series] : series_) out.emplace_back(key, series.get());
-  return out;
-}
-
-template class MetricFamily<Counter>;
-template class MetricFamily<Gauge>;
-template class MetricFamily<Histogram>;
+template class MetricFamily<prometheus::Counter, Counter>;
+template class MetricFamily<prometheus::Gauge, Gauge>;
+template class MetricFamily<prometheus::Histogram, Histogram>;
 
 std::vector<double> default_seconds_buckets() {
   return {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
 }
 
+MetricsRegistry::MetricsRegistry()
+    : registry_(
+          std::make_unique<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
+
+MetricsRegistry::~MetricsRegistry() = default;
+
 absl::Status MetricsRegistry::check_new_locked(std::string_view name, std::string_view help,
                                                const std::vector<std::string>& label_names,
-                                               MetricType type) const {
+                                               Kind kind) const {
   if (!is_metric_name(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", std::string(name), "': name must match fp8rl_[a-z0-9_]+"));
   }
   const bool total = name.ends_with("_total");
-  if (type == MetricType::kCounter && !total) {
+  if (kind == Kind::kCounter && !total) {
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", std::string(name), "': counter names must end in _total"));
   }
-  if (type != MetricType::kCounter && total) {
+  if (kind != Kind::kCounter && total) {
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", std::string(name), "': only counter names may end in _total"));
   }
-  if (type == MetricType::kHistogram &&
+  if (kind == Kind::kHistogram &&
       (name.ends_with("_bucket") || name.ends_with("_count") || name.ends_with("_sum"))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metric '", std::string(name), "': histogram names must not end in _bucket/_count/_sum"));
@@ -214,9 +121,15 @@ absl::Status MetricsRegistry::check_new_locked(std::string_view name, std::strin
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", std::string(name), "': help text is empty"));
   }
+  // prometheus-cpp 1.0.1 writes HELP text unescaped, so a newline or backslash would break the
+  // exposition: refuse them here.
+  if (help.find_first_of("\\\n") != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metric '", std::string(name), "': help text must not contain a newline or backslash"));
+  }
   for (size_t i = 0; i < label_names.size(); ++i) {
     const std::string& label = label_names[i];
-    if (!is_label_name(label) || (type == MetricType::kHistogram && label == "le")) {
+    if (!is_label_name(label) || (kind == Kind::kHistogram && label == "le")) {
       return absl::InvalidArgumentError(
           absl::StrCat("metric '", std::string(name), "': bad label name '", label, "'"));
     }
@@ -236,11 +149,13 @@ absl::StatusOr<CounterFamily*> MetricsRegistry::add_counter(std::string_view nam
                                                             std::string_view help,
                                                             std::vector<std::string> label_names) {
   absl::MutexLock lock(&mu_);
-  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, MetricType::kCounter));
-  counters_.push_back(std::make_unique<CounterFamily>(
-      std::string(name), std::string(help), std::move(label_names), MetricType::kCounter));
-  order_.emplace_back(MetricType::kCounter, counters_.size() - 1);
-  names_.emplace(std::string(name), MetricType::kCounter);
+  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, Kind::kCounter));
+  auto& family = prometheus::BuildCounter()
+                     .Name(std::string(name))
+                     .Help(std::string(help))
+                     .Register(*registry_);
+  counters_.push_back(std::make_unique<CounterFamily>(&family, std::move(label_names)));
+  names_.emplace(name);
   if (counters_.back()->label_names().empty()) counters_.back()->get();  // exported at 0
   return counters_.back().get();
 }
@@ -249,11 +164,11 @@ absl::StatusOr<GaugeFamily*> MetricsRegistry::add_gauge(std::string_view name,
                                                         std::string_view help,
                                                         std::vector<std::string> label_names) {
   absl::MutexLock lock(&mu_);
-  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, MetricType::kGauge));
-  gauges_.push_back(std::make_unique<GaugeFamily>(std::string(name), std::string(help),
-                                                  std::move(label_names), MetricType::kGauge));
-  order_.emplace_back(MetricType::kGauge, gauges_.size() - 1);
-  names_.emplace(std::string(name), MetricType::kGauge);
+  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, Kind::kGauge));
+  auto& family =
+      prometheus::BuildGauge().Name(std::string(name)).Help(std::string(help)).Register(*registry_);
+  gauges_.push_back(std::make_unique<GaugeFamily>(&family, std::move(label_names)));
+  names_.emplace(name);
   if (gauges_.back()->label_names().empty()) gauges_.back()->get();  // exported at 0
   return gauges_.back().get();
 }
@@ -262,7 +177,7 @@ absl::StatusOr<HistogramFamily*> MetricsRegistry::add_histogram(
     std::string_view name, std::string_view help, std::vector<std::string> label_names,
     std::vector<double> bounds) {
   absl::MutexLock lock(&mu_);
-  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, MetricType::kHistogram));
+  FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, Kind::kHistogram));
   if (bounds.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("metric '", std::string(name), "': no bucket bounds"));
@@ -274,46 +189,19 @@ absl::StatusOr<HistogramFamily*> MetricsRegistry::add_histogram(
                        "': bucket bounds must be finite and strictly increasing"));
     }
   }
-  histograms_.push_back(std::make_unique<HistogramFamily>(
-      std::string(name), std::string(help), std::move(label_names), MetricType::kHistogram,
-      std::move(bounds)));
-  order_.emplace_back(MetricType::kHistogram, histograms_.size() - 1);
-  names_.emplace(std::string(name), MetricType::kHistogram);
+  auto& family = prometheus::BuildHistogram()
+                     .Name(std::string(name))
+                     .Help(std::string(help))
+                     .Register(*registry_);
+  histograms_.push_back(
+      std::make_unique<HistogramFamily>(&family, std::move(label_names), std::move(bounds)));
+  names_.emplace(name);
   if (histograms_.back()->label_names().empty()) histograms_.back()->get();  // exported empty
   return histograms_.back().get();
 }
 
 std::string MetricsRegistry::render() const {
-  absl::MutexLock lock(&mu_);
-  std::string out;
-  for (const auto& [type, index] : order_) {
-    switch (type) {
-      case MetricType::kCounter:
-        render_scalar(*counters_[index], out);
-        break;
-      case MetricType::kGauge:
-        render_scalar(*gauges_[index], out);
-        break;
-      case MetricType::kHistogram:
-        render_histogram(*histograms_[index], out);
-        break;
-    }
-  }
-  return out;
-}
-
-std::string format_metric_value(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  if (value == std::floor(value) && std::fabs(value) < 1e15) {
-    return absl::StrCat(static_cast<int64_t>(value));
-  }
-  char buffer[32];
-  for (int precision = 6; precision <= 17; ++precision) {
-    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, value);
-    if (std::strtod(buffer, nullptr) == value) break;
-  }
-  return buffer;
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
 absl::Status register_process_metrics(MetricsRegistry* registry, std::string_view service) {

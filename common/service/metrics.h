@@ -1,7 +1,8 @@
-// Prometheus metrics for every fp8rl service: counters, gauges and histograms with a small fixed
-// set of label names per metric, rendered in the text exposition format 0.0.4 that /metrics
-// serves (and `promtool check metrics` accepts). prometheus-cpp is not packaged in Debian 12, so
-// this is our own small implementation.
+// Prometheus metrics for every fp8rl service, on prometheus-cpp (Debian prometheus-cpp-dev): its
+// registry holds the series and its text serializer writes the exposition format 0.0.4 that
+// /metrics serves (and `promtool check metrics` accepts). This header adds what prometheus-cpp
+// leaves to its users: our naming rules, a fixed label-name list per metric (series are picked by
+// label values in that order), and errors as absl::Status instead of exceptions.
 //
 //   MetricsRegistry registry;
 //   auto* jobs = registry.add_gauge("fp8rl_coordinator_jobs", "Jobs by state.", {"state"}).value();
@@ -13,9 +14,8 @@
 // belong in the name (_seconds, _bytes). Names are unique within a registry.
 #pragma once
 
-#include <atomic>
-#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,31 +24,45 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
 namespace fp8rl::service {
 
+// One series of a counter. A handle: cheap to copy, valid as long as its registry.
 class Counter {
  public:
+  explicit Counter(prometheus::Counter* series) : series_(series) {}
   // Negative or non-finite increments are ignored (a counter only goes up).
   void inc(double amount = 1.0);
-  double value() const { return value_.load(std::memory_order_relaxed); }
+  double value() const;
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Counter* series_;  // owned by the registry
 };
 
+// One series of a gauge (a handle, like Counter).
 class Gauge {
  public:
-  void set(double value) { value_.store(value, std::memory_order_relaxed); }
-  void add(double amount) { value_.fetch_add(amount, std::memory_order_relaxed); }
-  double value() const { return value_.load(std::memory_order_relaxed); }
+  explicit Gauge(prometheus::Gauge* series) : series_(series) {}
+  void set(double value);
+  void add(double amount);
+  double value() const;
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Gauge* series_;  // owned by the registry
 };
 
+// One series of a histogram (a handle, like Counter). Buckets are upper-inclusive (le).
 class Histogram {
  public:
-  explicit Histogram(const std::vector<double>* bounds);
+  explicit Histogram(prometheus::Histogram* series) : series_(series) {}
   void observe(double value);  // NaN is ignored
 
   struct Snapshot {
@@ -59,64 +73,46 @@ class Histogram {
   Snapshot snapshot() const;
 
  private:
-  const std::vector<double>* bounds_;  // owned by the family
-  mutable absl::Mutex mu_;
-  // Per bucket (non-cumulative), +Inf bucket last.
-  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);
-  double sum_ ABSL_GUARDED_BY(mu_) = 0.0;
-  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+  prometheus::Histogram* series_;  // owned by the registry
 };
 
-enum class MetricType { kCounter, kGauge, kHistogram };
-
-// All series of one metric name, keyed by label values.
-template <typename T>
+// All series of one metric name; P is the prometheus-cpp metric type, T our handle.
+template <typename P, typename T>
 class MetricFamily {
  public:
-  MetricFamily(std::string name, std::string help, std::vector<std::string> label_names,
-               MetricType type, std::vector<double> bounds = {})
-      : name_(std::move(name)),
-        help_(std::move(help)),
-        label_names_(std::move(label_names)),
-        type_(type),
-        bounds_(std::move(bounds)) {}
+  MetricFamily(prometheus::Family<P>* family, std::vector<std::string> label_names,
+               std::vector<double> bounds = {})
+      : family_(family), label_names_(std::move(label_names)), bounds_(std::move(bounds)) {}
 
-  // The series with these label values (created at 0 on first use; references stay valid for
-  // the registry's lifetime). Values are matched to label_names() by position; a wrong count is
-  // a programming error and is padded with "" / truncated rather than crashing a service.
-  T& with(const std::vector<std::string>& label_values);
+  // The series with these label values (created at 0 on first use). Values are matched to
+  // label_names() by position; a wrong count is a programming error and is padded with "" /
+  // truncated rather than crashing a service. Thread-safe (prometheus-cpp locks the family).
+  T with(const std::vector<std::string>& label_values);
   // The series of a metric without labels.
-  T& get() { return with({}); }
+  T get() { return with({}); }
 
-  const std::string& name() const { return name_; }
-  const std::string& help() const { return help_; }
   const std::vector<std::string>& label_names() const { return label_names_; }
-  MetricType type() const { return type_; }
-  const std::vector<double>& bounds() const { return bounds_; }
-
-  // Copies (label values, series pointer) under the lock, sorted by label values.
-  std::vector<std::pair<std::vector<std::string>, const T*>> series() const;
 
  private:
-  std::string name_;
-  std::string help_;
-  std::vector<std::string> label_names_;
-  MetricType type_;
-  std::vector<double> bounds_;
-  mutable absl::Mutex mu_;
-  // Series are created under mu_ and never removed, so a returned pointer stays valid.
-  std::map<std::vector<std::string>, std::unique_ptr<T>> series_ ABSL_GUARDED_BY(mu_);
+  prometheus::Family<P>* family_;  // owned by the registry
+  const std::vector<std::string> label_names_;
+  const std::vector<double> bounds_;  // histograms only
 };
 
-using CounterFamily = MetricFamily<Counter>;
-using GaugeFamily = MetricFamily<Gauge>;
-using HistogramFamily = MetricFamily<Histogram>;
+using CounterFamily = MetricFamily<prometheus::Counter, Counter>;
+using GaugeFamily = MetricFamily<prometheus::Gauge, Gauge>;
+using HistogramFamily = MetricFamily<prometheus::Histogram, Histogram>;
 
 // Default latency buckets in seconds (1 ms .. 10 min).
 std::vector<double> default_seconds_buckets();
 
 class MetricsRegistry {
  public:
+  MetricsRegistry();
+  ~MetricsRegistry();
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
   absl::StatusOr<CounterFamily*> add_counter(std::string_view name, std::string_view help,
                                              std::vector<std::string> label_names = {});
   absl::StatusOr<GaugeFamily*> add_gauge(std::string_view name, std::string_view help,
@@ -126,30 +122,31 @@ class MetricsRegistry {
                                                  std::vector<std::string> label_names,
                                                  std::vector<double> bounds);
 
-  // Every family in registration order, text exposition format 0.0.4. A family without labels
-  // is exported from registration (at 0); a labelled one never used has HELP and TYPE only.
+  // Every family in prometheus-cpp's text exposition format 0.0.4 (counters, then gauges, then
+  // histograms). A family without labels is exported from registration (at 0); a labelled one
+  // appears once a series of it is used.
   std::string render() const;
 
+  // The underlying prometheus-cpp registry (for prometheus-cpp collectors and exposers).
+  prometheus::Registry& prometheus_registry() { return *registry_; }
+
  private:
+  enum class Kind { kCounter, kGauge, kHistogram };
   absl::Status check_new_locked(std::string_view name, std::string_view help,
-                                const std::vector<std::string>& label_names, MetricType type) const
+                                const std::vector<std::string>& label_names, Kind kind) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const std::unique_ptr<prometheus::Registry> registry_;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<CounterFamily>> counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<GaugeFamily>> gauges_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<HistogramFamily>> histograms_ ABSL_GUARDED_BY(mu_);
-  // Registration order: (type, index into the vector of that type).
-  std::vector<std::pair<MetricType, size_t>> order_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, MetricType, std::less<>> names_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string, std::less<>> names_ ABSL_GUARDED_BY(mu_);
 };
 
 // The content type /metrics answers with.
 inline constexpr std::string_view kPrometheusContentType =
     "text/plain; version=0.0.4; charset=utf-8";
-
-// Formats a sample value the way Prometheus parses it (+Inf, -Inf, NaN, shortest round-trip).
-std::string format_metric_value(double value);
 
 // Registers the metrics every service exports: fp8rl_build_info{service} (always 1) and
 // fp8rl_process_start_time_seconds (set to now).

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/service/log.h"
+#include "model/config.h"
 #include "rl/model_checkpoint.h"
 #include "services/coordinator/coordinator_metrics.h"
 
@@ -13,7 +14,20 @@ namespace fp8rl::coordinator {
 
 namespace {
 constexpr char kLog[] = "jobs";
+
+// An inline model.init.config gets the checks a config.json file gets when the trainer loads it
+// (model/config.h), at submission instead of when the job starts.
+absl::Status validate_inline_model_config(const rl::ModelSpec& model) {
+  if (model.init_config_inline.is_null()) return absl::OkStatus();
+  absl::StatusOr<model::ModelConfig> parsed =
+      model::parse_model_config(model.init_config_inline.dump());
+  if (parsed.ok()) return absl::OkStatus();
+  std::string message(parsed.status().message());
+  if (message.starts_with("config.json: ")) message.erase(0, 13);
+  return absl::InvalidArgumentError(absl::StrCat("model.init.config: ", message));
 }
+
+}  // namespace
 
 JobManager::JobManager(JobStore* store, Cluster* cluster, WorkerRegistry* registry,
                        CoordinatorMetrics* metrics, RlLoopOptions options)
@@ -39,8 +53,13 @@ absl::StatusOr<JobRecord> JobManager::submit_text(std::string_view config_text) 
   return submit(*config);
 }
 
-absl::StatusOr<JobRecord> JobManager::submit(const rl::JobConfig& config) {
-  if (absl::Status s = rl::validate_job_config(config); !s.ok()) return s;
+absl::StatusOr<JobRecord> JobManager::submit(const rl::JobConfig& submitted) {
+  if (absl::Status s = rl::validate_job_config(submitted); !s.ok()) return s;
+  rl::JobConfig config = submitted;
+  if (path_roots_.has_value()) {
+    if (absl::Status s = rl::resolve_job_paths(config, *path_roots_); !s.ok()) return s;
+  }
+  if (absl::Status s = validate_inline_model_config(config.model); !s.ok()) return s;
   if (!config.model.checkpoint.empty()) {
     // The folder is read here, where it is cheap to refuse (small files only).
     absl::StatusOr<rl::ModelCheckpointInfo> ckpt =

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "rl/job_config.h"
+#include "rl/job_paths.h"
 #include "services/coordinator/job_store.h"
 #include "services/coordinator/rl_loop.h"
 #include "services/coordinator/worker_registry.h"
@@ -38,7 +39,14 @@ class JobManager {
   // (it resumes after the next start). Waits at most `grace`.
   void stop();
 
-  // Job config as YAML or JSON text; InvalidArgument naming the field on bad input.
+  // Confines the paths of every job submitted from now on to these roots (rl/job_paths.h). The
+  // coordinator binary always sets them (its --data-root, --models-root, --datasets-root); without
+  // them (unit tests) paths are stored as given. Call before start() and the front ends.
+  void set_path_roots(rl::JobPathRoots roots) { path_roots_ = std::move(roots); }
+
+  // Job config as YAML or JSON text; InvalidArgument naming the field on bad input: a value out
+  // of range, a path outside its root, an inline model config that is not a valid config.json.
+  // The stored config carries the resolved paths.
   absl::StatusOr<JobRecord> submit_text(std::string_view config_text);
   absl::StatusOr<JobRecord> submit(const rl::JobConfig& config);
 
@@ -71,6 +79,7 @@ class JobManager {
   WorkerRegistry* registry_;
   CoordinatorMetrics* metrics_;
   RlLoopOptions options_;
+  std::optional<rl::JobPathRoots> path_roots_;  // set before serving, then read-only
   // The store, cluster, registry and metrics are thread-safe on their own; mu_ guards only the
   // in-memory state below that the API threads and the runner thread share.
   mutable std::mutex mu_;

@@ -46,7 +46,13 @@ int run(const std::vector<std::string>& args) {
                     {"trainer_resume_seconds", "120"},
                     // How long every live generation worker gets to load a new version before
                     // the loop goes on (laggards refuse work); none holding it makes it resume.
-                    {"sync_wait_seconds", "60"}};
+                    {"sync_wait_seconds", "60"},
+                    // Folders the paths of submitted job configs must lie in (rl/job_paths.h):
+                    // checkpoint.dir, model.checkpoint / model.init.config, task.params.*_path.
+                    // Empty: the working directory.
+                    {"data_root", ""},
+                    {"models_root", ""},
+                    {"datasets_root", ""}};
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::fputs(service::service_options_usage(defaults).c_str(), stdout);
@@ -98,6 +104,21 @@ int run(const std::vector<std::string>& args) {
   loop_options.trainer_resume_wait = std::chrono::seconds(*resume_seconds);
   loop_options.sync_wait = std::chrono::seconds(*sync_seconds);
   coordinator::JobManager jobs(store->get(), &cluster, &workers, metrics->get(), loop_options);
+  rl::JobPathRoots roots{service::extra_string(*options, "data_root"),
+                         service::extra_string(*options, "models_root"),
+                         service::extra_string(*options, "datasets_root")};
+  for (auto [flag, root] :
+       {std::pair{"--data-root", &roots.data_root}, std::pair{"--models-root", &roots.models_root},
+        std::pair{"--datasets-root", &roots.datasets_root}}) {
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::canonical(
+        root->empty() ? std::filesystem::current_path() : std::filesystem::path(*root), ec);
+    if (ec || !std::filesystem::is_directory(dir)) {
+      return fail(absl::StrCat(flag, ": '", *root, "' is not an existing folder"));
+    }
+    *root = dir.string();
+  }
+  jobs.set_path_roots(roots);
 
   service::HttpServerOptions http_options;
   http_options.host = options->listen_host;
@@ -122,7 +143,10 @@ int run(const std::vector<std::string>& args) {
   service::log_info("coordinator", "serving",
                     {{"grpc_port", absl::StrCat((*grpc)->port())},
                      {"http_port", absl::StrCat(*http_port)},
-                     {"job_store", db_path}});
+                     {"job_store", db_path},
+                     {"data_root", roots.data_root},
+                     {"models_root", roots.models_root},
+                     {"datasets_root", roots.datasets_root}});
   service::wait_for_shutdown();
   service::log_info("coordinator", "shutting down");
   const auto grace =

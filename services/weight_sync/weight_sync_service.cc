@@ -306,7 +306,7 @@ grpc::Status WeightSyncServiceImpl::Ack(grpc::ServerContext* context, const v1::
   if (!latency.ok()) return service::to_grpc_status(latency.status());
   record_push_latency(*latency);
   if (request->ok()) {
-    service::Gauge& gauge = metrics_->worker_version->with({request->worker_id()});
+    service::Gauge gauge = metrics_->worker_version->with({request->worker_id()});
     gauge.set(std::max(gauge.value(), static_cast<double>(request->version())));
     service::log_info(
         kComponent, "version acknowledged",

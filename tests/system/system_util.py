@@ -143,15 +143,18 @@ def run_cli(args, timeout=60):
 class Cluster:
     """`fp8rl up` in the background on free ports, with its output in a file."""
 
-    def __init__(self, workers=2, extra_args=()):
-        self.tmp = tempfile.mkdtemp(prefix="fp8rl-system-")
+    def __init__(self, workers=2, extra_args=(), tmp=None, offset=None):
+        """A new temp folder and free ports, or (restart) those of an earlier cluster. The
+        coordinator's --data-root is the temp folder (checkpoints of smoke_config go there); the
+        model and dataset roots stay the working directory (the source tree)."""
+        self.tmp = tmp or tempfile.mkdtemp(prefix="fp8rl-system-")
         self.data_dir = os.path.join(self.tmp, "data")
-        self.offset = free_port_offset(workers)
+        self.offset = free_port_offset(workers) if offset is None else offset
         self.workers = workers
         self.output_path = os.path.join(self.tmp, "up.out")
         self.output = open(self.output_path, "w")
         args = [FP8RL, "up", "--workers", str(workers), "--port-offset", str(self.offset),
-                "--data-dir", self.data_dir] + list(extra_args)
+                "--data-dir", self.data_dir, "--data-root", self.tmp] + list(extra_args)
         log("starting: " + " ".join(args))
         self.proc = subprocess.Popen(args, stdout=self.output, stderr=subprocess.STDOUT)
         self.state = None

@@ -24,7 +24,7 @@ def main():
     steps = config["algorithm"]["steps"]
     offset = su.free_port_offset(2)
     args = [su.FP8RL, "run", path, "--port-offset", str(offset),
-            "--data-dir", os.path.join(tmp, "data")]
+            "--data-dir", os.path.join(tmp, "data"), "--data-root", tmp]
     su.log("running: " + " ".join(args))
     start = time.time()
     p = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=su.SOURCE_DIR)

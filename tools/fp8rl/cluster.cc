@@ -210,6 +210,11 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   co.args = common(co.name);
   co.args.push_back(port_flag("grpc-port", co.grpc_port));
   co.args.push_back(port_flag("http-port", co.http_port));
+  if (!options.data_root.empty()) co.args.push_back("--data-root=" + options.data_root);
+  if (!options.models_root.empty()) co.args.push_back("--models-root=" + options.models_root);
+  if (!options.datasets_root.empty()) {
+    co.args.push_back("--datasets-root=" + options.datasets_root);
+  }
   co.log_path = log_path(co.name);
   out.push_back(co);
 

@@ -60,6 +60,12 @@ struct ClusterOptions {
   std::chrono::milliseconds stop_grace{15'000};       // SIGTERM -> SIGKILL
   std::string log_level = "info";
   RestartPolicy restart;
+  // The coordinator's job path roots (--data-root, --models-root, --datasets-root: the folders
+  // checkpoint.dir, model paths and dataset paths must lie in); empty: its working directory,
+  // which is this process's.
+  std::string data_root;
+  std::string models_root;
+  std::string datasets_root;
 };
 
 // One service to launch: what it is called, how to start it and where to find it.

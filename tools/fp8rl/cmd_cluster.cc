@@ -41,8 +41,9 @@ std::string own_bin_dir() {
 
 FlagSpec cluster_flags() {
   FlagSpec spec;
-  spec.value_flags = {"port-offset", "base-port-offset", "data-dir",  "workers",
-                      "bin-dir",     "startup-timeout",  "log-level", "stop-timeout"};
+  spec.value_flags = {"port-offset", "base-port-offset", "data-dir",     "workers",
+                      "bin-dir",     "startup-timeout",  "log-level",    "stop-timeout",
+                      "data-root",   "models-root",      "datasets-root"};
   spec.bool_flags = {"no-restart"};
   return spec;
 }
@@ -51,6 +52,19 @@ absl::StatusOr<ClusterOptions> cluster_options(const Args& args) {
   ClusterOptions o;
   o.bin_dir = args.get("bin-dir").value_or(own_bin_dir());
   o.data_dir = std::filesystem::absolute(args.get("data-dir").value_or("fp8rl-data")).string();
+  // Job path roots of the coordinator (rl/job_paths.h); unset: the working directory.
+  for (auto [flag, root] :
+       {std::pair{"data-root", &o.data_root}, std::pair{"models-root", &o.models_root},
+        std::pair{"datasets-root", &o.datasets_root}}) {
+    if (std::optional<std::string> v = args.get(flag); v.has_value()) {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(*v, ec)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", flag, ": '", *v, "' is not an existing folder"));
+      }
+      *root = std::filesystem::absolute(*v).string();
+    }
+  }
   absl::StatusOr<int64_t> workers = args.get_int("workers", 2);
   if (!workers.ok()) return workers.status();
   const char* offset_flag = args.has("port-offset") ? "port-offset" : "base-port-offset";

@@ -38,11 +38,13 @@ const std::vector<Command> kCommands = {
 #if FP8RL_HAVE_SERVICES
     {"up",
      "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
-     "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart]",
+     "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart] "
+     "[--data-root DIR] [--models-root DIR] [--datasets-root DIR]",
      up_main},
     {"run",
      "run CONFIG [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
-     "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart]",
+     "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart] "
+     "[--data-root DIR] [--models-root DIR] [--datasets-root DIR]",
      run_main},
     {"submit", "submit CONFIG [--coordinator HOST:PORT] [--quiet]", submit_main},
     {"status", "status [ID] [--coordinator HOST:PORT]", status_main},

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
@@ -18,7 +19,9 @@ namespace fp8rl::coordinator {
 namespace {
 
 constexpr char kValidJob[] =
-    R"({"model": {"init": {"config": {"hidden_size": 64}, "seed": 3}},
+    R"({"model": {"init": {"config": {"vocab_size": 300, "hidden_size": 64,
+                                      "intermediate_size": 128, "num_hidden_layers": 2,
+                                      "num_attention_heads": 4}, "seed": 3}},
         "task": {"name": "addition", "params": {"digits": 2}},
         "algorithm": {"steps": 4, "prompts_per_step": 3, "samples_per_prompt": 4}})";
 
@@ -123,6 +126,67 @@ TEST_F(RestApiTest, BadCheckpointFolderAnswers400) {
   expect_400(with_tokenizer, "has a tokenizer.json");
   std::filesystem::remove_all(dir);
   EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
+}
+
+TEST_F(RestApiTest, PathsOutsideTheRootsNestedModelConfigsAndHugeRatesAnswer400) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::path(testing::TempDir()) / "rest-roots";
+  for (const char* d : {"data", "models", "datasets"}) fs::create_directories(base / d);
+  std::ofstream(base / "datasets" / "train.jsonl") << R"({"prompt": "1+1=", "answer": "2"})"
+                                                   << "\n";
+  jobs_->set_path_roots(
+      {(base / "data").string(), (base / "models").string(), (base / "datasets").string()});
+  const std::string jsonl_task =
+      R"("task": {"name": "jsonl", "params": {"train_path": "%s"}, "val_size": 1})";
+  auto job_with = [&](const std::string& task, const std::string& extra) {
+    std::string body = kValidJob;
+    body.replace(body.find(R"("task")"),
+                 body.find("},", body.find(R"("task")")) + 1 - body.find(R"("task")"), task);
+    if (!extra.empty()) body.insert(body.rfind('}'), ", " + extra);
+    return body;
+  };
+  auto jsonl = [&](const std::string& path) {
+    std::string task = jsonl_task;
+    task.replace(task.find("%s"), 2, path);
+    return task;
+  };
+  // The issue's job: /etc/passwd as training data. Refused at submission, naming the field; the
+  // file is never read, so none of it can appear in the answer.
+  auto [status, json] = post("/v1/jobs", job_with(jsonl("/etc/passwd"), ""));
+  EXPECT_EQ(status, 400);
+  const std::string error = json.value("error", "");
+  EXPECT_NE(error.find("task.params.train_path: '/etc/passwd' is outside --datasets-root"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(error.find("root:"), std::string::npos) << error;
+  expect_400(job_with(jsonl((base / "datasets" / ".." / "data" / "x").string()), ""),
+             "task.params.train_path");
+  expect_400(
+      job_with(jsonl("train.jsonl"), R"("checkpoint": {"every_steps": 1, "dir": "/tmp/x/etc"})"),
+      "checkpoint.dir: '/tmp/x/etc' is outside --data-root");
+  // A nested inline model config is checked like a config.json file.
+  std::string nested = kValidJob;
+  const size_t config_at = nested.find(R"("config": {)") + 10;
+  nested.replace(config_at, nested.find("}, \"seed\"") + 1 - config_at, R"({"a": {"b": {}}})");
+  expect_400(nested, "model.init.config: vocab_size");
+  // A learning rate of 9.2e18 is not a job that diverges: it is refused.
+  std::string huge_lr = kValidJob;
+  huge_lr.replace(huge_lr.find(R"("steps": 4)"), 10, R"("steps": 4, "learning_rate": 9.2e18)");
+  expect_400(huge_lr, "algorithm.learning_rate: must be in (0, 1]");
+  EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
+  // Inside the roots: accepted, stored with the resolved path.
+  auto [ok_status, created] = post(
+      "/v1/jobs",
+      job_with(jsonl("train.jsonl"), R"("checkpoint": {"every_steps": 1, "dir": "runs/new"})"));
+  ASSERT_EQ(ok_status, 201) << created;
+  auto [get_status, stored] = get("/v1/jobs/" + created["id"].get<std::string>());
+  ASSERT_EQ(get_status, 200);
+  EXPECT_EQ(stored["config"]["task"]["params"]["train_path"],
+            fs::canonical(base / "datasets" / "train.jsonl").string())
+      << stored;
+  EXPECT_EQ(stored["config"]["checkpoint"]["dir"],
+            (fs::canonical(base / "data") / "runs" / "new").string());
+  fs::remove_all(base);
 }
 
 TEST_F(RestApiTest, SubmitGetListCancelMetrics) {

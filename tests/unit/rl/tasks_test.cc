@@ -229,6 +229,9 @@ TEST(JsonlTask, BadLinesNameTheLine) {
   EXPECT_EQ(error_for("{\"prompt\": \"a\", \"answer\": \" \"}"),
             c.train_path + ":3: \"answer\" must not be empty");
   EXPECT_TRUE(error_for("{\"prompt\": \"a\",").starts_with(c.train_path + ":3: not valid JSON"));
+  // A line that is not JSON (a password file given as the dataset) is never quoted back.
+  EXPECT_EQ(error_for("root:x:0:0:root:/root:/bin/bash"),
+            c.train_path + ":3: not valid JSON (parse error at byte 1)");
   c.train_path = dir.write("empty.jsonl", "\n\n");
   EXPECT_EQ(make_task(c).status().message(), c.train_path + ": no examples");
   c.train_path = dir.write("small.jsonl", good);

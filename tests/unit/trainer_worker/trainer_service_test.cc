@@ -176,7 +176,7 @@ TEST(TrainerServiceTest, TrainAndPublishThroughWeightSync) {
   }
   EXPECT_NE(text.find("fp8rl_trainer_steps_total{kind=\"grpo\"} 1"), std::string::npos);
   EXPECT_NE(text.find("fp8rl_trainer_policy_version 1"), std::string::npos);
-  EXPECT_NE(text.find("fp8rl_trainer_kv_scale{tensor=\"k\",stat=\"max\"}"), std::string::npos);
+  EXPECT_NE(text.find("fp8rl_trainer_kv_scale{stat=\"max\",tensor=\"k\"}"), std::string::npos);
   if (std::system("command -v promtool >/dev/null 2>&1") == 0) {
     testing_util::TempDir dir;
     std::ofstream(dir.file("metrics.txt")) << text;
