@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/fs.h"
+#include "rl/tasks.h"
 
 namespace fp8rl::rl {
 
@@ -91,48 +91,27 @@ Example math_example(const TaskConfig& c, std::string_view question, std::string
 }
 
 absl::StatusOr<std::vector<Example>> read_math_jsonl(const std::string& path, const TaskConfig& c) {
-  absl::StatusOr<std::string> text = read_text_file(path);
-  if (!text.ok()) return text.status();
-  std::vector<Example> examples;
-  size_t pos = 0;
-  int64_t line_no = 0;
-  while (pos < text->size()) {
-    size_t end = text->find('\n', pos);
-    if (end == std::string::npos) end = text->size();
-    const std::string_view line = std::string_view(*text).substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = absl::StrCat(path, ":", line_no, ": ");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "not valid JSON: ", e.what()));
-    }
-    if (!j.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "must be a JSON object"));
-    }
-    auto question = j.find(c.question_field);
-    if (question == j.end() || !question->is_string() ||
-        question->get<std::string>().find_first_not_of(" \t\r\n") == std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "\"", c.question_field, "\" must be a non-empty string"));
-    }
-    auto answer = j.find(c.answer_field);
-    if (answer == j.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "\"", c.answer_field, "\" missing"));
-    }
-    absl::StatusOr<std::string> reference = math_reference_answer(*answer, c.answer_format);
-    if (!reference.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "\"", c.answer_field, "\" (",
-                                                     c.answer_format,
-                                                     "): ", reference.status().message()));
-    }
-    examples.push_back(math_example(c, question->get<std::string>(), *std::move(reference)));
-  }
-  if (examples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no examples"));
-  return examples;
+  return read_jsonl_examples(
+      path, [&c](const std::string& where, const nlohmann::json& j) -> absl::StatusOr<Example> {
+        auto question = j.find(c.question_field);
+        if (question == j.end() || !question->is_string() ||
+            question->get<std::string>().find_first_not_of(" \t\r\n") == std::string::npos) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, "\"", c.question_field, "\" must be a non-empty string"));
+        }
+        auto answer = j.find(c.answer_field);
+        if (answer == j.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, "\"", c.answer_field, "\" missing"));
+        }
+        absl::StatusOr<std::string> reference = math_reference_answer(*answer, c.answer_format);
+        if (!reference.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, "\"", c.answer_field, "\" (",
+                                                         c.answer_format,
+                                                         "): ", reference.status().message()));
+        }
+        return math_example(c, question->get<std::string>(), *std::move(reference));
+      });
 }
 
 }  // namespace fp8rl::rl

@@ -157,56 +157,31 @@ absl::StatusOr<Task> make_generated_task(const TaskConfig& c) {
 // ---- JSONL -------------------------------------------------------------------------------------
 
 absl::StatusOr<std::vector<Example>> read_jsonl(const std::string& path) {
-  absl::StatusOr<std::string> text = read_text_file(path);
-  if (!text.ok()) return text.status();
-  std::vector<Example> examples;
-  size_t pos = 0;
-  int64_t line_no = 0;
-  while (pos < text->size()) {
-    size_t end = text->find('\n', pos);
-    if (end == std::string::npos) end = text->size();
-    const std::string line = text->substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = absl::StrCat(path, ":", line_no, ": ");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      // The position only: nlohmann's message quotes the line, and a file's contents never
-      // reach an error.
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "not valid JSON (parse error at byte ", e.byte, ")"));
-    }
-    if (!j.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "must be a JSON object"));
-    }
-    Example ex;
-    auto prompt = j.find("prompt");
-    if (prompt == j.end() || !prompt->is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "\"prompt\" must be a string"));
-    }
-    ex.prompt = prompt->get<std::string>();
-    if (ex.prompt.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "\"prompt\" must not be empty"));
-    }
-    auto answer = j.find("answer");
-    if (answer != j.end() && answer->is_string()) {
-      ex.answer = answer->get<std::string>();
-    } else if (answer != j.end() && answer->is_number_integer()) {
-      ex.answer = answer->dump();
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "\"answer\" must be a string or an integer"));
-    }
-    if (ex.answer.find_first_not_of(" \t\r\n") == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "\"answer\" must not be empty"));
-    }
-    examples.push_back(std::move(ex));
-  }
-  if (examples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no examples"));
-  return examples;
+  return read_jsonl_examples(
+      path, [](const std::string& where, const nlohmann::json& j) -> absl::StatusOr<Example> {
+        Example ex;
+        auto prompt = j.find("prompt");
+        if (prompt == j.end() || !prompt->is_string()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, "\"prompt\" must be a string"));
+        }
+        ex.prompt = prompt->get<std::string>();
+        if (ex.prompt.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(where, "\"prompt\" must not be empty"));
+        }
+        auto answer = j.find("answer");
+        if (answer != j.end() && answer->is_string()) {
+          ex.answer = answer->get<std::string>();
+        } else if (answer != j.end() && answer->is_number_integer()) {
+          ex.answer = answer->dump();
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, "\"answer\" must be a string or an integer"));
+        }
+        if (ex.answer.find_first_not_of(" \t\r\n") == std::string::npos) {
+          return absl::InvalidArgumentError(absl::StrCat(where, "\"answer\" must not be empty"));
+        }
+        return ex;
+      });
 }
 
 // The split rule of file tasks (jsonl, math; see tasks.h). `read` parses one file.
@@ -258,6 +233,43 @@ absl::StatusOr<Task> make_math_task(const TaskConfig& c) {
 bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
 
 }  // namespace
+
+absl::StatusOr<std::vector<Example>> read_jsonl_examples(
+    const std::string& path,
+    const std::function<absl::StatusOr<Example>(const std::string& where,
+                                                const nlohmann::json& object)>& parse) {
+  absl::StatusOr<std::string> text = read_text_file(path);
+  if (!text.ok()) return text.status();
+  std::vector<Example> examples;
+  size_t pos = 0;
+  int64_t line_no = 0;
+  while (pos < text->size()) {
+    size_t end = text->find('\n', pos);
+    if (end == std::string::npos) end = text->size();
+    const std::string_view line = std::string_view(*text).substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string where = absl::StrCat(path, ":", line_no, ": ");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      // The position only: nlohmann's message quotes the line, and a file's contents never
+      // reach an error.
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "not valid JSON (parse error at byte ", e.byte, ")"));
+    }
+    if (!j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "must be a JSON object"));
+    }
+    absl::StatusOr<Example> ex = parse(where, j);
+    if (!ex.ok()) return ex.status();
+    examples.push_back(*std::move(ex));
+  }
+  if (examples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no examples"));
+  return examples;
+}
 
 std::optional<std::string> extract_answer(std::string_view completion, AnswerMatch match) {
   if (match == AnswerMatch::kMath) {

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -42,6 +43,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "rl/job_config.h"
 #include "rl/math_answer.h"
 #include "rl/tokenizer.h"
@@ -106,6 +108,15 @@ TokenizedExample tokenize_example(const Example& example, const ByteTokenizer& t
 // Checks task.name, task.params and the sizes against the task's problem space; errors carry the
 // field path ("task.params.digits: must be in [1, 9]"). Does not read JSONL files.
 absl::Status validate_task_config(const TaskConfig& config);
+
+// Reads a JSON-lines file of examples: blank lines are skipped, every other line must be a JSON
+// object, which `parse(where, object)` turns into an Example (`where` is "path:line: " for its
+// errors). Errors name file:line and never quote the file's contents; a file without examples is
+// an error too.
+absl::StatusOr<std::vector<Example>> read_jsonl_examples(
+    const std::string& path,
+    const std::function<absl::StatusOr<Example>(const std::string& where,
+                                                const nlohmann::json& object)>& parse);
 
 // Builds the task: generates the splits, or reads and validates the JSONL files (errors name
 // "<path>:<line>").
