@@ -16,7 +16,6 @@
 #include "rl/sample_seeds.h"
 #include "rl/scoring.h"
 #include "rl/sft_batch.h"
-#include "rl/tokenizer.h"
 #include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
@@ -278,22 +277,37 @@ absl::Status RlLoop::wait_for_version(int64_t version) {
   }
 }
 
+absl::StatusOr<rl::PromptFormat> job_prompt_format(const rl::JobConfig& config) {
+  const std::string& dir = config.model.checkpoint;
+  std::error_code ec;
+  if (dir.empty() || !std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json", ec)) {
+    return rl::byte_prompt_format();
+  }
+  absl::StatusOr<rl::PromptFormat> format = rl::load_prompt_format(dir);
+  if (!format.ok()) {
+    return absl::Status(format.status().code(),
+                        absl::StrCat("model.checkpoint: ", format.status().message()));
+  }
+  return format;
+}
+
 absl::StatusOr<double> RlLoop::validate(const JobRun& run, int64_t step) {
   const rl::JobConfig& config = run.config;
-  const rl::ByteTokenizer tokenizer;
   const auto& examples = run.task.validation();
   const size_t n = config.validation.num_prompts > 0
                        ? std::min<size_t>(examples.size(), config.validation.num_prompts)
                        : examples.size();
   std::vector<GenSample> samples(n);
   for (size_t i = 0; i < n; ++i) {
-    samples[i] = {absl::StrCat("v", step, "-", i), tokenizer.encode(examples[i].prompt, true),
+    absl::StatusOr<std::vector<int32_t>> prompt = rl::encode_prompt(examples[i], run.format);
+    if (!prompt.ok()) return prompt.status();
+    samples[i] = {absl::StrCat("v", step, "-", i), *std::move(prompt),
                   rl::validation_sample_seed(config.algorithm.seed, step, static_cast<int64_t>(i))};
   }
   GenParams params;
   params.temperature = 0.0;
   params.max_new_tokens = config.algorithm.max_new_tokens;
-  params.stop_token_ids = {rl::kEosId};
+  params.stop_token_ids = run.format.stop_ids;
   params.min_weight_version = run.version;
   auto results = dispatch(absl::StrCat(run.job.id, "-val", step), samples, params);
   if (!results.ok()) return results.status();
@@ -301,7 +315,7 @@ absl::StatusOr<double> RlLoop::validate(const JobRun& run, int64_t step) {
   int64_t correct = 0;
   for (size_t i = 0; i < n; ++i) {
     const GenResult& r = results->at(samples[i].sample_id);
-    correct += run.task.correct(examples[i], tokenizer.decode(r.tokens)) ? 1 : 0;
+    correct += run.task.correct(examples[i], rl::decode_completion(r.tokens, run.format)) ? 1 : 0;
   }
   return static_cast<double>(correct) / static_cast<double>(n);
 }
@@ -310,7 +324,9 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
   absl::StatusOr<rl::Task> task = rl::make_task(config.task);
   if (!task.ok()) return task.status();
   if (task->train().empty()) return absl::FailedPreconditionError("task: empty training split");
-  JobRun run(job, config, *std::move(task));
+  absl::StatusOr<rl::PromptFormat> format = job_prompt_format(config);
+  if (!format.ok()) return format.status();
+  JobRun run(job, config, *std::move(task), *std::move(format));
 
   // Step 0: start or resume.
   if (absl::Status s = connect_trainer(run); !s.ok()) return s;
@@ -410,9 +426,11 @@ absl::Status RlLoop::sft_warm_start(JobRun& run) {
   set_phase("sft", 0, sft.steps);
   for (int64_t step = 0; step < sft.steps; ++step) {
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    absl::StatusOr<std::vector<rl::TokenizedExample>> examples =
+        rl::sft_batch(run.task.train(), run.config.task.seed, step, sft.batch_size, run.format);
+    if (!examples.ok()) return examples.status();
     std::vector<TrainSequence> batch;
-    for (rl::TokenizedExample& example :
-         rl::sft_batch(run.task.train(), run.config.task.seed, step, sft.batch_size)) {
+    for (rl::TokenizedExample& example : *examples) {
       TrainSequence seq;
       seq.tokens = std::move(example.tokens);
       seq.prompt_length = example.prompt_length;
@@ -475,13 +493,15 @@ absl::StatusOr<RlLoop::Rollout> RlLoop::rollout(const JobRun& run, int64_t step,
   const rl::AlgorithmConfig& alg = run.config.algorithm;
   set_phase("rl", step - 1, alg.steps, "rollout");
   const auto start = Clock::now();
-  const rl::ByteTokenizer tokenizer;
   Rollout out;
   const std::vector<int64_t> indices = rl::prompt_indices(
       static_cast<int64_t>(run.task.train().size()), alg.seed, step, alg.prompts_per_step);
   for (size_t p = 0; p < indices.size(); ++p) {
     out.prompts.push_back(run.task.train()[static_cast<size_t>(indices[p])]);
-    const std::vector<int32_t> prompt = tokenizer.encode(out.prompts.back().prompt, true);
+    absl::StatusOr<std::vector<int32_t>> encoded =
+        rl::encode_prompt(out.prompts.back(), run.format);
+    if (!encoded.ok()) return encoded.status();
+    const std::vector<int32_t>& prompt = *encoded;
     for (int64_t g = 0; g < alg.samples_per_prompt; ++g) {
       out.samples.push_back({absl::StrCat("s", step, "-p", p, "-g", g), prompt,
                              rl::sample_seed(alg.seed, step, static_cast<int64_t>(p), g)});
@@ -491,7 +511,7 @@ absl::StatusOr<RlLoop::Rollout> RlLoop::rollout(const JobRun& run, int64_t step,
   params.temperature = alg.temperature;
   params.top_p = alg.top_p;
   params.max_new_tokens = alg.max_new_tokens;
-  params.stop_token_ids = {rl::kEosId};
+  params.stop_token_ids = run.format.stop_ids;
   params.min_weight_version = run.version;
   absl::StatusOr<std::map<std::string, GenResult>> results =
       dispatch(absl::StrCat(run.job.id, "-s", step), out.samples, params);
@@ -511,7 +531,7 @@ absl::StatusOr<std::vector<TrainSequence>> RlLoop::score(const JobRun& run, Roll
     responses.push_back(rollout.results.at(sample.sample_id).tokens);
   }
   absl::StatusOr<rl::RolloutScores> scores = rl::score_rollout(
-      run.task, rollout.prompts, responses, run.config.algorithm.samples_per_prompt);
+      run.task, rollout.prompts, responses, run.config.algorithm.samples_per_prompt, run.format);
   if (!scores.ok()) return scores.status();
   row.reward_mean = scores->reward_mean;
   row.reward_std = scores->reward_std;
