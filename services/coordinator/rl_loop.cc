@@ -12,6 +12,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/service/log.h"
 #include "rl/sample_seeds.h"
 #include "rl/scoring.h"
@@ -68,6 +69,14 @@ struct DispatchState {
     return n;
   }
 };
+
+// The job starts from a checkpoint folder that has a tokenizer.json (job_prompt_format).
+bool has_checkpoint_tokenizer(const rl::JobConfig& config) {
+  std::error_code ec;
+  return !config.model.checkpoint.empty() &&
+         std::filesystem::exists(std::filesystem::path(config.model.checkpoint) / "tokenizer.json",
+                                 ec);
+}
 
 void run_call(std::shared_ptr<DispatchState> state, std::shared_ptr<GenerationClient> client,
               int64_t call_id, std::string request_id, std::vector<GenSample> chunk,
@@ -278,11 +287,8 @@ absl::Status RlLoop::wait_for_version(int64_t version) {
 }
 
 absl::StatusOr<rl::PromptFormat> job_prompt_format(const rl::JobConfig& config) {
+  if (!has_checkpoint_tokenizer(config)) return rl::byte_prompt_format();
   const std::string& dir = config.model.checkpoint;
-  std::error_code ec;
-  if (dir.empty() || !std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json", ec)) {
-    return rl::byte_prompt_format();
-  }
   absl::StatusOr<rl::PromptFormat> format = rl::load_prompt_format(dir);
   if (!format.ok()) {
     return absl::Status(format.status().code(),
@@ -327,6 +333,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
   absl::StatusOr<rl::PromptFormat> format = job_prompt_format(config);
   if (!format.ok()) return format.status();
   JobRun run(job, config, *std::move(task), *std::move(format));
+  if (absl::Status s = log_prompt_format(run); !s.ok()) return s;
 
   // Step 0: start or resume.
   if (absl::Status s = connect_trainer(run); !s.ok()) return s;
@@ -363,6 +370,22 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     row.step_seconds = seconds_since(step_start);
     if (absl::Status s = record_step(run, step, row); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status RlLoop::log_prompt_format(const JobRun& run) {
+  const rl::Example& example = run.task.train().front();
+  absl::StatusOr<std::vector<int32_t>> ids = rl::encode_prompt(example, run.format);
+  if (!ids.ok()) return ids.status();
+  service::log_info(kLog, "prompt format",
+                    {{"job", run.job.id},
+                     {"tokenizer", has_checkpoint_tokenizer(run.config)
+                                       ? run.config.model.checkpoint + "/tokenizer.json"
+                                       : "byte"},
+                     {"chat_template", run.format.chat_template.has_value() ? "yes" : "no"},
+                     {"stop_ids", absl::StrJoin(run.format.stop_ids, ",")},
+                     {"example_prompt", example.prompt},
+                     {"example_ids", absl::StrJoin(*ids, ",")}});
   return absl::OkStatus();
 }
 

@@ -202,6 +202,8 @@ class RlLoop {
   };
 
   // The phases of run(), numbered as in docs/design.md "The RL step".
+  // Logs the job's prompt format and the first training prompt's ids (what the model is fed).
+  absl::Status log_prompt_format(const JobRun& run);
   // Step 0: waits (up to worker_wait) for a registered trainer.
   absl::Status connect_trainer(JobRun& run);
   // Step 0: loads the job's last checkpoint; the steps after it run (and record rows) again.
