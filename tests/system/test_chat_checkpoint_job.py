@@ -135,7 +135,7 @@ def main():
     path = su.write_yaml(os.path.join(tmp, "chat.yaml"), config)
     data_dir = os.path.join(tmp, "data")
     args = [su.FP8RL, "run", path, "--port-offset", str(su.free_port_offset(2)),
-            "--data-dir", data_dir]
+            "--data-dir", data_dir, "--models-root", tmp, "--data-root", tmp]
     su.log("running: " + " ".join(args))
     start = time.time()
     p = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=su.SOURCE_DIR)
