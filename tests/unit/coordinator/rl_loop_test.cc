@@ -1,7 +1,8 @@
 // Tests the coordinator's RL loop against in-process fake generation workers and trainer: sample
 // dispatch over several workers, re-dispatch when a worker dies mid-call, duplicates never
 // counted twice, rewards/advantages/metrics rows per step, validation and checkpoint cadence,
-// cancellation, failure when no worker exists, the phases reported while a job runs, and the
+// cancellation, failure when no worker exists, the phases reported while a job runs, a job on a
+// checkpoint with its own tokenizer and chat template (prompts, stop ids, SFT, decoding), and the
 // JobManager resuming a job from its last checkpoint after losing the trainer.
 #include "services/coordinator/rl_loop.h"
 
