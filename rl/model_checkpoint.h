@@ -16,8 +16,8 @@ namespace fp8rl::rl {
 struct ModelCheckpointInfo {
   int64_t vocab_size = 0;  // config.json
   // tokenizer.json is present (a Hugging Face model's vocabulary); without it the job uses the
-  // byte tokenizer (fp8rl's own checkpoints). The coordinator refuses jobs on a folder with a
-  // tokenizer until the RL loop encodes prompts with it (docs/design.md).
+  // byte tokenizer (fp8rl's own checkpoints). With it the RL loop encodes prompts with it and its
+  // chat template (job_prompt_format in services/coordinator/rl_loop.h).
   bool has_tokenizer = false;
   bool has_chat_template = false;
   int32_t tokenizer_vocab_size = 0;  // one past the largest token id (0 without a tokenizer)

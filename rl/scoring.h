@@ -1,5 +1,6 @@
 // Scoring of one RL step's rollout (docs/design.md "The RL step", step 3): every response is
-// decoded and judged by the task's verifier, and the rewards become group-relative advantages.
+// decoded (decode_completion: up to the first stop id, with the job's tokenizer) and judged by the
+// task's verifier, and the rewards become group-relative advantages.
 // Pure: the same inputs give the same scores, bit for bit.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "rl/prompt_format.h"
 #include "rl/tasks.h"
 
 namespace fp8rl::rl {
@@ -23,10 +25,11 @@ struct RolloutScores {
 };
 
 // prompts: the P examples of the step; responses: [P*G] generated token ids, the response only
-// (no prompt). InvalidArgument naming the argument when responses is empty or its size is not
-// prompts.size() * group_size, or when group_advantages rejects group_size (< 2).
+// (no prompt), decoded with decode_completion(response, format). InvalidArgument naming the
+// argument when responses is empty or its size is not prompts.size() * group_size, or when
+// group_advantages rejects group_size (< 2).
 absl::StatusOr<RolloutScores> score_rollout(const Task& task, std::span<const Example> prompts,
                                             std::span<const std::vector<int32_t>> responses,
-                                            int64_t group_size);
+                                            int64_t group_size, const PromptFormat& format);
 
 }  // namespace fp8rl::rl

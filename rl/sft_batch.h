@@ -1,13 +1,16 @@
 // The batches of the SFT warm start (docs/design.md "The RL step", step 0): SFT step s trains on
-// batch_size training examples, each tokenized as BOS + prompt + answer + EOS with the loss on
-// the answer and the EOS (tokenize_example in rl/tasks.h). Stateless like prompt_indices: a
-// step's batch depends only on the split, the seed and the step.
+// batch_size training examples, each tokenized as the job's prompt tokens (encode_prompt in
+// rl/prompt_format.h) + answer + end-of-answer id, with the loss on the answer and that id.
+// Stateless like prompt_indices: a step's batch depends only on the split, the seed, the step and
+// the prompt format.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "rl/prompt_format.h"
 #include "rl/tasks.h"
 
 namespace fp8rl::rl {
@@ -19,10 +22,23 @@ namespace fp8rl::rl {
 // start of every job, resumed ones included.
 inline constexpr uint64_t kSftSeedOffset = 7919;
 
+// The id that ends a reference answer: the id of the format's eos_token text when it is one of
+// the stop ids (a chat model's end of turn, e.g. <|im_end|> or Llama 3's <|eot_id|>), else the
+// first stop id (the byte tokenizer's EOS). FailedPrecondition when the format has no stop ids.
+absl::StatusOr<int32_t> answer_end_id(const PromptFormat& format);
+
+// encode_prompt(example) + the tokenizer's encoding of example.answer + answer_end_id; the target
+// mask is 1 on the answer and the end id. With byte_prompt_format() that is BOS + prompt bytes +
+// answer bytes + EOS (tokenize_example in rl/tasks.h). Errors from encoding pass through.
+absl::StatusOr<TokenizedExample> tokenize_with_answer(const Example& example,
+                                                      const PromptFormat& format);
+
 // The examples of SFT step `step` (0-based): `batch_size` indices into `train` drawn by
-// prompt_indices(train.size(), task_seed + kSftSeedOffset, step, batch_size), tokenized with
-// their answers. Empty when train or batch_size is empty.
-std::vector<TokenizedExample> sft_batch(std::span<const Example> train, uint64_t task_seed,
-                                        int64_t step, int64_t batch_size);
+// prompt_indices(train.size(), task_seed + kSftSeedOffset, step, batch_size), each
+// tokenize_with_answer. Empty when train or batch_size is empty.
+absl::StatusOr<std::vector<TokenizedExample>> sft_batch(std::span<const Example> train,
+                                                        uint64_t task_seed, int64_t step,
+                                                        int64_t batch_size,
+                                                        const PromptFormat& format);
 
 }  // namespace fp8rl::rl

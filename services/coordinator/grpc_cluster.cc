@@ -8,8 +8,8 @@
 #include "fp8rl/v1/generation.grpc.pb.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
 #include "proto/precision_proto.h"
+#include "rl/sft_batch.h"
 #include "rl/tasks.h"
-#include "rl/tokenizer.h"
 
 namespace fp8rl::coordinator {
 namespace {
@@ -25,21 +25,25 @@ void set_deadline(grpc::ClientContext& context, std::chrono::milliseconds timeou
 constexpr int64_t kMaxCalibrationSequences = 64;
 
 // The sequences InitPolicy sends for the first publish's KV calibration (empty when the KV
-// cache is not FP8 or the task cannot be built; the trainer then keeps its initial scales).
+// cache is not FP8 or the task or the prompt format cannot be built; the trainer then keeps its
+// initial scales). Tokenized as the SFT warm start tokenizes (rl/sft_batch.h), in the job's
+// prompt format.
 std::vector<TrainSequence> calibration_sequences(const rl::JobConfig& config) {
   std::vector<TrainSequence> out;
   if (config.precision.kv_cache != Precision::kFP8) return out;
   absl::StatusOr<rl::Task> task = rl::make_task(config.task);
   if (!task.ok() || task->train().empty()) return out;
-  const rl::ByteTokenizer tokenizer;
+  absl::StatusOr<rl::PromptFormat> format = job_prompt_format(config);
+  if (!format.ok()) return out;
   const int64_t n = std::min(config.algorithm.prompts_per_step, kMaxCalibrationSequences);
   for (int64_t i : rl::prompt_indices(static_cast<int64_t>(task->train().size()),
                                       config.algorithm.seed, /*step=*/1, n)) {
     const rl::Example& ex = task->train()[static_cast<size_t>(i)];
+    absl::StatusOr<rl::TokenizedExample> tokenized = rl::tokenize_with_answer(ex, *format);
+    if (!tokenized.ok()) return {};
     TrainSequence seq;
-    seq.tokens = tokenizer.encode(ex.prompt, true);
-    seq.prompt_length = static_cast<int64_t>(seq.tokens.size());
-    for (int32_t t : tokenizer.encode(ex.answer, false, true)) seq.tokens.push_back(t);
+    seq.tokens = std::move(tokenized->tokens);
+    seq.prompt_length = tokenized->prompt_length;
     out.push_back(std::move(seq));
   }
   return out;

@@ -65,14 +65,6 @@ absl::StatusOr<JobRecord> JobManager::submit(const rl::JobConfig& submitted) {
     absl::StatusOr<rl::ModelCheckpointInfo> ckpt =
         rl::check_model_checkpoint(config.model.checkpoint);
     if (!ckpt.ok()) return ckpt.status();
-    if (ckpt->has_tokenizer) {
-      // The RL loop encodes prompts and decodes completions with the byte tokenizer only; a real
-      // model's vocabulary would be fed byte ids and score garbage, so refuse rather than run.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.checkpoint: ", config.model.checkpoint,
-          " has a tokenizer.json, but jobs cannot use a checkpoint's tokenizer and chat template "
-          "yet (only the byte tokenizer); remove the tokenizer files to train on byte ids"));
-    }
   }
   absl::StatusOr<JobRecord> job =
       store_->create_job(rl::job_config_to_json(config).dump(), config.algorithm.steps);

@@ -12,11 +12,11 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/service/log.h"
 #include "rl/sample_seeds.h"
 #include "rl/scoring.h"
 #include "rl/sft_batch.h"
-#include "rl/tokenizer.h"
 #include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
@@ -69,6 +69,14 @@ struct DispatchState {
     return n;
   }
 };
+
+// The job starts from a checkpoint folder that has a tokenizer.json (job_prompt_format).
+bool has_checkpoint_tokenizer(const rl::JobConfig& config) {
+  std::error_code ec;
+  return !config.model.checkpoint.empty() &&
+         std::filesystem::exists(std::filesystem::path(config.model.checkpoint) / "tokenizer.json",
+                                 ec);
+}
 
 void run_call(std::shared_ptr<DispatchState> state, std::shared_ptr<GenerationClient> client,
               int64_t call_id, std::string request_id, std::vector<GenSample> chunk,
@@ -278,22 +286,34 @@ absl::Status RlLoop::wait_for_version(int64_t version) {
   }
 }
 
+absl::StatusOr<rl::PromptFormat> job_prompt_format(const rl::JobConfig& config) {
+  if (!has_checkpoint_tokenizer(config)) return rl::byte_prompt_format();
+  const std::string& dir = config.model.checkpoint;
+  absl::StatusOr<rl::PromptFormat> format = rl::load_prompt_format(dir);
+  if (!format.ok()) {
+    return absl::Status(format.status().code(),
+                        absl::StrCat("model.checkpoint: ", format.status().message()));
+  }
+  return format;
+}
+
 absl::StatusOr<double> RlLoop::validate(const JobRun& run, int64_t step) {
   const rl::JobConfig& config = run.config;
-  const rl::ByteTokenizer tokenizer;
   const auto& examples = run.task.validation();
   const size_t n = config.validation.num_prompts > 0
                        ? std::min<size_t>(examples.size(), config.validation.num_prompts)
                        : examples.size();
   std::vector<GenSample> samples(n);
   for (size_t i = 0; i < n; ++i) {
-    samples[i] = {absl::StrCat("v", step, "-", i), tokenizer.encode(examples[i].prompt, true),
+    absl::StatusOr<std::vector<int32_t>> prompt = rl::encode_prompt(examples[i], run.format);
+    if (!prompt.ok()) return prompt.status();
+    samples[i] = {absl::StrCat("v", step, "-", i), *std::move(prompt),
                   rl::validation_sample_seed(config.algorithm.seed, step, static_cast<int64_t>(i))};
   }
   GenParams params;
   params.temperature = 0.0;
   params.max_new_tokens = config.algorithm.max_new_tokens;
-  params.stop_token_ids = {rl::kEosId};
+  params.stop_token_ids = run.format.stop_ids;
   params.min_weight_version = run.version;
   auto results = dispatch(absl::StrCat(run.job.id, "-val", step), samples, params);
   if (!results.ok()) return results.status();
@@ -301,7 +321,7 @@ absl::StatusOr<double> RlLoop::validate(const JobRun& run, int64_t step) {
   int64_t correct = 0;
   for (size_t i = 0; i < n; ++i) {
     const GenResult& r = results->at(samples[i].sample_id);
-    correct += run.task.correct(examples[i], tokenizer.decode(r.tokens)) ? 1 : 0;
+    correct += run.task.correct(examples[i], rl::decode_completion(r.tokens, run.format)) ? 1 : 0;
   }
   return static_cast<double>(correct) / static_cast<double>(n);
 }
@@ -310,7 +330,10 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
   absl::StatusOr<rl::Task> task = rl::make_task(config.task);
   if (!task.ok()) return task.status();
   if (task->train().empty()) return absl::FailedPreconditionError("task: empty training split");
-  JobRun run(job, config, *std::move(task));
+  absl::StatusOr<rl::PromptFormat> format = job_prompt_format(config);
+  if (!format.ok()) return format.status();
+  JobRun run(job, config, *std::move(task), *std::move(format));
+  if (absl::Status s = log_prompt_format(run); !s.ok()) return s;
 
   // Step 0: start or resume.
   if (absl::Status s = connect_trainer(run); !s.ok()) return s;
@@ -347,6 +370,22 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
     row.step_seconds = seconds_since(step_start);
     if (absl::Status s = record_step(run, step, row); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status RlLoop::log_prompt_format(const JobRun& run) {
+  const rl::Example& example = run.task.train().front();
+  absl::StatusOr<std::vector<int32_t>> ids = rl::encode_prompt(example, run.format);
+  if (!ids.ok()) return ids.status();
+  service::log_info(kLog, "prompt format",
+                    {{"job", run.job.id},
+                     {"tokenizer", has_checkpoint_tokenizer(run.config)
+                                       ? run.config.model.checkpoint + "/tokenizer.json"
+                                       : "byte"},
+                     {"chat_template", run.format.chat_template.has_value() ? "yes" : "no"},
+                     {"stop_ids", absl::StrJoin(run.format.stop_ids, ",")},
+                     {"example_prompt", example.prompt},
+                     {"example_ids", absl::StrJoin(*ids, ",")}});
   return absl::OkStatus();
 }
 
@@ -410,9 +449,11 @@ absl::Status RlLoop::sft_warm_start(JobRun& run) {
   set_phase("sft", 0, sft.steps);
   for (int64_t step = 0; step < sft.steps; ++step) {
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    absl::StatusOr<std::vector<rl::TokenizedExample>> examples =
+        rl::sft_batch(run.task.train(), run.config.task.seed, step, sft.batch_size, run.format);
+    if (!examples.ok()) return examples.status();
     std::vector<TrainSequence> batch;
-    for (rl::TokenizedExample& example :
-         rl::sft_batch(run.task.train(), run.config.task.seed, step, sft.batch_size)) {
+    for (rl::TokenizedExample& example : *examples) {
       TrainSequence seq;
       seq.tokens = std::move(example.tokens);
       seq.prompt_length = example.prompt_length;
@@ -475,13 +516,15 @@ absl::StatusOr<RlLoop::Rollout> RlLoop::rollout(const JobRun& run, int64_t step,
   const rl::AlgorithmConfig& alg = run.config.algorithm;
   set_phase("rl", step - 1, alg.steps, "rollout");
   const auto start = Clock::now();
-  const rl::ByteTokenizer tokenizer;
   Rollout out;
   const std::vector<int64_t> indices = rl::prompt_indices(
       static_cast<int64_t>(run.task.train().size()), alg.seed, step, alg.prompts_per_step);
   for (size_t p = 0; p < indices.size(); ++p) {
     out.prompts.push_back(run.task.train()[static_cast<size_t>(indices[p])]);
-    const std::vector<int32_t> prompt = tokenizer.encode(out.prompts.back().prompt, true);
+    absl::StatusOr<std::vector<int32_t>> encoded =
+        rl::encode_prompt(out.prompts.back(), run.format);
+    if (!encoded.ok()) return encoded.status();
+    const std::vector<int32_t>& prompt = *encoded;
     for (int64_t g = 0; g < alg.samples_per_prompt; ++g) {
       out.samples.push_back({absl::StrCat("s", step, "-p", p, "-g", g), prompt,
                              rl::sample_seed(alg.seed, step, static_cast<int64_t>(p), g)});
@@ -491,7 +534,7 @@ absl::StatusOr<RlLoop::Rollout> RlLoop::rollout(const JobRun& run, int64_t step,
   params.temperature = alg.temperature;
   params.top_p = alg.top_p;
   params.max_new_tokens = alg.max_new_tokens;
-  params.stop_token_ids = {rl::kEosId};
+  params.stop_token_ids = run.format.stop_ids;
   params.min_weight_version = run.version;
   absl::StatusOr<std::map<std::string, GenResult>> results =
       dispatch(absl::StrCat(run.job.id, "-s", step), out.samples, params);
@@ -511,7 +554,7 @@ absl::StatusOr<std::vector<TrainSequence>> RlLoop::score(const JobRun& run, Roll
     responses.push_back(rollout.results.at(sample.sample_id).tokens);
   }
   absl::StatusOr<rl::RolloutScores> scores = rl::score_rollout(
-      run.task, rollout.prompts, responses, run.config.algorithm.samples_per_prompt);
+      run.task, rollout.prompts, responses, run.config.algorithm.samples_per_prompt, run.format);
   if (!scores.ok()) return scores.status();
   row.reward_mean = scores->reward_mean;
   row.reward_std = scores->reward_std;

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "rl/job_config.h"
+#include "rl/prompt_format.h"
 #include "rl/step_metrics.h"
 #include "rl/tasks.h"
 #include "services/coordinator/job_store.h"
@@ -152,6 +153,11 @@ struct DispatchStats {
   int64_t duplicate_results = 0;
 };
 
+// How the job encodes prompts and decodes completions (rl/prompt_format.h): the tokenizer.json,
+// chat template and stop ids of its model.checkpoint folder when that folder has a tokenizer.json,
+// else the byte tokenizer and plain prompts (byte_prompt_format()). Errors name model.checkpoint.
+absl::StatusOr<rl::PromptFormat> job_prompt_format(const rl::JobConfig& config);
+
 class RlLoop {
  public:
   RlLoop(Cluster* cluster, RlLoopHooks hooks, RlLoopOptions options = {});
@@ -175,11 +181,13 @@ class RlLoop {
  private:
   // What one run() works with, from the start of the job to its last step.
   struct JobRun {
-    JobRun(const JobRecord& job, const rl::JobConfig& config, rl::Task task)
-        : job(job), config(config), task(std::move(task)) {}
+    JobRun(const JobRecord& job, const rl::JobConfig& config, rl::Task task,
+           rl::PromptFormat format)
+        : job(job), config(config), task(std::move(task)), format(std::move(format)) {}
     const JobRecord& job;
     const rl::JobConfig& config;
     rl::Task task;
+    rl::PromptFormat format;  // job_prompt_format(config)
     std::shared_ptr<TrainerClient> trainer;
     int64_t start_step = 0;          // steps done before this run (the checkpoint's step)
     int64_t version = 0;             // the last published policy version
@@ -194,6 +202,8 @@ class RlLoop {
   };
 
   // The phases of run(), numbered as in docs/design.md "The RL step".
+  // Logs the job's prompt format and the first training prompt's ids (what the model is fed).
+  absl::Status log_prompt_format(const JobRun& run);
   // Step 0: waits (up to worker_wait) for a registered trainer.
   absl::Status connect_trainer(JobRun& run);
   // Step 0: loads the job's last checkpoint; the steps after it run (and record rows) again.

@@ -96,7 +96,8 @@ TEST_F(RestApiTest, BadBodiesAnswer400NamingTheField) {
   EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
 }
 
-// model.checkpoint is read at submission: a folder that cannot work is a 400 naming the field.
+// model.checkpoint is read at submission: a folder that cannot work is a 400 naming the field; a
+// good folder with a tokenizer is accepted (the job encodes with it).
 TEST_F(RestApiTest, BadCheckpointFolderAnswers400) {
   std::string missing = kValidJob;
   // The model object of kValidJob: from its "init" to the end of "seed": 3}}.
@@ -105,12 +106,12 @@ TEST_F(RestApiTest, BadCheckpointFolderAnswers400) {
   const std::string init = missing.substr(init_at, init_end - init_at);
   missing.replace(missing.find(init), init.size(), R"({"checkpoint": "/nonexistent/fp8rl/model"})");
   expect_400(missing, "model.checkpoint: /nonexistent/fp8rl/model does not exist");
-  // A good folder with a tokenizer: refused until the RL loop encodes with it (not byte ids).
+  // A folder whose tokenizer has more ids than config.json's vocabulary: refused.
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / absl::StrCat("fp8rl_rest_ckpt_", ::getpid());
   std::filesystem::create_directories(dir);
   const std::vector<std::pair<std::string, std::string>> files = {
-      {"config.json", R"({"vocab_size": 300})"},
+      {"config.json", R"({"vocab_size": 2})"},
       {"model.safetensors", "x"},
       {"tokenizer_config.json", R"({"eos_token": "<e>"})"},
       {"tokenizer.json",
@@ -127,9 +128,14 @@ TEST_F(RestApiTest, BadCheckpointFolderAnswers400) {
   std::string with_tokenizer = kValidJob;
   with_tokenizer.replace(with_tokenizer.find(init), init.size(),
                          absl::StrCat(R"({"checkpoint": ")", dir.string(), R"("})"));
-  expect_400(with_tokenizer, "has a tokenizer.json");
-  std::filesystem::remove_all(dir);
+  expect_400(with_tokenizer, "tokenizer.json has ids up to 2 but config.json vocab_size is 2");
   EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
+  // The same folder with room for the tokenizer's ids: accepted.
+  ASSERT_TRUE(write_file_atomic((dir / "config.json").string(), R"({"vocab_size": 3})").ok());
+  auto [status, created] = post("/v1/jobs", with_tokenizer);
+  EXPECT_EQ(status, 201) << created;
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(metrics_->jobs_submitted->get().value(), 1.0);
 }
 
 TEST_F(RestApiTest, PathsOutsideTheRootsNestedModelConfigsAndHugeRatesAnswer400) {

@@ -1,20 +1,25 @@
 // Tests the coordinator's RL loop against in-process fake generation workers and trainer: sample
 // dispatch over several workers, re-dispatch when a worker dies mid-call, duplicates never
 // counted twice, rewards/advantages/metrics rows per step, validation and checkpoint cadence,
-// cancellation, failure when no worker exists, the phases reported while a job runs, and the
+// cancellation, failure when no worker exists, the phases reported while a job runs, a job on a
+// checkpoint with its own tokenizer and chat template (prompts, stop ids, SFT, decoding), and the
 // JobManager resuming a job from its last checkpoint after losing the trainer.
 #include "services/coordinator/rl_loop.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "rl/sample_seeds.h"
 #include "rl/tokenizer.h"
 #include "services/coordinator/coordinator_metrics.h"
@@ -42,15 +47,29 @@ class FakeWorker : public GenerationClient {
       if (version < params.min_weight_version) {
         return absl::FailedPreconditionError("stale weights");
       }
-      const std::string prompt = tok.decode(s.prompt_tokens);
+      // The numbers around the prompt's '+' (its byte ids: a chat template's markers are not
+      // bytes, and the byte tokenizer's BOS decodes to nothing).
+      std::string prompt;
+      for (int32_t id : s.prompt_tokens) {
+        if (id >= 0 && id < 256) prompt.push_back(static_cast<char>(id));
+      }
+      size_t plus = prompt.find('+'), begin = plus;
+      while (begin > 0 && std::isdigit(static_cast<unsigned char>(prompt[begin - 1]))) --begin;
+      const size_t equals = prompt.find('=', plus);
       int64_t a = 0, b = 0;
-      const size_t plus = prompt.find('+');
-      EXPECT_TRUE(absl::SimpleAtoi(prompt.substr(0, plus), &a));
-      EXPECT_TRUE(absl::SimpleAtoi(prompt.substr(plus + 1, prompt.size() - plus - 2), &b));
+      EXPECT_TRUE(absl::SimpleAtoi(prompt.substr(begin, plus - begin), &a)) << prompt;
+      EXPECT_TRUE(absl::SimpleAtoi(prompt.substr(plus + 1, equals - plus - 1), &b)) << prompt;
       const bool right = params.temperature == 0.0 ? (a % 2 == 0) : (s.seed % 2 == 0);
       GenResult r;
       r.sample_id = s.sample_id;
-      r.tokens = tok.encode(right ? absl::StrCat(a + b) : "0", false, true);
+      r.tokens = tok.encode(right ? absl::StrCat(a + b) : "0");
+      r.tokens.push_back(right ? right_end : wrong_end);
+      r.tokens.insert(r.tokens.end(), after_end.begin(), after_end.end());
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        prompts.push_back(s.prompt_tokens);
+        stop_ids.push_back(params.stop_token_ids);
+      }
       for (size_t i = 0; i < r.tokens.size(); ++i) r.logprobs.push_back(-0.1f * (i + 1));
       r.weight_version = version;
       on_result(r);
@@ -68,6 +87,13 @@ class FakeWorker : public GenerationClient {
   std::atomic<bool> dead{false};
   int die_after = -1;
   bool duplicate = false;
+  // The id that ends a right (wrong) answer: the byte tokenizer's EOS unless a test sets another.
+  int32_t right_end = rl::kEosId;
+  int32_t wrong_end = rl::kEosId;
+  std::vector<int32_t> after_end;  // ids after the end id (decoding must ignore them)
+  std::mutex mu;
+  std::vector<std::vector<int32_t>> prompts;   // guarded by mu: every sample's prompt tokens
+  std::vector<std::vector<int32_t>> stop_ids;  // guarded by mu: every sample's stop ids
 };
 
 class FakeCluster;
@@ -339,6 +365,136 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
   EXPECT_EQ(metrics->phase_seconds->with({"sft"}).snapshot().count, 1u);
   EXPECT_EQ(metrics->phase_seconds->with({"validate"}).snapshot().count, 3u);  // steps 0, 2, 3
   EXPECT_EQ(metrics->phase_seconds->with({"checkpoint"}).snapshot().count, 1u);
+}
+
+// A tiny Hugging Face tokenizer folder: byte-level BPE whose ids 0-255 are the bytes (GPT-2's
+// byte-to-character alphabet), one merge ("u s" -> 260), ChatML markers <|im_start|> = 300 and
+// <|im_end|> = 301, <|endoftext|> = 302 and a ChatML chat template. Generation stops at 302 and
+// 301 (generation_config.json's list, then tokenizer_config.json's eos_token).
+void write_chat_tokenizer(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json vocab = nlohmann::json::object();
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int cp = printable ? b : 256 + extra++;
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8.push_back(static_cast<char>(cp));
+    } else {
+      utf8.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      utf8.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    vocab[utf8] = b;
+  }
+  vocab["us"] = 260;
+  auto special = [](int id, const char* text) {
+    return nlohmann::json{{"id", id},        {"content", text}, {"single_word", false},
+                          {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                          {"special", true}};
+  };
+  const nlohmann::json tokenizer = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens",
+       {special(300, "<|im_start|>"), special(301, "<|im_end|>"), special(302, "<|endoftext|>")}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"vocab", vocab},
+        {"merges", {"u s"}},
+        {"byte_fallback", false},
+        {"ignore_merges", false}}}};
+  const nlohmann::json config = {
+      {"eos_token", "<|im_end|>"},
+      {"chat_template",
+       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}};
+  std::ofstream(dir / "tokenizer.json") << tokenizer.dump();
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [302, 301]})";
+}
+
+// The ChatML prompt of `text` in that tokenizer, written out by hand: <|im_start|> "us" e r \n,
+// the text's bytes, <|im_end|> \n <|im_start|> "assistant\n".
+std::vector<int32_t> chat_prompt_ids(const std::string& text) {
+  std::vector<int32_t> ids = {300, 260, 'e', 'r', '\n'};
+  for (char c : text) ids.push_back(static_cast<unsigned char>(c));
+  for (int32_t id : {301, int32_t{'\n'}, 300}) ids.push_back(id);
+  for (char c : std::string("assistant\n")) ids.push_back(static_cast<unsigned char>(c));
+  return ids;
+}
+
+// A job whose model.checkpoint folder has a tokenizer.json and a chat template: prompts (rollout,
+// validation, SFT) are that tokenizer's encoding of the rendered template, generation stops at
+// the checkpoint's EOS ids, and completions are decoded up to the first of them for the reward.
+TEST(RlLoop, UsesTheCheckpointsTokenizerChatTemplateAndStopIds) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / absl::StrCat("chat_ckpt_", ::getpid());
+  write_chat_tokenizer(dir);
+  FakeCluster cluster;
+  auto w0 = cluster.add("w0");
+  w0->right_end = 302;
+  w0->wrong_end = 301;
+  w0->after_end = {'7'};  // after the stop id: a decoder that ignored it would score 0
+  auto store = JobStore::open(":memory:").value();
+  rl::JobConfig config = small_config("/ckpt");
+  config.model.checkpoint = dir.string();
+  const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  ASSERT_TRUE(loop.run(job, config).ok());
+
+  const rl::Task task = rl::make_task(config.task).value();
+  std::map<std::vector<int32_t>, const rl::Example*> by_prompt;
+  for (const auto* split : {&task.train(), &task.validation()}) {
+    for (const rl::Example& ex : *split) by_prompt[chat_prompt_ids(ex.prompt)] = &ex;
+  }
+  ASSERT_EQ(w0->prompts.size(), 3u * 12u + 3u * 10u);  // 3 steps x P*G, 3 validations x 10
+  for (size_t i = 0; i < w0->prompts.size(); ++i) {
+    EXPECT_TRUE(by_prompt.contains(w0->prompts[i])) << i;
+    EXPECT_EQ(w0->stop_ids[i], (std::vector<int32_t>{302, 301})) << i;
+  }
+  // SFT: the chat prompt, the answer's bytes and <|im_end|> (tokenizer_config's eos_token).
+  FakeTrainer& t = *cluster.trainer_;
+  ASSERT_EQ(t.sft_batches.size(), 2u);
+  for (const std::vector<TrainSequence>& batch : t.sft_batches) {
+    ASSERT_EQ(batch.size(), 5u);
+    for (const TrainSequence& seq : batch) {
+      const auto prompt_end = seq.tokens.begin() + seq.prompt_length;
+      auto it = by_prompt.find(std::vector<int32_t>(seq.tokens.begin(), prompt_end));
+      ASSERT_NE(it, by_prompt.end());
+      std::vector<int32_t> answer(it->second->answer.begin(), it->second->answer.end());
+      answer.push_back(301);
+      EXPECT_EQ(std::vector<int32_t>(prompt_end, seq.tokens.end()), answer);
+    }
+  }
+  // Rewards: right answers (even seeds) decode to the sum up to their stop id 302.
+  const auto rows = store->get_metrics(job.id).value();
+  ASSERT_EQ(rows.size(), 4u);
+  for (int64_t step = 1; step <= 3; ++step) {
+    double right = 0.0;
+    for (int p = 0; p < 3; ++p) {
+      for (int g = 0; g < 4; ++g) right += rl::sample_seed(42, step, p, g) % 2 == 0 ? 1.0 : 0.0;
+    }
+    EXPECT_GT(right, 0.0);
+    EXPECT_DOUBLE_EQ(rows[static_cast<size_t>(step)].values.at("reward_mean"), right / 12.0);
+  }
+  // Validation (greedy): the fake answers right when the first operand is even.
+  double even = 0.0;
+  for (const rl::Example& ex : task.validation()) {
+    int64_t a = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(ex.prompt.substr(0, ex.prompt.find('+')), &a)) << ex.prompt;
+    even += a % 2 == 0 ? 1.0 : 0.0;
+  }
+  ASSERT_EQ(task.validation().size(), 10u);
+  EXPECT_DOUBLE_EQ(rows[0].values.at("val_accuracy"), even / 10.0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {

@@ -48,7 +48,8 @@ TEST(ScoreRollout, MatchesTheVerifierAndGroupAdvantagesOnRandomResponses) {
     }
   }
 
-  absl::StatusOr<RolloutScores> scores = score_rollout(task, examples, responses, group);
+  absl::StatusOr<RolloutScores> scores =
+      score_rollout(task, examples, responses, group, byte_prompt_format());
   ASSERT_TRUE(scores.ok()) << scores.status();
   const size_t n = responses.size();
   ASSERT_EQ(scores->rewards.size(), n);
@@ -82,7 +83,8 @@ TEST(ScoreRollout, ResponsesBelongToTheirGroupsPrompt) {
   const ByteTokenizer tokenizer;
   std::vector<std::vector<int32_t>> responses(6, tokenizer.encode("5", false, true));
   responses[0] = tokenizer.encode("2", false, true);
-  const RolloutScores scores = score_rollout(task, examples, responses, 3).value();
+  const RolloutScores scores =
+      score_rollout(task, examples, responses, 3, byte_prompt_format()).value();
   const std::vector<float> want = {1.0f, 0.25f, 0.25f, 1.0f, 1.0f, 1.0f};
   EXPECT_EQ(scores.rewards, want);
   EXPECT_DOUBLE_EQ(scores.accuracy, 4.0 / 6.0);
@@ -96,15 +98,16 @@ TEST(ScoreRollout, RejectsShapesThatDoNotMatch) {
   const std::vector<Example> examples = {{"1+1=", "2"}, {"2+3=", "5"}};
   const Task task = addition_task(examples);
   const std::vector<std::vector<int32_t>> five(5, std::vector<int32_t>{'2'});
-  absl::StatusOr<RolloutScores> bad = score_rollout(task, examples, five, 3);
+  absl::StatusOr<RolloutScores> bad = score_rollout(task, examples, five, 3, byte_prompt_format());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("responses: 5 responses for 2 prompts x 3"),
             std::string::npos)
       << bad.status();
-  EXPECT_EQ(score_rollout(task, examples, {}, 3).status().message(), "responses: empty");
+  EXPECT_EQ(score_rollout(task, examples, {}, 3, byte_prompt_format()).status().message(),
+            "responses: empty");
   // group_size 1 has no group statistics (group_advantages rejects it).
   const std::vector<std::vector<int32_t>> two(2, std::vector<int32_t>{'2'});
-  EXPECT_EQ(score_rollout(task, examples, two, 1).status().code(),
+  EXPECT_EQ(score_rollout(task, examples, two, 1, byte_prompt_format()).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

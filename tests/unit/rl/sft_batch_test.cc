@@ -29,7 +29,8 @@ TEST(SftBatch, TokenizesTheOffsetSeedsExamplesWithAnswers) {
   const uint64_t task_seed = 1234;
   const ByteTokenizer tokenizer;
   for (int64_t step = 0; step < 3; ++step) {
-    const std::vector<TokenizedExample> batch = sft_batch(train, task_seed, step, 8);
+    const std::vector<TokenizedExample> batch =
+        sft_batch(train, task_seed, step, 8, byte_prompt_format()).value();
     const std::vector<int64_t> indices =
         prompt_indices(static_cast<int64_t>(train.size()), task_seed + kSftSeedOffset, step, 8);
     ASSERT_EQ(batch.size(), 8u);
@@ -54,12 +55,14 @@ TEST(SftBatch, StableForAStepDifferentAcrossStepsAndFromTheUnoffsetSeed) {
     for (const TokenizedExample& e : batch) out.push_back(e.tokens);
     return out;
   };
-  EXPECT_EQ(tokens(sft_batch(train, 77, 4, 16)), tokens(sft_batch(train, 77, 4, 16)));
-  EXPECT_NE(tokens(sft_batch(train, 77, 4, 16)), tokens(sft_batch(train, 77, 5, 16)));
+  EXPECT_EQ(tokens(sft_batch(train, 77, 4, 16, byte_prompt_format()).value()),
+            tokens(sft_batch(train, 77, 4, 16, byte_prompt_format()).value()));
+  EXPECT_NE(tokens(sft_batch(train, 77, 4, 16, byte_prompt_format()).value()),
+            tokens(sft_batch(train, 77, 5, 16, byte_prompt_format()).value()));
   // A job whose algorithm seed equals its task seed does not train SFT on its RL prompts.
   EXPECT_NE(prompt_indices(500, 77 + kSftSeedOffset, 0, 16), prompt_indices(500, 77, 0, 16));
-  EXPECT_TRUE(sft_batch({}, 77, 0, 16).empty());
-  EXPECT_TRUE(sft_batch(train, 77, 0, 0).empty());
+  EXPECT_TRUE(sft_batch({}, 77, 0, 16, byte_prompt_format()).value().empty());
+  EXPECT_TRUE(sft_batch(train, 77, 0, 0, byte_prompt_format()).value().empty());
 }
 
 }  // namespace
