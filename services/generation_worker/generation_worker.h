@@ -64,11 +64,15 @@ class GenerationWorker {
 
  private:
   explicit GenerationWorker(const GenerationWorkerConfig& config) : config_(config) {}
+  // Brings the weight metrics up to the double buffer's and the subscriber's counts; called after
+  // every install attempt (a delta's counts are taken before its version is installed).
+  void record_weight_path();
 
   const GenerationWorkerConfig config_;
   std::string name_;
   service::MetricsRegistry registry_;
   std::unique_ptr<GenerationMetrics> metrics_;
+  std::unique_ptr<WeightPathRecorder> weight_recorder_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WeightDoubleBuffer> weights_;
   std::unique_ptr<GenerationServiceImpl> service_;
