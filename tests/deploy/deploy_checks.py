@@ -49,7 +49,8 @@ BINARY_FLAGS = {
     "fp8rl-coordinator": COMMON_FLAGS | {
         "--job-store", "--heartbeat-interval-ms", "--worker-expiry-ms",
         "--generate-deadline-seconds", "--worker-wait-seconds", "--trainer-timeout-seconds",
-        "--trainer-resume-seconds", "--sync-wait-seconds"},
+        "--trainer-resume-seconds", "--sync-wait-seconds", "--data-root", "--models-root",
+        "--datasets-root"},
     "fp8rl-weight-sync": COMMON_FLAGS | {
         "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes", "--deltas",
         "--delta-max-fraction", "--delta-zstd-level"},
