@@ -1,6 +1,7 @@
 // The generation worker's Prometheus metrics: exactly the names docs/metrics.md lists for
 // `service="generation-worker"`, plus the fp8rl_build_info / fp8rl_process_start_time_seconds
-// pair every service exports. One struct so the scheduler and the gRPC handler share them.
+// pair every service exports. One struct so the scheduler and the gRPC handler share them; the
+// weight-path series are fed from running totals by a WeightPathRecorder.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,7 @@ struct GenerationMetrics {
   service::GaugeFamily* weight_version = nullptr;       // weight version in use
   service::CounterFamily* weight_swaps = nullptr;       // versions swapped in
   service::HistogramFamily* request_seconds = nullptr;  // request arrival -> last token
-  // Weight versions (docs/design.md "Installing a weight version in place", "FP8 delta versions").
+  // Weight versions (docs/design.md "Installing a weight version in place", "Delta versions").
   service::CounterFamily* weight_installs = nullptr;              // {mode: in_place|rebuilt}
   service::CounterFamily* weight_delta_versions = nullptr;        // versions rebuilt from a delta
   service::CounterFamily* weight_delta_fallbacks = nullptr;       // deltas refused: full refetched
@@ -50,7 +51,8 @@ struct WeightPathCounts {
 
 // Turns successive WeightPathCounts into the weight metrics above: counters grow by what the
 // totals grew since the previous record(); each new delta version observes the newest delta's
-// decode time once. Totals that shrink (a restarted subscriber) are taken as the new baseline.
+// decode time once. Totals that shrink (a restarted subscriber) are taken as the new baseline, so
+// callers must record snapshots in the order they were taken.
 class WeightPathRecorder {
  public:
   explicit WeightPathRecorder(GenerationMetrics* metrics) : metrics_(metrics) {}

@@ -140,6 +140,7 @@ absl::Status GenerationWorker::install_view(const model::WeightView& view) {
 }
 
 void GenerationWorker::record_weight_path() {
+  std::lock_guard lock(weight_path_mu_);
   const WeightDoubleBuffer::Stats buffer = weights_->stats();
   WeightPathCounts counts;
   counts.installs = buffer.installs;

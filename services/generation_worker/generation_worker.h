@@ -72,6 +72,9 @@ class GenerationWorker {
   std::string name_;
   service::MetricsRegistry registry_;
   std::unique_ptr<GenerationMetrics> metrics_;
+  // Held by record_weight_path() from taking the totals to recording them, so concurrent installs
+  // record their snapshots in order.
+  std::mutex weight_path_mu_;
   std::unique_ptr<WeightPathRecorder> weight_recorder_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WeightDoubleBuffer> weights_;
