@@ -96,7 +96,7 @@ class WeightDoubleBuffer {
   // installs never write the same model; a model still referenced elsewhere is never written.
   mutable std::mutex mu_;
   Slot slots_[2];
-  int serving_ = 0;  // index of the slot whose model the scheduler serves (or last served)
+  int serving_ = 0;     // index of the slot whose model the scheduler serves (or last served)
   int receiving_ = -1;  // slot of the last receive_target() (-1: none yet)
   uint64_t receiving_bytes_ = 0;
   int base_slot_ = -1;  // slot holding the last installed version's bytes (-1: none)

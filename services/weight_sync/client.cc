@@ -249,10 +249,9 @@ bool WeightSubscriber::stream_once() {
         }
       }
       if (s.ok()) {
-        s = apply_delta(delta.delta(),
-                        std::span(reinterpret_cast<const uint8_t*>(base.data()), base.size()),
-                        delta.payload(),
-                        std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+        s = apply_delta(
+            delta.delta(), std::span(reinterpret_cast<const uint8_t*>(base.data()), base.size()),
+            delta.payload(), std::span(reinterpret_cast<uint8_t*>(out.data()), out.size()));
       }
       const uint64_t delta_bytes = delta.payload().size();
       delta.reset();

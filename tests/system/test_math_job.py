@@ -46,7 +46,7 @@ def main():
     path = su.write_yaml(os.path.join(tmp, "toy-math.yaml"), config)
     steps = config["algorithm"]["steps"]
     args = [su.FP8RL, "run", path, "--port-offset", str(su.free_port_offset(2)),
-            "--data-dir", os.path.join(tmp, "data")]
+            "--data-dir", os.path.join(tmp, "data"), "--datasets-root", tmp, "--data-root", tmp]
     su.log("running: " + " ".join(args))
     start = time.time()
     p = subprocess.run(args, capture_output=True, text=True, timeout=170, cwd=su.SOURCE_DIR)

@@ -9,10 +9,23 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import system_util as su
+
+
+def smoke_config(tmp, steps=None):
+    """su.smoke_config with the model's config.json copied under tmp (this test's --models-root)."""
+    config = su.smoke_config(tmp, steps)
+    model_config = os.path.join(tmp, "models", "tiny.json")
+    if not os.path.exists(model_config):
+        os.makedirs(os.path.dirname(model_config), exist_ok=True)
+        shutil.copyfile(config["model"]["init"]["config"], model_config)
+    config["model"]["init"]["config"] = model_config
+    return config
 
 
 def bad_requests(cluster, good):
@@ -24,13 +37,16 @@ def bad_requests(cluster, good):
     out_of_range = copy.deepcopy(good)
     out_of_range["algorithm"]["samples_per_prompt"] = 1
     bad_checkpoint = copy.deepcopy(good)
-    bad_checkpoint["model"] = {"checkpoint": "/nonexistent/fp8rl-model"}
+    bad_checkpoint["model"] = {"checkpoint": os.path.join(cluster.tmp, "no-such-model")}
+    outside_checkpoint = copy.deepcopy(good)
+    outside_checkpoint["model"] = {"checkpoint": "/nonexistent/fp8rl-model"}
     cases = [
         ("malformed JSON", b'{"name": "x", "model": ', None),
         ("unknown field", unknown, "algorithm.bogus_knob"),
         ("wrong type", wrong_type, "algorithm.steps"),
         ("out of range", out_of_range, "algorithm.samples_per_prompt"),
         ("missing checkpoint folder", bad_checkpoint, "model.checkpoint"),
+        ("checkpoint outside --models-root", outside_checkpoint, "model.checkpoint"),
         ("oversized body", b'{"name": "' + b"x" * (2 << 20) + b'"}', "body"),
         ("not an object", b"[1, 2]", "body"),
     ]
@@ -67,7 +83,7 @@ def cli_commands(cluster, job_id, tmp):
     rc, out, err = su.run_cli(["cancel", job_id] + coord)
     su.check(rc == 1 and err.count("\n") == 1, f"fp8rl cancel finished job: {rc} {out} {err}")
     # A bad config is rejected before anything is sent, naming the field.
-    bad = su.smoke_config(tmp)
+    bad = smoke_config(tmp)
     bad["algorithm"]["samples_per_prompt"] = 1
     path = su.write_yaml(os.path.join(tmp, "bad.yaml"), bad)
     rc, out, err = su.run_cli(["submit", path] + coord)
@@ -76,7 +92,7 @@ def cli_commands(cluster, job_id, tmp):
     rc, out, err = su.run_cli(["list", "--state", "finished"] + coord)
     su.check(rc == 2 and "--state" in err, f"fp8rl list --state finished: {rc} {err}")
     # Submit + cancel a real job over gRPC.
-    good = su.write_yaml(os.path.join(tmp, "cancel-me.yaml"), su.smoke_config(tmp, steps=50))
+    good = su.write_yaml(os.path.join(tmp, "cancel-me.yaml"), smoke_config(tmp, steps=50))
     rc, out, err = su.run_cli(["submit", good, "--quiet"] + coord)
     su.check(rc == 0 and out.startswith("job-"), f"fp8rl submit: {rc} {out} {err}")
     new_id = out.strip()
@@ -110,7 +126,7 @@ def cli_commands(cluster, job_id, tmp):
                                    "--format", "hf", "--max-shard-bytes", "200000"])
         su.check(rc == 0 and os.path.exists(os.path.join(sharded, "model.safetensors.index.json")),
                  f"fp8rl export sharded: {rc} {out} {err}")
-        again = su.smoke_config(tmp, steps=1)
+        again = smoke_config(tmp, steps=1)
         again["model"] = {"checkpoint": sharded}
         again.pop("sft", None)
         status, reply = su.http("POST", f"{cluster.rest}/v1/jobs", again)
@@ -132,11 +148,13 @@ def cli_commands(cluster, job_id, tmp):
 
 def body(clusters):
     su.require_binaries()
-    cluster = su.Cluster(workers=2)
+    # The models root is the temp folder, so the job started from an export below (written
+    # there) is inside it; the smoke model's config.json is copied there too.
+    tmp = tempfile.mkdtemp(prefix="fp8rl-system-")
+    cluster = su.Cluster(workers=2, tmp=tmp, extra_args=["--models-root", tmp])
     clusters.append(cluster)
     cluster.wait_up()
-    tmp = cluster.tmp
-    good = su.smoke_config(tmp)
+    good = smoke_config(tmp)
     # FP8 generation with BF16 training: a real sampler/learner mismatch, so the recomputation
     # of the mismatch metrics below compares values other than exactly 1 and 0.
     good["precision"]["training"] = "bf16"

@@ -8,6 +8,7 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -98,7 +99,10 @@ TEST_F(RestApiTest, BadBodiesAnswer400NamingTheField) {
 // model.checkpoint is read at submission: a folder that cannot work is a 400 naming the field.
 TEST_F(RestApiTest, BadCheckpointFolderAnswers400) {
   std::string missing = kValidJob;
-  const std::string init = R"({"init": {"config": {"hidden_size": 64}, "seed": 3}})";
+  // The model object of kValidJob: from its "init" to the end of "seed": 3}}.
+  const size_t init_at = missing.find(R"({"init")");
+  const size_t init_end = missing.find(R"("seed": 3}})", init_at) + std::strlen(R"("seed": 3}})");
+  const std::string init = missing.substr(init_at, init_end - init_at);
   missing.replace(missing.find(init), init.size(), R"({"checkpoint": "/nonexistent/fp8rl/model"})");
   expect_400(missing, "model.checkpoint: /nonexistent/fp8rl/model does not exist");
   // A good folder with a tokenizer: refused until the RL loop encodes with it (not byte ids).
