@@ -265,6 +265,25 @@ def generation():
         timeseries("Weight swaps", "Versions swapped in per minute.",
                    [t(f"sum by (instance) (rate(fp8rl_generation_weight_swaps_total{sel}{RATE}))"
                       " * 60", "{{instance}}")], unit="none", width=8),
+        timeseries("Weight installs", "Versions installed per minute: in place into the idle "
+                   "slot's model, or into a rebuilt one; deltas received and delta fallbacks.",
+                   [t(f"sum by (mode) (rate(fp8rl_generation_weight_installs_total{sel}{RATE}))"
+                      " * 60", "{{mode}}"),
+                    t(f"sum(rate(fp8rl_generation_weight_delta_versions_total{sel}{RATE})) * 60",
+                      "from delta"),
+                    t(f"sum(rate(fp8rl_generation_weight_delta_fallbacks_total{sel}{RATE})) * 60",
+                      "delta fallback")], unit="none", width=8),
+        timeseries("Weight install and delta decode time", "Mean seconds to install a verified "
+                   "version into a model and to rebuild a version from its delta.",
+                   [t(f"sum(rate(fp8rl_generation_weight_install_seconds_sum{sel}{RATE})) / "
+                      f"sum(rate(fp8rl_generation_weight_install_seconds_count{sel}{RATE}))",
+                      "install"),
+                    t(f"sum(rate(fp8rl_generation_weight_delta_decode_seconds_sum{sel}{RATE})) / "
+                      f"sum(rate(fp8rl_generation_weight_delta_decode_seconds_count{sel}{RATE}))",
+                      "delta decode")], unit="s", width=8),
+        timeseries("Weight receive buffers", "Bytes mapped for each worker's two receive buffers.",
+                   [t(f"fp8rl_generation_weight_receive_buffer_bytes{sel}", "{{instance}}")],
+                   unit="bytes", width=8),
     ], variables=[instance_variable("fp8rl_generation_weight_version")])
 
 
@@ -305,6 +324,18 @@ def weight_sync():
                       "{{result}}")], unit="none"),
         timeseries("Payload size by format", "FP8: 1 byte per parameter plus scales.",
                    [t("fp8rl_weight_sync_version_bytes", "{{format}}")], unit="bytes"),
+        timeseries("Bytes per version: full vs delta",
+                   "Bytes on the wire for the latest version (full payload, or its delta "
+                   "against the previous version), and the mean payload per push by kind.",
+                   [t("fp8rl_weight_sync_version_wire_bytes", "latest {{kind}}"),
+                    t(f"sum by (kind) (rate(fp8rl_weight_sync_pushed_bytes_total{RATE})) / "
+                      f"sum by (kind) (rate(fp8rl_weight_sync_pushes_total{RATE}))",
+                      "per push {{kind}}")], unit="bytes"),
+        timeseries("Delta compression", "Full bytes / delta bytes of the latest version's delta, "
+                   "and pushes per minute by kind (full, delta).",
+                   [t("fp8rl_weight_sync_delta_compression_ratio", "full / delta"),
+                    t(f"sum by (kind) (rate(fp8rl_weight_sync_pushes_total{RATE})) * 60",
+                      "pushes/min {{kind}}")], unit="none"),
     ])
 
 

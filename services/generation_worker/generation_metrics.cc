@@ -46,6 +46,33 @@ absl::StatusOr<std::unique_ptr<GenerationMetrics>> GenerationMetrics::create(
                                "Time from a Generate request's arrival to its last token.", {},
                                service::default_seconds_buckets()),
        &m->request_seconds);
+  take(registry->add_counter("fp8rl_generation_weight_installs_total",
+                             "Weight versions written into a model, by mode (in_place: into the "
+                             "idle slot's existing model; rebuilt: into a newly built one).",
+                             {"mode"}),
+       &m->weight_installs);
+  take(registry->add_counter("fp8rl_generation_weight_delta_versions_total",
+                             "Weight versions received as a delta and rebuilt from the base."),
+       &m->weight_delta_versions);
+  take(registry->add_counter("fp8rl_generation_weight_delta_fallbacks_total",
+                             "Deltas that could not be applied (no base, bad CRC); the full "
+                             "version was fetched instead."),
+       &m->weight_delta_fallbacks);
+  take(registry->add_counter("fp8rl_generation_weight_delta_received_bytes_total",
+                             "Delta payload bytes received from weight sync."),
+       &m->weight_delta_received_bytes);
+  take(registry->add_histogram("fp8rl_generation_weight_delta_decode_seconds",
+                               "Time to rebuild one version from its delta and base.", {},
+                               service::default_seconds_buckets()),
+       &m->weight_delta_decode_seconds);
+  take(registry->add_histogram("fp8rl_generation_weight_install_seconds",
+                               "Time to install one verified version into a model (before it "
+                               "waits for the batch boundary).",
+                               {}, service::default_seconds_buckets()),
+       &m->weight_install_seconds);
+  take(registry->add_gauge("fp8rl_generation_weight_receive_buffer_bytes",
+                           "Bytes mapped for the two weight receive buffers."),
+       &m->weight_receive_buffer_bytes);
   if (!status.ok()) return status;
   // Labelled series exist from the start, so a scrape before the first request shows them.
   m->tokens->with({"prompt"});
@@ -53,7 +80,33 @@ absl::StatusOr<std::unique_ptr<GenerationMetrics>> GenerationMetrics::create(
   m->requests->with({"ok"});
   m->requests->with({"error"});
   m->requests->with({"cancelled"});
+  m->weight_installs->with({"in_place"});
+  m->weight_installs->with({"rebuilt"});
   return m;
+}
+
+void WeightPathRecorder::record(const WeightPathCounts& now) {
+  std::lock_guard lock(mu_);
+  // Growth of a running total since the last record (0 when it shrank: a new baseline).
+  auto grown = [](auto current, auto previous) {
+    return current > previous ? static_cast<double>(current - previous) : 0.0;
+  };
+  const int64_t rebuilt = now.installs - now.in_place_installs;
+  const int64_t last_rebuilt = last_.installs - last_.in_place_installs;
+  metrics_->weight_installs->with({"in_place"})
+      .inc(grown(now.in_place_installs, last_.in_place_installs));
+  metrics_->weight_installs->with({"rebuilt"}).inc(grown(rebuilt, last_rebuilt));
+  const double new_deltas = grown(now.delta_versions, last_.delta_versions);
+  metrics_->weight_delta_versions->get().inc(new_deltas);
+  metrics_->weight_delta_fallbacks->get().inc(grown(now.delta_fallbacks, last_.delta_fallbacks));
+  metrics_->weight_delta_received_bytes->get().inc(grown(now.delta_bytes, last_.delta_bytes));
+  // The subscriber keeps only the newest delta's time; a record follows every delta version's
+  // install, so at most one is new here.
+  for (int i = 0; i < static_cast<int>(new_deltas); ++i) {
+    metrics_->weight_delta_decode_seconds->get().observe(now.last_delta_seconds);
+  }
+  metrics_->weight_receive_buffer_bytes->get().set(static_cast<double>(now.receive_buffer_bytes));
+  last_ = now;
 }
 
 }  // namespace fp8rl::generation

@@ -1,6 +1,7 @@
 // Assembly, swap path and ordered shutdown of a generation worker (see generation_worker.h).
 #include "services/generation_worker/generation_worker.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +31,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
       GenerationMetrics::create(&w->registry_);
   if (!metrics.ok()) return metrics.status();
   w->metrics_ = std::move(*metrics);
+  w->weight_recorder_ = std::make_unique<WeightPathRecorder>(w->metrics_.get());
   w->scheduler_ = std::make_unique<Scheduler>(config.scheduler, w->metrics_.get());
   w->weights_ = std::make_unique<WeightDoubleBuffer>(config.precision);
   GenerationWorker* self = w.get();
@@ -111,13 +113,18 @@ absl::Status GenerationWorker::install_weights(model::WeightSet set) {
 
 absl::Status GenerationWorker::install_view(const model::WeightView& view) {
   const int64_t version = view.version;
+  const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<LoadedWeights> loaded = weights_->install(view);
+  const double install_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  record_weight_path();
   if (!loaded.ok()) {
     service::log_warn(
         kComponent, "weight version rejected",
         {{"version", absl::StrCat(version)}, {"error", std::string(loaded.status().message())}});
     return loaded.status();
   }
+  metrics_->weight_install_seconds->get().observe(install_seconds);
   const model::PrecisionPolicy policy = loaded->policy;
   const model::Model* served = loaded->model.get();
   FP8RL_RETURN_IF_ERROR(scheduler_->install(std::move(*loaded)));
@@ -130,6 +137,23 @@ absl::Status GenerationWorker::install_view(const model::WeightView& view) {
                      {"bf16_first_layers", absl::StrCat(policy.bf16_first_layers)},
                      {"bf16_last_layers", absl::StrCat(policy.bf16_last_layers)}});
   return absl::OkStatus();
+}
+
+void GenerationWorker::record_weight_path() {
+  std::lock_guard lock(weight_path_mu_);
+  const WeightDoubleBuffer::Stats buffer = weights_->stats();
+  WeightPathCounts counts;
+  counts.installs = buffer.installs;
+  counts.in_place_installs = buffer.in_place_installs;
+  counts.receive_buffer_bytes = buffer.buffer_bytes;
+  if (subscriber_) {
+    const weight_sync::WeightSubscriber::Stats sub = subscriber_->stats();
+    counts.delta_versions = sub.versions_from_delta;
+    counts.delta_fallbacks = sub.delta_fallbacks;
+    counts.delta_bytes = sub.delta_bytes_received;
+    counts.last_delta_seconds = sub.delta_decode_seconds;
+  }
+  weight_recorder_->record(counts);
 }
 
 void GenerationWorker::shutdown(std::chrono::milliseconds grace) {

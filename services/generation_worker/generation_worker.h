@@ -64,11 +64,18 @@ class GenerationWorker {
 
  private:
   explicit GenerationWorker(const GenerationWorkerConfig& config) : config_(config) {}
+  // Brings the weight metrics up to the double buffer's and the subscriber's counts; called after
+  // every install attempt (a delta's counts are taken before its version is installed).
+  void record_weight_path();
 
   const GenerationWorkerConfig config_;
   std::string name_;
   service::MetricsRegistry registry_;
   std::unique_ptr<GenerationMetrics> metrics_;
+  // Held by record_weight_path() from taking the totals to recording them, so concurrent installs
+  // record their snapshots in order.
+  std::mutex weight_path_mu_;
+  std::unique_ptr<WeightPathRecorder> weight_recorder_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WeightDoubleBuffer> weights_;
   std::unique_ptr<GenerationServiceImpl> service_;

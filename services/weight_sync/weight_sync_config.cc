@@ -1,6 +1,7 @@
 // Flag and YAML parsing for fp8rl-weight-sync (see weight_sync_config.h).
 #include "services/weight_sync/weight_sync_config.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -42,6 +43,29 @@ bool strip_empty_coordinator(std::vector<std::string>* args) {
   return disabled;
 }
 
+// --deltas: "on" or "off" (YAML's true / false spelled as strings are accepted too).
+absl::StatusOr<bool> parse_deltas(const service::ServiceOptions& options) {
+  const std::string text = service::extra_string(options, "deltas");
+  if (text == "on" || text == "true") return true;
+  if (text == "off" || text == "false") return false;
+  return absl::InvalidArgumentError(absl::StrCat("--deltas: must be on or off, got '", text, "'"));
+}
+
+// --delta-max-fraction: a number in (0, 1].
+absl::StatusOr<double> parse_delta_max_fraction(const service::ServiceOptions& options) {
+  const std::string text = service::extra_string(options, "delta_max_fraction");
+  double value = 0;
+  if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--delta-max-fraction: expected a number, got '", text, "'"));
+  }
+  if (!(value > 0.0 && value <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--delta-max-fraction: must be in (0, 1], got ", text));
+  }
+  return value;
+}
+
 }  // namespace
 
 service::ServiceOptions default_weight_sync_service_options() {
@@ -55,6 +79,9 @@ service::ServiceOptions default_weight_sync_service_options() {
       {"keep_versions", "2"},
       {"chunk_bytes", absl::StrCat(kDefaultChunkBytes)},
       {"max_version_bytes", absl::StrCat(kDefaultMaxVersionBytes)},
+      {"deltas", "on"},
+      {"delta_max_fraction", absl::StrCat(WeightSyncOptions{}.delta_max_fraction)},
+      {"delta_zstd_level", absl::StrCat(kDefaultDeltaZstdLevel)},
   };
   return o;
 }
@@ -83,9 +110,19 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
   absl::StatusOr<int64_t> max_bytes =
       service::extra_int_in_range(config.service, "max_version_bytes", 1, int64_t{1} << 40);
   if (!max_bytes.ok()) return max_bytes.status();
+  absl::StatusOr<bool> deltas = parse_deltas(config.service);
+  if (!deltas.ok()) return deltas.status();
+  absl::StatusOr<double> fraction = parse_delta_max_fraction(config.service);
+  if (!fraction.ok()) return fraction.status();
+  absl::StatusOr<int64_t> zstd_level = service::extra_int_in_range(
+      config.service, "delta_zstd_level", kMinDeltaZstdLevel, kMaxDeltaZstdLevel);
+  if (!zstd_level.ok()) return zstd_level.status();
   config.sync.keep_versions = static_cast<int>(*keep);
   config.sync.chunk_bytes = static_cast<uint64_t>(*chunk);
   config.sync.max_version_bytes = static_cast<uint64_t>(*max_bytes);
+  config.sync.deltas = *deltas;
+  config.sync.delta_max_fraction = *fraction;
+  config.sync.delta_zstd_level = static_cast<int>(*zstd_level);
   FP8RL_RETURN_IF_ERROR(validate_options(config.sync));
   return config;
 }

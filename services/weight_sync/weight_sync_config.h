@@ -1,6 +1,7 @@
 // Command-line and YAML configuration of fp8rl-weight-sync: the common service options
-// (common/service/options.h) plus --metrics-port, --keep-versions, --chunk-bytes and
-// --max-version-bytes, resolved into the values main() wires together. --coordinator and
+// (common/service/options.h) plus --metrics-port, --keep-versions, --chunk-bytes,
+// --max-version-bytes and the FP8 delta settings --deltas on|off, --delta-max-fraction F and
+// --delta-zstd-level N, resolved into the values main() wires together. --coordinator and
 // --advertise-host say where the service registers (as WEIGHT_SYNC) and what address it gives.
 #pragma once
 
@@ -15,6 +16,10 @@ namespace fp8rl::weight_sync {
 
 inline constexpr int kDefaultGrpcPort = 50052;
 inline constexpr int kDefaultMetricsPort = 9402;
+// --delta-zstd-level takes zstd's regular compression levels; 20..22 ("ultra") need a window
+// larger than a delta tensor gains from, and zstd's negative (fast) levels are not offered.
+inline constexpr int kMinDeltaZstdLevel = 1;
+inline constexpr int kMaxDeltaZstdLevel = 19;
 
 struct WeightSyncConfig {
   service::ServiceOptions service;  // common flags (listen host, log level, shutdown grace, ...)
@@ -27,11 +32,14 @@ struct WeightSyncConfig {
   bool registers() const { return !service.coordinator.empty(); }
 };
 
-// Defaults of every flag (gRPC 50052, metrics 9402, keep 2 versions).
+// Defaults of every flag (gRPC 50052, metrics 9402, keep 2 versions, deltas on, a delta is sent
+// when at most 0.9 of the full version, zstd level 1).
 service::ServiceOptions default_weight_sync_service_options();
 
 // Parses the arguments after the program name (--config FILE first, flags override). Errors name
-// the flag: "--keep-versions: must be in [1, 64], got 0". --metrics-port is the documented name
+// the flag: "--keep-versions: must be in [1, 64], got 0", "--deltas: must be on or off, got 'x'",
+// "--delta-max-fraction: must be in (0, 1], got 0", "--delta-zstd-level: must be in [1, 19],
+// got 22". --metrics-port is the documented name
 // of the HTTP port; --http-port (common to every service) is accepted as an alias. An empty
 // --coordinator on the command line (the last one given wins) turns registration off.
 absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std::string>& args);

@@ -49,9 +49,11 @@ BINARY_FLAGS = {
     "fp8rl-coordinator": COMMON_FLAGS | {
         "--job-store", "--heartbeat-interval-ms", "--worker-expiry-ms",
         "--generate-deadline-seconds", "--worker-wait-seconds", "--trainer-timeout-seconds",
-        "--trainer-resume-seconds", "--sync-wait-seconds"},
+        "--trainer-resume-seconds", "--sync-wait-seconds", "--data-root", "--models-root",
+        "--datasets-root"},
     "fp8rl-weight-sync": COMMON_FLAGS | {
-        "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes"},
+        "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes", "--deltas",
+        "--delta-max-fraction", "--delta-zstd-level"},
     "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name"},
     "fp8rl-generation-worker": COMMON_FLAGS | {
         "--metrics-port", "--weight-sync", "--worker-id", "--precision", "--kv-cache",

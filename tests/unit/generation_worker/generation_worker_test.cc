@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <map>
@@ -434,8 +436,7 @@ TEST_F(GenerationWorkerTest, DeadlineDropsTheCallsSequences) {
       << res->body;
   EXPECT_NE(res->body.find("fp8rl_generation_requests_total{status=\"error\"} 0"),
             std::string::npos);
-  EXPECT_NE(res->body.find("fp8rl_generation_requests_total{status=\"ok\"} 1"),
-            std::string::npos);
+  EXPECT_NE(res->body.find("fp8rl_generation_requests_total{status=\"ok\"} 1"), std::string::npos);
 }
 
 TEST_F(GenerationWorkerTest, CancelledRequestFreesItsSlotsForTheQueue) {
@@ -564,18 +565,160 @@ TEST_F(GenerationWorkerTest, MetricsEndpointExportsTheDocumentedNames) {
   ASSERT_TRUE(res) << "GET /metrics failed";
   ASSERT_EQ(res->status, 200);
   const std::string& text = res->body;
-  for (const char* name :
-       {"fp8rl_build_info{service=\"generation-worker\"} 1", "fp8rl_process_start_time_seconds",
-        "fp8rl_generation_tokens_total{kind=\"generated\"} 10",
-        "fp8rl_generation_tokens_total{kind=\"prompt\"}",
-        "fp8rl_generation_requests_total{status=\"ok\"} 1",
-        "fp8rl_generation_requests_total{status=\"error\"} 0", "fp8rl_generation_queue_depth",
-        "fp8rl_generation_batch_size", "fp8rl_generation_kv_cache_usage_ratio",
-        "fp8rl_generation_kv_cache_bytes", "fp8rl_generation_weight_version 6",
-        "fp8rl_generation_weight_swaps_total 1", "fp8rl_generation_request_seconds_count 1",
-        "fp8rl_generation_request_seconds_bucket"}) {
+  for (const char* name : {"fp8rl_build_info{service=\"generation-worker\"} 1",
+                           "fp8rl_process_start_time_seconds",
+                           "fp8rl_generation_tokens_total{kind=\"generated\"} 10",
+                           "fp8rl_generation_tokens_total{kind=\"prompt\"}",
+                           "fp8rl_generation_requests_total{status=\"ok\"} 1",
+                           "fp8rl_generation_requests_total{status=\"error\"} 0",
+                           "fp8rl_generation_queue_depth",
+                           "fp8rl_generation_batch_size",
+                           "fp8rl_generation_kv_cache_usage_ratio",
+                           "fp8rl_generation_kv_cache_bytes",
+                           "fp8rl_generation_weight_version 6",
+                           "fp8rl_generation_weight_swaps_total 1",
+                           "fp8rl_generation_request_seconds_count 1",
+                           "fp8rl_generation_request_seconds_bucket",
+                           "fp8rl_generation_weight_installs_total{mode=\"in_place\"}",
+                           "fp8rl_generation_weight_installs_total{mode=\"rebuilt\"} 1",
+                           "fp8rl_generation_weight_delta_versions_total 0",
+                           "fp8rl_generation_weight_delta_fallbacks_total 0",
+                           "fp8rl_generation_weight_delta_received_bytes_total 0",
+                           "fp8rl_generation_weight_delta_decode_seconds_count 0",
+                           "fp8rl_generation_weight_install_seconds_count 1",
+                           "fp8rl_generation_weight_receive_buffer_bytes"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << "\n" << text;
   }
+}
+
+// The value of the series `series` (name plus labels, as written) in Prometheus text, or NaN.
+double metric_value(const std::string& text, const std::string& series) {
+  const std::string prefix = absl::StrCat("\n", series, " ");
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(text.c_str() + at + prefix.size(), nullptr);
+}
+
+// `set` as the next version: its number is `version`, and the low mantissa bit of every 5th code
+// of each FP8 tensor is flipped (small codes only, so no NaN code appears): a step's worth of
+// change that a delta carries in far fewer bytes than the full version.
+model::WeightSet next_version(model::WeightSet set, int64_t version) {
+  set.version = version;
+  int changed = 0;
+  for (model::NamedTensor& t : set.tensors) {
+    if (t.dtype != DType::kF8E4M3) continue;
+    for (size_t i = 0; i < t.bytes.size(); i += 5) {
+      if ((t.bytes[i] & 0x7F) < 0x70) {
+        t.bytes[i] ^= 1;
+        ++changed;
+      }
+    }
+  }
+  EXPECT_GT(changed, 0);
+  return set;
+}
+
+TEST_F(GenerationWorkerTest, MetricsShowDeltaVersionsAndInstalls) {
+  start_worker(config());
+  auto m = random_model(71);
+  auto ws_channel = grpc::CreateChannel(backend_address_, grpc::InsecureChannelCredentials());
+  // v1 arrives full; v2 and v3 as deltas against the version before (the worker holds its bytes).
+  model::WeightSet set = export_set(*m, model::WeightFormat::kFP8, 1);
+  for (int64_t version = 1; version <= 3; ++version) {
+    if (version > 1) set = next_version(std::move(set), version);
+    auto uploaded = weight_sync::upload(ws_channel, set, v1::WEIGHT_FORMAT_FP8);
+    ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+    ASSERT_TRUE(eventually([&] { return status().weight_version() == version; }, 10000ms))
+        << "version " << version;
+  }
+  const weight_sync::WeightSubscriber::Stats sub = worker_->subscriber().stats();
+  ASSERT_EQ(sub.versions_from_delta, 2) << sub.last_error;
+  EXPECT_EQ(sub.delta_fallbacks, 0);
+  ASSERT_GT(sub.delta_bytes_received, 0u);
+  // The delta is well below the full version's bytes.
+  EXPECT_LT(sub.delta_bytes_received, static_cast<uint64_t>(set.nbytes()));
+  const WeightDoubleBuffer::Stats buffer = worker_->weight_buffer().stats();
+  ASSERT_EQ(buffer.installs, 3);
+  ASSERT_GT(buffer.buffer_bytes, 0);
+
+  httplib::Client http("127.0.0.1", worker_->metrics_port());
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res) << "GET /metrics failed";
+  ASSERT_EQ(res->status, 200);
+  const std::string& text = res->body;
+  EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_delta_versions_total"), 2) << text;
+  EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_delta_fallbacks_total"), 0) << text;
+  EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_delta_received_bytes_total"),
+            static_cast<double>(sub.delta_bytes_received))
+      << text;
+  EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_delta_decode_seconds_count"), 2) << text;
+  EXPECT_GT(metric_value(text, "fp8rl_generation_weight_delta_decode_seconds_sum"), 0) << text;
+  EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_install_seconds_count"), 3) << text;
+  EXPECT_GT(metric_value(text, "fp8rl_generation_weight_install_seconds_sum"), 0) << text;
+  EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_installs_total{mode=\"in_place\"}"),
+            static_cast<double>(buffer.in_place_installs))
+      << text;
+  EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_installs_total{mode=\"rebuilt\"}"),
+            static_cast<double>(buffer.installs - buffer.in_place_installs))
+      << text;
+  // The first two versions build one model per slot; the third reuses the idle slot's model.
+  EXPECT_EQ(buffer.installs - buffer.in_place_installs, 2);
+  EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_receive_buffer_bytes"),
+            static_cast<double>(buffer.buffer_bytes))
+      << text;
+}
+
+TEST(WeightPathRecorder, CountsGrowthAndTakesAShrinkAsANewBaseline) {
+  service::MetricsRegistry registry;
+  auto metrics = GenerationMetrics::create(&registry);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  GenerationMetrics& g = **metrics;
+  WeightPathRecorder recorder(&g);
+  WeightPathCounts c;
+  c.installs = 3;
+  c.in_place_installs = 1;
+  c.delta_versions = 1;
+  c.delta_fallbacks = 2;
+  c.delta_bytes = 1000;
+  c.last_delta_seconds = 0.25;
+  c.receive_buffer_bytes = 4096;
+  recorder.record(c);
+  recorder.record(c);  // nothing new: no change, no second decode observation
+  EXPECT_EQ(g.weight_installs->with({"in_place"}).value(), 1);
+  EXPECT_EQ(g.weight_installs->with({"rebuilt"}).value(), 2);
+  EXPECT_EQ(g.weight_delta_versions->get().value(), 1);
+  EXPECT_EQ(g.weight_delta_fallbacks->get().value(), 2);
+  EXPECT_EQ(g.weight_delta_received_bytes->get().value(), 1000);
+  EXPECT_EQ(g.weight_delta_decode_seconds->get().snapshot().count, 1u);
+  EXPECT_EQ(g.weight_delta_decode_seconds->get().snapshot().sum, 0.25);
+  EXPECT_EQ(g.weight_receive_buffer_bytes->get().value(), 4096);
+
+  c.installs = 4;
+  c.in_place_installs = 2;
+  c.delta_versions = 2;
+  c.delta_bytes = 1500;
+  c.last_delta_seconds = 0.5;
+  c.receive_buffer_bytes = 8192;
+  recorder.record(c);
+  EXPECT_EQ(g.weight_installs->with({"in_place"}).value(), 2);
+  EXPECT_EQ(g.weight_installs->with({"rebuilt"}).value(), 2);
+  EXPECT_EQ(g.weight_delta_versions->get().value(), 2);
+  EXPECT_EQ(g.weight_delta_received_bytes->get().value(), 1500);
+  EXPECT_EQ(g.weight_delta_decode_seconds->get().snapshot().count, 2u);
+  EXPECT_EQ(g.weight_delta_decode_seconds->get().snapshot().sum, 0.75);
+  EXPECT_EQ(g.weight_receive_buffer_bytes->get().value(), 8192);
+
+  // Totals that start over (a new subscriber) are the new baseline; growth after it counts.
+  WeightPathCounts restarted = c;
+  restarted.delta_versions = 0;
+  restarted.delta_bytes = 0;
+  recorder.record(restarted);
+  EXPECT_EQ(g.weight_delta_versions->get().value(), 2);
+  restarted.delta_versions = 1;
+  restarted.delta_bytes = 300;
+  recorder.record(restarted);
+  EXPECT_EQ(g.weight_delta_versions->get().value(), 3);
+  EXPECT_EQ(g.weight_delta_received_bytes->get().value(), 1800);
 }
 
 TEST_F(GenerationWorkerTest, WeightSyncPushesVersionsThatAreServedAndAcked) {

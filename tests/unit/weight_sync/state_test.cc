@@ -191,6 +191,42 @@ TEST(Config, CoordinatorAndAdvertiseHost) {
   EXPECT_NE(c.status().message().find("--advertise-host"), std::string::npos) << c.status();
 }
 
+TEST(Config, DeltaFlags) {
+  absl::StatusOr<WeightSyncConfig> c = parse_weight_sync_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const WeightSyncOptions defaults;
+  EXPECT_EQ(c->sync.deltas, defaults.deltas);
+  EXPECT_TRUE(c->sync.deltas);
+  EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, defaults.delta_max_fraction);
+  EXPECT_EQ(c->sync.delta_zstd_level, kDefaultDeltaZstdLevel);
+
+  c = parse_weight_sync_config(
+      {"--deltas", "off", "--delta-max-fraction", "0.25", "--delta-zstd-level=19"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->sync.deltas);
+  EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, 0.25);
+  EXPECT_EQ(c->sync.delta_zstd_level, 19);
+
+  c = parse_weight_sync_config(
+      {"--deltas=on", "--delta-max-fraction", "1", "--delta-zstd-level", "1"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->sync.deltas);
+  EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, 1.0);
+  EXPECT_EQ(c->sync.delta_zstd_level, 1);
+
+  // YAML keys in snake_case; a flag overrides the file.
+  const std::string path = ::testing::TempDir() + "/weight_sync_delta_config_test.yaml";
+  {
+    std::ofstream f(path);
+    f << "deltas: off\ndelta_max_fraction: 0.5\ndelta_zstd_level: 7\n";
+  }
+  c = parse_weight_sync_config({"--config", path, "--delta-zstd-level", "3"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->sync.deltas);
+  EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, 0.5);
+  EXPECT_EQ(c->sync.delta_zstd_level, 3);
+}
+
 TEST(Config, BadValuesNameTheFlag) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--keep-versions", "0"}, "--keep-versions: must be in [1, 64], got 0"},
@@ -200,6 +236,16 @@ TEST(Config, BadValuesNameTheFlag) {
       {{"--metrics-port", "9600", "--http-port", "9700"}, "--metrics-port: 9600 disagrees"},
       {{"--grpc-port", "-3"}, "--grpc-port"},
       {{"--bogus", "1"}, "--bogus: unknown flag"},
+      {{"--deltas", "maybe"}, "--deltas: must be on or off, got 'maybe'"},
+      {{"--deltas", ""}, "--deltas"},
+      {{"--delta-max-fraction", "0"}, "--delta-max-fraction: must be in (0, 1], got 0"},
+      {{"--delta-max-fraction", "1.5"}, "--delta-max-fraction: must be in (0, 1], got 1.5"},
+      {{"--delta-max-fraction", "-0.1"}, "--delta-max-fraction: must be in (0, 1]"},
+      {{"--delta-max-fraction", "nan"}, "--delta-max-fraction: expected a number, got 'nan'"},
+      {{"--delta-max-fraction", "half"}, "--delta-max-fraction: expected a number, got 'half'"},
+      {{"--delta-zstd-level", "0"}, "--delta-zstd-level: must be in [1, 19], got 0"},
+      {{"--delta-zstd-level", "22"}, "--delta-zstd-level: must be in [1, 19], got 22"},
+      {{"--delta-zstd-level", "fast"}, "--delta-zstd-level: expected an integer, got 'fast'"},
   };
   for (const auto& [args, expect] : cases) {
     SCOPED_TRACE(expect);
