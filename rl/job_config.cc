@@ -240,7 +240,7 @@ class Fields {
 absl::Status read_model(const Fields& top, ModelSpec* model) {
   if (!top.has("model")) return field_error("model", "required");
   FP8RL_ASSIGN_OR_RETURN_FIELDS(f, top.get_object("model"));
-  FP8RL_RETURN_IF_ERROR(f.allow_only({"checkpoint", "init"}));
+  FP8RL_RETURN_IF_ERROR(f.allow_only({"checkpoint", "init", "chat_template_kwargs"}));
   const bool has_checkpoint = f.has("checkpoint");
   const bool has_init = f.has("init");
   if (has_checkpoint && has_init) {
@@ -251,7 +251,18 @@ absl::Status read_model(const Fields& top, ModelSpec* model) {
   if (has_checkpoint) {
     FP8RL_RETURN_IF_ERROR(f.get_string("checkpoint", &model->checkpoint));
     if (model->checkpoint.empty()) return field_error("model.checkpoint", "must not be empty");
+    if (f.has("chat_template_kwargs")) {
+      const Json& kwargs = f.at("chat_template_kwargs");
+      if (!kwargs.is_object()) {
+        return f.type_error("chat_template_kwargs", "a mapping of template variables", kwargs);
+      }
+      model->chat_template_kwargs = kwargs;
+    }
     return absl::OkStatus();
+  }
+  if (f.has("chat_template_kwargs")) {
+    return field_error("model.chat_template_kwargs",
+                       "only with model.checkpoint (its chat template takes them)");
   }
   FP8RL_ASSIGN_OR_RETURN_FIELDS(init, f.get_object("init"));
   FP8RL_RETURN_IF_ERROR(init.allow_only({"config", "seed"}));
@@ -548,6 +559,9 @@ Json job_config_to_json(const JobConfig& c) {
   Json model = Json::object();
   if (!c.model.checkpoint.empty()) {
     model["checkpoint"] = c.model.checkpoint;
+    if (!c.model.chat_template_kwargs.is_null()) {
+      model["chat_template_kwargs"] = c.model.chat_template_kwargs;
+    }
   } else {
     Json init = Json::object();
     if (!c.model.init_config_path.empty()) {

@@ -33,6 +33,9 @@ using ::fp8rl::PrecisionConfig;
 
 struct ModelSpec {
   std::string checkpoint;  // non-empty: start from this checkpoint folder (then no init)
+  // Extra variables for the checkpoint's chat template (e.g. Qwen3's {"enable_thinking": false});
+  // null unless given (an object; only with checkpoint).
+  nlohmann::ordered_json chat_template_kwargs;
   // init (used when checkpoint is empty): exactly one of init_config_path / init_config_inline.
   std::string init_config_path;
   nlohmann::ordered_json init_config_inline;  // null unless the config was given inline (an object)

@@ -294,6 +294,12 @@ absl::StatusOr<rl::PromptFormat> job_prompt_format(const rl::JobConfig& config) 
     return absl::Status(format.status().code(),
                         absl::StrCat("model.checkpoint: ", format.status().message()));
   }
+  if (!config.model.chat_template_kwargs.is_null()) {
+    // The job's variables over any the format brings.
+    if (!format->template_kwargs.is_object())
+      format->template_kwargs = nlohmann::ordered_json::object();
+    format->template_kwargs.update(config.model.chat_template_kwargs);
+  }
   return format;
 }
 

@@ -431,6 +431,30 @@ std::vector<int32_t> chat_prompt_ids(const std::string& text) {
   return ids;
 }
 
+// model.chat_template_kwargs reach the template: a template that switches on a job variable.
+TEST(RlLoop, ChatTemplateKwargsReachTheTemplate) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / absl::StrCat("chat_kwargs_", ::getpid());
+  write_chat_tokenizer(dir);
+  std::ofstream(dir / "tokenizer_config.json")
+      << nlohmann::json{{"eos_token", "<|im_end|>"},
+                        {"chat_template", "{% if terse %}T{% endif %}{{ messages[0].content }}"}}
+             .dump();
+  rl::JobConfig config = small_config("/ckpt");
+  config.model.checkpoint = dir.string();
+  const rl::Example ex{"1+2=", "3"};
+  absl::StatusOr<rl::PromptFormat> plain = job_prompt_format(config);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  config.model.chat_template_kwargs = {{"terse", true}};
+  absl::StatusOr<rl::PromptFormat> terse = job_prompt_format(config);
+  ASSERT_TRUE(terse.ok()) << terse.status();
+  const std::vector<int32_t> a = rl::encode_prompt(ex, *plain).value();
+  const std::vector<int32_t> b = rl::encode_prompt(ex, *terse).value();
+  EXPECT_EQ(a, (std::vector<int32_t>{'1', '+', '2', '='}));
+  EXPECT_EQ(b, (std::vector<int32_t>{'T', '1', '+', '2', '='}));
+  std::filesystem::remove_all(dir);
+}
+
 // A job whose model.checkpoint folder has a tokenizer.json and a chat template: prompts (rollout,
 // validation, SFT) are that tokenizer's encoding of the rendered template, generation stops at
 // the checkpoint's EOS ids, and completions are decoded up to the first of them for the reward.

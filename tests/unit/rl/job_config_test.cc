@@ -112,6 +112,34 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   EXPECT_EQ(m->model.checkpoint, "/ckpt");
 }
 
+// model.chat_template_kwargs: template variables for a checkpoint's chat template, kept through
+// the JSON round trip; not a mapping, or without a checkpoint, is an error naming the field.
+TEST(JobConfig, ChatTemplateKwargs) {
+  const std::string task = "task: {name: addition, val_size: 5}\n";
+  absl::StatusOr<JobConfig> c = parse_job_config(
+      "model: {checkpoint: /ckpt, chat_template_kwargs: {enable_thinking: false, n: 2}}\n" + task);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.chat_template_kwargs,
+            (nlohmann::ordered_json{{"enable_thinking", false}, {"n", 2}}));
+  absl::StatusOr<JobConfig> again = parse_job_config(job_config_to_json(*c).dump());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->model, c->model);
+  EXPECT_TRUE(parse_job_config("model: {checkpoint: /ckpt}\n" + task)
+                  ->model.chat_template_kwargs.is_null());
+  const std::string not_mapping =
+      std::string(parse_job_config("model: {checkpoint: /ckpt, chat_template_kwargs: [1]}\n" + task)
+                      .status()
+                      .message());
+  EXPECT_TRUE(not_mapping.starts_with("model.chat_template_kwargs: ")) << not_mapping;
+  const std::string no_checkpoint = std::string(
+      parse_job_config(
+          "model: {init: {config: {hidden_size: 64}}, chat_template_kwargs: {a: 1}}\n" + task)
+          .status()
+          .message());
+  EXPECT_TRUE(no_checkpoint.starts_with("model.chat_template_kwargs: only with model.checkpoint"))
+      << no_checkpoint;
+}
+
 TEST(JobConfig, YamlAndJsonGiveTheSameConfig) {
   const std::string yaml = R"(
 name: "quoted 123"
