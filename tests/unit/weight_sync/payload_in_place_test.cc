@@ -12,20 +12,8 @@
 namespace fp8rl::weight_sync {
 namespace {
 
+using testing::chunks_of;
 using testing::random_fp8_set;
-
-std::vector<v1::WeightChunk> chunks(const model::WeightSet& set, uint64_t chunk_bytes) {
-  std::vector<v1::WeightChunk> out;
-  EXPECT_TRUE(for_each_chunk(set, chunk_bytes, [&](uint64_t offset, std::string_view data) {
-                v1::WeightChunk c;
-                c.set_version(set.version);
-                c.set_offset(offset);
-                c.set_data(std::string(data));
-                out.push_back(std::move(c));
-                return absl::OkStatus();
-              }).ok());
-  return out;
-}
 
 TEST(InPlace, ChunksLandInTheTargetAndViewsPointIntoIt) {
   const model::WeightSet set = random_fp8_set(4, 21);
@@ -35,7 +23,7 @@ TEST(InPlace, ChunksLandInTheTargetAndViewsPointIntoIt) {
   PayloadAssembler a;
   ASSERT_TRUE(a.begin_into(*manifest, target).ok());
   // An odd chunk size: chunk boundaries fall inside tensors.
-  for (const auto& c : chunks(set, 1000003)) ASSERT_TRUE(a.add(c).ok());
+  for (const auto& c : chunks_of(set, 1000003)) ASSERT_TRUE(a.add(c).ok());
   ASSERT_TRUE(a.complete());
   auto done = a.finish();
   ASSERT_TRUE(done.ok()) << done.status();
@@ -67,7 +55,7 @@ TEST(InPlace, CorruptionIsDataLossNamingTheTensorAsItLands) {
   std::vector<char> target(manifest->total_bytes());
   PayloadAssembler a;
   ASSERT_TRUE(a.begin_into(*manifest, target).ok());
-  auto cs = chunks(set, 1 << 20);
+  auto cs = chunks_of(set, 1 << 20);
   ASSERT_GT(cs.size(), 3u);
   // Flip a byte of the embedding (tensor 0: 1.25 MiB, so its last byte is in chunk 1).
   cs[0].mutable_data()->at(12345) ^= 0x10;

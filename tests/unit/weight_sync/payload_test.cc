@@ -13,6 +13,7 @@
 namespace fp8rl::weight_sync {
 namespace {
 
+using testing::chunks_of;
 using testing::expect_same_set;
 using testing::random_bf16_set;
 using testing::random_fp8_set;
@@ -20,19 +21,6 @@ using testing::random_fp8_set;
 std::string concat_bytes(const model::WeightSet& set) {
   std::string out;
   for (const auto& t : set.tensors) out.append(t.bytes.begin(), t.bytes.end());
-  return out;
-}
-
-std::vector<v1::WeightChunk> chunks_of(const model::WeightSet& set, uint64_t chunk_bytes) {
-  std::vector<v1::WeightChunk> out;
-  EXPECT_TRUE(for_each_chunk(set, chunk_bytes, [&](uint64_t offset, std::string_view data) {
-                v1::WeightChunk c;
-                c.set_version(set.version);
-                c.set_offset(offset);
-                c.set_data(std::string(data));
-                out.push_back(std::move(c));
-                return absl::OkStatus();
-              }).ok());
   return out;
 }
 

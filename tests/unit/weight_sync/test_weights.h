@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/weight_set.h"
@@ -92,6 +93,20 @@ inline model::WeightSet random_bf16_set(int64_t version, uint32_t seed) {
   return set;
 }
 
+// The chunk stream of `set` (for_each_chunk) as WeightChunk messages of at most chunk_bytes.
+inline std::vector<v1::WeightChunk> chunks_of(const model::WeightSet& set, uint64_t chunk_bytes) {
+  std::vector<v1::WeightChunk> out;
+  EXPECT_TRUE(for_each_chunk(set, chunk_bytes, [&](uint64_t offset, std::string_view data) {
+                v1::WeightChunk c;
+                c.set_version(set.version);
+                c.set_offset(offset);
+                c.set_data(std::string(data));
+                out.push_back(std::move(c));
+                return absl::OkStatus();
+              }).ok());
+  return out;
+}
+
 inline void expect_same_set(const model::WeightSet& a, const model::WeightSet& b) {
   ASSERT_EQ(a.version, b.version);
   EXPECT_EQ(a.config_json, b.config_json);
@@ -111,14 +126,11 @@ template <typename Message>
 std::vector<Message> stream_messages(const model::WeightSet& set, v1::WeightFormat format) {
   std::vector<Message> out(1);
   *out[0].mutable_manifest() = build_manifest(set, format).value();
-  EXPECT_TRUE(for_each_chunk(set, 1 << 20, [&](uint64_t offset, std::string_view data) {
-                Message m;
-                m.mutable_chunk()->set_version(set.version);
-                m.mutable_chunk()->set_offset(offset);
-                m.mutable_chunk()->set_data(std::string(data));
-                out.push_back(std::move(m));
-                return absl::OkStatus();
-              }).ok());
+  for (v1::WeightChunk& c : chunks_of(set, 1 << 20)) {
+    Message m;
+    *m.mutable_chunk() = std::move(c);
+    out.push_back(std::move(m));
+  }
   return out;
 }
 
