@@ -337,7 +337,8 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(f.allow_only(
       {"steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "top_p",
        "seed", "learning_rate", "warmup_steps", "weight_decay", "grad_clip", "minibatches",
-       "epochs", "clip_eps", "kl_beta", "is", "adam_beta1", "adam_beta2", "adam_eps"}));
+       "epochs", "clip_eps", "kl_beta", "is", "adam_beta1", "adam_beta2", "adam_eps",
+       "max_staleness"}));
   FP8RL_RETURN_IF_ERROR(f.get_int("steps", &a->steps));
   FP8RL_RETURN_IF_ERROR(f.get_int("prompts_per_step", &a->prompts_per_step));
   FP8RL_RETURN_IF_ERROR(f.get_int("samples_per_prompt", &a->samples_per_prompt));
@@ -356,6 +357,7 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta1", &a->adam_beta1));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta2", &a->adam_beta2));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_eps", &a->adam_eps));
+  FP8RL_RETURN_IF_ERROR(f.get_int("max_staleness", &a->max_staleness));
   FP8RL_ASSIGN_OR_RETURN_FIELDS(is, f.get_object("is"));
   FP8RL_RETURN_IF_ERROR(is.allow_only({"rule", "cap", "lo", "hi"}));
   std::string rule(is_rule_name(a->is.rule));
@@ -466,6 +468,9 @@ absl::Status validate_job_config(const JobConfig& c) {
                                 "must be in [0, 1)"));
   FP8RL_RETURN_IF_ERROR(
       require(a.adam_eps > 0.0 && std::isfinite(a.adam_eps), "algorithm.adam_eps", "must be > 0"));
+  // Each step of staleness keeps one more step's rollout in the coordinator's memory.
+  FP8RL_RETURN_IF_ERROR(require(a.max_staleness >= 0 && a.max_staleness <= 16,
+                                "algorithm.max_staleness", "must be in [0, 16]"));
   // sft
   if (c.sft.has_value()) {
     FP8RL_RETURN_IF_ERROR(require(c.sft->steps >= 1, "sft.steps", "must be >= 1"));
@@ -624,7 +629,8 @@ Json job_config_to_json(const JobConfig& c) {
                                     {"hi", a.is.hi}}},
                         {"adam_beta1", a.adam_beta1},
                         {"adam_beta2", a.adam_beta2},
-                        {"adam_eps", a.adam_eps}};
+                        {"adam_eps", a.adam_eps},
+                        {"max_staleness", a.max_staleness}};
   if (c.sft.has_value()) {
     j["sft"] = Json{{"steps", c.sft->steps},
                     {"learning_rate", c.sft->learning_rate},

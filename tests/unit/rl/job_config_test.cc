@@ -100,6 +100,7 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   EXPECT_EQ(c->algorithm.adam_beta1, 0.9);
   EXPECT_EQ(c->algorithm.adam_beta2, 0.999);
   EXPECT_EQ(c->algorithm.adam_eps, 1e-8);
+  EXPECT_EQ(c->algorithm.max_staleness, 0);  // synchronous unless asked
   EXPECT_FALSE(c->sft.has_value());
   EXPECT_EQ(c->precision, PrecisionConfig{});
   EXPECT_EQ(c->validation.every_steps, 10);
@@ -223,6 +224,10 @@ TEST(JobConfig, BadConfigsNameTheField) {
       {"algorithm: {adam_beta1: 1}", "algorithm.adam_beta1: must be in [0, 1)"},
       {"algorithm: {adam_beta2: -0.5}", "algorithm.adam_beta2: must be in [0, 1)"},
       {"algorithm: {adam_eps: 0}", "algorithm.adam_eps: must be > 0"},
+      {"algorithm: {max_staleness: -1}", "algorithm.max_staleness: must be in [0, 16]"},
+      {"algorithm: {max_staleness: 17}", "algorithm.max_staleness: must be in [0, 16]"},
+      {"algorithm: {max_staleness: 1.5}",
+       "algorithm.max_staleness: must be an integer, got number"},
       {"algorithm: {foo: 1}", "algorithm.foo: unknown key"},
       {"bogus: 1", "bogus: unknown key"},
       {"algorithm: {steps: ten}", "algorithm.steps: must be an integer, got string"},
