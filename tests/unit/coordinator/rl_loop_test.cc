@@ -1046,11 +1046,12 @@ TEST(AsyncRl, ALostGenerationWorkersSamplesAreGeneratedOnceElsewhere) {
 
 TEST(AsyncRl, FailsOrCancelsInsteadOfHangingWhenTheQueueRunsDry) {
   {
-    // The only worker dies during step 2: the producer's dispatch fails after worker_wait and the
-    // loop's wait for the rollout of a later step ends with that error.
+    // The only worker dies after 25 samples (10 validation, 12 of step 1, 3 of step 2): the
+    // producer's dispatch fails after worker_wait and the loop's wait for a rollout ends with
+    // that error.
     FakeCluster cluster;
     auto w = cluster.add("w0");
-    w->die_after = 18;
+    w->die_after = 25;
     auto store = JobStore::open(":memory:").value();
     const rl::JobConfig config = async_config(2, 6);
     const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
