@@ -13,6 +13,7 @@ PACKAGES=(
   libssl-dev zlib1g-dev libzstd-dev
   libpcre2-dev libicu-dev
   curl prometheus docker-compose iperf3
+  clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer with ASan/UBSan (fuzz/)
   python3 python3-numpy python3-torch python3-yaml python3-jinja2
   python3-grpcio python3-grpc-tools python3-protobuf
 )

@@ -47,6 +47,10 @@ service::HttpHandler counting_rejects(JobManager& jobs, service::HttpHandler han
 
 }  // namespace
 
+service::HttpResponse submit_job_request(JobManager& jobs, const service::HttpRequest& req) {
+  return submit(jobs, req);
+}
+
 int http_status_for(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
