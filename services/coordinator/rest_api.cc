@@ -54,6 +54,27 @@ service::HttpResponse submit(JobManager& jobs, const service::HttpRequest& req) 
   return json_response(201, {{"id", job->id}, {"state", std::string(job_state_name(job->state))}});
 }
 
+// GET /v1/jobs/{id}/metrics[?max_points=N]: the history in step order, thinned per metric when
+// max_points is given (then "recorded_rows" says how many rows the store holds).
+service::HttpResponse metrics_history(JobManager& jobs, const service::HttpRequest& req) {
+  int64_t max_points = 0;
+  if (auto it = req.query.find("max_points"); it != req.query.end()) {
+    if (!absl::SimpleAtoi(it->second, &max_points) || max_points < 2) {
+      return service::json_error(
+          400, absl::StrCat("max_points: expected an integer >= 2, got '", it->second, "'"));
+    }
+  }
+  absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
+  if (!rows.ok()) return error_response(rows.status());
+  const size_t recorded = rows->size();
+  if (max_points > 0) *rows = downsample_metrics(*rows, max_points);
+  nlohmann::json out = nlohmann::json::array();
+  for (const MetricsRow& row : *rows) out.push_back(metrics_row_to_json(row));
+  nlohmann::json body = {{"id", req.params[0]}, {"steps", out}};
+  if (max_points > 0) body["recorded_rows"] = recorded;
+  return json_response(200, body);
+}
+
 // Counts the route's 400 answers as rejected requests
 // (fp8rl_coordinator_requests_rejected_total{api="rest"}).
 service::HttpHandler counting_rejects(JobManager& jobs, service::HttpHandler handler) {
@@ -161,26 +182,10 @@ void add_rest_routes(service::HttpServer& server, JobManager& jobs) {
                 return json_response(200, job_to_json(*job, std::nullopt, false));
               }));
 
-  server.get(
-      R"(/v1/jobs/([^/:]+)/metrics)",
-      counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
-        int64_t max_points = 0;
-        if (auto it = req.query.find("max_points"); it != req.query.end()) {
-          if (!absl::SimpleAtoi(it->second, &max_points) || max_points < 2) {
-            return service::json_error(
-                400, absl::StrCat("max_points: expected an integer >= 2, got '", it->second, "'"));
-          }
-        }
-        absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
-        if (!rows.ok()) return error_response(rows.status());
-        const size_t recorded = rows->size();
-        if (max_points > 0) *rows = downsample_metrics(*rows, max_points);
-        nlohmann::json out = nlohmann::json::array();
-        for (const MetricsRow& row : *rows) out.push_back(metrics_row_to_json(row));
-        nlohmann::json body = {{"id", req.params[0]}, {"steps", out}};
-        if (max_points > 0) body["recorded_rows"] = recorded;
-        return json_response(200, body);
-      }));
+  server.get(R"(/v1/jobs/([^/:]+)/metrics)",
+             counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
+               return metrics_history(jobs, req);
+             }));
 }
 
 }  // namespace fp8rl::coordinator
