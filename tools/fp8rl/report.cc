@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -119,19 +120,38 @@ std::string render_chart_svg(const ChartSpec& chart, const std::vector<std::stri
                         "<text x=\"%g\" y=\"%g\" font-size=\"11\" text-anchor=\"end\" "
                         "fill=\"#556\">step %s</text>\n",
                         L, H - B + 16, fmt(x0), W - R, H - B + 16, fmt(x1));
+  std::set<int64_t> steps;
+  for (const auto& series : points) {
+    for (const Point& p : series) steps.insert(p.step);
+  }
+  const double bar_width = std::clamp(
+      0.8 * (W - L - R) / static_cast<double>(std::max<size_t>(1, steps.size())), 1.0, 24.0);
   double legend_x = L;
   for (size_t i = 0; i < chart.series.size(); ++i) {
     if (points[i].empty()) continue;
     const std::string& color = palette[i % palette.size()];
     const std::string key = xml_escape(chart.series[i].key);
-    std::string line;
-    for (const Point& p : points[i]) {
-      absl::StrAppendFormat(&line, "%s%.1f,%.1f", line.empty() ? "" : " ", sx(p.step), sy(p.drawn));
+    if (chart.stacked) {
+      // One bar per step, a segment per series from the sum below it to its own top.
+      for (const Point& p : points[i]) {
+        const double top = sy(p.drawn), bottom = sy(p.drawn - p.raw);
+        absl::StrAppendFormat(&svg,
+                              "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                              "fill=\"%s\" opacity=\"0.85\"/>\n",
+                              sx(p.step) - bar_width / 2, top, bar_width,
+                              std::max(0.0, bottom - top), color);
+      }
+    } else {
+      std::string line;
+      for (const Point& p : points[i]) {
+        absl::StrAppendFormat(&line, "%s%.1f,%.1f", line.empty() ? "" : " ", sx(p.step),
+                              sy(p.drawn));
+      }
+      absl::StrAppendFormat(&svg,
+                            "<polyline data-key=\"%s\" fill=\"none\" stroke=\"%s\" "
+                            "stroke-width=\"1.5\" points=\"%s\"/>\n",
+                            key, color, line);
     }
-    absl::StrAppendFormat(&svg,
-                          "<polyline data-key=\"%s\" fill=\"none\" stroke=\"%s\" "
-                          "stroke-width=\"1.5\" points=\"%s\"/>\n",
-                          key, color, line);
     for (const Point& p : points[i]) {
       absl::StrAppendFormat(&svg,
                             "<circle data-key=\"%s\" data-step=\"%d\" data-value=\"%.17g\" "

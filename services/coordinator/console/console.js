@@ -104,7 +104,7 @@ function showError(err) {
 // An SVG line chart of `series` ([{key, label}]) over `rows` (metrics rows in step order). A
 // series is drawn from the rows that carry its key; each point is a <circle> with data-key,
 // data-step and data-value (the raw value, also when stacked). Stacked charts draw cumulative
-// sums over the rows that carry every series' key.
+// sums (bars, one segment per series; a row lacking a key adds nothing for it).
 function chartSvg(spec, rows, palette) {
   const W = 460, H = 200, L = 52, R = 10, T = 10, B = 28;
   const lines = [];  // [{key, label, color, pts: [[step, raw, drawn]]}]
@@ -148,13 +148,23 @@ function chartSvg(spec, rows, palette) {
   }
   out.push(`<text x="${L}" y="${H - 8}" font-size="10" fill="#566">step ${fmt(x0)}</text>`);
   out.push(`<text x="${W - R}" y="${H - 8}" font-size="10" text-anchor="end" fill="#566">step ${fmt(x1)}</text>`);
+  // Stacked: one bar per step, a segment per series from the sum below it to its own top.
+  const steps = new Set(all.map((p) => p[0]));
+  const barWidth = Math.max(1, Math.min(24, 0.8 * (W - L - R) / Math.max(1, steps.size)));
   for (const line of lines) {
     if (line.pts.length === 0) continue;
-    const d = line.pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[2]).toFixed(1)}`).join(' ');
-    out.push(`<polyline class="series" data-key="${esc(line.key)}" fill="none" stroke="${line.color}" stroke-width="1.5" points="${d}"/>`);
+    if (spec.stacked) {
+      for (const p of line.pts) {
+        const top = sy(p[2]), bottom = sy(p[2] - p[1]);
+        out.push(`<rect class="bar" x="${(sx(p[0]) - barWidth / 2).toFixed(1)}" y="${top.toFixed(1)}" width="${barWidth.toFixed(1)}" height="${Math.max(0, bottom - top).toFixed(1)}" fill="${line.color}" opacity="0.85"/>`);
+      }
+    } else {
+      const d = line.pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[2]).toFixed(1)}`).join(' ');
+      out.push(`<polyline class="series" data-key="${esc(line.key)}" fill="none" stroke="${line.color}" stroke-width="1.5" points="${d}"/>`);
+    }
     for (const p of line.pts) {
       out.push(`<circle class="pt" data-key="${esc(line.key)}" data-step="${p[0]}" data-value="${p[1]}" ` +
-               `cx="${sx(p[0]).toFixed(1)}" cy="${sy(p[2]).toFixed(1)}" r="2" fill="${line.color}">` +
+               `cx="${sx(p[0]).toFixed(1)}" cy="${sy(p[2]).toFixed(1)}" r="${spec.stacked ? 1 : 2}" fill="${line.color}">` +
                `<title>${esc(line.label)} at step ${p[0]}: ${esc(fmt(p[1]))}</title></circle>`);
     }
   }
