@@ -16,6 +16,7 @@ PACKAGES=(
   clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer with ASan/UBSan (fuzz/)
   python3 python3-numpy python3-torch python3-yaml python3-jinja2
   python3-grpcio python3-grpc-tools python3-protobuf
+  chromium python3-websocket fonts-dejavu-core
 )
 
 missing=()

@@ -12,7 +12,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/service/crc32c.h"
 #include "common/service/log.h"
 #include "nlohmann/json.hpp"
 
@@ -27,6 +32,26 @@ void set_listener_socket_options(int fd) {
   // lets a restarted process re-bind at once while a live listener still makes bind() fail.
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+}
+
+}  // namespace
+
+std::string body_etag(std::string_view body) {
+  // CRC-32C and the length: a changed body gets a new tag (a collision needs the same length and
+  // checksum), and the tag costs one pass over bytes the server sends anyway.
+  return absl::StrFormat("\"%08x-%x\"", crc32c(body), body.size());
+}
+
+namespace {
+
+// True when an If-None-Match header value ("*", or a list of tags, weak or not) names `etag`.
+bool etag_matches(const std::string& if_none_match, const std::string& etag) {
+  for (absl::string_view tag : absl::StrSplit(if_none_match, ',')) {
+    tag = absl::StripAsciiWhitespace(tag);
+    if (absl::StartsWith(tag, "W/")) tag.remove_prefix(2);
+    if (tag == "*" || tag == etag) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -58,6 +83,16 @@ struct HttpServer::Impl {
       log_error("http", "handler threw", {{"path", request.path}, {"error", e.what()}});
       response = json_error(500, absl::StrCat("internal error: ", e.what()));
     }
+    if (request.method == "GET" && response.status == 200) {
+      const std::string etag = body_etag(response.body);
+      res.set_header("ETag", etag);
+      auto it = request.headers.find("if-none-match");
+      if (it != request.headers.end() && etag_matches(it->second, etag)) {
+        res.status = 304;
+        count(304);
+        return;
+      }
+    }
     res.status = response.status;
     res.set_content(response.body, response.content_type);
     count(response.status);
@@ -69,6 +104,8 @@ struct HttpServer::Impl {
     request.path = req.path;
     request.body = req.body;
     for (const auto& [key, value] : req.params) request.query[key] = value;
+    for (const auto& [name, value] : req.headers)
+      request.headers[absl::AsciiStrToLower(name)] = value;
     return request;
   }
 

@@ -22,6 +22,7 @@ struct HttpRequest {
   std::string body;
   std::vector<std::string> params;  // regex capture groups of the route pattern, in order
   std::map<std::string, std::string> query;
+  std::map<std::string, std::string> headers;  // names in lower case ("content-type")
 };
 
 struct HttpResponse {
@@ -31,6 +32,9 @@ struct HttpResponse {
 };
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+
+// The ETag the server sends with a 200 answer to a GET: a quoted hex checksum of the body.
+std::string body_etag(std::string_view body);
 
 // {"error": message} with the given status.
 HttpResponse json_error(int status, std::string_view message);
@@ -53,8 +57,10 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // Routes: ECMAScript regex matched against the whole path ("/v1/jobs/([^/:]+)"). Add before
-  // start(). A POST sent with neither Content-Length nor chunked Transfer-Encoding (plain
-  // `curl -X POST URL`) reaches its route with an empty body, as HTTP/1.1 defines it.
+  // start(). A GET route's 200 answer carries an ETag (body_etag); a request whose If-None-Match
+  // names it gets 304 with no body, so pollers do not download what they already have. A POST sent
+  // with neither Content-Length nor chunked Transfer-Encoding (plain `curl -X POST URL`) reaches
+  // its route with an empty body, as HTTP/1.1 defines it.
   void get(const std::string& pattern, HttpHandler handler);
   void post(const std::string& pattern, HttpHandler handler);
 

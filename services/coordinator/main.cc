@@ -12,6 +12,7 @@
 #include "common/service/metrics.h"
 #include "common/service/options.h"
 #include "common/service/shutdown.h"
+#include "services/coordinator/console/console_routes.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/grpc_api.h"
 #include "services/coordinator/grpc_cluster.h"
@@ -126,6 +127,7 @@ int run(const std::vector<std::string>& args) {
   http_options.max_body_bytes = options->max_body_bytes;
   service::HttpServer http(http_options, &registry);
   coordinator::add_rest_routes(http, jobs);
+  console::add_console_routes(http);
   absl::StatusOr<int> http_port = http.start();
   if (!http_port.ok()) return fail(absl::StrCat("--http-port: ", http_port.status().message()));
 

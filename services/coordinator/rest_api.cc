@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/json_util.h"
 #include "services/coordinator/coordinator_metrics.h"
+#include "services/coordinator/metrics_downsample.h"
 
 namespace fp8rl::coordinator {
 namespace {
@@ -17,7 +18,27 @@ service::HttpResponse error_response(const absl::Status& status) {
   return service::json_error(http_status_for(status), std::string(status.message()));
 }
 
+// True when the request says its body is YAML (Content-Type application/yaml, text/yaml, or
+// application/x-yaml, parameters such as "; charset=utf-8" allowed).
+bool is_yaml_body(const service::HttpRequest& req) {
+  auto it = req.headers.find("content-type");
+  if (it == req.headers.end()) return false;
+  const std::string type = it->second.substr(0, it->second.find(';'));
+  return type == "application/yaml" || type == "text/yaml" || type == "application/x-yaml";
+}
+
+// A YAML job config (the console's submit page, `curl --data-binary @job.yaml`): the same
+// validation as the gRPC SubmitJob, errors naming the field.
+service::HttpResponse submit_yaml(JobManager& jobs, const service::HttpRequest& req) {
+  if (req.body.find_first_not_of(" \t\r\n") == std::string::npos)
+    return service::json_error(400, "body: empty; expected a job config as YAML");
+  absl::StatusOr<JobRecord> job = jobs.submit_text(req.body);
+  if (!job.ok()) return error_response(job.status());
+  return json_response(201, {{"id", job->id}, {"state", std::string(job_state_name(job->state))}});
+}
+
 service::HttpResponse submit(JobManager& jobs, const service::HttpRequest& req) {
+  if (is_yaml_body(req)) return submit_yaml(jobs, req);
   const size_t first = req.body.find_first_not_of(" \t\r\n");
   if (first == std::string::npos)
     return service::json_error(400, "body: empty; expected a job config as JSON");
@@ -31,6 +52,27 @@ service::HttpResponse submit(JobManager& jobs, const service::HttpRequest& req) 
   absl::StatusOr<JobRecord> job = jobs.submit(*config);
   if (!job.ok()) return error_response(job.status());
   return json_response(201, {{"id", job->id}, {"state", std::string(job_state_name(job->state))}});
+}
+
+// GET /v1/jobs/{id}/metrics[?max_points=N]: the history in step order, thinned per metric when
+// max_points is given (then "recorded_rows" says how many rows the store holds).
+service::HttpResponse metrics_history(JobManager& jobs, const service::HttpRequest& req) {
+  int64_t max_points = 0;
+  if (auto it = req.query.find("max_points"); it != req.query.end()) {
+    if (!absl::SimpleAtoi(it->second, &max_points) || max_points < 2) {
+      return service::json_error(
+          400, absl::StrCat("max_points: expected an integer >= 2, got '", it->second, "'"));
+    }
+  }
+  absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
+  if (!rows.ok()) return error_response(rows.status());
+  const size_t recorded = rows->size();
+  if (max_points > 0) *rows = downsample_metrics(*rows, max_points);
+  nlohmann::json out = nlohmann::json::array();
+  for (const MetricsRow& row : *rows) out.push_back(metrics_row_to_json(row));
+  nlohmann::json body = {{"id", req.params[0]}, {"steps", out}};
+  if (max_points > 0) body["recorded_rows"] = recorded;
+  return json_response(200, body);
 }
 
 // Counts the route's 400 answers as rejected requests
@@ -146,11 +188,7 @@ void add_rest_routes(service::HttpServer& server, JobManager& jobs) {
 
   server.get(R"(/v1/jobs/([^/:]+)/metrics)",
              counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
-               absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
-               if (!rows.ok()) return error_response(rows.status());
-               nlohmann::json out = nlohmann::json::array();
-               for (const MetricsRow& row : *rows) out.push_back(metrics_row_to_json(row));
-               return json_response(200, {{"id", req.params[0]}, {"steps", out}});
+               return metrics_history(jobs, req);
              }));
 }
 

@@ -41,6 +41,7 @@ int status_main(const std::vector<std::string>& args);
 int list_main(const std::vector<std::string>& args);
 int cancel_main(const std::vector<std::string>& args);
 int watch_main(const std::vector<std::string>& args);
+int report_main(const std::vector<std::string>& args);  // cmd_report.cc
 #endif
 
 }  // namespace fp8rl::cli

@@ -51,6 +51,7 @@ const std::vector<Command> kCommands = {
     {"list", "list [--state STATE] [--limit N] [--coordinator HOST:PORT]", list_main},
     {"cancel", "cancel ID [--coordinator HOST:PORT]", cancel_main},
     {"watch", "watch ID [--coordinator HOST:PORT]", watch_main},
+    {"report", "report ID --out DIR [--coordinator HOST:PORT]", report_main},
 #endif
 };
 
