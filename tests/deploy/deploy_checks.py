@@ -44,17 +44,19 @@ BINARIES = ["fp8rl"] + [b for b, _, _, _ in SERVICES.values()]
 # `--help` output is the source of truth instead, so this table cannot drift unnoticed.
 COMMON_FLAGS = {"--config", "--listen-host", "--grpc-port", "--http-port", "--advertise-host",
                 "--coordinator", "--data-dir", "--log-level", "--shutdown-grace-seconds",
-                "--max-body-bytes"}
+                "--max-body-bytes", "--cluster-token-file", "--tls-cert", "--tls-key", "--tls-ca",
+                "--tls-server-name"}
 BINARY_FLAGS = {
     "fp8rl-coordinator": COMMON_FLAGS | {
         "--job-store", "--heartbeat-interval-ms", "--worker-expiry-ms",
         "--generate-deadline-seconds", "--worker-wait-seconds", "--trainer-timeout-seconds",
         "--trainer-resume-seconds", "--sync-wait-seconds", "--data-root", "--models-root",
-        "--datasets-root"},
+        "--datasets-root", "--auth-token-file"},
     "fp8rl-weight-sync": COMMON_FLAGS | {
         "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes", "--deltas",
         "--delta-max-fraction", "--delta-zstd-level"},
-    "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name"},
+    "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name",
+                                            "--logprob-log-dir", "--data-root", "--models-root"},
     "fp8rl-generation-worker": COMMON_FLAGS | {
         "--metrics-port", "--weight-sync", "--worker-id", "--precision", "--kv-cache",
         "--max-batch-tokens", "--kv-cache-tokens", "--max-queued-samples", "--batch-wait-ms",
