@@ -81,6 +81,16 @@ int run(const std::vector<std::string>& args) {
   options.logprob_log_dir = config->logprob_log_dir;
   options.data_root = config->data_root;
   options.models_root = config->models_root;
+  for (auto [flag, root] : {std::pair{"--data-root", &options.data_root},
+                            std::pair{"--models-root", &options.models_root}}) {
+    if (root->empty()) continue;
+    const std::filesystem::path dir = std::filesystem::canonical(*root, ec);
+    if (ec || !std::filesystem::is_directory(dir)) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", *root, "' is not an existing folder")));
+    }
+    *root = dir.string();
+  }
   trainer::Trainer trainer(options, publisher.get(), metrics->get());
   trainer::TrainerServiceImpl service_impl(&trainer);
   service_impl.require_tokens(security->cluster_tokens);
