@@ -65,7 +65,9 @@ struct HttpServer::Impl {
   MetricsRegistry* metrics = nullptr;
   CounterFamily* requests = nullptr;
   std::function<bool()> healthy;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server;  // httplib::SSLServer when TLS is configured
+  bool tls_invalid = false;                 // the certificate or key could not be loaded
+  HttpGuard guard;
   std::thread thread;
   std::atomic<bool> listen_returned{false};  // set by `thread` when listen_after_bind returns
   bool started = false;
@@ -78,7 +80,9 @@ struct HttpServer::Impl {
   void respond(const HttpHandler& handler, const HttpRequest& request, httplib::Response& res) {
     HttpResponse response;
     try {
-      response = handler(request);
+      std::optional<HttpResponse> refused;
+      if (guard) refused = guard(request);
+      response = refused ? std::move(*refused) : handler(request);
     } catch (const std::exception& e) {
       log_error("http", "handler threw", {{"path", request.path}, {"error", e.what()}});
       response = json_error(500, absl::StrCat("internal error: ", e.what()));
@@ -94,6 +98,7 @@ struct HttpServer::Impl {
       }
     }
     res.status = response.status;
+    for (const auto& [name, value] : response.headers) res.set_header(name, value);
     res.set_content(response.body, response.content_type);
     count(response.status);
   }
@@ -103,6 +108,7 @@ struct HttpServer::Impl {
     request.method = req.method;
     request.path = req.path;
     request.body = req.body;
+    request.authorization = req.get_header_value("Authorization");
     for (const auto& [key, value] : req.params) request.query[key] = value;
     for (const auto& [name, value] : req.headers)
       request.headers[absl::AsciiStrToLower(name)] = value;
@@ -152,6 +158,14 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
   impl_->options = std::move(options);
   impl_->metrics = metrics;
   impl_->healthy = std::move(healthy);
+  const HttpServerOptions& o = impl_->options;
+  if (!o.tls_cert.empty() || !o.tls_key.empty()) {
+    auto ssl = std::make_unique<httplib::SSLServer>(o.tls_cert.c_str(), o.tls_key.c_str());
+    impl_->tls_invalid = !ssl->is_valid();
+    impl_->server = std::move(ssl);
+  } else {
+    impl_->server = std::make_unique<httplib::Server>();
+  }
   if (metrics != nullptr) {
     auto family = metrics->add_counter("fp8rl_http_requests_total",
                                        "HTTP requests answered, by status code.", {"code"});
@@ -159,14 +173,14 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
   }
   Impl* impl = impl_.get();
   const int threads = std::max(1, impl_->options.threads);
-  impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  impl_->server.set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
-  impl_->server.set_socket_options(set_listener_socket_options);
-  impl_->server.set_pre_routing_handler(
+  impl_->server->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl_->server->set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
+  impl_->server->set_socket_options(set_listener_socket_options);
+  impl_->server->set_pre_routing_handler(
       [impl](const httplib::Request& req, httplib::Response& res) {
         return impl->route_bodyless_post(req, res);
       });
-  impl_->server.set_error_handler([impl](const httplib::Request& req, httplib::Response& res) {
+  impl_->server->set_error_handler([impl](const httplib::Request& req, httplib::Response& res) {
     // Reached for statuses >= 400 that no handler produced: oversized bodies (413 from the
     // parser), unknown routes (404), malformed requests (400). A route's own error body stays.
     if (!res.body.empty()) return;
@@ -183,14 +197,14 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
     res.set_content(nlohmann::json{{"error", message}}.dump(), "application/json");
     impl->count(res.status);
   });
-  impl_->server.Get("/healthz", [impl](const httplib::Request&, httplib::Response& res) {
+  impl_->server->Get("/healthz", [impl](const httplib::Request&, httplib::Response& res) {
     const bool ok = !impl->healthy || impl->healthy();
     res.status = ok ? 200 : 503;
     res.set_content(ok ? R"({"status":"ok"})" : R"({"status":"unavailable"})", "application/json");
     impl->count(res.status);
   });
   if (metrics != nullptr) {
-    impl_->server.Get("/metrics", [impl](const httplib::Request&, httplib::Response& res) {
+    impl_->server->Get("/metrics", [impl](const httplib::Request&, httplib::Response& res) {
       res.set_content(impl->metrics->render(), std::string(kPrometheusContentType));
       impl->count(200);
     });
@@ -200,21 +214,28 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::get(const std::string& pattern, HttpHandler handler) {
-  impl_->server.Get(pattern, impl_->wrap(std::move(handler)));
+  impl_->server->Get(pattern, impl_->wrap(std::move(handler)));
 }
+
+void HttpServer::set_guard(HttpGuard guard) { impl_->guard = std::move(guard); }
 
 void HttpServer::post(const std::string& pattern, HttpHandler handler) {
   impl_->post_routes.emplace_back(std::regex(pattern), handler);
-  impl_->server.Post(pattern, impl_->wrap(std::move(handler)));
+  impl_->server->Post(pattern, impl_->wrap(std::move(handler)));
 }
 
 absl::StatusOr<int> HttpServer::start() {
   if (impl_->started) return port_;
+  if (impl_->tls_invalid) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tls-cert/--tls-key: cannot load the certificate '", impl_->options.tls_cert,
+        "' with the key '", impl_->options.tls_key, "' (PEM files of one pair expected)"));
+  }
   int port = impl_->options.port;
   if (port == 0) {
-    port = impl_->server.bind_to_any_port(impl_->options.host);
+    port = impl_->server->bind_to_any_port(impl_->options.host);
     if (port < 0) port = 0;
-  } else if (!impl_->server.bind_to_port(impl_->options.host, port)) {
+  } else if (!impl_->server->bind_to_port(impl_->options.host, port)) {
     port = 0;
   }
   if (port <= 0) {
@@ -225,12 +246,12 @@ absl::StatusOr<int> HttpServer::start() {
   impl_->started = true;
   impl_->listen_returned = false;
   impl_->thread = std::thread([impl = impl_.get()] {
-    impl->server.listen_after_bind();
+    impl->server->listen_after_bind();
     impl->listen_returned = true;
   });
   // httplib's stop() does nothing until the listen thread has marked the server running, so a
   // stop() right after start() would leave that thread in accept() and hang the join: wait.
-  while (!impl_->server.is_running() && !impl_->listen_returned) {
+  while (!impl_->server->is_running() && !impl_->listen_returned) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return port_;
@@ -238,7 +259,7 @@ absl::StatusOr<int> HttpServer::start() {
 
 void HttpServer::stop() {
   if (!impl_ || !impl_->started) return;
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->started = false;
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,15 +24,20 @@ struct HttpRequest {
   std::vector<std::string> params;  // regex capture groups of the route pattern, in order
   std::map<std::string, std::string> query;
   std::map<std::string, std::string> headers;  // names in lower case ("content-type")
+  std::string authorization;  // the Authorization header ("" when absent); never logged
 };
 
 struct HttpResponse {
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
+  std::map<std::string, std::string> headers = {};  // extra response headers
 };
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+// Runs before every route handler (not /healthz or /metrics): an answer stops the request there
+// (authentication, see auth.h); nullopt lets the route handle it.
+using HttpGuard = std::function<std::optional<HttpResponse>(const HttpRequest&)>;
 
 // The ETag the server sends with a 200 answer to a GET: a quoted hex checksum of the body.
 std::string body_etag(std::string_view body);
@@ -44,6 +50,10 @@ struct HttpServerOptions {
   int port = 0;                      // 0: pick a free port (see HttpServer::port())
   int64_t max_body_bytes = 1 << 20;  // larger bodies: 400 {"error": "body: ..."}
   int threads = 8;                   // worker threads serving requests
+  // HTTPS when both are set: PEM certificate chain and private key files (read at construction;
+  // an unreadable or mismatched pair makes start() fail naming --tls-cert). Plain HTTP otherwise.
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 class HttpServer {
@@ -63,6 +73,8 @@ class HttpServer {
   // its route with an empty body, as HTTP/1.1 defines it.
   void get(const std::string& pattern, HttpHandler handler);
   void post(const std::string& pattern, HttpHandler handler);
+  // Installs the guard every route request passes first (replaces an earlier one). Before start().
+  void set_guard(HttpGuard guard);
 
   // Binds and serves on a background thread; returns the bound port. FailedPrecondition when the
   // address cannot be bound. The listener sets SO_REUSEADDR and not SO_REUSEPORT: a restarted

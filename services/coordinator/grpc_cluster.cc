@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
+#include "common/service/security.h"
 #include "fp8rl/v1/generation.grpc.pb.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
 #include "proto/precision_proto.h"
@@ -279,7 +280,7 @@ std::shared_ptr<grpc::Channel> GrpcCluster::channel(const std::string& address) 
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
     service::set_reconnect_backoff(&args);  // a restarted trainer/worker is reached again soon
-    ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    ch = service::make_channel(address, args, security_);
   }
   return ch;
 }
