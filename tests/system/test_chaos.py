@@ -172,8 +172,8 @@ def body(clusters):
     rewards = [r["metrics"].get("reward_mean", 0.0) for r in reference[1:]]
     su.check(any(rewards) and any(r["metrics"].get("grad_norm", 0.0) for r in reference[1:]),
              f"reference job has all-zero rewards or gradients: {rewards}")
-    check_checkpoints(cluster, reference_id, "reference")
     job_seconds = time.time() - start
+    check_checkpoints(cluster, reference_id, "reference")
     su.log(f"reference job {reference_id}: {job_seconds:.1f} s")
 
     # Every kind `rounds` times, in a random order; each kill at a random moment of a job.
@@ -183,16 +183,20 @@ def body(clusters):
     current = None
     kills = []
     for i, kind in enumerate(plan):
-        if current is None or wait_state(cluster, current) != "RUNNING_OR_QUEUED":
-            tag = f"chaos{len(jobs)}"
-            current = submit(cluster, tag)
-            jobs.append((current, tag))
-        delay = rng.uniform(0.0, min(job_seconds, 6.0))
-        time.sleep(delay)
+        # A random moment of a running job: if the job ended while waiting, start another.
+        while True:
+            if current is None or wait_state(cluster, current) != "RUNNING_OR_QUEUED":
+                tag = f"chaos{len(jobs)}"
+                current = submit(cluster, tag)
+                jobs.append((current, tag))
+            delay = rng.uniform(0.0, min(0.8 * job_seconds, 6.0))
+            time.sleep(delay)
+            status, job = su.http_quiet("GET", f"{cluster.rest}/v1/jobs/{current}")
+            if status != 200 or job["state"] in ("QUEUED", "RUNNING"):
+                break
         pids = read_pids(cluster)
         name = kind if kind != "generation-worker" else \
             f"generation-worker-{rng.randrange(WORKERS)}"
-        status, job = su.http_quiet("GET", f"{cluster.rest}/v1/jobs/{current}")
         moment = f"{job['state']} step {job['step']} phase " \
                  f"{(job.get('progress') or {}).get('phase')}" if status == 200 else "unknown"
         os.kill(pids[name], signal.SIGKILL)
