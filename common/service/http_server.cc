@@ -34,6 +34,12 @@ void set_listener_socket_options(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 }
 
+// Debian's compiled httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG is fixed in
+// the library): with a few dozen clients connecting at once the kernel drops SYNs and clients
+// wait a 1 s retransmit (seen as p99 > 1 s by bench/rest_load). Re-listening on the bound socket
+// raises the backlog (capped by net.core.somaxconn).
+constexpr int kListenBacklog = SOMAXCONN;
+
 }  // namespace
 
 std::string body_etag(std::string_view body) {
@@ -70,6 +76,7 @@ struct HttpServer::Impl {
   HttpGuard guard;
   std::thread thread;
   std::atomic<bool> listen_returned{false};  // set by `thread` when listen_after_bind returns
+  int listen_fd = -1;  // the socket httplib last created for listening (set before bind)
   bool started = false;
 
   void count(int status) {
@@ -175,7 +182,10 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
   const int threads = std::max(1, impl_->options.threads);
   impl_->server->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl_->server->set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
-  impl_->server->set_socket_options(set_listener_socket_options);
+  impl_->server->set_socket_options([impl](int fd) {
+    set_listener_socket_options(fd);
+    impl->listen_fd = fd;
+  });
   impl_->server->set_pre_routing_handler(
       [impl](const httplib::Request& req, httplib::Response& res) {
         return impl->route_bodyless_post(req, res);
@@ -242,6 +252,7 @@ absl::StatusOr<int> HttpServer::start() {
     return absl::FailedPreconditionError(
         absl::StrCat("http: cannot bind ", impl_->options.host, ":", impl_->options.port));
   }
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, kListenBacklog);
   port_ = port;
   impl_->started = true;
   impl_->listen_returned = false;

@@ -222,13 +222,14 @@ class GrpcTrainerClient final : public TrainerClient {
     return stats;
   }
 
-  absl::StatusOr<int64_t> publish(bool calibrate_kv_scales) override {
+  absl::StatusOr<int64_t> publish(bool calibrate_kv_scales, int64_t above_version) override {
     if (weight_sync_address_.empty()) {
       return absl::UnavailableError("no weight-sync service registered");
     }
     v1::PublishRequest req;
     req.set_weight_sync_address(weight_sync_address_);
     req.set_calibrate_kv_scales(calibrate_kv_scales);
+    req.set_above_version(above_version);
     v1::PublishResponse resp;
     if (absl::Status s = call(&v1::TrainerService::Stub::Publish, req, &resp); !s.ok()) return s;
     return resp.version();

@@ -490,8 +490,18 @@ absl::Status RlLoop::sft_warm_start(JobRun& run) {
   return absl::OkStatus();
 }
 
+int64_t RlLoop::highest_held_version() {
+  int64_t highest = 0;
+  for (const WorkerRef& worker : cluster_->live_generation_workers()) {
+    absl::StatusOr<int64_t> held = cluster_->generation_client(worker)->weight_version();
+    if (held.ok()) highest = std::max(highest, *held);
+  }
+  return highest;
+}
+
 absl::StatusOr<int64_t> RlLoop::publish(JobRun& run) {
-  absl::StatusOr<int64_t> version = run.trainer->publish(run.calibrate_kv_scales());
+  absl::StatusOr<int64_t> version =
+      run.trainer->publish(run.calibrate_kv_scales(), highest_held_version());
   if (!version.ok()) return trainer_error(version.status(), "publish: ");
   run.version = *version;
   if (hooks_.metrics != nullptr) {

@@ -94,8 +94,9 @@ class TrainerClient {
   virtual absl::StatusOr<TrainStepStats> train_step(const std::string& job_id, int64_t step,
                                                     const std::vector<TrainSequence>& batch,
                                                     const rl::JobConfig& config) = 0;
-  // Re-quantizes, calibrates and uploads to weight sync; returns the new version.
-  virtual absl::StatusOr<int64_t> publish(bool calibrate_kv_scales) = 0;
+  // Re-quantizes, calibrates and uploads to weight sync; returns the new version, which is
+  // greater than above_version (the highest version a generation worker holds).
+  virtual absl::StatusOr<int64_t> publish(bool calibrate_kv_scales, int64_t above_version) = 0;
   virtual absl::Status save_checkpoint(const std::string& path) = 0;
   // Returns the policy version of the checkpoint.
   virtual absl::StatusOr<int64_t> load_checkpoint(const std::string& path) = 0;
@@ -261,8 +262,12 @@ class RlLoop {
   // than K versions behind are generated again at run.version; fills row.async.
   absl::Status enforce_staleness(const JobRun& run, Rollout& rollout, rl::StepMetrics& row);
 
-  // Publishes the trainer's current weights as a new version (run.version).
+  // Publishes the trainer's current weights as a new version (run.version), numbered above every
+  // version a live generation worker holds: after weight sync and the trainer both restarted,
+  // a lower number would let workers with older weights pass the min_weight_version check.
   absl::StatusOr<int64_t> publish(JobRun& run);
+  // The highest weight version any live generation worker reports (0 when none answers).
+  int64_t highest_held_version();
   // Greedy accuracy on the validation split (its first validation.num_prompts prompts) of the
   // version run.version, after step `step` (0: before training).
   absl::StatusOr<double> validate(const JobRun& run, int64_t step);

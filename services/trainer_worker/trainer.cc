@@ -309,8 +309,8 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
                                   : request.weight_sync_address();
   absl::StatusOr<int64_t> latest = publisher_->latest_version(address);
   if (!latest.ok()) return latest.status();
-  const int64_t version =
-      std::max({learner_->version(), learner_->published_version() + 1, *latest + 1});
+  const int64_t version = std::max({learner_->version(), learner_->published_version() + 1,
+                                    *latest + 1, request.above_version() + 1});
 
   absl::StatusOr<train::Export> exported =
       learner_->export_for_generation(format, version, request.calibrate_kv_scales());

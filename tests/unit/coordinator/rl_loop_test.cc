@@ -131,7 +131,7 @@ class FakeTrainer : public TrainerClient {
     batches.push_back(batch);
     return TrainStepStats{{{"loss", 0.5}, {"token_mult_prob_error", 1.01}}};
   }
-  absl::StatusOr<int64_t> publish(bool) override;
+  absl::StatusOr<int64_t> publish(bool, int64_t above_version) override;
   absl::Status save_checkpoint(const std::string& path) override {
     checkpoints.push_back(path);
     return absl::OkStatus();
@@ -150,6 +150,7 @@ class FakeTrainer : public TrainerClient {
   int inits = 0;
   int64_t version = 0;
   int64_t version_stride = 1;  // a publish adds this to the version
+  std::vector<int64_t> above_versions;  // of every publish
   std::vector<std::vector<TrainSequence>> batches;
   std::vector<std::vector<TrainSequence>> sft_batches;
   std::vector<std::string> checkpoints;
@@ -195,8 +196,9 @@ class FakeCluster : public Cluster {
   std::vector<std::pair<std::string, std::shared_ptr<FakeWorker>>> workers_;
 };
 
-absl::StatusOr<int64_t> FakeTrainer::publish(bool) {
-  version += version_stride;
+absl::StatusOr<int64_t> FakeTrainer::publish(bool, int64_t above_version) {
+  above_versions.push_back(above_version);
+  version = std::max(version, above_version) + version_stride;
   for (auto& [id, w] : cluster_->workers_) {
     // Weight sync delivers, except a version lost on its way (to lose_for, or to everyone).
     const bool lost = lose_publish_at == version && (lose_for.empty() || lose_for.contains(id));
@@ -678,6 +680,28 @@ TEST(RlLoop, AVersionThatReachesNoWorkerIsResumable) {
   EXPECT_TRUE(ok.ok()) << ok;
   EXPECT_EQ(store->get_job(job2.id)->step, 3);
   EXPECT_GT(a->emitted, 0);
+}
+
+// Weight sync restarts empty and a resumed job's trainer starts a fresh policy: if both lose count,
+// the next version must still be numbered above what the workers hold, or a worker with older
+// weights would pass min_weight_version and serve them (found by system.chaos).
+TEST(RlLoop, PublishesAboveTheVersionsWorkersHold) {
+  FakeCluster cluster;
+  auto w0 = cluster.add("w0");
+  auto w1 = cluster.add("w1");
+  w0->version = 50;  // weights numbered by an earlier weight-sync and trainer
+  w1->version = 7;
+  auto store = JobStore::open(":memory:").value();
+  const rl::JobConfig config = small_config("/ckpt");
+  const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  ASSERT_TRUE(loop.run(job, config).ok());
+  const FakeTrainer& t = *cluster.trainer_;
+  // The first publish is floored by the highest held version, each later one by its predecessor.
+  EXPECT_EQ(t.above_versions, (std::vector<int64_t>{50, 51, 52, 53}));
+  EXPECT_EQ(t.version, 54);
+  EXPECT_EQ(w0->version, 54);
+  EXPECT_EQ(w1->version, 54);
 }
 
 // Runs `config` through a JobManager to its end; returns the final record.
