@@ -64,6 +64,38 @@ def run_summary(run):
     }
 
 
+def make_table(runs, ks):
+    """Markdown table over the successful runs, one line per K (mean +- sample std over seeds)."""
+    def f(xs, digits):
+        m, s = mean_std(xs)
+        return "n/a" if math.isnan(m) else f"{m:.{digits}f} +- {s:.{digits}f}"
+    lines = ["| K | runs | RL steps/min | generate s/step | train s/step | trainer idle s/step "
+             "| mean staleness | regenerated | held-out acc. after SFT | final | best |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for k in ks:
+        ok = [r["summary"] for r in runs if r["k"] == k and "summary" in r]
+        if not ok:
+            lines.append(f"| {k} | 0 | (no run succeeded) |||||||||")
+            continue
+        col = lambda key: [s[key] for s in ok]  # noqa: E731
+        lines.append(f"| {k} | {len(ok)} | {f(col('steps_per_minute'), 1)} | "
+                     f"{f(col('generate'), 2)} | {f(col('train'), 2)} | "
+                     f"{f(col('trainer_idle'), 2)} | {f(col('staleness_mean'), 2)} | "
+                     f"{sum(col('regenerated')):.0f} | {f(col('start'), 3)} | "
+                     f"{f(col('final'), 3)} | {f(col('best'), 3)} |")
+    lines += ["", "Per seed (RL steps/min, final / best held-out accuracy):", ""]
+    for seed in sorted({r["seed"] for r in runs}):
+        parts = []
+        for k in ks:
+            for r in runs:
+                if r["seed"] == seed and r["k"] == k and "summary" in r:
+                    m = r["summary"]
+                    parts.append(f"K={k} {m['steps_per_minute']:.1f}, {m['final']:.3f} / "
+                                 f"{m['best']:.3f}")
+        lines.append(f"- seed {seed}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="1,2")
@@ -72,6 +104,8 @@ def main():
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--out", default="runs/async")
     ap.add_argument("--bin-dir", default=os.environ.get("FP8RL_BIN_DIR", "build/bin"))
+    ap.add_argument("--summarize", nargs="+", metavar="RESULTS_JSON",
+                    help="run nothing: print the table of earlier runs' results.json files")
     args = ap.parse_args()
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -80,6 +114,16 @@ def main():
         raise SystemExit("async bench: --seeds and --ks take comma-separated integers")
     if not seeds or not ks:
         raise SystemExit("async bench: --seeds and --ks must name at least one value")
+    if args.summarize:
+        runs = []
+        for path in args.summarize:
+            try:
+                with open(path) as fh:
+                    runs += json.load(fh)
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"async bench: --summarize: {path}: {e}")
+        print(make_table(runs, sorted({r["k"] for r in runs})))
+        return 0
     with open(args.config) as fh:
         base = yaml.safe_load(fh)
     if os.path.exists(args.out):
@@ -126,24 +170,7 @@ def main():
             proc.kill()
         log.close()
 
-    def f(xs, digits):
-        m, s = mean_std(xs)
-        return "n/a" if math.isnan(m) else f"{m:.{digits}f} +- {s:.{digits}f}"
-    lines = ["| K | runs | RL steps/min | generate s/step | train s/step | trainer idle s/step "
-             "| mean staleness | regenerated | held-out acc. after SFT | final | best |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for k in ks:
-        ok = [r["summary"] for r in runs if r["k"] == k and "summary" in r]
-        if not ok:
-            lines.append(f"| {k} | 0 | (no run succeeded) |||||||||")
-            continue
-        col = lambda key: [s[key] for s in ok]  # noqa: E731
-        lines.append(f"| {k} | {len(ok)} | {f(col('steps_per_minute'), 1)} | "
-                     f"{f(col('generate'), 2)} | {f(col('train'), 2)} | "
-                     f"{f(col('trainer_idle'), 2)} | {f(col('staleness_mean'), 2)} | "
-                     f"{sum(col('regenerated')):.0f} | {f(col('start'), 3)} | "
-                     f"{f(col('final'), 3)} | {f(col('best'), 3)} |")
-    table = "\n".join(lines)
+    table = make_table(runs, ks)
     with open(os.path.join(args.out, "table.md"), "w") as fh:
         fh.write(table + "\n")
     print(f"wall {(time.time() - t0) / 60:.1f} min, {os.cpu_count()} cores")
