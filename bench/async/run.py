@@ -61,6 +61,10 @@ def run_summary(run):
         "trainer_idle": sum(r["metrics"].get("trainer_idle_seconds", 0) for r in rl) / len(rl),
         "generate": sum(r["metrics"].get("time_generate_seconds", 0) for r in rl) / len(rl),
         "train": sum(r["metrics"].get("time_train_seconds", 0) for r in rl) / len(rl),
+        # The stale behaviour policy shows in the mismatch metrics (exactly 1 / 0 when K = 0).
+        "token_mult_prob_error": sum(r["metrics"].get("token_mult_prob_error", 1.0)
+                                     for r in rl) / len(rl),
+        "gen_kl_error": sum(r["metrics"].get("gen_kl_error", 0.0) for r in rl) / len(rl),
     }
 
 
@@ -70,8 +74,9 @@ def make_table(runs, ks):
         m, s = mean_std(xs)
         return "n/a" if math.isnan(m) else f"{m:.{digits}f} +- {s:.{digits}f}"
     lines = ["| K | runs | RL steps/min | generate s/step | train s/step | trainer idle s/step "
-             "| mean staleness | regenerated | held-out acc. after SFT | final | best |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| mean staleness | regenerated | token_mult_prob_error | gen_kl_error "
+             "| held-out acc. after SFT | final | best |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in ks:
         ok = [r["summary"] for r in runs if r["k"] == k and "summary" in r]
         if not ok:
@@ -81,7 +86,8 @@ def make_table(runs, ks):
         lines.append(f"| {k} | {len(ok)} | {f(col('steps_per_minute'), 1)} | "
                      f"{f(col('generate'), 2)} | {f(col('train'), 2)} | "
                      f"{f(col('trainer_idle'), 2)} | {f(col('staleness_mean'), 2)} | "
-                     f"{sum(col('regenerated')):.0f} | {f(col('start'), 3)} | "
+                     f"{sum(col('regenerated')):.0f} | {f(col('token_mult_prob_error'), 3)} | "
+                     f"{f(col('gen_kl_error'), 4)} | {f(col('start'), 3)} | "
                      f"{f(col('final'), 3)} | {f(col('best'), 3)} |")
     lines += ["", "Per seed (RL steps/min, final / best held-out accuracy):", ""]
     for seed in sorted({r["seed"] for r in runs}):
@@ -122,6 +128,9 @@ def main():
                     runs += json.load(fh)
             except (OSError, ValueError) as e:
                 raise SystemExit(f"async bench: --summarize: {path}: {e}")
+        for run in runs:
+            if run["state"] == "SUCCEEDED":
+                run["summary"] = run_summary(run)
         print(make_table(runs, sorted({r["k"] for r in runs})))
         return 0
     with open(args.config) as fh:
