@@ -14,15 +14,14 @@ import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from experiment import TERMINAL, http, mean_std, wait_healthy  # noqa: E402
+from experiment import (TERMINAL, http, mean_std, start_cluster, stop_cluster,  # noqa: E402
+                        wait_healthy)
 
 PORT_OFFSET = 340  # apart from scripts/experiment.py's cluster
 
@@ -142,11 +141,7 @@ def main():
     if not os.access(fp8rl, os.X_OK):
         raise SystemExit(f"async bench: {fp8rl} not found (build first: bash scripts/build.sh)")
     base_url = f"http://127.0.0.1:{8080 + PORT_OFFSET}"
-    log = open(os.path.join(args.out, "cluster.log"), "w")
-    proc = subprocess.Popen([fp8rl, "up", "--data-dir", os.path.join(args.out, "cluster"),
-                             "--port-offset", str(PORT_OFFSET), "--bin-dir", args.bin_dir,
-                             "--data-root", os.path.abspath(args.out)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc, log = start_cluster(fp8rl, args.out, args.bin_dir, PORT_OFFSET)
     t0 = time.time()
     runs = []
     try:
@@ -172,12 +167,7 @@ def main():
             with open(os.path.join(args.out, "results.json"), "w") as fh:
                 json.dump(runs, fh, indent=1)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop_cluster(proc, log)
 
     table = make_table(runs, ks)
     with open(os.path.join(args.out, "table.md"), "w") as fh:
