@@ -376,11 +376,26 @@ absl::Status read_task(const Fields& top, TaskConfig* task) {
 
 absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_ASSIGN_OR_RETURN_FIELDS(f, top.get_object("algorithm"));
-  FP8RL_RETURN_IF_ERROR(f.allow_only(
-      {"steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "top_p",
-       "seed", "learning_rate", "warmup_steps", "weight_decay", "grad_clip", "minibatches",
-       "epochs", "clip_eps", "kl_beta", "is", "adam_beta1", "adam_beta2", "adam_eps",
-       "max_staleness"}));
+  FP8RL_RETURN_IF_ERROR(f.allow_only({"steps",
+                                      "prompts_per_step",
+                                      "samples_per_prompt",
+                                      "max_new_tokens",
+                                      "temperature",
+                                      "top_p",
+                                      "seed",
+                                      "learning_rate",
+                                      "warmup_steps",
+                                      "weight_decay",
+                                      "grad_clip",
+                                      "minibatches",
+                                      "epochs",
+                                      "clip_eps",
+                                      "kl_beta",
+                                      "is",
+                                      "adam_beta1",
+                                      "adam_beta2",
+                                      "adam_eps",
+                                      "max_staleness"}));
   FP8RL_RETURN_IF_ERROR(f.get_int("steps", &a->steps));
   FP8RL_RETURN_IF_ERROR(f.get_int("prompts_per_step", &a->prompts_per_step));
   FP8RL_RETURN_IF_ERROR(f.get_int("samples_per_prompt", &a->samples_per_prompt));

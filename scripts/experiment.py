@@ -86,6 +86,27 @@ def wait_healthy(base_url, proc, timeout):
     raise SystemExit(f"experiment: coordinator not ready at {base_url} after {timeout} s")
 
 
+def start_cluster(fp8rl, out_dir, bin_dir, port_offset):
+    """`fp8rl up` on loopback ports + port_offset, its state and job data under out_dir, its
+    output in out_dir/cluster.log; returns (process, log file) for stop_cluster."""
+    log = open(os.path.join(out_dir, "cluster.log"), "w")
+    proc = subprocess.Popen([fp8rl, "up", "--data-dir", os.path.join(out_dir, "cluster"),
+                             "--port-offset", str(port_offset), "--bin-dir", bin_dir,
+                             "--data-root", os.path.abspath(out_dir)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    return proc, log
+
+
+def stop_cluster(proc, log):
+    """SIGTERM, up to 60 s for a clean stop, then SIGKILL."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
 def mean_std(xs):
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
@@ -252,11 +273,7 @@ def main():
         raise SystemExit(f"experiment: {fp8rl} not found (build first: bash scripts/build.sh)")
 
     base_url = f"http://127.0.0.1:{8080 + PORT_OFFSET}"
-    cluster_log = open(os.path.join(args.out, "cluster.log"), "w")
-    proc = subprocess.Popen([fp8rl, "up", "--data-dir", os.path.join(args.out, "cluster"),
-                             "--port-offset", str(PORT_OFFSET), "--bin-dir", args.bin_dir,
-                             "--data-root", os.path.abspath(args.out)],
-                            stdout=cluster_log, stderr=subprocess.STDOUT)
+    proc, cluster_log = start_cluster(fp8rl, args.out, args.bin_dir, PORT_OFFSET)
     t0 = time.time()
     runs = []
     try:
@@ -292,12 +309,7 @@ def main():
             with open(os.path.join(args.out, "results.json"), "w") as fh:
                 json.dump(runs, fh, indent=1)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        cluster_log.close()
+        stop_cluster(proc, cluster_log)
 
     wall = (time.time() - t0) / 60
     summary = summarize(runs)

@@ -14,15 +14,14 @@ import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from experiment import TERMINAL, http, mean_std, wait_healthy  # noqa: E402
+from experiment import (TERMINAL, http, mean_std, start_cluster, stop_cluster,  # noqa: E402
+                        wait_healthy)
 
 PORT_OFFSET = 340  # apart from scripts/experiment.py's cluster
 
@@ -61,7 +60,45 @@ def run_summary(run):
         "trainer_idle": sum(r["metrics"].get("trainer_idle_seconds", 0) for r in rl) / len(rl),
         "generate": sum(r["metrics"].get("time_generate_seconds", 0) for r in rl) / len(rl),
         "train": sum(r["metrics"].get("time_train_seconds", 0) for r in rl) / len(rl),
+        # The stale behaviour policy shows in the mismatch metrics (exactly 1 / 0 when K = 0).
+        "token_mult_prob_error": sum(r["metrics"].get("token_mult_prob_error", 1.0)
+                                     for r in rl) / len(rl),
+        "gen_kl_error": sum(r["metrics"].get("gen_kl_error", 0.0) for r in rl) / len(rl),
     }
+
+
+def make_table(runs, ks):
+    """Markdown table over the successful runs, one line per K (mean +- sample std over seeds)."""
+    def f(xs, digits):
+        m, s = mean_std(xs)
+        return "n/a" if math.isnan(m) else f"{m:.{digits}f} +- {s:.{digits}f}"
+    lines = ["| K | runs | RL steps/min | generate s/step | train s/step | trainer idle s/step "
+             "| mean staleness | regenerated | token_mult_prob_error | gen_kl_error "
+             "| held-out acc. after SFT | final | best |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for k in ks:
+        ok = [r["summary"] for r in runs if r["k"] == k and "summary" in r]
+        if not ok:
+            lines.append(f"| {k} | 0 | (no run succeeded) |||||||||")
+            continue
+        col = lambda key: [s[key] for s in ok]  # noqa: E731
+        lines.append(f"| {k} | {len(ok)} | {f(col('steps_per_minute'), 1)} | "
+                     f"{f(col('generate'), 2)} | {f(col('train'), 2)} | "
+                     f"{f(col('trainer_idle'), 2)} | {f(col('staleness_mean'), 2)} | "
+                     f"{sum(col('regenerated')):.0f} | {f(col('token_mult_prob_error'), 3)} | "
+                     f"{f(col('gen_kl_error'), 4)} | {f(col('start'), 3)} | "
+                     f"{f(col('final'), 3)} | {f(col('best'), 3)} |")
+    lines += ["", "Per seed (RL steps/min, final / best held-out accuracy):", ""]
+    for seed in sorted({r["seed"] for r in runs}):
+        parts = []
+        for k in ks:
+            for r in runs:
+                if r["seed"] == seed and r["k"] == k and "summary" in r:
+                    m = r["summary"]
+                    parts.append(f"K={k} {m['steps_per_minute']:.1f}, {m['final']:.3f} / "
+                                 f"{m['best']:.3f}")
+        lines.append(f"- seed {seed}: " + "; ".join(parts))
+    return "\n".join(lines)
 
 
 def main():
@@ -72,6 +109,8 @@ def main():
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--out", default="runs/async")
     ap.add_argument("--bin-dir", default=os.environ.get("FP8RL_BIN_DIR", "build/bin"))
+    ap.add_argument("--summarize", nargs="+", metavar="RESULTS_JSON",
+                    help="run nothing: print the table of earlier runs' results.json files")
     args = ap.parse_args()
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -80,6 +119,19 @@ def main():
         raise SystemExit("async bench: --seeds and --ks take comma-separated integers")
     if not seeds or not ks:
         raise SystemExit("async bench: --seeds and --ks must name at least one value")
+    if args.summarize:
+        runs = []
+        for path in args.summarize:
+            try:
+                with open(path) as fh:
+                    runs += json.load(fh)
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"async bench: --summarize: {path}: {e}")
+        for run in runs:
+            if run["state"] == "SUCCEEDED":
+                run["summary"] = run_summary(run)
+        print(make_table(runs, sorted({r["k"] for r in runs})))
+        return 0
     with open(args.config) as fh:
         base = yaml.safe_load(fh)
     if os.path.exists(args.out):
@@ -89,11 +141,7 @@ def main():
     if not os.access(fp8rl, os.X_OK):
         raise SystemExit(f"async bench: {fp8rl} not found (build first: bash scripts/build.sh)")
     base_url = f"http://127.0.0.1:{8080 + PORT_OFFSET}"
-    log = open(os.path.join(args.out, "cluster.log"), "w")
-    proc = subprocess.Popen([fp8rl, "up", "--data-dir", os.path.join(args.out, "cluster"),
-                             "--port-offset", str(PORT_OFFSET), "--bin-dir", args.bin_dir,
-                             "--data-root", os.path.abspath(args.out)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc, log = start_cluster(fp8rl, args.out, args.bin_dir, PORT_OFFSET)
     t0 = time.time()
     runs = []
     try:
@@ -119,31 +167,9 @@ def main():
             with open(os.path.join(args.out, "results.json"), "w") as fh:
                 json.dump(runs, fh, indent=1)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop_cluster(proc, log)
 
-    def f(xs, digits):
-        m, s = mean_std(xs)
-        return "n/a" if math.isnan(m) else f"{m:.{digits}f} +- {s:.{digits}f}"
-    lines = ["| K | runs | RL steps/min | generate s/step | train s/step | trainer idle s/step "
-             "| mean staleness | regenerated | held-out acc. after SFT | final | best |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for k in ks:
-        ok = [r["summary"] for r in runs if r["k"] == k and "summary" in r]
-        if not ok:
-            lines.append(f"| {k} | 0 | (no run succeeded) |||||||||")
-            continue
-        col = lambda key: [s[key] for s in ok]  # noqa: E731
-        lines.append(f"| {k} | {len(ok)} | {f(col('steps_per_minute'), 1)} | "
-                     f"{f(col('generate'), 2)} | {f(col('train'), 2)} | "
-                     f"{f(col('trainer_idle'), 2)} | {f(col('staleness_mean'), 2)} | "
-                     f"{sum(col('regenerated')):.0f} | {f(col('start'), 3)} | "
-                     f"{f(col('final'), 3)} | {f(col('best'), 3)} |")
-    table = "\n".join(lines)
+    table = make_table(runs, ks)
     with open(os.path.join(args.out, "table.md"), "w") as fh:
         fh.write(table + "\n")
     print(f"wall {(time.time() - t0) / 60:.1f} min, {os.cpu_count()} cores")

@@ -3,8 +3,11 @@
 // from a RolloutQueue whose producer generates up to K steps ahead, the staleness rule
 // (rl/staleness.h) is applied to each taken rollout, and a publish does not wait for the workers
 // (the producer waits for the version it needs, validation for the one it validates).
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/log.h"

@@ -1,6 +1,7 @@
 // The rollout producer of asynchronous RL (see async_rollouts.h).
 #include "services/coordinator/async_rollouts.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

@@ -6,11 +6,9 @@ must SUCCEED with metrics rows 0..N exactly once, every step's staleness histogr
 the batch size and no trained sample more than 2 versions behind."""
 
 import os
-import signal
-import time
 
 import system_util as su
-from test_kill_trainer import read_pids, wait_job_through_restarts, wait_restarted
+from test_kill_trainer import kill_mid_job, read_pids, wait_job_through_restarts, wait_restarted
 
 STEPS = 8
 K = 2
@@ -45,21 +43,6 @@ def check_rows(cluster, job_id, batch):
     return histogram
 
 
-def kill_at_step(cluster, job_id, name, at_step):
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        status, job = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}")
-        su.check(status == 200, f"GET job: {status} {job}")
-        su.check(job["state"] in ("QUEUED", "RUNNING"), f"job ended early: {job}")
-        if job["step"] >= at_step:
-            pid = read_pids(cluster)[name]
-            os.kill(pid, signal.SIGKILL)
-            su.log(f"  SIGKILL {name} (pid {pid}) at step {job['step']}")
-            return pid, job["step"]
-        time.sleep(0.1)
-    su.fail(f"job {job_id} never reached step {at_step}")
-
-
 def body(clusters):
     su.require_binaries()
     cluster = su.Cluster(workers=2)
@@ -82,7 +65,7 @@ def body(clusters):
 
     # 2. A generation worker dies mid-job: its unfinished samples go to the other one.
     job2, _ = submit(cluster, "job2")
-    kill_at_step(cluster, job2, "generation-worker-1", at_step=2)
+    kill_mid_job(cluster, job2, "generation-worker-1", at_step=2)
     job, _ = wait_job_through_restarts(cluster, job2)
     su.check(job["state"] == "SUCCEEDED",
              f"async job ended {job['state']} after losing a worker: {job.get('error')}")
@@ -91,7 +74,7 @@ def body(clusters):
     # 3. The trainer dies after the step-2 checkpoint: the job resumes from it; the rollouts made
     #    ahead are dropped and generated again, every row once.
     job3, _ = submit(cluster, "job3")
-    old_pid, _ = kill_at_step(cluster, job3, "trainer", at_step=3)
+    old_pid, _ = kill_mid_job(cluster, job3, "trainer", at_step=3)
     wait_restarted(cluster, "trainer", old_pid)
     job, _ = wait_job_through_restarts(cluster, job3)
     su.check(job["state"] == "SUCCEEDED",

@@ -3,7 +3,9 @@
 // counted twice, rewards/advantages/metrics rows per step, validation and checkpoint cadence,
 // cancellation, failure when no worker exists, the phases reported while a job runs, a job on a
 // checkpoint with its own tokenizer and chat template (prompts, stop ids, SFT, decoding), and the
-// JobManager resuming a job from its last checkpoint after losing the trainer.
+// JobManager resuming a job from its last checkpoint after losing the trainer; asynchronous RL
+// (max_staleness K >= 1): generation at most K steps ahead, the same batches as the synchronous
+// loop, stale samples regenerated, a lost worker or trainer, no hang when the queue runs dry.
 #include "services/coordinator/rl_loop.h"
 
 #include <gtest/gtest.h>
