@@ -133,10 +133,8 @@ TEST(JobConfig, PlainScalarsAreTypedAtAnyLength) {
   // The short forms of each type still parse as before.
   absl::StatusOr<JobConfig> forms = parse_job_config(
       std::string(kMinimal) +
-      "algorithm: {temperature: .5, top_p: +1, learning_rate: 3E-4, steps: +7, kl_beta: 1.}
-"
-      "sft: ~
-");
+      "algorithm: {temperature: .5, top_p: +1, learning_rate: 3E-4, steps: +7, kl_beta: 1.}\n"
+      "sft: ~\n");
   ASSERT_TRUE(forms.ok()) << forms.status();
   EXPECT_EQ(forms->algorithm.temperature, 0.5);
   EXPECT_EQ(forms->algorithm.top_p, 1.0);
