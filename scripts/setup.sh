@@ -15,6 +15,7 @@ PACKAGES=(
   curl prometheus docker-compose iperf3
   python3 python3-numpy python3-torch python3-yaml python3-jinja2
   python3-grpcio python3-grpc-tools python3-protobuf
+  openssl  # scripts/make_certs.sh: test certificates for the TLS tests
 )
 
 missing=()
