@@ -17,6 +17,7 @@ PACKAGES=(
   python3 python3-numpy python3-torch python3-yaml python3-jinja2
   python3-grpcio python3-grpc-tools python3-protobuf
   chromium python3-websocket fonts-dejavu-core
+  openssl  # scripts/make_certs.sh: test certificates for the TLS tests
 )
 
 # FP8RL_SETUP_BUILD_ONLY=1 (the Docker builder stage): only what configuring and compiling fp8rl
@@ -24,7 +25,7 @@ PACKAGES=(
 if [ -n "${FP8RL_SETUP_BUILD_ONLY:-}" ]; then
   build_only=()
   for p in "${PACKAGES[@]}"; do
-    case "$p" in python3-*|curl|prometheus|docker-compose|iperf3) ;; *) build_only+=("$p") ;; esac
+    case "$p" in python3-*|curl|prometheus|docker-compose|iperf3|clang|libclang-rt-dev|chromium|fonts-*|openssl) ;; *) build_only+=("$p") ;; esac
   done
   PACKAGES=("${build_only[@]}")
 fi

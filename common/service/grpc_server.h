@@ -27,7 +27,7 @@ struct GrpcServerOptions {
   int max_message_bytes = 64 << 20;   // receive and send limit per message
   // Null: plaintext. TLS (and mutual TLS) credentials come from grpc_server_credentials()
   // in security.h.
-  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::shared_ptr<grpc::ServerCredentials> credentials = nullptr;
 };
 
 class GrpcServer {

@@ -52,8 +52,8 @@ struct HttpServerOptions {
   int threads = 8;                   // worker threads serving requests
   // HTTPS when both are set: PEM certificate chain and private key files (read at construction;
   // an unreadable or mismatched pair makes start() fail naming --tls-cert). Plain HTTP otherwise.
-  std::string tls_cert;
-  std::string tls_key;
+  std::string tls_cert = {};
+  std::string tls_key = {};
 };
 
 class HttpServer {

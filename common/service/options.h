@@ -29,13 +29,13 @@ struct ServiceOptions {
   // Security (security.h); every one off when empty. --cluster-token-file: the token internal
   // calls carry and this service's internal endpoints require. --tls-cert/--tls-key: PEM pair
   // for gRPC TLS and HTTPS; --tls-ca: CA that verifies peers (mutual TLS between services).
-  std::string cluster_token_file;
-  std::string tls_cert;
-  std::string tls_key;
-  std::string tls_ca;
+  std::string cluster_token_file = {};
+  std::string tls_cert = {};
+  std::string tls_key = {};
+  std::string tls_ca = {};
   // --tls-server-name: the name peers' certificates are checked against instead of the host of
   // the address called (workers advertised by IP or container id share one certificate name).
-  std::string tls_server_name;
+  std::string tls_server_name = {};
   std::map<std::string, std::string> extra;  // service-specific: snake_case key -> value
 };
 

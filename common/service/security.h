@@ -36,7 +36,7 @@ struct ClientSecurity {
   std::string key_pem;
   // When set (and tls): the name the server's certificate must carry, instead of the address's
   // host (GRPC_SSL_TARGET_NAME_OVERRIDE_ARG).
-  std::string server_name;
+  std::string server_name = {};
 };
 
 // Checks the files (cert and key together; ca needs cert and key) and reads them. Errors name

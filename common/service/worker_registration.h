@@ -44,7 +44,7 @@ struct WorkerRegistrationOptions {
   // Reported on register and every heartbeat; null reports zeros. Called on the background thread.
   std::function<WorkerLoad()> load;
   // TLS and the cluster token for the calls to the coordinator (security.h); plain by default.
-  ClientSecurity security;
+  ClientSecurity security = {};
 };
 
 class WorkerRegistration {

@@ -46,8 +46,8 @@ struct TrainerOptions {
   // When set, paths from calls are confined (common/path_roots.h; symlinks and ".." resolved
   // first): SaveCheckpoint/LoadCheckpoint under data_root, model.checkpoint_dir under
   // models_root. A caller that skipped the coordinator's checks cannot escape them either.
-  std::string data_root;
-  std::string models_root;
+  std::string data_root = {};
+  std::string models_root = {};
 };
 
 class Trainer {

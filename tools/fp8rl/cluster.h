@@ -70,10 +70,10 @@ struct ClusterOptions {
   // TLS PEM files given to every service (--tls-cert/--tls-key, --tls-ca for mutual TLS between
   // them); the launcher's health checks then use HTTPS verified with tls_ca. Whatever is set,
   // the launcher generates a cluster token per start (cluster_token_path()).
-  std::string auth_token_file;
-  std::string tls_cert;
-  std::string tls_key;
-  std::string tls_ca;
+  std::string auth_token_file = {};
+  std::string tls_cert = {};
+  std::string tls_key = {};
+  std::string tls_ca = {};
 };
 
 // One service to launch: what it is called, how to start it and where to find it.
