@@ -475,9 +475,9 @@ TEST(ChatTemplate, RuntimeErrorsNamePosition) {
 // chat-template fuzz target, fuzz/fuzz_chat_template.cc).
 TEST(ChatTemplate, IntegerOverflowAndHugeResultsAreErrors) {
   const std::string kMax = "9223372036854775807";
-  for (const std::string& expr :
-       {kMax + " + 1", "-" + kMax + " - 2", kMax + " * 2", "(-" + kMax + " - 1) // -1",
-        "-(-" + kMax + " - 1)", "(-" + kMax + " - 1) | abs", "2 ** 63", "3 ** 1000000000000"}) {
+  for (const std::string& expr : std::vector<std::string>{
+           kMax + " + 1", "-" + kMax + " - 2", kMax + " * 2", "(-" + kMax + " - 1) // -1",
+           "-(-" + kMax + " - 1)", "(-" + kMax + " - 1) | abs", "2 ** 63", "3 ** 1000000000000"}) {
     absl::StatusOr<std::string> r = RenderString("{{ " + expr + " }}", {});
     ASSERT_FALSE(r.ok()) << expr << " rendered " << *r;
     EXPECT_NE(r.status().message().find("integer overflow"), std::string_view::npos)
@@ -497,13 +497,13 @@ TEST(ChatTemplate, IntegerOverflowAndHugeResultsAreErrors) {
       "{% for i in range(" + kMax + " - 2, " + kMax + ", 5) %}{{ i }};{% endfor %}", {});
   ASSERT_TRUE(near_max.ok()) << near_max.status();
   EXPECT_EQ(*near_max, "9223372036854775805;");
-  for (const std::string& bad : {"{{ (1e300 * 1e10) | int }}", "{{ 1e19 | int }}"}) {
+  for (const char* bad : {"{{ (1e300 * 1e10) | int }}", "{{ 1e19 | int }}"}) {
     absl::StatusOr<std::string> r = RenderString(bad, {});
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("out of the int64 range"), std::string_view::npos)
         << r.status();
   }
-  for (const std::string& big : {"{{ ('ab' * 100000000) | length }}", "{{ [1, 2] * 10000000 }}"}) {
+  for (const char* big : {"{{ ('ab' * 100000000) | length }}", "{{ [1, 2] * 10000000 }}"}) {
     absl::StatusOr<std::string> r = RenderString(big, {});
     ASSERT_FALSE(r.ok()) << big;
     EXPECT_NE(r.status().message().find("repetition result longer than"), std::string_view::npos)
