@@ -1,8 +1,9 @@
 // Fuzz target: a tokenizer.json through HfTokenizer::from_json_text; a tokenizer that loads then
 // encodes the input's second part (or a fixed sample text) and decodes the ids back. Input:
-// tokenizer.json [separator text]. Checks the documented round trip: decode(encode(text)) ==
-// text for valid UTF-8 text (byte-level BPE loses nothing); decode of any id at or beyond
-// vocab_size() is an error, never a read outside the vocabulary.
+// tokenizer.json [separator text]. Checks that encoded ids lie in the vocabulary and decode, and
+// that decoding an id at or beyond vocab_size() is an error, never a read outside the vocabulary.
+// (decode(encode(text)) == text is not checked: normalizers, add_prefix_space and lstrip/rstrip
+// added tokens change the text by design.)
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -15,8 +16,6 @@ namespace {
 
 constexpr char kSampleText[] =
     "Hello, world! 12345 <|im_start|>user\n  tabs\tand \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 end";
-
-bool valid_utf8(const std::string& s) { return fp8rl::rl::HfTokenizer::to_valid_utf8(s) == s; }
 
 }  // namespace
 
@@ -35,11 +34,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     absl::StatusOr<std::string> back = tok->decode(*ids, /*skip_special_tokens=*/false);
     if (!back.ok()) __builtin_trap();  // encode only emits ids decode knows
     (void)tok->decode(*ids, /*skip_special_tokens=*/true);
-    if (!special && valid_utf8(text) && *back != text) {
-      // Byte-level BPE is lossless unless a normalizer (NFC) rewrote the text.
-      absl::StatusOr<std::vector<int32_t>> again = tok->encode(*back, false);
-      if (!again.ok() || *again != *ids) __builtin_trap();
-    }
   }
   const int32_t beyond[] = {tok->vocab_size(), -1};
   for (int32_t id : beyond) {

@@ -109,12 +109,54 @@ absl::StatusOr<Json> yaml_scalar_to_json(const YAML::Node& node) {
   return Json(s);
 }
 
+// True when `s` is well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points
+// above U+10FFFF). yaml-cpp passes raw bytes and escaped lone surrogates through unchecked; a
+// string that is not UTF-8 made the stored config's JSON dump throw, taking the coordinator down
+// (found by fuzz/fuzz_job_config.cc).
+bool is_valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07, min = 0x10000;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+absl::Status check_utf8(const YAML::Node& node, const std::string& text, const std::string& path) {
+  if (is_valid_utf8(text)) return absl::OkStatus();
+  return field_error(path.empty() ? "job config" : path,
+                     absl::StrCat("not valid UTF-8 (line ", node.Mark().line + 1, ")"));
+}
+
 absl::StatusOr<Json> yaml_to_json(const YAML::Node& node, const std::string& path) {
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
     case YAML::NodeType::Null:
       return Json(nullptr);
     case YAML::NodeType::Scalar:
+      FP8RL_RETURN_IF_ERROR(check_utf8(node, node.Scalar(), path));
       return yaml_scalar_to_json(node);
     case YAML::NodeType::Sequence: {
       Json array = Json::array();
@@ -132,6 +174,7 @@ absl::StatusOr<Json> yaml_to_json(const YAML::Node& node, const std::string& pat
           return field_error(path.empty() ? "job config" : path, "keys must be plain strings");
         }
         const std::string key = kv.first.Scalar();
+        FP8RL_RETURN_IF_ERROR(check_utf8(kv.first, key, path));
         const std::string child = join_path(path, key);
         if (object.contains(key)) return field_error(child, "duplicate key");
         absl::StatusOr<Json> value = yaml_to_json(kv.second, child);

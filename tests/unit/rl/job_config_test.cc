@@ -152,6 +152,35 @@ TEST(JobConfig, PlainScalarsAreTypedAtAnyLength) {
   }
 }
 
+// Job configs are UTF-8: a YAML string that is not (a raw byte, an escaped lone surrogate) is an
+// error naming the field instead of a config whose JSON dump throws later (found by
+// fuzz/fuzz_job_config.cc); valid non-ASCII text is kept and round-trips.
+TEST(JobConfig, StringsMustBeValidUtf8) {
+  for (const std::string& bad :
+       {std::string("name: run\xff"
+                    "1\n"),
+        std::string("name: \"\\uD800\"\n"), std::string("name: \xc0\xaf\n")}) {
+    absl::StatusOr<JobConfig> c = parse_job_config(std::string(kMinimal) + bad);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("name: not valid UTF-8 (line 7)"), std::string_view::npos)
+        << c.status();
+  }
+  absl::StatusOr<JobConfig> key = parse_job_config(std::string(kMinimal) +
+                                                   "algorithm: {st\xff"
+                                                   "eps: 1}\n");
+  ASSERT_FALSE(key.ok());
+  EXPECT_NE(key.status().message().find("algorithm: not valid UTF-8"), std::string_view::npos)
+      << key.status();
+  absl::StatusOr<JobConfig> good =
+      parse_job_config(std::string(kMinimal) + "name: \"caf\xc3\xa9 \xe4\xb8\xad \\u00e9\"\n");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->name, "caf\xc3\xa9 \xe4\xb8\xad \xc3\xa9");
+  absl::StatusOr<JobConfig> again = parse_job_config(job_config_to_json(*good).dump());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *good);
+}
+
 // model.chat_template_kwargs: template variables for a checkpoint's chat template, kept through
 // the JSON round trip; not a mapping, or without a checkpoint, is an error naming the field.
 TEST(JobConfig, ChatTemplateKwargs) {

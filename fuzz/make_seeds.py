@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Writes the text seed inputs of the fuzz targets (fuzz/corpus/<target>/) from files in the tree:
+"""Writes the seed inputs of the fuzz targets (fuzz/corpus/<target>/) from files in the tree:
 job configs (YAML from configs/, their JSON form for the REST body), model configs, the real
 Qwen3 / Llama 3.1 / DeepSeek-V3 tokenizers shrunk to ~1000 tokens (every other field kept) and
-their chat templates. Tokenizer files come from the tokenizer cache (scripts/fetch_tokenizers.sh);
+their chat templates; and binary seeds: small safetensors files and FP8/BF16 weight-sync versions
+(manifest + chunks, a RAW delta) in protobuf wire format. Tokenizer files come from the tokenizer cache (scripts/fetch_tokenizers.sh);
 without it those seeds are skipped. Deterministic; its output is committed.
 
-    python3 fuzz/make_text_seeds.py
+    python3 fuzz/make_seeds.py
 """
 import json
-import os
 import pathlib
+import struct
 
 import yaml
 
@@ -163,5 +164,133 @@ def main():
     print(f"make_text_seeds: wrote the text seeds under {CORPUS}")
 
 
+# ---- Binary seeds: safetensors files and weight-sync messages in protobuf wire format --------
+# Written by hand (varints and length-delimited fields) so no protobuf runtime is needed; the
+# field numbers are those of proto/fp8rl/v1/common.proto and weight_sync.proto.
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field_varint(num, value):
+    return varint(num << 3) + varint(value) if value else b""
+
+
+def field_bytes(num, data):
+    return varint((num << 3) | 2) + varint(len(data)) + data
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def small_set(fp8, flip):
+    """(name, dtype, shape, bytes) of a small FP8 (or BF16) weight set; `flip` changes a few
+    bytes (a "next version")."""
+    import random
+    rng = random.Random(7)
+    tensors = []
+    if fp8:
+        codes = bytearray(rng.randrange(1, 0x7F) for _ in range(130 * 20))
+        for i in range(flip):
+            codes[i * 37 % len(codes)] ^= 0x3
+        tensors.append(("model.layers.0.mlp.up_proj.weight", "F8_E4M3", [130, 20], bytes(codes)))
+        tensors.append(("model.layers.0.mlp.up_proj.weight_scale_inv", "F32", [2, 1],
+                        struct.pack("<2f", 1e-3, 2e-3)))
+    norm = bytearray(rng.randrange(0x10, 0x40) for _ in range(130 * 2))
+    for i in range(flip):
+        norm[i * 11 % len(norm)] ^= 0x1
+    tensors.append(("model.norm.weight", "BF16", [130], bytes(norm)))
+    tensors.append(("model.layers.0.self_attn.k_scale", "F32", [], struct.pack("<f", 0.05)))
+    return sorted(tensors)
+
+
+def manifest(version, fp8, tensors):
+    entries = b""
+    offset = 0
+    for name, dtype, shape, data in tensors:
+        shape_bytes = b"".join(varint(d) for d in shape)
+        entry = (field_bytes(1, name.encode()) + field_bytes(2, dtype.encode()) +
+                 (field_bytes(3, shape_bytes) if shape else b"") + field_varint(4, len(data)) +
+                 field_varint(5, offset) + field_varint(6, crc32c(data)))
+        entries += field_bytes(4, entry)
+        offset += len(data)
+    config = b'{"model_type": "llama", "hidden_size": 130}'
+    return (field_varint(1, version) + field_varint(2, 1 if fp8 else 2) + field_bytes(3, config) +
+            entries + field_varint(5, offset))
+
+
+def chunk(version, offset, data):
+    return field_varint(1, version) + field_varint(2, offset) + field_bytes(3, data)
+
+
+def write_bytes(target, name, data):
+    d = CORPUS / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data)
+
+
+def join_parts(parts):
+    return SEP.encode().join(parts)
+
+
+def safetensors_file(tensors, meta=None):
+    header = {"__metadata__": meta} if meta else {}
+    offset, data = 0, b""
+    for name, dtype, shape, b in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        data += b
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def binary_seeds():
+    fp8_set = small_set(True, 0)
+    write_bytes("safetensors", "fp8_set.safetensors", safetensors_file(fp8_set, {"format": "pt"}))
+    write_bytes("safetensors", "f16_f64_empty.safetensors", safetensors_file(
+        [("x", "F16", [4], struct.pack("<4e", 0.5, -1.0, 2.0, 3.5)),
+         ("y", "F64", [1, 2], struct.pack("<2d", 1.0, 2.0)), ("z", "F32", [0, 3], b"")]))
+    for fp8 in (True, False):
+        tensors = small_set(fp8, 0)
+        payload = b"".join(t[3] for t in tensors)
+        for size in (1 << 20, 1000):
+            parts = [manifest(3, fp8, tensors)]
+            parts += [chunk(3, o, payload[o:o + size]) for o in range(0, len(payload), size)]
+            write_bytes("weight_sync_payload",
+                        f"{'fp8' if fp8 else 'bf16'}_chunks_{len(parts) - 1}", join_parts(parts))
+    # A delta with every tensor RAW (the encoding that needs no zstd here): version 4 against 3.
+    base, target = small_set(True, 0), small_set(True, 5)
+    base_payload = b"".join(t[3] for t in base)
+    target_payload = b"".join(t[3] for t in target)
+    entries, offset = b"", 0
+    for _, _, _, data in target:
+        entries += field_bytes(4, field_varint(1, 1) + field_varint(2, offset) +
+                               field_varint(3, len(data)))
+        offset += len(data)
+    delta = (field_varint(1, 3) + field_varint(2, len(base_payload)) +
+             field_bytes(3, manifest(4, True, target)) + entries + field_varint(5, offset))
+    for size in (1 << 20, 64):
+        parts = [delta, base_payload]
+        parts += [chunk(4, o, target_payload[o:o + size])
+                  for o in range(0, len(target_payload), size)]
+        write_bytes("weight_sync_delta", f"fp8_raw_delta_chunks_{len(parts) - 2}",
+                    join_parts(parts))
+
+
 if __name__ == "__main__":
     main()
+    binary_seeds()
