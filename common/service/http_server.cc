@@ -56,6 +56,11 @@ bool etag_matches(const std::string& if_none_match, const std::string& etag) {
 
 }  // namespace
 
+bool http_matches_etag(const HttpRequest& request, const std::string& etag) {
+  auto it = request.headers.find("if-none-match");
+  return it != request.headers.end() && etag_matches(it->second, etag);
+}
+
 HttpResponse json_error(int status, std::string_view message) {
   return {status, nlohmann::json{{"error", message}}.dump(), "application/json"};
 }
@@ -83,11 +88,16 @@ struct HttpServer::Impl {
       log_error("http", "handler threw", {{"path", request.path}, {"error", e.what()}});
       response = json_error(500, absl::StrCat("internal error: ", e.what()));
     }
+    if (response.status == 304) {  // the handler checked its own ETag
+      res.status = 304;
+      if (!response.etag.empty()) res.set_header("ETag", response.etag);
+      count(304);
+      return;
+    }
     if (request.method == "GET" && response.status == 200) {
-      const std::string etag = body_etag(response.body);
+      const std::string etag = response.etag.empty() ? body_etag(response.body) : response.etag;
       res.set_header("ETag", etag);
-      auto it = request.headers.find("if-none-match");
-      if (it != request.headers.end() && etag_matches(it->second, etag)) {
+      if (http_matches_etag(request, etag)) {
         res.status = 304;
         count(304);
         return;

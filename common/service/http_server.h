@@ -29,7 +29,13 @@ struct HttpResponse {
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
+  // A handler that can tell cheaply whether its answer changed sets its own ETag here (used
+  // instead of body_etag), and may answer 304 with an empty body itself (see http_matches_etag).
+  std::string etag = "";
 };
+
+// True when the request's If-None-Match ("*", or a list of tags, weak or not) names `etag`.
+bool http_matches_etag(const HttpRequest& request, const std::string& etag);
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
