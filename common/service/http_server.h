@@ -63,8 +63,9 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // Routes: ECMAScript regex matched against the whole path ("/v1/jobs/([^/:]+)"). Add before
-  // start(). A GET route's 200 answer carries an ETag (body_etag); a request whose If-None-Match
-  // names it gets 304 with no body, so pollers do not download what they already have. A POST sent
+  // start(). A GET route's 200 answer carries an ETag (the handler's
+  // HttpResponse::etag, else body_etag); a request whose If-None-Match names it gets 304 with no
+  // body, so pollers do not download what they already have. A POST sent
   // with neither Content-Length nor chunked Transfer-Encoding (plain `curl -X POST URL`) reaches
   // its route with an empty body, as HTTP/1.1 defines it.
   void get(const std::string& pattern, HttpHandler handler);
