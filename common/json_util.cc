@@ -26,9 +26,14 @@ absl::StatusOr<nlohmann::ordered_json> parse_json_strict(std::string_view text,
   // One key set per open object; a key seen twice in the same object is an error.
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  auto check = [&](int /*depth*/, nlohmann::ordered_json::parse_event_t event,
+  bool too_deep = false;
+  auto check = [&](int depth, nlohmann::ordered_json::parse_event_t event,
                    nlohmann::ordered_json& parsed) {
     using Event = nlohmann::ordered_json::parse_event_t;
+    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxJsonDepth) {
+      too_deep = true;
+      return false;  // drop the value; the parser itself does not recurse
+    }
     if (event == Event::object_start) {
       open_objects.emplace_back();
     } else if (event == Event::object_end) {
@@ -45,6 +50,10 @@ absl::StatusOr<nlohmann::ordered_json> parse_json_strict(std::string_view text,
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": malformed JSON: ", json_error_without_input(e)));
+  }
+  if (too_deep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": malformed JSON: arrays and objects nested deeper than ", kMaxJsonDepth));
   }
   if (!duplicate.empty()) {
     return absl::InvalidArgumentError(

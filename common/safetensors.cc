@@ -88,9 +88,14 @@ int64_t TensorInfo::nbytes() const { return numel() * dtype_size(dtype); }
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   absl::StatusOr<std::vector<uint8_t>> bytes = read_binary_file(path);
   if (!bytes.ok()) return bytes.status();
+  return FromBytes(path, std::move(*bytes));
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::FromBytes(const std::string& path,
+                                                           std::vector<uint8_t> bytes) {
   SafetensorsFile file;
   file.path_ = path;
-  file.data_ = std::make_shared<std::vector<uint8_t>>(std::move(*bytes));
+  file.data_ = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
   const std::vector<uint8_t>& data = *file.data_;
   const uint64_t file_size = data.size();
   if (file_size < 8) {

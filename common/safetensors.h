@@ -30,6 +30,10 @@ struct TensorInfo {
 class SafetensorsFile {
  public:
   static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
+  // The same checks on the bytes of a whole file already in memory; `path` only names it in
+  // errors.
+  static absl::StatusOr<SafetensorsFile> FromBytes(const std::string& path,
+                                                   std::vector<uint8_t> bytes);
 
   const std::string& path() const { return path_; }
   std::vector<std::string> names() const;  // sorted

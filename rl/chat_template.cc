@@ -4,10 +4,13 @@
 #include "rl/chat_template.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -36,6 +39,17 @@ struct TemplateError {
 [[noreturn]] void Fail(Pos pos, const std::string& what) {
   throw TemplateError{absl::StrCat("chat_template ", pos.line, ":", pos.col, ": ", what)};
 }
+
+// Python ints never overflow; an int64 result that would is an error here, never undefined
+// behavior or a wrong number.
+int64_t CheckedInt(bool overflowed, int64_t value, Pos pos) {
+  if (overflowed) Fail(pos, "integer overflow");
+  return value;
+}
+
+// Largest string or list a template may build by repetition ('-' * n, [x] * n): far above any
+// prompt, far below what would exhaust memory.
+constexpr size_t kMaxRepeatedSize = size_t{16} << 20;
 
 // ---------------------------------------------------------------------------------------------
 // UTF-8 and Python's notion of whitespace (str.isspace / regex \s).
@@ -1430,7 +1444,11 @@ class Parser {
         if (Cur().type == Tok::kInt) {
           n->type = Expr::kGetItem;
           ExprPtr idx = Node(Expr::kLiteral, Cur().pos);
-          idx->literal = Value::Int(std::stoll(Next().text));
+          const Token& digits = Next();
+          errno = 0;
+          const long long v = std::strtoll(digits.text.c_str(), nullptr, 10);
+          if (errno == ERANGE) Fail(digits.pos, "integer literal out of range");
+          idx->literal = Value::Int(v);
           n->kids = {e, idx};
         } else {
           n->name = ExpectName();
@@ -2019,7 +2037,9 @@ class Evaluator {
                                    ": '", TypeName(v), "'"));
         }
         if (e.type == Expr::kPos) return v.is(Kind::kFloat) ? v : Value::Int(v.as_int());
-        return v.is(Kind::kFloat) ? Value::Float(-v.f) : Value::Int(-v.as_int());
+        if (v.is(Kind::kFloat)) return Value::Float(-v.f);
+        int64_t r = 0;
+        return Value::Int(CheckedInt(__builtin_sub_overflow(int64_t{0}, v.as_int(), &r), r, e.pos));
       }
       case Expr::kNot:
         return Value::Bool(!Truthy(Eval(*e.kids[0])));
@@ -2114,6 +2134,11 @@ class Evaluator {
       const Value& seq = a.is_integral() ? b : a;
       const Value& times = a.is_integral() ? a : b;
       if (!times.is_integral() || !(seq.is(Kind::kString) || seq.is(Kind::kList))) unsupported();
+      const size_t unit = seq.is(Kind::kString) ? seq.s.size() : seq.list->size();
+      if (times.as_int() > 0 && unit > 0 &&
+          static_cast<uint64_t>(times.as_int()) > kMaxRepeatedSize / unit) {
+        Fail(pos, absl::StrCat("repetition result longer than ", kMaxRepeatedSize));
+      }
       if (seq.is(Kind::kString)) {
         std::string r;
         for (int64_t k = 0; k < times.as_int(); ++k) r += seq.s;
@@ -2133,9 +2158,19 @@ class Evaluator {
     }
     const bool ints = a.is_integral() && b.is_integral();
     const double x = a.as_double(), y = b.as_double();
-    if (op == "+") return ints ? Value::Int(a.as_int() + b.as_int()) : Value::Float(x + y);
-    if (op == "-") return ints ? Value::Int(a.as_int() - b.as_int()) : Value::Float(x - y);
-    if (op == "*") return ints ? Value::Int(a.as_int() * b.as_int()) : Value::Float(x * y);
+    int64_t r = 0;
+    if (op == "+") {
+      if (!ints) return Value::Float(x + y);
+      return Value::Int(CheckedInt(__builtin_add_overflow(a.as_int(), b.as_int(), &r), r, pos));
+    }
+    if (op == "-") {
+      if (!ints) return Value::Float(x - y);
+      return Value::Int(CheckedInt(__builtin_sub_overflow(a.as_int(), b.as_int(), &r), r, pos));
+    }
+    if (op == "*") {
+      if (!ints) return Value::Float(x * y);
+      return Value::Int(CheckedInt(__builtin_mul_overflow(a.as_int(), b.as_int(), &r), r, pos));
+    }
     if (op == "/") {
       if (y == 0) Fail(pos, "division by zero");
       return Value::Float(x / y);
@@ -2144,6 +2179,7 @@ class Evaluator {
       if (y == 0) Fail(pos, "integer division or modulo by zero");
       if (ints) {
         const int64_t p = a.as_int(), q = b.as_int();
+        if (p == std::numeric_limits<int64_t>::min() && q == -1) Fail(pos, "integer overflow");
         int64_t d = p / q, m = p % q;
         if (m != 0 && ((m < 0) != (q < 0))) {
           --d;
@@ -2156,9 +2192,13 @@ class Evaluator {
     }
     if (op == "**") {
       if (ints && b.as_int() >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < b.as_int(); ++k) r *= a.as_int();
-        return Value::Int(r);
+        // Square and multiply: at most 2 x 63 checked products, whatever the exponent.
+        int64_t result = 1, base = a.as_int();
+        for (int64_t e = b.as_int(); e > 0; e >>= 1) {
+          if (e & 1) CheckedInt(__builtin_mul_overflow(result, base, &result), 0, pos);
+          if (e > 1) CheckedInt(__builtin_mul_overflow(base, base, &base), 0, pos);
+        }
+        return Value::Int(result);
       }
       return Value::Float(std::pow(x, y));
     }
@@ -2264,9 +2304,10 @@ class Evaluator {
       }
       if (step == 0) Fail(e.pos, "range() step must not be zero");
       List items;
-      for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+      for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
         items.push_back(Value::Int(k));
         if (items.size() > 1000000) Fail(e.pos, "range() too long");
+        if (__builtin_add_overflow(k, step, &k)) break;  // past stop: Python's range ends here
       }
       return Value::MakeList(std::move(items));
     }
@@ -2582,13 +2623,21 @@ class Evaluator {
     if (f == "abs") {
       Bind(a, {}, f, pos);
       if (!v.is_number()) Fail(pos, "abs needs a number");
-      return v.is(Kind::kFloat) ? Value::Float(std::fabs(v.f)) : Value::Int(std::llabs(v.as_int()));
+      if (v.is(Kind::kFloat)) return Value::Float(std::fabs(v.f));
+      if (v.as_int() == std::numeric_limits<int64_t>::min()) Fail(pos, "integer overflow");
+      return Value::Int(std::llabs(v.as_int()));
     }
     if (f == "int") {
       const auto p = Bind(a, {"default", "base"}, f, pos);
       if (Given(p[1])) Fail(pos, "unsupported: int(base=...)");
       if (v.is_integral()) return Value::Int(v.as_int());
-      if (v.is(Kind::kFloat)) return Value::Int(static_cast<int64_t>(v.f));
+      if (v.is(Kind::kFloat)) {
+        // Python truncates toward zero; NaN, infinities and values beyond int64 are errors.
+        if (!(std::fabs(v.f) < 9223372036854775808.0)) {
+          Fail(pos, "int filter: float out of the int64 range");
+        }
+        return Value::Int(static_cast<int64_t>(v.f));
+      }
       Fail(pos, "unsupported: int filter on a non-number");
     }
     Fail(pos, absl::StrCat("unsupported filter '", f, "'"));

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <limits>
-#include <regex>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,32 +38,74 @@ std::string join_path(const std::string& parent, std::string_view key) {
 // Plain (unquoted) scalars are typed as YAML 1.2's core schema does: null, bool, int, float, else
 // string. Quoted scalars are always strings.
 
+// Matchers of the core schema's plain scalars, written out rather than with std::regex: the
+// libstdc++ regex executor recurses once per character, so a long scalar (100k digits) overflowed
+// the stack and took the coordinator down (found while writing the job-config fuzz target;
+// docs/testing.md).
+bool is_one_of(std::string_view s, std::initializer_list<std::string_view> words) {
+  return std::find(words.begin(), words.end(), s) != words.end();
+}
+
+std::string_view without_sign(std::string_view s) {
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  return s;
+}
+
+// Consumes [0-9]* from s at *i; returns how many digits it took.
+size_t take_digits(std::string_view s, size_t* i) {
+  const size_t begin = *i;
+  while (*i < s.size() && s[*i] >= '0' && s[*i] <= '9') ++*i;
+  return *i - begin;
+}
+
+// [-+]?[0-9]+
+bool is_yaml_int(std::string_view s) {
+  s = without_sign(s);
+  size_t i = 0;
+  return take_digits(s, &i) > 0 && i == s.size();
+}
+
+// [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
+bool is_yaml_float(std::string_view s) {
+  s = without_sign(s);
+  size_t i = 0;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    if (take_digits(s, &i) == 0) return false;
+  } else {
+    if (take_digits(s, &i) == 0) return false;
+    if (i < s.size() && s[i] == '.') {
+      ++i;
+      take_digits(s, &i);
+    }
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+    if (take_digits(s, &i) == 0) return false;
+  }
+  return i == s.size();
+}
+
 absl::StatusOr<Json> yaml_scalar_to_json(const YAML::Node& node) {
   const std::string& s = node.Scalar();
   if (node.Tag() == "!") return Json(s);  // quoted
-  static const std::regex kNull("~|null|Null|NULL|");
-  static const std::regex kTrue("true|True|TRUE");
-  static const std::regex kFalse("false|False|FALSE");
-  static const std::regex kInt("[-+]?[0-9]+");
-  static const std::regex kFloat("[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?");
-  static const std::regex kInf("[-+]?\\.(inf|Inf|INF)");
-  static const std::regex kNan("\\.(nan|NaN|NAN)");
-  if (std::regex_match(s, kNull)) return Json(nullptr);
-  if (std::regex_match(s, kTrue)) return Json(true);
-  if (std::regex_match(s, kFalse)) return Json(false);
-  if (std::regex_match(s, kInt)) {
+  if (is_one_of(s, {"~", "null", "Null", "NULL", ""})) return Json(nullptr);
+  if (is_one_of(s, {"true", "True", "TRUE"})) return Json(true);
+  if (is_one_of(s, {"false", "False", "FALSE"})) return Json(false);
+  if (is_yaml_int(s)) {
     errno = 0;
     char* end = nullptr;
     const long long v = std::strtoll(s.c_str(), &end, 10);
     if (errno == 0) return Json(static_cast<int64_t>(v));
     return Json(std::strtod(s.c_str(), nullptr));  // out of int64 range: a (large) number
   }
-  if (std::regex_match(s, kFloat)) return Json(std::strtod(s.c_str(), nullptr));
-  if (std::regex_match(s, kInf)) {
+  if (is_yaml_float(s)) return Json(std::strtod(s.c_str(), nullptr));
+  if (is_one_of(without_sign(s), {".inf", ".Inf", ".INF"})) {
     return Json(s[0] == '-' ? -std::numeric_limits<double>::infinity()
                             : std::numeric_limits<double>::infinity());
   }
-  if (std::regex_match(s, kNan)) return Json(std::numeric_limits<double>::quiet_NaN());
+  if (is_one_of(s, {".nan", ".NaN", ".NAN"})) return Json(std::numeric_limits<double>::quiet_NaN());
   return Json(s);
 }
 
@@ -337,7 +379,8 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(f.allow_only(
       {"steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "top_p",
        "seed", "learning_rate", "warmup_steps", "weight_decay", "grad_clip", "minibatches",
-       "epochs", "clip_eps", "kl_beta", "is", "adam_beta1", "adam_beta2", "adam_eps"}));
+       "epochs", "clip_eps", "kl_beta", "is", "adam_beta1", "adam_beta2", "adam_eps",
+       "max_staleness"}));
   FP8RL_RETURN_IF_ERROR(f.get_int("steps", &a->steps));
   FP8RL_RETURN_IF_ERROR(f.get_int("prompts_per_step", &a->prompts_per_step));
   FP8RL_RETURN_IF_ERROR(f.get_int("samples_per_prompt", &a->samples_per_prompt));
@@ -356,6 +399,7 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta1", &a->adam_beta1));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta2", &a->adam_beta2));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_eps", &a->adam_eps));
+  FP8RL_RETURN_IF_ERROR(f.get_int("max_staleness", &a->max_staleness));
   FP8RL_ASSIGN_OR_RETURN_FIELDS(is, f.get_object("is"));
   FP8RL_RETURN_IF_ERROR(is.allow_only({"rule", "cap", "lo", "hi"}));
   std::string rule(is_rule_name(a->is.rule));
@@ -466,6 +510,9 @@ absl::Status validate_job_config(const JobConfig& c) {
                                 "must be in [0, 1)"));
   FP8RL_RETURN_IF_ERROR(
       require(a.adam_eps > 0.0 && std::isfinite(a.adam_eps), "algorithm.adam_eps", "must be > 0"));
+  // Each step of staleness keeps one more step's rollout in the coordinator's memory.
+  FP8RL_RETURN_IF_ERROR(require(a.max_staleness >= 0 && a.max_staleness <= 16,
+                                "algorithm.max_staleness", "must be in [0, 16]"));
   // sft
   if (c.sft.has_value()) {
     FP8RL_RETURN_IF_ERROR(require(c.sft->steps >= 1, "sft.steps", "must be >= 1"));
@@ -624,7 +671,8 @@ Json job_config_to_json(const JobConfig& c) {
                                     {"hi", a.is.hi}}},
                         {"adam_beta1", a.adam_beta1},
                         {"adam_beta2", a.adam_beta2},
-                        {"adam_eps", a.adam_eps}};
+                        {"adam_eps", a.adam_eps},
+                        {"max_staleness", a.max_staleness}};
   if (c.sft.has_value()) {
     j["sft"] = Json{{"steps", c.sft->steps},
                     {"learning_rate", c.sft->learning_rate},

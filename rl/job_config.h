@@ -90,6 +90,10 @@ struct AlgorithmConfig {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
+  // Asynchronous RL (docs/design.md "Asynchronous RL"): 0 = synchronous (each step generates
+  // with the version the previous step published); K >= 1 = rollouts of the next K steps run
+  // while the trainer trains, each sample at most K versions behind the version it trains.
+  int64_t max_staleness = 0;
   int64_t batch_size() const { return prompts_per_step * samples_per_prompt; }
   bool operator==(const AlgorithmConfig&) const = default;
 };

@@ -1,6 +1,8 @@
 // The stored form of the metrics rows (see step_metrics.h); every row key is spelled here.
 #include "rl/step_metrics.h"
 
+#include <string>
+
 namespace fp8rl::rl {
 
 MetricsValues to_row(const StartMetrics& m) {
@@ -34,6 +36,19 @@ MetricsValues to_row(const StepMetrics& m) {
   }
   if (m.checkpoint_seconds) row["time_checkpoint_seconds"] = *m.checkpoint_seconds;
   row["time_step_seconds"] = m.step_seconds;
+  if (m.async) {
+    row["max_staleness"] = static_cast<double>(m.async->max_staleness);
+    for (int64_t k = 0; k <= m.async->max_staleness; ++k) {
+      auto it = m.async->staleness_histogram.find(k);
+      const int64_t n = it == m.async->staleness_histogram.end() ? 0 : it->second;
+      row["samples_staleness_" + std::to_string(k)] = static_cast<double>(n);
+    }
+    row["staleness_max"] = static_cast<double>(m.async->staleness_max);
+    row["staleness_mean"] = m.async->staleness_mean;
+    row["stale_regenerated_samples"] = static_cast<double>(m.async->regenerated_samples);
+    row["trainer_idle_seconds"] = m.async->trainer_idle_seconds;
+    row["generation_idle_seconds"] = m.async->generation_idle_seconds;
+  }
   return row;
 }
 

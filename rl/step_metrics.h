@@ -56,6 +56,23 @@ struct StepMetrics {
   std::optional<double> checkpoint_seconds;
   // The whole step, wall clock.
   double step_seconds = 0.0;
+  // Asynchronous RL only (algorithm.max_staleness = K >= 1; docs/design.md "Asynchronous RL"):
+  // absent from a synchronous job's rows.
+  struct Async {
+    int64_t max_staleness = 0;  // K
+    // samples_staleness_<k>, k = 0..K: trained samples generated k versions before the trained
+    // one; their sum is the batch size.
+    std::map<int64_t, int64_t> staleness_histogram;
+    int64_t staleness_max = 0;
+    double staleness_mean = 0.0;
+    int64_t regenerated_samples = 0;  // stale_regenerated_samples: older than K, generated again
+    // trainer_idle_seconds: the loop waited for this step's rollout (and its regeneration).
+    double trainer_idle_seconds = 0.0;
+    // generation_idle_seconds: since the previous row, time the rollout producer waited for a
+    // version (nothing it was allowed to generate).
+    double generation_idle_seconds = 0.0;
+  };
+  std::optional<Async> async;
 };
 
 // The stored form. For a StepMetrics, the trainer's keys come first and the loop's own keys win

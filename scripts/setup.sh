@@ -13,10 +13,21 @@ PACKAGES=(
   libssl-dev zlib1g-dev libzstd-dev
   libpcre2-dev libicu-dev
   curl prometheus docker-compose iperf3
+  clang libclang-rt-dev  # scripts/fuzz.sh: libFuzzer with ASan/UBSan (fuzz/)
   python3 python3-numpy python3-torch python3-yaml python3-jinja2
   python3-grpcio python3-grpc-tools python3-protobuf
   chromium python3-websocket fonts-dejavu-core
 )
+
+# FP8RL_SETUP_BUILD_ONLY=1 (the Docker builder stage): only what configuring and compiling fp8rl
+# need (python3 itself: tests/deploy configures with it); no Python modules, test tools, tokenizers.
+if [ -n "${FP8RL_SETUP_BUILD_ONLY:-}" ]; then
+  build_only=()
+  for p in "${PACKAGES[@]}"; do
+    case "$p" in python3-*|curl|prometheus|docker-compose|iperf3) ;; *) build_only+=("$p") ;; esac
+  done
+  PACKAGES=("${build_only[@]}")
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -28,6 +39,7 @@ done
 # Real tokenizer files and the reference tokenizer for the hf_tokenizer tests (ignored cache).
 # Not fatal: without them those tests skip with a message.
 fetch_tokenizers() {
+  if [ -n "${FP8RL_SETUP_BUILD_ONLY:-}" ]; then return 0; fi
   bash "$(dirname "${BASH_SOURCE[0]}")/fetch_tokenizers.sh" ||
     echo "setup: WARNING: fetch_tokenizers.sh failed; the hf_tokenizer reference tests will skip" >&2
 }

@@ -19,7 +19,10 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
   // TIME_WAIT sockets) and, by default, SO_REUSEPORT, which would let a second server bind the
   // same port and take part of its connections: turned off, so a port in use is an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      options.address,
+      options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),
+      &port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (grpc::Service* service : services) builder.RegisterService(service);

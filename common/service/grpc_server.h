@@ -25,6 +25,9 @@ void set_reconnect_backoff(grpc::ChannelArguments* args,
 struct GrpcServerOptions {
   std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free port
   int max_message_bytes = 64 << 20;   // receive and send limit per message
+  // Null: plaintext. TLS (and mutual TLS) credentials come from grpc_server_credentials()
+  // in security.h.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
 };
 
 class GrpcServer {

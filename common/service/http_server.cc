@@ -34,6 +34,12 @@ void set_listener_socket_options(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 }
 
+// Debian's compiled httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG is fixed in
+// the library): with a few dozen clients connecting at once the kernel drops SYNs and clients
+// wait a 1 s retransmit (seen as p99 > 1 s by bench/rest_load). Re-listening on the bound socket
+// raises the backlog (capped by net.core.somaxconn).
+constexpr int kListenBacklog = SOMAXCONN;
+
 }  // namespace
 
 std::string body_etag(std::string_view body) {
@@ -70,9 +76,12 @@ struct HttpServer::Impl {
   MetricsRegistry* metrics = nullptr;
   CounterFamily* requests = nullptr;
   std::function<bool()> healthy;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server;  // httplib::SSLServer when TLS is configured
+  bool tls_invalid = false;                 // the certificate or key could not be loaded
+  HttpGuard guard;
   std::thread thread;
   std::atomic<bool> listen_returned{false};  // set by `thread` when listen_after_bind returns
+  int listen_fd = -1;  // the socket httplib last created for listening (set before bind)
   bool started = false;
 
   void count(int status) {
@@ -83,27 +92,33 @@ struct HttpServer::Impl {
   void respond(const HttpHandler& handler, const HttpRequest& request, httplib::Response& res) {
     HttpResponse response;
     try {
-      response = handler(request);
+      std::optional<HttpResponse> refused;
+      if (guard) refused = guard(request);
+      response = refused ? std::move(*refused) : handler(request);
     } catch (const std::exception& e) {
       log_error("http", "handler threw", {{"path", request.path}, {"error", e.what()}});
       response = json_error(500, absl::StrCat("internal error: ", e.what()));
     }
     if (response.status == 304) {  // the handler checked its own ETag
       res.status = 304;
-      if (!response.etag.empty()) res.set_header("ETag", response.etag);
+      for (const auto& [name, value] : response.headers) res.set_header(name, value);
       count(304);
       return;
     }
     if (request.method == "GET" && response.status == 200) {
-      const std::string etag = response.etag.empty() ? body_etag(response.body) : response.etag;
-      res.set_header("ETag", etag);
+      auto own = response.headers.find("ETag");
+      const std::string etag =
+          own != response.headers.end() ? own->second : body_etag(response.body);
+      response.headers["ETag"] = etag;
       if (http_matches_etag(request, etag)) {
         res.status = 304;
+        res.set_header("ETag", etag);
         count(304);
         return;
       }
     }
     res.status = response.status;
+    for (const auto& [name, value] : response.headers) res.set_header(name, value);
     res.set_content(response.body, response.content_type);
     count(response.status);
   }
@@ -113,6 +128,7 @@ struct HttpServer::Impl {
     request.method = req.method;
     request.path = req.path;
     request.body = req.body;
+    request.authorization = req.get_header_value("Authorization");
     for (const auto& [key, value] : req.params) request.query[key] = value;
     for (const auto& [name, value] : req.headers)
       request.headers[absl::AsciiStrToLower(name)] = value;
@@ -162,6 +178,14 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
   impl_->options = std::move(options);
   impl_->metrics = metrics;
   impl_->healthy = std::move(healthy);
+  const HttpServerOptions& o = impl_->options;
+  if (!o.tls_cert.empty() || !o.tls_key.empty()) {
+    auto ssl = std::make_unique<httplib::SSLServer>(o.tls_cert.c_str(), o.tls_key.c_str());
+    impl_->tls_invalid = !ssl->is_valid();
+    impl_->server = std::move(ssl);
+  } else {
+    impl_->server = std::make_unique<httplib::Server>();
+  }
   if (metrics != nullptr) {
     auto family = metrics->add_counter("fp8rl_http_requests_total",
                                        "HTTP requests answered, by status code.", {"code"});
@@ -169,14 +193,17 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
   }
   Impl* impl = impl_.get();
   const int threads = std::max(1, impl_->options.threads);
-  impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  impl_->server.set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
-  impl_->server.set_socket_options(set_listener_socket_options);
-  impl_->server.set_pre_routing_handler(
+  impl_->server->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl_->server->set_payload_max_length(static_cast<size_t>(impl_->options.max_body_bytes));
+  impl_->server->set_socket_options([impl](int fd) {
+    set_listener_socket_options(fd);
+    impl->listen_fd = fd;
+  });
+  impl_->server->set_pre_routing_handler(
       [impl](const httplib::Request& req, httplib::Response& res) {
         return impl->route_bodyless_post(req, res);
       });
-  impl_->server.set_error_handler([impl](const httplib::Request& req, httplib::Response& res) {
+  impl_->server->set_error_handler([impl](const httplib::Request& req, httplib::Response& res) {
     // Reached for statuses >= 400 that no handler produced: oversized bodies (413 from the
     // parser), unknown routes (404), malformed requests (400). A route's own error body stays.
     if (!res.body.empty()) return;
@@ -193,14 +220,14 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
     res.set_content(nlohmann::json{{"error", message}}.dump(), "application/json");
     impl->count(res.status);
   });
-  impl_->server.Get("/healthz", [impl](const httplib::Request&, httplib::Response& res) {
+  impl_->server->Get("/healthz", [impl](const httplib::Request&, httplib::Response& res) {
     const bool ok = !impl->healthy || impl->healthy();
     res.status = ok ? 200 : 503;
     res.set_content(ok ? R"({"status":"ok"})" : R"({"status":"unavailable"})", "application/json");
     impl->count(res.status);
   });
   if (metrics != nullptr) {
-    impl_->server.Get("/metrics", [impl](const httplib::Request&, httplib::Response& res) {
+    impl_->server->Get("/metrics", [impl](const httplib::Request&, httplib::Response& res) {
       res.set_content(impl->metrics->render(), std::string(kPrometheusContentType));
       impl->count(200);
     });
@@ -210,37 +237,45 @@ HttpServer::HttpServer(HttpServerOptions options, MetricsRegistry* metrics,
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::get(const std::string& pattern, HttpHandler handler) {
-  impl_->server.Get(pattern, impl_->wrap(std::move(handler)));
+  impl_->server->Get(pattern, impl_->wrap(std::move(handler)));
 }
+
+void HttpServer::set_guard(HttpGuard guard) { impl_->guard = std::move(guard); }
 
 void HttpServer::post(const std::string& pattern, HttpHandler handler) {
   impl_->post_routes.emplace_back(std::regex(pattern), handler);
-  impl_->server.Post(pattern, impl_->wrap(std::move(handler)));
+  impl_->server->Post(pattern, impl_->wrap(std::move(handler)));
 }
 
 absl::StatusOr<int> HttpServer::start() {
   if (impl_->started) return port_;
+  if (impl_->tls_invalid) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tls-cert/--tls-key: cannot load the certificate '", impl_->options.tls_cert,
+        "' with the key '", impl_->options.tls_key, "' (PEM files of one pair expected)"));
+  }
   int port = impl_->options.port;
   if (port == 0) {
-    port = impl_->server.bind_to_any_port(impl_->options.host);
+    port = impl_->server->bind_to_any_port(impl_->options.host);
     if (port < 0) port = 0;
-  } else if (!impl_->server.bind_to_port(impl_->options.host, port)) {
+  } else if (!impl_->server->bind_to_port(impl_->options.host, port)) {
     port = 0;
   }
   if (port <= 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("http: cannot bind ", impl_->options.host, ":", impl_->options.port));
   }
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, kListenBacklog);
   port_ = port;
   impl_->started = true;
   impl_->listen_returned = false;
   impl_->thread = std::thread([impl = impl_.get()] {
-    impl->server.listen_after_bind();
+    impl->server->listen_after_bind();
     impl->listen_returned = true;
   });
   // httplib's stop() does nothing until the listen thread has marked the server running, so a
   // stop() right after start() would leave that thread in accept() and hang the join: wait.
-  while (!impl_->server.is_running() && !impl_->listen_returned) {
+  while (!impl_->server->is_running() && !impl_->listen_returned) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return port_;
@@ -248,7 +283,7 @@ absl::StatusOr<int> HttpServer::start() {
 
 void HttpServer::stop() {
   if (!impl_ || !impl_->started) return;
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->started = false;
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,21 +24,25 @@ struct HttpRequest {
   std::vector<std::string> params;  // regex capture groups of the route pattern, in order
   std::map<std::string, std::string> query;
   std::map<std::string, std::string> headers;  // names in lower case ("content-type")
+  std::string authorization;  // the Authorization header ("" when absent); never logged
 };
 
 struct HttpResponse {
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
-  // A handler that can tell cheaply whether its answer changed sets its own ETag here (used
-  // instead of body_etag), and may answer 304 with an empty body itself (see http_matches_etag).
-  std::string etag = "";
+  // Extra response headers. A handler that can tell cheaply whether its answer changed sets
+  // "ETag" here (used instead of body_etag) and may answer 304 itself (see http_matches_etag).
+  std::map<std::string, std::string> headers = {};
 };
 
 // True when the request's If-None-Match ("*", or a list of tags, weak or not) names `etag`.
 bool http_matches_etag(const HttpRequest& request, const std::string& etag);
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+// Runs before every route handler (not /healthz or /metrics): an answer stops the request there
+// (authentication, see auth.h); nullopt lets the route handle it.
+using HttpGuard = std::function<std::optional<HttpResponse>(const HttpRequest&)>;
 
 // The ETag the server sends with a 200 answer to a GET: a quoted hex checksum of the body.
 std::string body_etag(std::string_view body);
@@ -50,6 +55,10 @@ struct HttpServerOptions {
   int port = 0;                      // 0: pick a free port (see HttpServer::port())
   int64_t max_body_bytes = 1 << 20;  // larger bodies: 400 {"error": "body: ..."}
   int threads = 8;                   // worker threads serving requests
+  // HTTPS when both are set: PEM certificate chain and private key files (read at construction;
+  // an unreadable or mismatched pair makes start() fail naming --tls-cert). Plain HTTP otherwise.
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 class HttpServer {
@@ -64,12 +73,14 @@ class HttpServer {
 
   // Routes: ECMAScript regex matched against the whole path ("/v1/jobs/([^/:]+)"). Add before
   // start(). A GET route's 200 answer carries an ETag (the handler's
-  // HttpResponse::etag, else body_etag); a request whose If-None-Match names it gets 304 with no
+  // headers["ETag"], else body_etag); a request whose If-None-Match names it gets 304 with no
   // body, so pollers do not download what they already have. A POST sent
   // with neither Content-Length nor chunked Transfer-Encoding (plain `curl -X POST URL`) reaches
   // its route with an empty body, as HTTP/1.1 defines it.
   void get(const std::string& pattern, HttpHandler handler);
   void post(const std::string& pattern, HttpHandler handler);
+  // Installs the guard every route request passes first (replaces an earlier one). Before start().
+  void set_guard(HttpGuard guard);
 
   // Binds and serves on a background thread; returns the bound port. FailedPrecondition when the
   // address cannot be bound. The listener sets SO_REUSEADDR and not SO_REUSEPORT: a restarted

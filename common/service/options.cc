@@ -51,6 +51,16 @@ Field string_field(std::string key, std::string ServiceOptions::*member) {
           [member](const ServiceOptions& o) { return o.*member; }};
 }
 
+// A file path that may be left empty (the feature it configures is then off).
+Field optional_path_field(std::string key, std::string ServiceOptions::*member) {
+  return {key,
+          [member](ServiceOptions& o, const std::string& v, const std::string&) {
+            o.*member = v;
+            return absl::OkStatus();
+          },
+          [member](const ServiceOptions& o) { return o.*member; }};
+}
+
 std::vector<Field> fields(const ServiceOptions& defaults) {
   std::vector<Field> out = {
       string_field("listen_host", &ServiceOptions::listen_host),
@@ -88,6 +98,11 @@ std::vector<Field> fields(const ServiceOptions& defaults) {
          return absl::OkStatus();
        },
        [](const ServiceOptions& o) { return absl::StrCat(o.max_body_bytes); }},
+      optional_path_field("cluster_token_file", &ServiceOptions::cluster_token_file),
+      optional_path_field("tls_cert", &ServiceOptions::tls_cert),
+      optional_path_field("tls_key", &ServiceOptions::tls_key),
+      optional_path_field("tls_ca", &ServiceOptions::tls_ca),
+      optional_path_field("tls_server_name", &ServiceOptions::tls_server_name),
   };
   for (const auto& [key, value] : defaults.extra) {
     out.push_back({key,

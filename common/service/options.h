@@ -26,7 +26,17 @@ struct ServiceOptions {
   std::string log_level = "info";               // --log-level: debug|info|warn|error
   double shutdown_grace_seconds = 10.0;         // --shutdown-grace-seconds: drain deadline
   int64_t max_body_bytes = 1 << 20;             // --max-body-bytes: HTTP request body limit
-  std::map<std::string, std::string> extra;     // service-specific: snake_case key -> value
+  // Security (security.h); every one off when empty. --cluster-token-file: the token internal
+  // calls carry and this service's internal endpoints require. --tls-cert/--tls-key: PEM pair
+  // for gRPC TLS and HTTPS; --tls-ca: CA that verifies peers (mutual TLS between services).
+  std::string cluster_token_file;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  // --tls-server-name: the name peers' certificates are checked against instead of the host of
+  // the address called (workers advertised by IP or container id share one certificate name).
+  std::string tls_server_name;
+  std::map<std::string, std::string> extra;  // service-specific: snake_case key -> value
 };
 
 // `args` are the arguments after the program name. `defaults` supplies every default and the

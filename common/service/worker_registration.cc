@@ -54,8 +54,7 @@ absl::Status WorkerRegistration::start() {
   // found again within max_backoff.
   grpc::ChannelArguments args;
   set_reconnect_backoff(&args, options_.retry_backoff, options_.max_backoff);
-  stub_ = v1::WorkerRegistry::NewStub(
-      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args));
+  stub_ = v1::WorkerRegistry::NewStub(make_channel(options_.coordinator, args, options_.security));
   started_ = true;
   thread_ = std::thread([this] { run(); });
   return absl::OkStatus();

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "common/service/security.h"
 #include "fp8rl/v1/worker_registry.grpc.pb.h"
 
 namespace fp8rl::service {
@@ -42,6 +43,8 @@ struct WorkerRegistrationOptions {
   std::chrono::milliseconds heartbeat_interval{1000};  // until the coordinator announces its own
   // Reported on register and every heartbeat; null reports zeros. Called on the background thread.
   std::function<WorkerLoad()> load;
+  // TLS and the cluster token for the calls to the coordinator (security.h); plain by default.
+  ClientSecurity security;
 };
 
 class WorkerRegistration {

@@ -196,6 +196,22 @@ def training():
                    [t(f"sum(rate(fp8rl_rl_samples_total{RATE}))", "samples/s"),
                     t(f"sum(rate(fp8rl_trainer_tokens_total{RATE}))", "train tokens/s")],
                    unit="short"),
+        timeseries("Sample staleness (asynchronous RL)",
+                   "Versions between a trained sample's generating version and the trained one "
+                   "(algorithm.max_staleness >= 1; empty for synchronous jobs): mean and p95, and "
+                   "samples per second regenerated for being older than the bound.",
+                   [t(f"sum(rate(fp8rl_rl_sample_staleness_sum{RATE})) / "
+                      f"sum(rate(fp8rl_rl_sample_staleness_count{RATE}))", "mean"),
+                    t(f"histogram_quantile(0.95, sum by (le) "
+                      f"(rate(fp8rl_rl_sample_staleness_bucket{RATE})))", "p95"),
+                    t(f"sum(rate(fp8rl_rl_stale_regenerated_samples_total{RATE}))",
+                      "regenerated/s")], unit="none"),
+        timeseries("Idle time (asynchronous RL)",
+                   "Share of wall time the RL loop waited for a rollout (trainer idle) and the "
+                   "rollout producer waited for a version it may use (generation idle).",
+                   [t(f"sum(rate(fp8rl_rl_trainer_idle_seconds_total{RATE}))", "trainer idle"),
+                    t(f"sum(rate(fp8rl_rl_generation_idle_seconds_total{RATE}))",
+                      "generation idle")], unit="percentunit", minimum=0),
         row("Optimizer"),
         timeseries("Loss", "Loss of the last optimizer step.", [t("fp8rl_trainer_loss", "loss")],
                    unit="none", width=8),

@@ -78,6 +78,23 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
                                   " (docs/design.md, Mismatch metrics), from the trainer.")));
     m->mismatch.emplace(std::string(name), family);
   }
+  FP8RL_ASSIGN(m->sample_staleness,
+               registry->add_histogram("fp8rl_rl_sample_staleness",
+                                       "Weight versions between a trained sample's generating "
+                                       "version and the trained one (asynchronous RL).",
+                                       {}, {0, 1, 2, 3, 4, 8, 16}));
+  FP8RL_ASSIGN(m->stale_regenerated_samples,
+               registry->add_counter("fp8rl_rl_stale_regenerated_samples_total",
+                                     "Samples older than algorithm.max_staleness, generated again "
+                                     "(asynchronous RL)."));
+  FP8RL_ASSIGN(m->trainer_idle_seconds,
+               registry->add_counter("fp8rl_rl_trainer_idle_seconds_total",
+                                     "Time the RL loop waited for a step's rollout before "
+                                     "training it (asynchronous RL)."));
+  FP8RL_ASSIGN(m->generation_idle_seconds,
+               registry->add_counter("fp8rl_rl_generation_idle_seconds_total",
+                                     "Time the rollout producer waited for a weight version it "
+                                     "may generate with (asynchronous RL)."));
 #undef FP8RL_ASSIGN
   // Labelled series exist from the start, so a scrape before the first job shows them at 0.
   m->requests_rejected->with({"rest"});
@@ -107,6 +124,15 @@ void CoordinatorMetrics::record_mismatch(const std::map<std::string, double>& va
   for (const auto& [name, family] : mismatch) {
     if (auto it = values.find(name); it != values.end()) family->get().set(it->second);
   }
+}
+
+void CoordinatorMetrics::record_staleness(const rl::StepMetrics::Async& step) {
+  for (const auto& [staleness, n] : step.staleness_histogram) {
+    for (int64_t i = 0; i < n; ++i) sample_staleness->get().observe(static_cast<double>(staleness));
+  }
+  stale_regenerated_samples->get().inc(static_cast<double>(step.regenerated_samples));
+  trainer_idle_seconds->get().inc(step.trainer_idle_seconds);
+  generation_idle_seconds->get().inc(step.generation_idle_seconds);
 }
 
 void CoordinatorMetrics::count_rejected(std::string_view api) {

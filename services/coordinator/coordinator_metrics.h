@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/service/metrics.h"
+#include "rl/step_metrics.h"
 
 namespace fp8rl::coordinator {
 
@@ -38,6 +39,9 @@ class CoordinatorMetrics {
   // The mismatch gauges from a train step's statistics (keys of kRlMismatchMetrics); keys the
   // trainer did not send leave their gauge unchanged.
   void record_mismatch(const std::map<std::string, double>& values);
+  // Asynchronous RL (docs/design.md "Asynchronous RL"): one step's staleness histogram, stale
+  // samples regenerated, trainer and generation idle time.
+  void record_staleness(const rl::StepMetrics::Async& step);
   // One request rejected as invalid; api is "rest" or "grpc".
   void count_rejected(std::string_view api);
 
@@ -59,6 +63,11 @@ class CoordinatorMetrics {
   service::CounterFamily* redispatched_samples = nullptr;   // samples those calls carried
   service::GaugeFamily* weight_version = nullptr;           // last published policy version
   std::map<std::string, service::GaugeFamily*, std::less<>> mismatch;  // kRlMismatchMetrics
+  // Asynchronous RL only (stay at 0 in synchronous jobs).
+  service::HistogramFamily* sample_staleness = nullptr;         // versions behind, per sample
+  service::CounterFamily* stale_regenerated_samples = nullptr;  // older than K, generated again
+  service::CounterFamily* trainer_idle_seconds = nullptr;       // loop waited for a rollout
+  service::CounterFamily* generation_idle_seconds = nullptr;    // producer waited for a version
 };
 
 }  // namespace fp8rl::coordinator

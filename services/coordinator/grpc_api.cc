@@ -72,8 +72,10 @@ grpc::Status counted(JobManager* jobs, grpc::Status status) {
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
+                                       const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* resp) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   if (req->config().empty()) {
     return counted(jobs_, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                        "config: empty; expected a job config"));
@@ -84,8 +86,9 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJob
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* req,
                                     v1::Job* resp) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<JobRecord> job = jobs_->get(req->id());
   if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
@@ -93,8 +96,9 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobReques
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* resp) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   std::optional<JobState> state;
   switch (req->state()) {
     case v1::JOB_STATE_UNSPECIFIED:
@@ -127,8 +131,10 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
+                                       const v1::CancelJobRequest* req,
                                        v1::CancelJobResponse* resp) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<JobRecord> job = jobs_->cancel(req->id());
   if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
@@ -138,6 +144,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJob
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   int64_t last_updated = -1, last_step = -1;
   JobState last_state = JobState::kQueued;
@@ -163,9 +170,10 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
   return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled by the client");
 }
 
-grpc::Status JobServiceImpl::GetJobMetrics(grpc::ServerContext*,
+grpc::Status JobServiceImpl::GetJobMetrics(grpc::ServerContext* context,
                                            const v1::GetJobMetricsRequest* req,
                                            v1::GetJobMetricsResponse* resp) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<std::vector<MetricsRow>> rows = jobs_->metrics(req->id());
   if (!rows.ok()) return counted(jobs_, service::to_grpc_status(rows.status()));
@@ -173,9 +181,10 @@ grpc::Status JobServiceImpl::GetJobMetrics(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerRegistryImpl::RegisterWorker(grpc::ServerContext*,
+grpc::Status WorkerRegistryImpl::RegisterWorker(grpc::ServerContext* context,
                                                 const v1::RegisterWorkerRequest* req,
                                                 v1::RegisterWorkerResponse* resp) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   WorkerKind kind;
   switch (req->kind()) {
     case v1::WORKER_KIND_GENERATION:
@@ -208,15 +217,19 @@ grpc::Status WorkerRegistryImpl::RegisterWorker(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerRegistryImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+grpc::Status WorkerRegistryImpl::Heartbeat(grpc::ServerContext* context,
+                                           const v1::HeartbeatRequest* req,
                                            v1::HeartbeatResponse* resp) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   resp->set_reregister(
       !registry_->heartbeat(req->worker_id(), req->weight_version(), req->queue_depth()));
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerRegistryImpl::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* req,
+grpc::Status WorkerRegistryImpl::Deregister(grpc::ServerContext* context,
+                                            const v1::DeregisterRequest* req,
                                             v1::DeregisterResponse*) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   registry_->deregister(req->worker_id());
   service::log_info("registry", "worker deregistered", {{"id", req->worker_id()}});
   jobs_->refresh_gauges();

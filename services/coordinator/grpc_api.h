@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "common/service/auth.h"
 #include "fp8rl/v1/job_service.grpc.pb.h"
 #include "fp8rl/v1/worker_registry.grpc.pb.h"
 #include "services/coordinator/job_manager.h"
@@ -15,6 +16,10 @@ namespace fp8rl::coordinator {
 class JobServiceImpl final : public fp8rl::v1::JobService::Service {
  public:
   explicit JobServiceImpl(JobManager* jobs) : jobs_(jobs) {}
+  // Every call then needs one of these bearer tokens (UNAUTHENTICATED otherwise). Before serving.
+  void require_tokens(std::shared_ptr<const service::TokenSet> tokens) {
+    auth_ = std::move(tokens);
+  }
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
                          v1::SubmitJobResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::Job*) override;
@@ -29,12 +34,17 @@ class JobServiceImpl final : public fp8rl::v1::JobService::Service {
 
  private:
   JobManager* jobs_;
+  std::shared_ptr<const service::TokenSet> auth_;  // null: open
 };
 
 class WorkerRegistryImpl final : public fp8rl::v1::WorkerRegistry::Service {
  public:
   WorkerRegistryImpl(WorkerRegistry* registry, JobManager* jobs)
       : registry_(registry), jobs_(jobs) {}
+  // Every call then needs the cluster token (UNAUTHENTICATED otherwise). Before serving.
+  void require_tokens(std::shared_ptr<const service::TokenSet> tokens) {
+    auth_ = std::move(tokens);
+  }
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
@@ -45,6 +55,7 @@ class WorkerRegistryImpl final : public fp8rl::v1::WorkerRegistry::Service {
  private:
   WorkerRegistry* registry_;
   JobManager* jobs_;
+  std::shared_ptr<const service::TokenSet> auth_;  // null: open
 };
 
 }  // namespace fp8rl::coordinator

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
+#include "common/service/security.h"
 #include "fp8rl/v1/generation.grpc.pb.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
 #include "proto/precision_proto.h"
@@ -221,13 +222,14 @@ class GrpcTrainerClient final : public TrainerClient {
     return stats;
   }
 
-  absl::StatusOr<int64_t> publish(bool calibrate_kv_scales) override {
+  absl::StatusOr<int64_t> publish(bool calibrate_kv_scales, int64_t above_version) override {
     if (weight_sync_address_.empty()) {
       return absl::UnavailableError("no weight-sync service registered");
     }
     v1::PublishRequest req;
     req.set_weight_sync_address(weight_sync_address_);
     req.set_calibrate_kv_scales(calibrate_kv_scales);
+    req.set_above_version(above_version);
     v1::PublishResponse resp;
     if (absl::Status s = call(&v1::TrainerService::Stub::Publish, req, &resp); !s.ok()) return s;
     return resp.version();
@@ -279,7 +281,7 @@ std::shared_ptr<grpc::Channel> GrpcCluster::channel(const std::string& address) 
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
     service::set_reconnect_backoff(&args);  // a restarted trainer/worker is reached again soon
-    ch = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    ch = service::make_channel(address, args, security_);
   }
   return ch;
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/service/security.h"
 #include "services/coordinator/rl_loop.h"
 #include "services/coordinator/worker_registry.h"
 
@@ -24,12 +25,16 @@ class GrpcCluster final : public Cluster {
   std::shared_ptr<GenerationClient> generation_client(const WorkerRef& worker) override;
   absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() override;
 
+  // TLS and the cluster token for calls to workers (security.h). Before the first call.
+  void set_client_security(service::ClientSecurity security) { security_ = std::move(security); }
+
  private:
   std::shared_ptr<grpc::Channel> channel(const std::string& address);
 
   WorkerRegistry* registry_;
   std::chrono::milliseconds rpc_timeout_;
-  std::mutex mu_;  // guards channels_ (held only to look up or insert a channel)
+  service::ClientSecurity security_;  // set before serving, read-only after
+  std::mutex mu_;                     // guards channels_ (held only to look up or insert a channel)
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_; by address
 };
 

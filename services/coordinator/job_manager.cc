@@ -200,6 +200,14 @@ void JobManager::run_job(const JobRecord& job) {
     finish(JobState::kFailed, absl::StrCat("stored config: ", config.status().message()));
     return;
   }
+  // Checked again where the files are opened: a stored job (an older store, or one written past
+  // submission) cannot read datasets or write checkpoints outside the roots either.
+  if (path_roots_.has_value()) {
+    if (absl::Status s = rl::resolve_job_paths(*config, *path_roots_); !s.ok()) {
+      finish(JobState::kFailed, absl::StrCat("stored config: ", s.message()));
+      return;
+    }
+  }
   service::log_info(kLog, "job started", {{"job", id}, {"resume", job.resume ? "true" : "false"}});
   if (job.resume && metrics_ != nullptr) metrics_->job_resumes->get().inc();  // restart resume
   const absl::Status status = run_with_resumes(job, *config);

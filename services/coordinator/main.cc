@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/service/auth.h"
 #include "common/service/grpc_server.h"
 #include "common/service/http_server.h"
 #include "common/service/log.h"
 #include "common/service/metrics.h"
 #include "common/service/options.h"
+#include "common/service/security.h"
 #include "common/service/shutdown.h"
 #include "services/coordinator/console/console_routes.h"
 #include "services/coordinator/coordinator_metrics.h"
@@ -53,7 +55,10 @@ int run(const std::vector<std::string>& args) {
                     // Empty: the working directory.
                     {"data_root", ""},
                     {"models_root", ""},
-                    {"datasets_root", ""}};
+                    {"datasets_root", ""},
+                    // Bearer tokens the job API (REST /v1/*, gRPC JobService) requires, one per
+                    // line (common/service/auth.h); reloaded on SIGHUP. Empty: the API is open.
+                    {"auth_token_file", ""}};
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::fputs(service::service_options_usage(defaults).c_str(), stdout);
@@ -81,6 +86,19 @@ int run(const std::vector<std::string>& args) {
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) {
     return fail(std::string(s.message()));
   }
+  absl::StatusOr<service::ServiceSecurity> security = service::load_service_security(*options);
+  if (!security.ok()) return fail(std::string(security.status().message()));
+  std::shared_ptr<service::TokenSet> api_tokens;
+  if (const std::string file = service::extra_string(*options, "auth_token_file"); !file.empty()) {
+    absl::StatusOr<std::shared_ptr<service::TokenSet>> tokens =
+        service::TokenSet::load(file, "--auth-token-file");
+    if (!tokens.ok()) return fail(std::string(tokens.status().message()));
+    api_tokens = *tokens;
+  }
+  if (absl::Status s = service::install_reload_handler(); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
+  service::TokenReloader reloader({api_tokens, security->cluster_tokens});
 
   std::string db_path = service::extra_string(*options, "job_store");
   if (db_path.empty()) {
@@ -99,6 +117,7 @@ int run(const std::vector<std::string>& args) {
   coordinator::WorkerRegistry workers{std::chrono::milliseconds(numbers[1]),
                                       std::chrono::milliseconds(numbers[0])};
   coordinator::GrpcCluster cluster(&workers, std::chrono::seconds(numbers[4]));
+  cluster.set_client_security(security->client);
   coordinator::RlLoopOptions loop_options;
   loop_options.generate_deadline = std::chrono::seconds(numbers[2]);
   loop_options.worker_wait = std::chrono::seconds(numbers[3]);
@@ -125,7 +144,14 @@ int run(const std::vector<std::string>& args) {
   http_options.host = options->listen_host;
   http_options.port = options->http_port;
   http_options.max_body_bytes = options->max_body_bytes;
+  if (security->tls.enabled()) {
+    http_options.tls_cert = security->tls.cert;
+    http_options.tls_key = security->tls.key;
+  }
   service::HttpServer http(http_options, &registry);
+  // The job API under /v1/ needs a token when configured; /healthz, /metrics and anything else
+  // (console assets) stay open.
+  http.set_guard(service::bearer_guard(api_tokens, "/v1/"));
   coordinator::add_rest_routes(http, jobs);
   console::add_console_routes(http);
   absl::StatusOr<int> http_port = http.start();
@@ -133,8 +159,11 @@ int run(const std::vector<std::string>& args) {
 
   coordinator::JobServiceImpl job_service(&jobs);
   coordinator::WorkerRegistryImpl registry_service(&workers, &jobs);
+  job_service.require_tokens(api_tokens);
+  registry_service.require_tokens(security->cluster_tokens);
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(*options, options->grpc_port);
+  grpc_options.credentials = security->grpc_credentials;
   auto grpc = service::GrpcServer::start(
       grpc_options, {&job_service, &registry_service},
       {v1::JobService::service_full_name(), v1::WorkerRegistry::service_full_name()});
@@ -148,7 +177,12 @@ int run(const std::vector<std::string>& args) {
                      {"job_store", db_path},
                      {"data_root", roots.data_root},
                      {"models_root", roots.models_root},
-                     {"datasets_root", roots.datasets_root}});
+                     {"datasets_root", roots.datasets_root},
+                     {"job_api_auth", api_tokens ? "bearer" : "off"},
+                     {"cluster_auth", security->cluster_tokens ? "bearer" : "off"},
+                     {"tls", !security->tls.enabled()   ? "off"
+                             : security->tls.ca.empty() ? "server"
+                                                        : "mutual"}});
   service::wait_for_shutdown();
   service::log_info("coordinator", "shutting down");
   const auto grace =

@@ -73,7 +73,7 @@ service::HttpResponse metrics_history(JobManager& jobs, const service::HttpReque
                                         fingerprint->max_recorded_ms, "-", max_points, "\"");
   if (service::http_matches_etag(req, etag)) {
     service::HttpResponse not_modified{304, "", "application/json"};
-    not_modified.etag = etag;
+    not_modified.headers["ETag"] = etag;
     return not_modified;
   }
   absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
@@ -85,7 +85,7 @@ service::HttpResponse metrics_history(JobManager& jobs, const service::HttpReque
   nlohmann::json body = {{"id", req.params[0]}, {"steps", out}};
   if (max_points > 0) body["recorded_rows"] = recorded;
   service::HttpResponse response = json_response(200, body);
-  response.etag = etag;
+  response.headers["ETag"] = etag;
   return response;
 }
 
@@ -102,6 +102,10 @@ service::HttpHandler counting_rejects(JobManager& jobs, service::HttpHandler han
 }
 
 }  // namespace
+
+service::HttpResponse submit_job_request(JobManager& jobs, const service::HttpRequest& req) {
+  return submit(jobs, req);
+}
 
 int http_status_for(const absl::Status& status) {
   switch (status.code()) {

@@ -11,6 +11,10 @@ namespace fp8rl::coordinator {
 
 void add_rest_routes(service::HttpServer& server, JobManager& jobs);
 
+// The POST /v1/jobs handler on its own (body: a job config as JSON): 201 with the new job's id,
+// 400 naming the field for bad input. Exposed for the REST fuzz target (fuzz/).
+service::HttpResponse submit_job_request(JobManager& jobs, const service::HttpRequest& req);
+
 // The JSON shape of a job in REST answers (config included when `with_config`).
 nlohmann::json job_to_json(const JobRecord& job, const std::optional<MetricsRow>& latest,
                            bool with_config);

@@ -150,6 +150,7 @@ absl::Status RlLoop::trainer_error(const absl::Status& status, const std::string
 }
 
 absl::Status RlLoop::check_cancelled() const {
+  if (stop_generation_) return absl::CancelledError("asynchronous rollouts stopped");
   if (hooks_.cancelled && hooks_.cancelled()) return absl::CancelledError("cancelled by user");
   return absl::OkStatus();
 }
@@ -157,6 +158,12 @@ absl::Status RlLoop::check_cancelled() const {
 absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
     const std::string& request_prefix, const std::vector<GenSample>& samples,
     const GenParams& params) {
+  return dispatch_counted(request_prefix, samples, params, nullptr);
+}
+
+absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch_counted(
+    const std::string& request_prefix, const std::vector<GenSample>& samples,
+    const GenParams& params, DispatchStats* stats) {
   auto state = std::make_shared<DispatchState>();
   state->min_version = params.min_weight_version;
   for (const GenSample& s : samples) {
@@ -175,7 +182,11 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
   // re-dispatch counters grow, whichever way the dispatch ends.
   auto close = [&] {
     state->closed = true;
-    dispatch_stats_ = state->stats;
+    if (stats != nullptr) *stats = state->stats;
+    {
+      std::lock_guard<std::mutex> stats_lock(stats_mu_);
+      dispatch_stats_ = state->stats;
+    }
     if (hooks_.metrics != nullptr) {
       hooks_.metrics->redispatched_requests->get().inc(
           static_cast<double>(state->stats.failed_calls));
@@ -353,6 +364,7 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
   if (run.start_step == 0) {
     if (absl::Status s = validate_start(run); !s.ok()) return s;
   }
+  if (config.algorithm.max_staleness > 0) return run_async(run);
 
   // Steps 1-8, once per RL step; the job can be cancelled between phases.
   for (int64_t step = run.start_step + 1; step <= config.algorithm.steps; ++step) {
@@ -478,8 +490,18 @@ absl::Status RlLoop::sft_warm_start(JobRun& run) {
   return absl::OkStatus();
 }
 
+int64_t RlLoop::highest_held_version() {
+  int64_t highest = 0;
+  for (const WorkerRef& worker : cluster_->live_generation_workers()) {
+    absl::StatusOr<int64_t> held = cluster_->generation_client(worker)->weight_version();
+    if (held.ok()) highest = std::max(highest, *held);
+  }
+  return highest;
+}
+
 absl::StatusOr<int64_t> RlLoop::publish(JobRun& run) {
-  absl::StatusOr<int64_t> version = run.trainer->publish(run.calibrate_kv_scales());
+  absl::StatusOr<int64_t> version =
+      run.trainer->publish(run.calibrate_kv_scales(), highest_held_version());
   if (!version.ok()) return trainer_error(version.status(), "publish: ");
   run.version = *version;
   if (hooks_.metrics != nullptr) {
@@ -519,10 +541,31 @@ absl::Status RlLoop::validate_start(JobRun& run) {
 
 absl::StatusOr<RlLoop::Rollout> RlLoop::rollout(const JobRun& run, int64_t step,
                                                 rl::StepMetrics& row) {
+  set_phase("rl", step - 1, run.config.algorithm.steps, "rollout");
+  absl::StatusOr<Rollout> out = generate_rollout(run, step, run.version);
+  if (!out.ok()) return out.status();
+  row.generate_seconds = out->generate_seconds;
+  row.redispatched_samples = out->redispatched_samples;
+  return out;
+}
+
+GenParams RlLoop::rollout_params(const JobRun& run, int64_t min_version) {
   const rl::AlgorithmConfig& alg = run.config.algorithm;
-  set_phase("rl", step - 1, alg.steps, "rollout");
+  GenParams params;
+  params.temperature = alg.temperature;
+  params.top_p = alg.top_p;
+  params.max_new_tokens = alg.max_new_tokens;
+  params.stop_token_ids = run.format.stop_ids;
+  params.min_weight_version = min_version;
+  return params;
+}
+
+absl::StatusOr<RlLoop::Rollout> RlLoop::generate_rollout(const JobRun& run, int64_t step,
+                                                         int64_t min_version) {
+  const rl::AlgorithmConfig& alg = run.config.algorithm;
   const auto start = Clock::now();
   Rollout out;
+  out.step = step;
   const std::vector<int64_t> indices = rl::prompt_indices(
       static_cast<int64_t>(run.task.train().size()), alg.seed, step, alg.prompts_per_step);
   for (size_t p = 0; p < indices.size(); ++p) {
@@ -536,18 +579,14 @@ absl::StatusOr<RlLoop::Rollout> RlLoop::rollout(const JobRun& run, int64_t step,
                              rl::sample_seed(alg.seed, step, static_cast<int64_t>(p), g)});
     }
   }
-  GenParams params;
-  params.temperature = alg.temperature;
-  params.top_p = alg.top_p;
-  params.max_new_tokens = alg.max_new_tokens;
-  params.stop_token_ids = run.format.stop_ids;
-  params.min_weight_version = run.version;
+  const GenParams params = rollout_params(run, min_version);
+  DispatchStats stats;
   absl::StatusOr<std::map<std::string, GenResult>> results =
-      dispatch(absl::StrCat(run.job.id, "-s", step), out.samples, params);
+      dispatch_counted(absl::StrCat(run.job.id, "-s", step), out.samples, params, &stats);
   if (!results.ok()) return results.status();
   out.results = *std::move(results);
-  row.generate_seconds = seconds_since(start);
-  row.redispatched_samples = dispatch_stats_.redispatched_samples;
+  out.generate_seconds = seconds_since(start);
+  out.redispatched_samples = stats.redispatched_samples;
   return out;
 }
 
@@ -609,8 +648,7 @@ absl::Status RlLoop::validate_and_checkpoint(const JobRun& run, int64_t step,
                                              rl::StepMetrics& row) {
   const rl::JobConfig& config = run.config;
   const int64_t steps = config.algorithm.steps;
-  const int64_t every = config.validation.every_steps;
-  if ((every > 0 && step % every == 0) || step == steps) {
+  if (validates_at(config, step)) {
     set_phase("rl", step - 1, steps, "validate");
     const auto start = Clock::now();
     absl::StatusOr<double> accuracy = validate(run, step);
@@ -631,6 +669,11 @@ absl::Status RlLoop::validate_and_checkpoint(const JobRun& run, int64_t step,
     row.checkpoint_seconds = seconds_since(start);
   }
   return absl::OkStatus();
+}
+
+bool RlLoop::validates_at(const rl::JobConfig& config, int64_t step) {
+  const int64_t every = config.validation.every_steps;
+  return (every > 0 && step % every == 0) || step == config.algorithm.steps;
 }
 
 absl::Status RlLoop::record_step(const JobRun& run, int64_t step, const rl::StepMetrics& row) {

@@ -31,6 +31,7 @@ GenerationServiceImpl::GenerationServiceImpl(Scheduler* scheduler, GenerationMet
 grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
                                              const v1::GenerateRequest* request,
                                              grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   const auto start = std::chrono::steady_clock::now();
   auto finish = [&](const grpc::Status& status) {
     if (metrics_) {
@@ -90,9 +91,10 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
   return finish(service::to_grpc_status(job.status()));
 }
 
-grpc::Status GenerationServiceImpl::GetStatus(grpc::ServerContext*,
+grpc::Status GenerationServiceImpl::GetStatus(grpc::ServerContext* context,
                                               const v1::GetGenerationStatusRequest*,
                                               v1::GenerationStatus* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   const Scheduler::Snapshot s = scheduler_->snapshot();
   response->set_worker_id(worker_id_ ? worker_id_() : std::string());
   response->set_weight_version(s.weight_version);

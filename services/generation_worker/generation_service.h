@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "common/service/auth.h"
 #include "fp8rl/v1/generation.grpc.pb.h"
 #include "services/generation_worker/generation_metrics.h"
 #include "services/generation_worker/scheduler.h"
@@ -22,6 +23,10 @@ class GenerationServiceImpl final : public v1::GenerationService::Service {
   // id for GetStatus ("" while unregistered).
   GenerationServiceImpl(Scheduler* scheduler, GenerationMetrics* metrics,
                         int64_t max_samples_per_request, std::function<std::string()> worker_id);
+  // Every call then needs the cluster token (UNAUTHENTICATED otherwise). Before serving.
+  void require_tokens(std::shared_ptr<const service::TokenSet> tokens) {
+    auth_ = std::move(tokens);
+  }
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -34,6 +39,7 @@ class GenerationServiceImpl final : public v1::GenerationService::Service {
   GenerationMetrics* metrics_;
   const int64_t max_samples_per_request_;
   std::function<std::string()> worker_id_;
+  std::shared_ptr<const service::TokenSet> auth_;  // null: open
 };
 
 }  // namespace fp8rl::generation

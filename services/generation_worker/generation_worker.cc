@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
+#include "common/service/security.h"
 #include "common/status_macros.h"
 #include "model/precision.h"
 
@@ -15,10 +16,11 @@ namespace {
 
 constexpr char kComponent[] = "generation-worker";
 
-std::shared_ptr<grpc::Channel> insecure_channel(const std::string& address) {
+std::shared_ptr<grpc::Channel> channel_to(const std::string& address,
+                                          const service::ClientSecurity& security) {
   grpc::ChannelArguments args;
   service::set_reconnect_backoff(&args);  // a restarted weight sync / coordinator is found soon
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return service::make_channel(address, args, security);
 }
 
 }  // namespace
@@ -41,8 +43,20 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
         return registration != nullptr ? registration->worker_id() : std::string();
       });
 
+  // TLS and the cluster token (security.h): Generate and GetStatus then need the token, and the
+  // calls to weight sync and the coordinator carry it.
+  absl::StatusOr<service::ServiceSecurity> security =
+      service::load_service_security(config.service);
+  if (!security.ok()) return security.status();
+  if (security->cluster_tokens != nullptr) {
+    w->service_->require_tokens(security->cluster_tokens);
+    w->reloader_ = std::make_unique<service::TokenReloader>(
+        std::vector<std::shared_ptr<service::TokenSet>>{security->cluster_tokens});
+  }
+
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(config.service, config.service.grpc_port);
+  grpc_options.credentials = security->grpc_credentials;
   absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc = service::GrpcServer::start(
       grpc_options, {w->service_.get()}, {v1::GenerationService::service_full_name()});
   if (!grpc.ok()) return grpc.status();
@@ -52,6 +66,10 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   http_options.host = config.service.listen_host;
   http_options.port = config.metrics_port;
   http_options.max_body_bytes = config.service.max_body_bytes;
+  if (security->tls.enabled()) {
+    http_options.tls_cert = security->tls.cert;
+    http_options.tls_key = security->tls.key;
+  }
   w->http_ = std::make_unique<service::HttpServer>(http_options, &w->registry_,
                                                    [self] { return !self->shut_down_.load(); });
   absl::StatusOr<int> http_port = w->http_->start();
@@ -74,7 +92,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   };
   receiver.base = [self](int64_t version) { return self->weights_->payload_of(version); };
   w->subscriber_ = std::make_unique<weight_sync::WeightSubscriber>(
-      insecure_channel(config.weight_sync), sub_options, std::move(receiver));
+      channel_to(config.weight_sync, security->client), sub_options, std::move(receiver));
   FP8RL_RETURN_IF_ERROR(w->subscriber_->start());
 
   service::WorkerRegistrationOptions reg_options;
@@ -84,6 +102,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   reg_options.address = address;
   reg_options.metrics_address = service::advertise_address(config.service, w->http_port_);
   reg_options.log_component = kComponent;
+  reg_options.security = security->client;
   reg_options.load = [self] {
     const Scheduler::Snapshot s = self->scheduler_->snapshot();
     return service::WorkerLoad{s.weight_version,

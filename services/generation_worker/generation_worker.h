@@ -15,6 +15,7 @@
 #include "common/service/grpc_server.h"
 #include "common/service/http_server.h"
 #include "common/service/metrics.h"
+#include "common/service/security.h"
 #include "common/service/worker_registration.h"
 #include "model/weight_set.h"
 #include "model/weight_view.h"
@@ -84,6 +85,7 @@ class GenerationWorker {
   int http_port_ = 0;
   std::unique_ptr<weight_sync::WeightSubscriber> subscriber_;
   std::unique_ptr<service::WorkerRegistration> registration_;
+  std::unique_ptr<service::TokenReloader> reloader_;  // SIGHUP reloads of the cluster token
   // For GetStatus, which may run during start.
   std::atomic<service::WorkerRegistration*> registration_ptr_{nullptr};
   std::mutex shutdown_mu_;  // serializes shutdown(); guards nothing else

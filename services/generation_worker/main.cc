@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/service/auth.h"
 #include "common/service/log.h"
 #include "common/service/shutdown.h"
 #include "services/generation_worker/generation_worker.h"
@@ -34,6 +35,8 @@ int run(const std::vector<std::string>& args) {
   if (!level.ok()) return fail(level.status(), 2);
   service::set_log_level(*level);
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) return fail(s);
+  // SIGHUP re-reads --cluster-token-file (the worker's TokenReloader does the reading).
+  if (absl::Status s = service::install_reload_handler(); !s.ok()) return fail(s);
 
   absl::StatusOr<std::unique_ptr<generation::GenerationWorker>> worker =
       generation::GenerationWorker::start(*config);

@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/service/auth.h"
 #include "common/service/grpc_server.h"
 #include "common/service/http_server.h"
 #include "common/service/log.h"
 #include "common/service/metrics.h"
+#include "common/service/security.h"
 #include "common/service/shutdown.h"
 #include "common/service/worker_registration.h"
 #include "services/trainer_worker/trainer.h"
@@ -58,22 +60,44 @@ int run(const std::vector<std::string>& args) {
   }
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) return fail(s);
 
+  // TLS and the cluster token (security.h): every call to this service then needs the token, and
+  // calls to the coordinator and weight sync carry it. SIGHUP re-reads the token file.
+  absl::StatusOr<service::ServiceSecurity> security =
+      service::load_service_security(config->service);
+  if (!security.ok()) return fail(security.status());
+  if (absl::Status s = service::install_reload_handler(); !s.ok()) return fail(s);
+  service::TokenReloader reloader({security->cluster_tokens});
+
   service::MetricsRegistry registry;
   absl::StatusOr<std::unique_ptr<trainer::TrainerMetrics>> metrics =
       trainer::TrainerMetrics::create(&registry);
   if (!metrics.ok()) return fail(metrics.status());
   std::unique_ptr<trainer::WeightPublisher> publisher =
-      trainer::make_grpc_weight_publisher(kPublishTimeout);
+      trainer::make_grpc_weight_publisher(kPublishTimeout, security->client);
   trainer::TrainerOptions options;
   options.worker_id = config->name;
   options.default_weight_sync_address = config->weight_sync;
   options.data_dir = config->service.data_dir;
   options.logprob_log_dir = config->logprob_log_dir;
+  options.data_root = config->data_root;
+  options.models_root = config->models_root;
+  for (auto [flag, root] : {std::pair{"--data-root", &options.data_root},
+                            std::pair{"--models-root", &options.models_root}}) {
+    if (root->empty()) continue;
+    const std::filesystem::path dir = std::filesystem::canonical(*root, ec);
+    if (ec || !std::filesystem::is_directory(dir)) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", *root, "' is not an existing folder")));
+    }
+    *root = dir.string();
+  }
   trainer::Trainer trainer(options, publisher.get(), metrics->get());
   trainer::TrainerServiceImpl service_impl(&trainer);
+  service_impl.require_tokens(security->cluster_tokens);
 
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(config->service, config->service.grpc_port);
+  grpc_options.credentials = security->grpc_credentials;
   absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc = service::GrpcServer::start(
       grpc_options, {&service_impl}, {v1::TrainerService::service_full_name()});
   if (!grpc.ok()) return fail(grpc.status());
@@ -82,6 +106,10 @@ int run(const std::vector<std::string>& args) {
   http_options.host = config->service.listen_host;
   http_options.port = config->metrics_port;
   http_options.max_body_bytes = config->service.max_body_bytes;
+  if (security->tls.enabled()) {
+    http_options.tls_cert = security->tls.cert;
+    http_options.tls_key = security->tls.key;
+  }
   service::HttpServer http(http_options, &registry, [] { return !service::shutdown_requested(); });
   absl::StatusOr<int> http_port = http.start();
   if (!http_port.ok()) {
@@ -98,6 +126,7 @@ int run(const std::vector<std::string>& args) {
     reg.metrics_address = service::advertise_address(config->service, *http_port);
     reg.name = config->name;
     reg.log_component = "trainer";
+    reg.security = security->client;
     reg.load = [&trainer] { return service::WorkerLoad{trainer.status().published_version(), 0}; };
     registration = std::make_unique<service::WorkerRegistration>(std::move(reg));
     if (absl::Status s = registration->start(); !s.ok()) {

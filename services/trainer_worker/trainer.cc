@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "common/path_roots.h"
 #include "common/service/log.h"
 #include "nlohmann/json.hpp"
 #include "proto/precision_proto.h"
@@ -141,6 +142,12 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
       init.checkpoint_dir = request.model().checkpoint_dir();
       if (init.checkpoint_dir.empty()) {
         return absl::InvalidArgumentError("model.checkpoint_dir: required");
+      }
+      if (!options_.models_root.empty()) {
+        absl::StatusOr<std::string> confined = resolve_under_root(
+            "model.checkpoint_dir", init.checkpoint_dir, {"--models-root", options_.models_root});
+        if (!confined.ok()) return confined.status();
+        init.checkpoint_dir = *confined;
       }
       break;
     case v1::ModelSpec::kInit:
@@ -302,8 +309,8 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
                                   : request.weight_sync_address();
   absl::StatusOr<int64_t> latest = publisher_->latest_version(address);
   if (!latest.ok()) return latest.status();
-  const int64_t version =
-      std::max({learner_->version(), learner_->published_version() + 1, *latest + 1});
+  const int64_t version = std::max({learner_->version(), learner_->published_version() + 1,
+                                    *latest + 1, request.above_version() + 1});
 
   absl::StatusOr<train::Export> exported =
       learner_->export_for_generation(format, version, request.calibrate_kv_scales());
@@ -355,8 +362,10 @@ absl::StatusOr<v1::SaveCheckpointResponse> Trainer::save_checkpoint(
   std::lock_guard<std::mutex> lock(mu_);
   if (!learner_) return absl::AbortedError(kNoPolicy);
   if (request.path().empty()) return absl::InvalidArgumentError("path: required");
+  absl::StatusOr<std::string> path = confined_data_path(request.path());
+  if (!path.ok()) return path.status();
   absl::StatusOr<train::SavedCheckpoint> saved =
-      train::save_checkpoint(*learner_, resolve_path(request.path()), request.include_optimizer());
+      train::save_checkpoint(*learner_, *path, request.include_optimizer());
   if (!saved.ok()) return saved.status();
   v1::SaveCheckpointResponse response;
   response.set_path(saved->path);
@@ -371,8 +380,9 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
   if (stopping_.load()) return absl::UnavailableError(kShuttingDown);
   if (request.path().empty()) return absl::InvalidArgumentError("path: required");
   // Loaded in full first: a failure leaves the held policy untouched.
-  absl::StatusOr<train::LoadedCheckpoint> loaded =
-      train::load_checkpoint(resolve_path(request.path()));
+  absl::StatusOr<std::string> path = confined_data_path(request.path());
+  if (!path.ok()) return path.status();
+  absl::StatusOr<train::LoadedCheckpoint> loaded = train::load_checkpoint(*path);
   if (!loaded.ok()) return loaded.status();
   learner_ = std::move(loaded->learner);
   update_status();
@@ -417,6 +427,12 @@ std::string Trainer::resolve_path(const std::string& path) const {
   const std::filesystem::path p(path);
   if (p.is_absolute()) return path;
   return (std::filesystem::path(options_.data_dir) / p).string();
+}
+
+absl::StatusOr<std::string> Trainer::confined_data_path(const std::string& path) const {
+  const std::string resolved = resolve_path(path);
+  if (options_.data_root.empty()) return resolved;
+  return resolve_under_root("path", resolved, {"--data-root", options_.data_root});
 }
 
 v1::TrainerStatus Trainer::status() const {

@@ -43,6 +43,11 @@ struct TrainerOptions {
   // When set (relative: under data_dir), every TrainStep writes the per-token logprobs its
   // mismatch metrics come from to <dir>/<job id>/step-<N>.jsonl (see write_logprob_log).
   std::string logprob_log_dir;
+  // When set, paths from calls are confined (common/path_roots.h; symlinks and ".." resolved
+  // first): SaveCheckpoint/LoadCheckpoint under data_root, model.checkpoint_dir under
+  // models_root. A caller that skipped the coordinator's checks cannot escape them either.
+  std::string data_root;
+  std::string models_root;
 };
 
 class Trainer {
@@ -83,6 +88,8 @@ class Trainer {
   absl::StatusOr<train::GrpoRequest> grpo_request(const v1::TrainStepRequest& request) const;
   void update_status();
   std::string resolve_path(const std::string& path) const;
+  // resolve_path(), then confined to options_.data_root when set (InvalidArgument naming "path").
+  absl::StatusOr<std::string> confined_data_path(const std::string& path) const;
   absl::Status write_logprob_log(const std::string& job_id, int64_t step,
                                  const train::GrpoResult& result) const;
 

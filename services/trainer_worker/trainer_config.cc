@@ -20,6 +20,11 @@ service::ServiceOptions default_trainer_service_options() {
       {"name", "trainer"},
       // Per-token logprob log of every TrainStep (relative: under --data-dir); empty = off.
       {"logprob_log_dir", ""},
+      // Folders the paths of incoming calls must lie in (common/path_roots.h), checked again here
+      // where the files are opened: SaveCheckpoint/LoadCheckpoint paths under --data-root,
+      // InitPolicy's model.checkpoint_dir under --models-root. Empty: not checked.
+      {"data_root", ""},
+      {"models_root", ""},
   };
   return o;
 }
@@ -41,6 +46,8 @@ absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string
   }
   config.name = service::extra_string(config.service, "name");
   config.logprob_log_dir = service::extra_string(config.service, "logprob_log_dir");
+  config.data_root = service::extra_string(config.service, "data_root");
+  config.models_root = service::extra_string(config.service, "models_root");
   if (config.service.data_dir.empty()) {
     return absl::InvalidArgumentError("--data-dir: must not be empty");
   }

@@ -22,6 +22,8 @@ struct TrainerConfig {
   std::string weight_sync = kDefaultWeightSync;  // default Publish target
   std::string name = "trainer";                  // name registered with the coordinator
   std::string logprob_log_dir;                   // --logprob-log-dir (empty: no log)
+  std::string data_root;    // --data-root: checkpoint paths must lie here ("" = unchecked)
+  std::string models_root;  // --models-root: model checkpoints must lie here ("" = unchecked)
 };
 
 // Defaults of every flag (gRPC 50053, metrics 9403, coordinator localhost:50051).

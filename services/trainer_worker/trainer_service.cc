@@ -43,6 +43,7 @@ grpc::Status serve(const char* rpc, grpc::ServerContext* context, Response* resp
 grpc::Status TrainerServiceImpl::InitPolicy(grpc::ServerContext* context,
                                             const v1::InitPolicyRequest* request,
                                             v1::InitPolicyResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   return serve("InitPolicy", context, response, [&] {
     absl::StatusOr<v1::InitPolicyResponse> r = trainer_->init_policy(*request);
     if (r.ok()) {
@@ -58,6 +59,7 @@ grpc::Status TrainerServiceImpl::InitPolicy(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::ComputeLogprobs(grpc::ServerContext* context,
                                                  const v1::ComputeLogprobsRequest* request,
                                                  v1::ComputeLogprobsResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   return serve("ComputeLogprobs", context, response,
                [&] { return trainer_->compute_logprobs(*request); });
 }
@@ -65,6 +67,7 @@ grpc::Status TrainerServiceImpl::ComputeLogprobs(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::TrainStep(grpc::ServerContext* context,
                                            const v1::TrainStepRequest* request,
                                            v1::TrainStepResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   return serve("TrainStep", context, response, [&] {
     absl::StatusOr<v1::TrainStepResponse> r = trainer_->train_step(*request);
     if (r.ok()) {
@@ -84,12 +87,14 @@ grpc::Status TrainerServiceImpl::TrainStep(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::SftStep(grpc::ServerContext* context,
                                          const v1::SftStepRequest* request,
                                          v1::SftStepResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   return serve("SftStep", context, response, [&] { return trainer_->sft_step(*request); });
 }
 
 grpc::Status TrainerServiceImpl::Publish(grpc::ServerContext* context,
                                          const v1::PublishRequest* request,
                                          v1::PublishResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   return serve("Publish", context, response, [&] {
     absl::StatusOr<v1::PublishResponse> r = trainer_->publish(*request);
     if (r.ok()) {
@@ -107,6 +112,7 @@ grpc::Status TrainerServiceImpl::Publish(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::SaveCheckpoint(grpc::ServerContext* context,
                                                 const v1::SaveCheckpointRequest* request,
                                                 v1::SaveCheckpointResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   return serve("SaveCheckpoint", context, response, [&] {
     absl::StatusOr<v1::SaveCheckpointResponse> r = trainer_->save_checkpoint(*request);
     if (r.ok()) {
@@ -120,6 +126,7 @@ grpc::Status TrainerServiceImpl::SaveCheckpoint(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
                                                 const v1::LoadCheckpointRequest* request,
                                                 v1::LoadCheckpointResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   return serve("LoadCheckpoint", context, response, [&] {
     absl::StatusOr<v1::LoadCheckpointResponse> r = trainer_->load_checkpoint(*request);
     if (r.ok()) {
@@ -133,6 +140,7 @@ grpc::Status TrainerServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::GetStatus(grpc::ServerContext* context,
                                            const v1::GetTrainerStatusRequest* request,
                                            v1::TrainerStatus* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   *response = trainer_->status();
   return grpc::Status::OK;
 }

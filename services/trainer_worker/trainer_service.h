@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/service/auth.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
 #include "services/trainer_worker/trainer.h"
 
@@ -14,6 +15,10 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
  public:
   // `trainer` must outlive the service.
   explicit TrainerServiceImpl(Trainer* trainer) : trainer_(trainer) {}
+  // Every call then needs the cluster token (UNAUTHENTICATED otherwise). Before serving.
+  void require_tokens(std::shared_ptr<const service::TokenSet> tokens) {
+    auth_ = std::move(tokens);
+  }
 
   grpc::Status InitPolicy(grpc::ServerContext* context, const v1::InitPolicyRequest* request,
                           v1::InitPolicyResponse* response) override;
@@ -37,6 +42,7 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
 
  private:
   Trainer* trainer_;
+  std::shared_ptr<const service::TokenSet> auth_;  // null: open
 };
 
 }  // namespace fp8rl::trainer

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
+#include "common/service/security.h"
 #include "fp8rl/v1/weight_sync.grpc.pb.h"
 #include "services/weight_sync/client.h"
 
@@ -16,7 +17,8 @@ namespace {
 
 class GrpcWeightPublisher final : public WeightPublisher {
  public:
-  explicit GrpcWeightPublisher(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  GrpcWeightPublisher(std::chrono::milliseconds timeout, service::ClientSecurity security)
+      : timeout_(timeout), security_(std::move(security)) {}
 
   absl::StatusOr<int64_t> latest_version(const std::string& address) override {
     std::unique_ptr<v1::WeightSyncService::Stub> stub =
@@ -55,20 +57,22 @@ class GrpcWeightPublisher final : public WeightPublisher {
     args.SetMaxSendMessageSize(64 << 20);
     args.SetMaxReceiveMessageSize(64 << 20);
     service::set_reconnect_backoff(&args);  // a restarted weight sync is reached again soon
-    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto channel = service::make_channel(address, args, security_);
     channels_.emplace(address, channel);
     return channel;
   }
 
   const std::chrono::milliseconds timeout_;
+  const service::ClientSecurity security_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
 };
 
 }  // namespace
 
-std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout) {
-  return std::make_unique<GrpcWeightPublisher>(timeout);
+std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout,
+                                                            service::ClientSecurity security) {
+  return std::make_unique<GrpcWeightPublisher>(timeout, std::move(security));
 }
 
 }  // namespace fp8rl::trainer

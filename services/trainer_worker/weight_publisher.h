@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/service/security.h"
 #include "fp8rl/v1/common.pb.h"
 #include "model/weight_set.h"
 
@@ -25,7 +26,8 @@ class WeightPublisher {
 };
 
 // The real thing: services/weight_sync/client.h over a gRPC channel per address (cached).
-// `timeout` bounds each call.
-std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout);
+// `timeout` bounds each call; `security` gives TLS and the cluster token (security.h).
+std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout,
+                                                            service::ClientSecurity security = {});
 
 }  // namespace fp8rl::trainer

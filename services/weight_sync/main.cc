@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/service/auth.h"
 #include "common/service/grpc_server.h"
 #include "common/service/http_server.h"
 #include "common/service/log.h"
 #include "common/service/metrics.h"
+#include "common/service/security.h"
 #include "common/service/shutdown.h"
 #include "common/service/worker_registration.h"
 #include "services/weight_sync/weight_sync_config.h"
@@ -55,14 +57,24 @@ int run(const std::vector<std::string>& args) {
   service::set_log_level(*level);
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) return fail(s);
 
+  // TLS and the cluster token (security.h): every call to this service then needs the token, and
+  // calls to the coordinator and weight sync carry it. SIGHUP re-reads the token file.
+  absl::StatusOr<service::ServiceSecurity> security =
+      service::load_service_security(config->service);
+  if (!security.ok()) return fail(security.status());
+  if (absl::Status s = service::install_reload_handler(); !s.ok()) return fail(s);
+  service::TokenReloader reloader({security->cluster_tokens});
+
   service::MetricsRegistry registry;
   absl::StatusOr<std::unique_ptr<weight_sync::WeightSyncMetrics>> metrics =
       weight_sync::WeightSyncMetrics::create(&registry);
   if (!metrics.ok()) return fail(metrics.status());
   weight_sync::WeightSyncServiceImpl sync(config->sync, metrics->get());
+  sync.require_tokens(security->cluster_tokens);
 
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(config->service, config->service.grpc_port);
+  grpc_options.credentials = security->grpc_credentials;
   absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc = service::GrpcServer::start(
       grpc_options, {&sync}, {fp8rl::v1::WeightSyncService::service_full_name()});
   if (!grpc.ok()) return fail(grpc.status());
@@ -71,6 +83,10 @@ int run(const std::vector<std::string>& args) {
   http_options.host = config->service.listen_host;
   http_options.port = config->metrics_port;
   http_options.max_body_bytes = config->service.max_body_bytes;
+  if (security->tls.enabled()) {
+    http_options.tls_cert = security->tls.cert;
+    http_options.tls_key = security->tls.key;
+  }
   service::HttpServer http(http_options, &registry, [&sync] { return !sync.store().closed(); });
   absl::StatusOr<int> http_port = http.start();
   if (!http_port.ok()) {
@@ -86,6 +102,7 @@ int run(const std::vector<std::string>& args) {
     reg.address = service::advertise_address(config->service, (*grpc)->port());
     reg.metrics_address = service::advertise_address(config->service, *http_port);
     reg.log_component = "weight-sync";
+    reg.security = security->client;
     reg.load = [&sync] { return service::WorkerLoad{sync.store().latest_version(), 0}; };
     registration = std::make_unique<service::WorkerRegistration>(std::move(reg));
     if (absl::Status s = registration->start(); !s.ok()) {

@@ -61,6 +61,10 @@ grpc::Status WeightSyncServiceImpl::reject_upload(const absl::Status& status, in
 grpc::Status WeightSyncServiceImpl::UploadVersion(
     grpc::ServerContext* context, grpc::ServerReader<v1::UploadVersionRequest>* reader,
     v1::UploadVersionResponse* response) {
+  // Only holders of the cluster token publish weights to every generation worker.
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) {
+    return reject_upload(service::from_grpc_status(auth), 0);
+  }
   if (shutting_down_.load()) {
     return reject_upload(absl::UnavailableError("weight sync is shutting down"), 0);
   }
@@ -230,6 +234,7 @@ void WeightSyncServiceImpl::record_push_latency(std::optional<double> seconds) {
 grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
                                               const v1::SubscribeRequest* request,
                                               grpc::ServerWriter<v1::SubscribeResponse>* writer) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   const std::string& worker = request->worker_id();
   if (worker.empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id: empty");
@@ -295,6 +300,7 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
 
 grpc::Status WeightSyncServiceImpl::Ack(grpc::ServerContext* context, const v1::AckRequest* request,
                                         v1::AckResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   if (const int64_t latest = store_.latest_version(); request->version() > latest) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("version: ", request->version(),
@@ -323,6 +329,7 @@ grpc::Status WeightSyncServiceImpl::Ack(grpc::ServerContext* context, const v1::
 grpc::Status WeightSyncServiceImpl::GetStatus(grpc::ServerContext* context,
                                               const v1::GetWeightSyncStatusRequest* request,
                                               v1::WeightSyncStatus* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   response->set_latest_version(store_.latest_version());
   for (int64_t v : store_.versions()) response->add_stored_versions(v);
   for (const WorkerState& w : workers_.snapshot()) {

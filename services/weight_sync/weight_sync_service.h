@@ -15,6 +15,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/service/auth.h"
 #include "fp8rl/v1/weight_sync.grpc.pb.h"
 #include "services/weight_sync/delta.h"
 #include "services/weight_sync/payload.h"
@@ -47,6 +48,10 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
  public:
   // `metrics` must outlive the service; options must pass validate_options.
   WeightSyncServiceImpl(WeightSyncOptions options, WeightSyncMetrics* metrics);
+  // Every call then needs the cluster token (UNAUTHENTICATED otherwise). Before serving.
+  void require_tokens(std::shared_ptr<const service::TokenSet> tokens) {
+    auth_ = std::move(tokens);
+  }
 
   grpc::Status UploadVersion(grpc::ServerContext* context,
                              grpc::ServerReader<v1::UploadVersionRequest>* reader,
@@ -90,6 +95,7 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   WorkerTable workers_;
   std::atomic<uint64_t> rejected_{0};
   std::atomic<bool> shutting_down_{false};
+  std::shared_ptr<const service::TokenSet> auth_;  // null: open
 
   // One encoding of (base, target): the first stream to ask encodes, the others wait on `once`.
   struct DeltaEntry {

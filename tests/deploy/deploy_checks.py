@@ -44,17 +44,19 @@ BINARIES = ["fp8rl"] + [b for b, _, _, _ in SERVICES.values()]
 # `--help` output is the source of truth instead, so this table cannot drift unnoticed.
 COMMON_FLAGS = {"--config", "--listen-host", "--grpc-port", "--http-port", "--advertise-host",
                 "--coordinator", "--data-dir", "--log-level", "--shutdown-grace-seconds",
-                "--max-body-bytes"}
+                "--max-body-bytes", "--cluster-token-file", "--tls-cert", "--tls-key", "--tls-ca",
+                "--tls-server-name"}
 BINARY_FLAGS = {
     "fp8rl-coordinator": COMMON_FLAGS | {
         "--job-store", "--heartbeat-interval-ms", "--worker-expiry-ms",
         "--generate-deadline-seconds", "--worker-wait-seconds", "--trainer-timeout-seconds",
         "--trainer-resume-seconds", "--sync-wait-seconds", "--data-root", "--models-root",
-        "--datasets-root"},
+        "--datasets-root", "--auth-token-file"},
     "fp8rl-weight-sync": COMMON_FLAGS | {
         "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes", "--deltas",
         "--delta-max-fraction", "--delta-zstd-level"},
-    "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name"},
+    "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name",
+                                            "--logprob-log-dir", "--data-root", "--models-root"},
     "fp8rl-generation-worker": COMMON_FLAGS | {
         "--metrics-port", "--weight-sync", "--worker-id", "--precision", "--kv-cache",
         "--max-batch-tokens", "--kv-cache-tokens", "--max-queued-samples", "--batch-wait-ms",
@@ -627,8 +629,76 @@ def docs():
     return c.done()
 
 
+# ---- secure (tokens and TLS) --------------------------------------------------------------------
+
+SECURE_FLAGS = ("--cluster-token-file", "--tls-cert", "--tls-key", "--tls-ca", "--tls-server-name")
+
+
+def check_secure_argv(c, label, name, words):
+    """A service of a secure deployment passes every security flag (and the coordinator its API
+    tokens), each a path under the mounted secrets."""
+    binary = SERVICES[name][0]
+    check_flags_exist(c, label, name, binary, words)
+    f = flags(words)
+    wanted = SECURE_FLAGS + (("--auth-token-file",) if name == "coordinator" else ())
+    for flag in wanted:
+        c.expect(flag in f, f"{label}: {name} does not pass {flag}")
+    return f
+
+
+def secure():
+    """deploy/docker-compose.secure.yml over the base file, deploy/k8s-secure rendered by kubectl
+    and prometheus.secure.yml: every fp8rl service gets the token and TLS flags, probes and
+    scrapes use HTTPS."""
+    c = Checker("secure")
+    tool = compose_tool()
+    if tool is not None:
+        rc, out, err = compose_config(tool, [COMPOSE, os.path.join(DEPLOY,
+                                                                   "docker-compose.secure.yml")])
+        if c.expect(rc == 0, f"{' '.join(tool)} config rejects the secure override: {err}"):
+            config = yaml.safe_load(out)
+            for name in SERVICES:
+                service = config["services"][name]
+                f = check_secure_argv(c, "compose", name, command_words(service))
+                mounted = {s if isinstance(s, str) else s.get("source")
+                           for s in service.get("secrets", [])}
+                for flag in SECURE_FLAGS[:-1] + (("--auth-token-file",)
+                                                 if name == "coordinator" else ()):
+                    secret = f.get(flag, "").removeprefix("/run/secrets/")
+                    c.expect(secret in mounted and secret in config.get("secrets", {}),
+                             f"compose: {name} {flag} names secret '{secret}', not mounted")
+                test = " ".join(service.get("healthcheck", {}).get("test", []))
+                c.expect("https://" in test and "--cacert" in test,
+                         f"compose: {name} health check is not HTTPS with the CA: {test}")
+    prom = load_yaml(os.path.join(DEPLOY, "prometheus", "prometheus.secure.yml"))
+    jobs = {j["job_name"]: j for j in prom.get("scrape_configs", [])}
+    for name in SERVICES:
+        job = jobs.get(name, {})
+        c.expect(job.get("scheme") == "https" and job.get("tls_config", {}).get("ca_file"),
+                 f"prometheus.secure.yml: job {name} does not scrape over HTTPS with a CA")
+    if shutil.which("kubectl"):
+        r = subprocess.run(["kubectl", "kustomize", os.path.join(DEPLOY, "k8s-secure")],
+                           capture_output=True, text=True)
+        if c.expect(r.returncode == 0, f"kubectl kustomize deploy/k8s-secure: {r.stderr}"):
+            docs = [d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment"]
+            c.expect({d["metadata"]["name"] for d in docs} == set(SERVICES),
+                     "k8s-secure: not every deployment rendered")
+            for d in docs:
+                name = d["metadata"]["name"]
+                pod = d["spec"]["template"]["spec"]
+                container = pod["containers"][0]
+                check_secure_argv(c, "k8s-secure", name, container["args"])
+                c.expect(any(v.get("secret", {}).get("secretName") == "fp8rl-security"
+                             for v in pod.get("volumes", [])),
+                         f"k8s-secure: {name} does not mount the fp8rl-security Secret")
+                for probe in ("readinessProbe", "livenessProbe"):
+                    c.expect(container.get(probe, {}).get("httpGet", {}).get("scheme") == "HTTPS",
+                             f"k8s-secure: {name} {probe} is not HTTPS")
+    return c.done()
+
+
 CHECKS = {"compose": compose, "prometheus": prometheus, "dashboards": dashboards, "k8s": k8s,
-          "docker": docker, "docs": docs}
+          "docker": docker, "docs": docs, "secure": secure}
 
 
 def main(argv):

@@ -149,6 +149,41 @@ TEST(ClusterPlan, DefaultPortsPlusOffsetAndWiring) {
             trainer_args.end());
 }
 
+TEST(ClusterPlan, SecurityFlagsReachEveryService) {
+  ClusterOptions o;
+  o.bin_dir = "/opt/fp8rl/bin";
+  o.data_dir = "/var/fp8rl";
+  o.workers = 2;
+  o.data_root = "/srv/data";
+  const std::vector<ServiceSpec> plain = plan_cluster(o);
+  for (const ServiceSpec& s : plain) {
+    auto has = [&](const std::string& arg) {
+      return std::find(s.args.begin(), s.args.end(), arg) != s.args.end();
+    };
+    EXPECT_TRUE(has("--cluster-token-file=/var/fp8rl/cluster.token")) << s.name;
+    for (const std::string& a : s.args) EXPECT_FALSE(a.starts_with("--tls-")) << s.name << a;
+    EXPECT_FALSE(has("--auth-token-file=/etc/api.tokens")) << s.name;
+  }
+  EXPECT_EQ(cluster_token_path(o), "/var/fp8rl/cluster.token");
+  // The trainer re-checks paths against the coordinator's roots.
+  const auto& trainer = plain[2].args;
+  EXPECT_NE(std::find(trainer.begin(), trainer.end(), "--data-root=/srv/data"), trainer.end());
+
+  o.auth_token_file = "/etc/api.tokens";
+  o.tls_cert = "/pki/service.pem";
+  o.tls_key = "/pki/service.key";
+  o.tls_ca = "/pki/ca.pem";
+  for (const ServiceSpec& s : plan_cluster(o)) {
+    auto has = [&](const std::string& arg) {
+      return std::find(s.args.begin(), s.args.end(), arg) != s.args.end();
+    };
+    EXPECT_TRUE(has("--tls-cert=/pki/service.pem")) << s.name;
+    EXPECT_TRUE(has("--tls-key=/pki/service.key")) << s.name;
+    EXPECT_TRUE(has("--tls-ca=/pki/ca.pem")) << s.name;
+    EXPECT_EQ(has("--auth-token-file=/etc/api.tokens"), s.name == "coordinator") << s.name;
+  }
+}
+
 TEST(ClusterPlan, ValidationNamesTheFlag) {
   ClusterOptions o;
   o.bin_dir = "/b";

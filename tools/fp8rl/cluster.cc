@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fs.h"
+#include "common/service/auth.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -94,7 +96,22 @@ std::string now_text() {
 }  // namespace
 
 absl::StatusOr<int> http_get(const std::string& host, int port, const std::string& path,
-                             std::chrono::milliseconds timeout, std::string* body) {
+                             std::chrono::milliseconds timeout, std::string* body,
+                             const std::string& tls_ca) {
+  if (!tls_ca.empty()) {
+    httplib::SSLClient client(host, port);
+    client.set_ca_cert_path(tls_ca.c_str());
+    client.enable_server_certificate_verification(true);
+    client.set_connection_timeout(timeout);
+    client.set_read_timeout(timeout);
+    httplib::Result result = client.Get(path.c_str());
+    if (!result) {
+      return absl::UnavailableError(absl::StrCat("GET ", path, " on port ", port,
+                                                 " (HTTPS): ", httplib::to_string(result.error())));
+    }
+    if (body != nullptr) *body = result->body;
+    return result->status;
+  }
   absl::StatusOr<int> fd = tcp_connect(host, port, timeout);
   if (!fd.ok()) return fd.status();
   timeval tv{};
@@ -172,6 +189,10 @@ absl::Status validate_cluster_options(const ClusterOptions& options) {
   return absl::OkStatus();
 }
 
+std::string cluster_token_path(const ClusterOptions& options) {
+  return (std::filesystem::path(options.data_dir) / "cluster.token").string();
+}
+
 std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   namespace fs = std::filesystem;
   const int off = options.port_offset;
@@ -180,10 +201,19 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   const fs::path data(options.data_dir);
   const std::string coordinator = absl::StrCat(host, ":", kCoordinatorGrpcPort + off);
   const std::string weight_sync = absl::StrCat(host, ":", kWeightSyncGrpcPort + off);
+  const std::string token_flag = "--cluster-token-file=" + cluster_token_path(options);
+  std::vector<std::string> security_flags = {token_flag};
+  for (auto [flag, path] :
+       {std::pair{"--tls-cert=", &options.tls_cert}, std::pair{"--tls-key=", &options.tls_key},
+        std::pair{"--tls-ca=", &options.tls_ca}}) {
+    if (!path->empty()) security_flags.push_back(flag + *path);
+  }
   auto common = [&](const std::string& name) {
-    return std::vector<std::string>{"--listen-host=" + host, "--advertise-host=" + host,
-                                    "--log-level=" + options.log_level,
-                                    "--data-dir=" + (data / name).string()};
+    std::vector<std::string> args = {"--listen-host=" + host, "--advertise-host=" + host,
+                                     "--log-level=" + options.log_level,
+                                     "--data-dir=" + (data / name).string()};
+    args.insert(args.end(), security_flags.begin(), security_flags.end());
+    return args;
   };
   auto log_path = [&](const std::string& name) {
     return (data / "logs" / (name + ".log")).string();
@@ -215,6 +245,9 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   if (!options.datasets_root.empty()) {
     co.args.push_back("--datasets-root=" + options.datasets_root);
   }
+  if (!options.auth_token_file.empty()) {
+    co.args.push_back("--auth-token-file=" + options.auth_token_file);
+  }
   co.log_path = log_path(co.name);
   out.push_back(co);
 
@@ -228,6 +261,10 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   tr.args.push_back(port_flag("metrics-port", tr.http_port));
   tr.args.push_back("--coordinator=" + coordinator);
   tr.args.push_back("--weight-sync=" + weight_sync);
+  // The trainer checks checkpoint and model paths against the coordinator's roots again.
+  const std::string cwd = std::filesystem::current_path().string();
+  tr.args.push_back("--data-root=" + (options.data_root.empty() ? cwd : options.data_root));
+  tr.args.push_back("--models-root=" + (options.models_root.empty() ? cwd : options.models_root));
   // The local cluster keeps the per-token logprobs of every step (<data dir>/trainer/logprobs/),
   // so a job's mismatch metrics can be recomputed (scripts/recompute_mismatch.py).
   tr.args.push_back("--logprob-log-dir=logprobs");
@@ -243,6 +280,7 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
     gw.essential = false;
     gw.args = {"--listen-host=" + host, "--advertise-host=" + host,
                "--log-level=" + options.log_level};
+    gw.args.insert(gw.args.end(), security_flags.begin(), security_flags.end());
     gw.args.push_back(port_flag("grpc-port", gw.grpc_port));
     gw.args.push_back(port_flag("metrics-port", gw.http_port));
     gw.args.push_back("--coordinator=" + coordinator);
@@ -459,6 +497,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(
     return absl::FailedPreconditionError(
         absl::StrCat("--data-dir: cannot create '", options.data_dir, "': ", ec.message()));
   }
+  // A fresh cluster token per start: every service requires it on its internal endpoints and
+  // sends it on its calls, so nothing else on this host can publish weights or register workers.
+  absl::StatusOr<std::string> token = service::generate_token();
+  if (!token.ok()) return token.status();
+  if (absl::Status s = service::write_token_file(cluster_token_path(options), *token); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--data-dir: ", s.message()));
+  }
   if (progress != nullptr) {
     *progress << "fp8rl: starting " << cluster->specs_.size() << " services, logs in "
               << (std::filesystem::path(options.data_dir) / "logs").string() << "\n"
@@ -501,8 +546,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(
                                                      ":\n", tail_file(s.log_path, 15)));
         }
         std::string body;
-        absl::StatusOr<int> code =
-            http_get(options.host, s.http_port, "/healthz", std::chrono::milliseconds(1000), &body);
+        absl::StatusOr<int> code = http_get(options.host, s.http_port, "/healthz",
+                                            std::chrono::milliseconds(1000), &body, options.tls_ca);
         bool ok = code.ok() && *code == 200;
         if (!code.ok()) {
           last_error[i - wave_begin] = std::string(code.status().message());
@@ -566,7 +611,8 @@ std::string LocalCluster::coordinator_grpc_address() const {
 }
 
 std::string LocalCluster::coordinator_http_url() const {
-  return absl::StrCat("http://", options_.host, ":", kCoordinatorHttpPort + options_.port_offset);
+  return absl::StrCat(options_.tls_cert.empty() ? "http://" : "https://", options_.host, ":",
+                      kCoordinatorHttpPort + options_.port_offset);
 }
 
 std::string LocalCluster::state_path() const {

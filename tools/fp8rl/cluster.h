@@ -66,6 +66,14 @@ struct ClusterOptions {
   std::string data_root;
   std::string models_root;
   std::string datasets_root;
+  // Security (docs/deploy.md). The coordinator's job API tokens (--auth-token-file; empty: open).
+  // TLS PEM files given to every service (--tls-cert/--tls-key, --tls-ca for mutual TLS between
+  // them); the launcher's health checks then use HTTPS verified with tls_ca. Whatever is set,
+  // the launcher generates a cluster token per start (cluster_token_path()).
+  std::string auth_token_file;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
 };
 
 // One service to launch: what it is called, how to start it and where to find it.
@@ -85,6 +93,9 @@ absl::Status validate_cluster_options(const ClusterOptions& options);
 // The services of the cluster in start order: weight sync, coordinator, trainer, workers.
 // Pure: touches no file or port.
 std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options);
+// Where `fp8rl up` writes the cluster token it generates (mode 0600) and every service reads it
+// (--cluster-token-file): <data_dir>/cluster.token.
+std::string cluster_token_path(const ClusterOptions& options);
 
 // FailedPrecondition naming the service and port ("port 50051 (coordinator gRPC) is already in
 // use on 127.0.0.1; pick another --port-offset") when any port of `plan` cannot be bound.
@@ -166,6 +177,7 @@ class LocalCluster {
   LocalCluster& operator=(const LocalCluster&) = delete;
 
   const std::vector<ServiceSpec>& services() const { return specs_; }
+  const ClusterOptions& options() const { return options_; }
   std::string coordinator_grpc_address() const;  // "127.0.0.1:50051"
   std::string coordinator_http_url() const;      // "http://127.0.0.1:8080"
   std::string state_path() const;                // <data_dir>/cluster.json
@@ -208,8 +220,10 @@ class LocalCluster {
 
 // GET http://host:port/path with a timeout; returns the status code (and the body in `body`).
 // Unavailable when nothing answers. Plain HTTP/1.1 over a blocking socket (loopback health).
+// With `tls_ca`: HTTPS instead, the server's certificate verified against that CA file.
 absl::StatusOr<int> http_get(const std::string& host, int port, const std::string& path,
-                             std::chrono::milliseconds timeout, std::string* body = nullptr);
+                             std::chrono::milliseconds timeout, std::string* body = nullptr,
+                             const std::string& tls_ca = "");
 
 // The one-line table of endpoints `fp8rl up` prints, one service per line.
 std::string format_endpoints(const std::vector<ServiceSpec>& services, const std::string& host);

@@ -39,11 +39,24 @@ std::string own_bin_dir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
+// What `fp8rl run` sends to the cluster it started: its TLS files and the first API token.
+absl::StatusOr<service::ClientSecurity> launcher_security(const ClusterOptions& o) {
+  std::string token;
+  if (!o.auth_token_file.empty()) {
+    absl::StatusOr<std::string> t =
+        service::read_token_file(o.auth_token_file, "--auth-token-file");
+    if (!t.ok()) return t.status();
+    token = *t;
+  }
+  return service::client_security({o.tls_cert, o.tls_key, o.tls_ca}, std::move(token));
+}
+
 FlagSpec cluster_flags() {
   FlagSpec spec;
-  spec.value_flags = {"port-offset", "base-port-offset", "data-dir",     "workers",
-                      "bin-dir",     "startup-timeout",  "log-level",    "stop-timeout",
-                      "data-root",   "models-root",      "datasets-root"};
+  spec.value_flags = {"port-offset", "base-port-offset", "data-dir",      "workers",
+                      "bin-dir",     "startup-timeout",  "log-level",     "stop-timeout",
+                      "data-root",   "models-root",      "datasets-root", "auth-token-file",
+                      "tls-cert",    "tls-key",          "tls-ca"};
   spec.bool_flags = {"no-restart"};
   return spec;
 }
@@ -64,6 +77,25 @@ absl::StatusOr<ClusterOptions> cluster_options(const Args& args) {
       }
       *root = std::filesystem::absolute(*v).string();
     }
+  }
+  // Security files, passed on as given (each service checks them and names the flag).
+  for (auto [flag, file] :
+       {std::pair{"auth-token-file", &o.auth_token_file}, std::pair{"tls-cert", &o.tls_cert},
+        std::pair{"tls-key", &o.tls_key}, std::pair{"tls-ca", &o.tls_ca}}) {
+    if (std::optional<std::string> v = args.get(flag); v.has_value()) {
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(*v, ec)) {
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", *v, "' is not a file"));
+      }
+      *file = std::filesystem::absolute(*v).string();
+    }
+  }
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
+  }
+  if (!o.tls_cert.empty() && o.tls_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-ca: required with --tls-cert (the launcher and the services verify each other)");
   }
   absl::StatusOr<int64_t> workers = args.get_int("workers", 2);
   if (!workers.ok()) return workers.status();
@@ -233,8 +265,11 @@ int run_main(const std::vector<std::string>& argv) {
     return 1;
   };
 
+  // The cluster's own TLS files and the first job API token, when the cluster has them.
+  absl::StatusOr<service::ClientSecurity> security = launcher_security(c.options());
+  if (!security.ok()) return fail_and_stop(std::string(security.status().message()));
   absl::StatusOr<std::unique_ptr<JobClient>> client =
-      JobClient::connect(c.coordinator_grpc_address(), std::chrono::seconds(10));
+      JobClient::connect(c.coordinator_grpc_address(), std::chrono::seconds(10), *security);
   if (!client.ok()) return fail_and_stop(std::string(client.status().message()));
   absl::StatusOr<v1::Job> submitted = (*client)->submit(*config);
   if (!submitted.ok()) return fail_and_stop(std::string(submitted.status().message()));

@@ -107,7 +107,10 @@ absl::StatusOr<std::string> latest_job_checkpoint(const std::string& root, const
 absl::Status resolve_job(ExportOptions& o) {
 #if FP8RL_HAVE_SERVICES
   const std::string address = o.coordinator.empty() ? kDefaultCoordinator : o.coordinator;
-  absl::StatusOr<std::unique_ptr<JobClient>> client = JobClient::connect(address);
+  absl::StatusOr<service::ClientSecurity> security = cli_security(nullptr);  // FP8RL_TOKEN, ...
+  if (!security.ok()) return security.status();
+  absl::StatusOr<std::unique_ptr<JobClient>> client =
+      JobClient::connect(address, std::chrono::seconds(5), *security);
   if (!client.ok()) return client.status();
   absl::StatusOr<v1::Job> job = (*client)->get(o.job);
   if (!job.ok()) return job.status();

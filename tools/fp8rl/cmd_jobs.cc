@@ -30,8 +30,13 @@ std::unique_ptr<JobClient> connect_or_report(const char* name, const Args& args,
     *exit_code = usage_error(name, "--connect-timeout: must be >= 1 (seconds)");
     return nullptr;
   }
+  absl::StatusOr<service::ClientSecurity> security = cli_security(&args);
+  if (!security.ok()) {
+    *exit_code = usage_error(name, std::string(security.status().message()));
+    return nullptr;
+  }
   absl::StatusOr<std::unique_ptr<JobClient>> client =
-      JobClient::connect(address, std::chrono::seconds(*timeout));
+      JobClient::connect(address, std::chrono::seconds(*timeout), *security);
   if (!client.ok()) {
     *exit_code = client.status().code() == absl::StatusCode::kInvalidArgument
                      ? usage_error(name, std::string(client.status().message()))
@@ -44,6 +49,7 @@ std::unique_ptr<JobClient> connect_or_report(const char* name, const Args& args,
 FlagSpec job_flags(int positionals) {
   FlagSpec spec;
   spec.value_flags = {"coordinator", "connect-timeout"};
+  for (const char* flag : kSecurityFlags) spec.value_flags.insert(flag);
   spec.max_positionals = positionals;
   return spec;
 }

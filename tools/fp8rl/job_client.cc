@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -85,8 +86,37 @@ JobClient::JobClient(std::string address, std::shared_ptr<grpc::Channel> channel
       channel_(std::move(channel)),
       stub_(v1::JobService::NewStub(channel_)) {}
 
-absl::StatusOr<std::unique_ptr<JobClient>> JobClient::connect(const std::string& address,
-                                                              std::chrono::milliseconds timeout) {
+absl::StatusOr<service::ClientSecurity> cli_security(const Args* args) {
+  auto setting = [&](const char* flag, const char* env) -> std::string {
+    if (args != nullptr) {
+      if (std::optional<std::string> v = args->get(flag)) return *v;
+    }
+    const char* value = std::getenv(env);
+    return value != nullptr ? value : "";
+  };
+  std::string token;
+  if (std::optional<std::string> file = args != nullptr ? args->get("token-file") : std::nullopt) {
+    absl::StatusOr<std::string> t = service::read_token_file(*file, "--token-file");
+    if (!t.ok()) return t.status();
+    token = *t;
+  } else if (const char* env = std::getenv("FP8RL_TOKEN"); env != nullptr && *env != '\0') {
+    token = env;
+    if (token.find_first_of(" \t\r\n") != std::string::npos) {
+      return absl::InvalidArgumentError("FP8RL_TOKEN: a token has no whitespace");
+    }
+  }
+  service::TlsFiles tls{setting("tls-cert", "FP8RL_TLS_CERT"), setting("tls-key", "FP8RL_TLS_KEY"),
+                        setting("tls-ca", "FP8RL_TLS_CA")};
+  if (tls.cert.empty() != tls.key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert/--tls-key (or FP8RL_TLS_CERT/FP8RL_TLS_KEY): give both or neither");
+  }
+  return service::client_security(tls, std::move(token));
+}
+
+absl::StatusOr<std::unique_ptr<JobClient>> JobClient::connect(
+    const std::string& address, std::chrono::milliseconds timeout,
+    const service::ClientSecurity& security) {
   const size_t colon = address.rfind(':');
   if (address.empty() || colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(
@@ -95,13 +125,13 @@ absl::StatusOr<std::unique_ptr<JobClient>> JobClient::connect(const std::string&
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   service::set_reconnect_backoff(&args);  // a restarted coordinator is seen within ~2 s
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel = service::make_channel(address, args, security);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + timeout)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach the coordinator at ", address, " (no answer within ",
         absl::StrFormat("%.1f", timeout.count() / 1000.0),
-        " s); is it running? start one with `fp8rl up` or pass --coordinator HOST:PORT"));
+        " s); is it running? start one with `fp8rl up` or pass --coordinator HOST:PORT",
+        security.tls ? "; with TLS, check that --tls-ca signed its certificate" : ""));
   }
   return std::unique_ptr<JobClient>(new JobClient(address, std::move(channel)));
 }
@@ -113,6 +143,10 @@ absl::Status JobClient::to_status(const grpc::Status& status, const std::string&
     case grpc::StatusCode::UNAVAILABLE:
       return absl::UnavailableError(
           absl::StrCat("cannot reach the coordinator at ", address_, ": ", status.error_message()));
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return absl::UnauthenticatedError(absl::StrCat(
+          what, ": the coordinator at ", address_, " refused: ", status.error_message(),
+          " (set FP8RL_TOKEN or pass --token-file FILE)"));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::DeadlineExceededError(
           absl::StrCat(what, ": the coordinator at ", address_, " did not answer in time"));

@@ -18,18 +18,31 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/service/security.h"
 #include "fp8rl/v1/job_service.grpc.pb.h"
+#include "tools/fp8rl/args.h"
 
 namespace fp8rl::cli {
 
 inline constexpr char kDefaultCoordinator[] = "localhost:50051";
 
+// The flags every command that talks to the coordinator takes besides --coordinator.
+inline constexpr const char* kSecurityFlags[] = {"token-file", "tls-ca", "tls-cert", "tls-key"};
+
+// What the CLI sends: the token of --token-file, else $FP8RL_TOKEN (none when neither); TLS when
+// --tls-ca/--tls-cert/--tls-key or $FP8RL_TLS_CA/$FP8RL_TLS_CERT/$FP8RL_TLS_KEY are set (CA to
+// verify the coordinator; cert+key when it requires client certificates). `args` null: only the
+// environment. Errors name the flag or variable.
+absl::StatusOr<service::ClientSecurity> cli_security(const Args* args);
+
 class JobClient {
  public:
   // Connects to "host:port" and waits up to `timeout` for the channel to be ready. Unavailable
   // "cannot reach the coordinator at ADDR (...)" when nothing answers.
+  // `security`: the bearer token and TLS settings sent (cli_security()); plain by default.
   static absl::StatusOr<std::unique_ptr<JobClient>> connect(
-      const std::string& address, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+      const std::string& address, std::chrono::milliseconds timeout = std::chrono::seconds(5),
+      const service::ClientSecurity& security = {});
 
   const std::string& address() const { return address_; }
 

@@ -39,14 +39,19 @@ const std::vector<Command> kCommands = {
     {"up",
      "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
      "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart] "
-     "[--data-root DIR] [--models-root DIR] [--datasets-root DIR]",
+     "[--data-root DIR] [--models-root DIR] [--datasets-root DIR] [--auth-token-file FILE] "
+     "[--tls-cert PEM --tls-key PEM --tls-ca PEM]",
      up_main},
     {"run",
      "run CONFIG [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
      "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart] "
-     "[--data-root DIR] [--models-root DIR] [--datasets-root DIR]",
+     "[--data-root DIR] [--models-root DIR] [--datasets-root DIR] [--auth-token-file FILE] "
+     "[--tls-cert PEM --tls-key PEM --tls-ca PEM]",
      run_main},
-    {"submit", "submit CONFIG [--coordinator HOST:PORT] [--quiet]", submit_main},
+    // The job commands also take --token-file FILE (else $FP8RL_TOKEN) and --tls-ca/--tls-cert/
+    // --tls-key (else $FP8RL_TLS_CA/_CERT/_KEY); see docs/guide.md.
+    {"submit", "submit CONFIG [--coordinator HOST:PORT] [--quiet] [--token-file FILE]",
+     submit_main},
     {"status", "status [ID] [--coordinator HOST:PORT]", status_main},
     {"list", "list [--state STATE] [--limit N] [--coordinator HOST:PORT]", list_main},
     {"cancel", "cancel ID [--coordinator HOST:PORT]", cancel_main},

@@ -243,5 +243,45 @@ TEST_F(RestApiTest, SubmitGetListCancelMetrics) {
   EXPECT_NE(res->body.find("fp8rl_build_info{service=\"coordinator\"} 1\n"), std::string::npos);
 }
 
+// A job stored past submission (an older store, a hand-edited row) is checked against the roots
+// again when it starts: it fails naming the field, before any file is opened and without a
+// cluster call (this JobManager has no cluster).
+TEST_F(RestApiTest, AStoredJobThatEscapesTheRootsFailsWhenItStarts) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::path(testing::TempDir()) / "start-roots";
+  for (const char* d : {"data", "models", "datasets"}) fs::create_directories(base / d);
+  fs::remove(base / "datasets" / "link");
+  fs::create_directory_symlink("/etc", base / "datasets" / "link");
+  jobs_->set_path_roots(
+      {(base / "data").string(), (base / "models").string(), (base / "datasets").string()});
+  std::vector<std::string> ids;
+  for (const std::string& path :
+       {std::string("/etc/passwd"), (base / "datasets" / ".." / ".." / "x.jsonl").string(),
+        (base / "datasets" / "link" / "passwd").string()}) {
+    std::string config = kValidJob;
+    const size_t task = config.find(R"("task")");
+    config.replace(task, config.find("},", task) + 1 - task,
+                   absl::StrCat(R"("task": {"name": "jsonl", "params": {"train_path": ")", path,
+                                R"("}, "val_size": 1})"));
+    absl::StatusOr<JobRecord> job = store_->create_job(config, 4);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ids.push_back(job->id);
+  }
+  jobs_->start();
+  for (const std::string& id : ids) {
+    JobRecord job;
+    for (int i = 0; i < 500; ++i) {
+      job = jobs_->get(id).value();
+      if (job.state == JobState::kFailed || job.state == JobState::kSucceeded) break;
+      usleep(10'000);
+    }
+    EXPECT_EQ(job.state, JobState::kFailed) << id;
+    EXPECT_NE(job.error.find("task.params.train_path"), std::string::npos) << job.error;
+    EXPECT_NE(job.error.find("--datasets-root"), std::string::npos) << job.error;
+    EXPECT_EQ(job.error.find("root:"), std::string::npos) << job.error;  // no file contents
+  }
+  jobs_->stop();
+}
+
 }  // namespace
 }  // namespace fp8rl::coordinator

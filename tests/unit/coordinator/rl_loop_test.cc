@@ -65,13 +65,14 @@ class FakeWorker : public GenerationClient {
       r.tokens = tok.encode(right ? absl::StrCat(a + b) : "0");
       r.tokens.push_back(right ? right_end : wrong_end);
       r.tokens.insert(r.tokens.end(), after_end.begin(), after_end.end());
+      for (size_t i = 0; i < r.tokens.size(); ++i) r.logprobs.push_back(-0.1f * (i + 1));
+      r.weight_version = version;
       {
         std::lock_guard<std::mutex> lock(mu);
         prompts.push_back(s.prompt_tokens);
         stop_ids.push_back(params.stop_token_ids);
+        generated.emplace_back(s.sample_id, r.weight_version);
       }
-      for (size_t i = 0; i < r.tokens.size(); ++i) r.logprobs.push_back(-0.1f * (i + 1));
-      r.weight_version = version;
       on_result(r);
       if (duplicate) on_result(r);
       ++emitted;
@@ -94,6 +95,15 @@ class FakeWorker : public GenerationClient {
   std::mutex mu;
   std::vector<std::vector<int32_t>> prompts;   // guarded by mu: every sample's prompt tokens
   std::vector<std::vector<int32_t>> stop_ids;  // guarded by mu: every sample's stop ids
+  // guarded by mu: every generated sample's id and the version it was generated with
+  std::vector<std::pair<std::string, int64_t>> generated;
+  bool has_generated(std::string_view id_prefix) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [id, v] : generated) {
+      if (id.starts_with(id_prefix)) return true;
+    }
+    return false;
+  }
 };
 
 class FakeCluster;
@@ -121,7 +131,7 @@ class FakeTrainer : public TrainerClient {
     batches.push_back(batch);
     return TrainStepStats{{{"loss", 0.5}, {"token_mult_prob_error", 1.01}}};
   }
-  absl::StatusOr<int64_t> publish(bool) override;
+  absl::StatusOr<int64_t> publish(bool, int64_t above_version) override;
   absl::Status save_checkpoint(const std::string& path) override {
     checkpoints.push_back(path);
     return absl::OkStatus();
@@ -139,6 +149,8 @@ class FakeTrainer : public TrainerClient {
   std::set<std::string> lose_for;  // empty)
   int inits = 0;
   int64_t version = 0;
+  int64_t version_stride = 1;  // a publish adds this to the version
+  std::vector<int64_t> above_versions;  // of every publish
   std::vector<std::vector<TrainSequence>> batches;
   std::vector<std::vector<TrainSequence>> sft_batches;
   std::vector<std::string> checkpoints;
@@ -184,8 +196,9 @@ class FakeCluster : public Cluster {
   std::vector<std::pair<std::string, std::shared_ptr<FakeWorker>>> workers_;
 };
 
-absl::StatusOr<int64_t> FakeTrainer::publish(bool) {
-  ++version;
+absl::StatusOr<int64_t> FakeTrainer::publish(bool, int64_t above_version) {
+  above_versions.push_back(above_version);
+  version = std::max(version, above_version) + version_stride;
   for (auto& [id, w] : cluster_->workers_) {
     // Weight sync delivers, except a version lost on its way (to lose_for, or to everyone).
     const bool lost = lose_publish_at == version && (lose_for.empty() || lose_for.contains(id));
@@ -669,6 +682,28 @@ TEST(RlLoop, AVersionThatReachesNoWorkerIsResumable) {
   EXPECT_GT(a->emitted, 0);
 }
 
+// Weight sync restarts empty and a resumed job's trainer starts a fresh policy: if both lose count,
+// the next version must still be numbered above what the workers hold, or a worker with older
+// weights would pass min_weight_version and serve them (found by system.chaos).
+TEST(RlLoop, PublishesAboveTheVersionsWorkersHold) {
+  FakeCluster cluster;
+  auto w0 = cluster.add("w0");
+  auto w1 = cluster.add("w1");
+  w0->version = 50;  // weights numbered by an earlier weight-sync and trainer
+  w1->version = 7;
+  auto store = JobStore::open(":memory:").value();
+  const rl::JobConfig config = small_config("/ckpt");
+  const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  ASSERT_TRUE(loop.run(job, config).ok());
+  const FakeTrainer& t = *cluster.trainer_;
+  // The first publish is floored by the highest held version, each later one by its predecessor.
+  EXPECT_EQ(t.above_versions, (std::vector<int64_t>{50, 51, 52, 53}));
+  EXPECT_EQ(t.version, 54);
+  EXPECT_EQ(w0->version, 54);
+  EXPECT_EQ(w1->version, 54);
+}
+
 // Runs `config` through a JobManager to its end; returns the final record.
 JobRecord run_job_manager(FakeCluster* cluster, JobStore* store, const rl::JobConfig& config,
                           RlLoopOptions options,
@@ -819,6 +854,317 @@ TEST(JobManager, CancelEndsTheWaitForALostTrainer) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - cancel_at).count(),
             5.0);
   manager.stop();
+}
+
+// --- Asynchronous RL (algorithm.max_staleness = K >= 1) ---
+
+// The fake worker's mean reward of a step (even seed = right answer), P prompts x G samples.
+double fake_reward_mean(uint64_t seed, int64_t step, int p_count, int g_count) {
+  double right = 0.0;
+  for (int p = 0; p < p_count; ++p) {
+    for (int g = 0; g < g_count; ++g) right += rl::sample_seed(seed, step, p, g) % 2 == 0;
+  }
+  return right / (p_count * g_count);
+}
+
+// The trained samples of a row, summed over its samples_staleness_<k> buckets.
+double staleness_total(const MetricsRow& row) {
+  double total = 0.0;
+  for (const auto& [key, value] : row.values) {
+    if (key.starts_with("samples_staleness_")) total += value;
+  }
+  return total;
+}
+
+rl::JobConfig async_config(int64_t max_staleness, int64_t steps) {
+  rl::JobConfig config = small_config("/ckpt");
+  config.algorithm.steps = steps;
+  config.algorithm.max_staleness = max_staleness;
+  config.checkpoint.every_steps = 0;
+  return config;
+}
+
+// Waits up to 5 s for `done`.
+bool eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(AsyncRl, GeneratesUpToKStepsAheadAndTrainsWithinTheBound) {
+  FakeCluster cluster;
+  auto w0 = cluster.add("w0");
+  auto w1 = cluster.add("w1");
+  auto store = JobStore::open(":memory:").value();
+  const rl::JobConfig config = async_config(2, 6);
+  const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+  service::MetricsRegistry registry;
+  auto metrics = CoordinatorMetrics::create(&registry).value();
+  auto generated = [&](std::string_view prefix) {
+    return w0->has_generated(prefix) || w1->has_generated(prefix);
+  };
+  // While step 2 trains (the version after step 1 is published), the producer may generate
+  // steps 3 and 4 (gates: steps 0 and 1) but not step 5 (gate: step 2, not published yet).
+  bool step4_ahead = false, step5_early = true;
+  cluster.trainer_->fail_step = [&](int64_t step) {
+    if (step == 2) {
+      step4_ahead = eventually([&] { return generated("s4-"); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      step5_early = generated("s5-");
+    }
+    return absl::OkStatus();
+  };
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
+  const absl::Status status = loop.run(job, config);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(step4_ahead);
+  EXPECT_FALSE(step5_early);
+
+  FakeTrainer& t = *cluster.trainer_;
+  EXPECT_EQ(t.steps_trained, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  const auto rows = store->get_metrics(job.id).value();
+  ASSERT_EQ(rows.size(), 7u);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i));
+  for (int64_t step = 1; step <= 6; ++step) {
+    const MetricsRow& row = rows[static_cast<size_t>(step)];
+    EXPECT_EQ(t.batches[static_cast<size_t>(step - 1)].size(), 12u);
+    // Each step trains its own prompts and seeds, whichever version generated them.
+    EXPECT_DOUBLE_EQ(row.values.at("reward_mean"), fake_reward_mean(42, step, 3, 4));
+    EXPECT_EQ(row.values.at("max_staleness"), 2.0);
+    EXPECT_LE(row.values.at("staleness_max"), 2.0);
+    EXPECT_FALSE(row.values.contains("samples_staleness_3"));
+    EXPECT_EQ(staleness_total(row), 12.0);
+    EXPECT_EQ(row.values.at("stale_regenerated_samples"), 0.0);
+    EXPECT_GE(row.values.at("trainer_idle_seconds"), 0.0);
+    EXPECT_DOUBLE_EQ(row.values.at("weight_version"), static_cast<double>(step + 1));
+  }
+  // Step 4 was generated with the version after step 1 or later: at most 2 behind.
+  EXPECT_EQ(metrics->sample_staleness->get().snapshot().count, 72u);
+  EXPECT_EQ(metrics->stale_regenerated_samples->get().value(), 0.0);
+}
+
+TEST(AsyncRl, TrainsTheSameBatchesAsTheSynchronousLoop) {
+  // The fake's answers depend on the sample seed only, so every K must train the same batches
+  // in the same order; K = 0 rows carry no asynchronous keys.
+  std::vector<std::vector<std::vector<TrainSequence>>> batches;
+  std::vector<std::vector<MetricsRow>> rows;
+  for (int64_t k : {0, 1, 2}) {
+    FakeCluster cluster;
+    cluster.add("w0");
+    cluster.add("w1");
+    auto store = JobStore::open(":memory:").value();
+    const rl::JobConfig config = async_config(k, 4);
+    const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    const absl::Status status = loop.run(job, config);
+    ASSERT_TRUE(status.ok()) << "K=" << k << ": " << status;
+    batches.push_back(cluster.trainer_->batches);
+    rows.push_back(store->get_metrics(job.id).value());
+  }
+  for (const MetricsRow& row : rows[0]) EXPECT_FALSE(row.values.contains("max_staleness"));
+  for (size_t k = 1; k < batches.size(); ++k) {
+    ASSERT_EQ(batches[k].size(), batches[0].size());
+    for (size_t step = 0; step < batches[0].size(); ++step) {
+      ASSERT_EQ(batches[k][step].size(), batches[0][step].size());
+      for (size_t i = 0; i < batches[0][step].size(); ++i) {
+        const TrainSequence& a = batches[0][step][i];
+        const TrainSequence& b = batches[k][step][i];
+        EXPECT_EQ(a.tokens, b.tokens) << "K=" << k << " step " << step + 1 << " sample " << i;
+        EXPECT_EQ(a.prompt_length, b.prompt_length);
+        EXPECT_EQ(a.advantage, b.advantage);
+        EXPECT_EQ(a.gen_logprobs, b.gen_logprobs);
+      }
+    }
+    for (size_t step = 1; step < rows[0].size(); ++step) {
+      EXPECT_EQ(rows[k][step].values.at("reward_mean"), rows[0][step].values.at("reward_mean"));
+      EXPECT_EQ(rows[k][step].values.at("max_staleness"), static_cast<double>(k));
+    }
+  }
+}
+
+TEST(AsyncRl, RegeneratesSamplesOlderThanTheBound) {
+  // Each publish adds 3 to the version, so a sample generated with the gate version of a step
+  // (K = 1: the version after step s-2) is 3 versions behind the one trained at step s: too
+  // stale, generated again with the trained version. Training sleeps, so the producer finishes
+  // each rollout before the next publish and stale samples occur.
+  FakeCluster cluster;
+  auto w0 = cluster.add("w0");
+  auto w1 = cluster.add("w1");
+  cluster.trainer_->version_stride = 3;
+  cluster.trainer_->fail_step = [](int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    return absl::OkStatus();
+  };
+  auto store = JobStore::open(":memory:").value();
+  const rl::JobConfig config = async_config(1, 4);
+  const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+  service::MetricsRegistry registry;
+  auto metrics = CoordinatorMetrics::create(&registry).value();
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
+  const absl::Status status = loop.run(job, config);
+  ASSERT_TRUE(status.ok()) << status;
+
+  // Regenerated = rollout samples generated twice (the fake records every generation).
+  std::map<std::string, std::vector<int64_t>> versions;
+  for (auto& w : {w0, w1}) {
+    std::lock_guard<std::mutex> lock(w->mu);
+    for (const auto& [id, v] : w->generated) {
+      if (id.starts_with("s")) versions[id].push_back(v);
+    }
+  }
+  int64_t twice = 0;
+  for (auto& [id, vs] : versions) {
+    ASSERT_LE(vs.size(), 2u) << id;
+    if (vs.size() == 2) {
+      ++twice;
+      std::sort(vs.begin(), vs.end());
+      EXPECT_GE(vs[1] - vs[0], 2) << id;  // again with a version more than K newer
+    }
+  }
+  EXPECT_EQ(versions.size(), 4u * 12u);
+  const auto rows = store->get_metrics(job.id).value();
+  ASSERT_EQ(rows.size(), 5u);
+  double regenerated = 0.0;
+  for (size_t step = 1; step < rows.size(); ++step) {
+    EXPECT_LE(rows[step].values.at("staleness_max"), 1.0);
+    EXPECT_EQ(staleness_total(rows[step]), 12.0);
+    EXPECT_DOUBLE_EQ(rows[step].values.at("reward_mean"),
+                     fake_reward_mean(42, static_cast<int64_t>(step), 3, 4));
+    regenerated += rows[step].values.at("stale_regenerated_samples");
+  }
+  EXPECT_GT(twice, 0);
+  EXPECT_EQ(regenerated, static_cast<double>(twice));
+  EXPECT_EQ(metrics->stale_regenerated_samples->get().value(), regenerated);
+}
+
+TEST(AsyncRl, ALostGenerationWorkersSamplesAreGeneratedOnceElsewhere) {
+  FakeCluster cluster;
+  auto dying = cluster.add("w0");
+  dying->die_after = 20;  // during step 2 or 3 (6-sample chunks, validation at step 2)
+  cluster.add("w1");
+  auto store = JobStore::open(":memory:").value();
+  const rl::JobConfig config = async_config(2, 5);
+  const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  const absl::Status status = loop.run(job, config);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(dying->dead);
+  const auto rows = store->get_metrics(job.id).value();
+  ASSERT_EQ(rows.size(), 6u);
+  double redispatched = 0.0;
+  for (size_t step = 1; step < rows.size(); ++step) {
+    EXPECT_EQ(rows[step].step, static_cast<int64_t>(step));
+    EXPECT_EQ(staleness_total(rows[step]), 12.0);
+    EXPECT_DOUBLE_EQ(rows[step].values.at("reward_mean"),
+                     fake_reward_mean(42, static_cast<int64_t>(step), 3, 4));
+    redispatched += rows[step].values.at("redispatched_samples");
+  }
+  // The dead worker's unfinished rollout samples went elsewhere once (validation samples are not
+  // counted in the rows), fewer than its one unfinished 6-sample chunk.
+  EXPECT_LE(redispatched, 6.0);
+  for (const auto& batch : cluster.trainer_->batches) EXPECT_EQ(batch.size(), 12u);
+}
+
+TEST(AsyncRl, FailsOrCancelsInsteadOfHangingWhenTheQueueRunsDry) {
+  {
+    // The only worker dies after 25 samples (10 validation, 12 of step 1, 3 of step 2): the
+    // producer's dispatch fails after worker_wait and the loop's wait for a rollout ends with
+    // that error.
+    FakeCluster cluster;
+    auto w = cluster.add("w0");
+    w->die_after = 25;
+    auto store = JobStore::open(":memory:").value();
+    const rl::JobConfig config = async_config(2, 6);
+    const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status status = loop.run(job, config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              10.0);
+    EXPECT_LT(cluster.trainer_->steps_trained.size(), 6u);
+  }
+  {
+    // Cancelled while the loop waits for a rollout that cannot come: the only worker is gone
+    // after step 1 trained (step 3 cannot start before that), no validation before the end.
+    FakeCluster cluster;
+    auto w = cluster.add("w0");
+    std::atomic<bool> cancel{false};
+    std::thread canceller;
+    cluster.trainer_->fail_step = [&](int64_t step) {
+      if (step == 1) {
+        w->dead = true;
+        canceller = std::thread([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          cancel = true;
+        });
+      }
+      return absl::OkStatus();
+    };
+    auto store = JobStore::open(":memory:").value();
+    rl::JobConfig config = async_config(1, 4);
+    config.validation.every_steps = 0;
+    const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
+    RlLoopOptions options = fast_options();
+    options.worker_wait = std::chrono::seconds(60);
+    std::vector<JobProgress> phases;
+    RlLoop loop(&cluster,
+                {store.get(),
+                 nullptr,
+                 [&] { return cancel.load(); },
+                 {},
+                 [&](const JobProgress& p) { phases.push_back(p); }},
+                options);
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status status = loop.run(job, config);
+    canceller.join();
+    EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              10.0);
+    EXPECT_LE(cluster.trainer_->steps_trained.size(), 2u);
+    ASSERT_FALSE(phases.empty());
+    EXPECT_EQ(phases.back().detail, "rollout");  // it was waiting for a rollout
+  }
+}
+
+TEST(JobManager, AsyncJobResumesFromTheLastCheckpointWithoutCountingTwice) {
+  FakeCluster cluster;
+  cluster.add("w0");
+  cluster.add("w1");
+  auto store = JobStore::open(":memory:").value();
+  RlLoopOptions options = fast_options();
+  options.trainer_resume_wait = std::chrono::seconds(10);
+  int failures = 0;
+  cluster.trainer_->fail_step = [&](int64_t step) {
+    if (step != 4 || failures > 0) return absl::OkStatus();
+    ++failures;
+    cluster.trainer_gone = true;
+    std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      cluster.trainer_gone = false;
+    }).detach();
+    return absl::UnavailableError("Socket closed");
+  };
+  rl::JobConfig config = manager_config();
+  config.algorithm.max_staleness = 2;
+  const JobRecord job = run_job_manager(&cluster, store.get(), config, options);
+  ASSERT_EQ(job.state, JobState::kSucceeded) << job.error;
+  FakeTrainer& t = *cluster.trainer_;
+  // Steps 1-3, then 3-5 again from the step-2 checkpoint; the rollouts made ahead before the
+  // loss were dropped and generated again.
+  EXPECT_EQ(t.steps_trained, (std::vector<int64_t>{1, 2, 3, 3, 4, 5}));
+  const auto rows = store->get_metrics(job.id).value();
+  ASSERT_EQ(rows.size(), 6u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].step, static_cast<int64_t>(i));
+    if (i == 0) continue;
+    EXPECT_LE(rows[i].values.at("staleness_max"), 2.0);
+    EXPECT_DOUBLE_EQ(rows[i].values.at("reward_mean"),
+                     fake_reward_mean(42, static_cast<int64_t>(i), 3, 4));
+  }
 }
 
 }  // namespace

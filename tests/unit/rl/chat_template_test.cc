@@ -470,6 +470,50 @@ TEST(ChatTemplate, RuntimeErrorsNamePosition) {
   ExpectRenderError("x", "chat_template: kwargs must be a JSON object", bad_kwargs);
 }
 
+// Integer arithmetic that would overflow int64 (Python's ints would not) and repetitions that
+// would exhaust memory are errors, not undefined behavior or a hang (found while writing the
+// chat-template fuzz target, fuzz/fuzz_chat_template.cc).
+TEST(ChatTemplate, IntegerOverflowAndHugeResultsAreErrors) {
+  const std::string kMax = "9223372036854775807";
+  for (const std::string& expr :
+       {kMax + " + 1", "-" + kMax + " - 2", kMax + " * 2", "(-" + kMax + " - 1) // -1",
+        "-(-" + kMax + " - 1)", "(-" + kMax + " - 1) | abs", "2 ** 63", "3 ** 1000000000000"}) {
+    absl::StatusOr<std::string> r = RenderString("{{ " + expr + " }}", {});
+    ASSERT_FALSE(r.ok()) << expr << " rendered " << *r;
+    EXPECT_NE(r.status().message().find("integer overflow"), std::string_view::npos)
+        << expr << ": " << r.status();
+  }
+  // In range, the same operators still compute Python's results.
+  absl::StatusOr<std::string> ok =
+      RenderString("{{ " + kMax +
+                       " - 1 }} {{ -7 // 2 }} {{ -7 % 2 }} {{ 2 ** 62 }} {{ 1 ** 1000000000000 }} "
+                       "{{ (-" +
+                       kMax + ") | abs }} {{ 3.9 | int }} {{ -3.9 | int }}",
+                   {});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, "9223372036854775806 -4 1 4611686018427387904 1 " + kMax + " 3 -3");
+  // range() near the int64 limit ends where Python's would instead of wrapping around.
+  absl::StatusOr<std::string> near_max = RenderString(
+      "{% for i in range(" + kMax + " - 2, " + kMax + ", 5) %}{{ i }};{% endfor %}", {});
+  ASSERT_TRUE(near_max.ok()) << near_max.status();
+  EXPECT_EQ(*near_max, "9223372036854775805;");
+  for (const std::string& bad : {"{{ (1e300 * 1e10) | int }}", "{{ 1e19 | int }}"}) {
+    absl::StatusOr<std::string> r = RenderString(bad, {});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("out of the int64 range"), std::string_view::npos)
+        << r.status();
+  }
+  for (const std::string& big : {"{{ ('ab' * 100000000) | length }}", "{{ [1, 2] * 10000000 }}"}) {
+    absl::StatusOr<std::string> r = RenderString(big, {});
+    ASSERT_FALSE(r.ok()) << big;
+    EXPECT_NE(r.status().message().find("repetition result longer than"), std::string_view::npos)
+        << r.status();
+  }
+  // An attribute-style index too large for int64 is a parse error, not an exception.
+  ExpectParseError("{{ x.99999999999999999999 }}",
+                   "chat_template 1:6: integer literal out of range");
+}
+
 TEST(ChatTemplate, TokenizerConfigHelpers) {
   const ojson list_form = ojson::parse(
       R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],

@@ -100,6 +100,7 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   EXPECT_EQ(c->algorithm.adam_beta1, 0.9);
   EXPECT_EQ(c->algorithm.adam_beta2, 0.999);
   EXPECT_EQ(c->algorithm.adam_eps, 1e-8);
+  EXPECT_EQ(c->algorithm.max_staleness, 0);  // synchronous unless asked
   EXPECT_FALSE(c->sft.has_value());
   EXPECT_EQ(c->precision, PrecisionConfig{});
   EXPECT_EQ(c->validation.every_steps, 10);
@@ -110,6 +111,47 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->task.digits, 2);
   EXPECT_EQ(m->model.checkpoint, "/ckpt");
+}
+
+// Plain YAML scalars are typed by the core schema (null, bool, int, float, else string) for any
+// length: a 200k-character scalar once overflowed the stack in std::regex (found while writing
+// fuzz/fuzz_job_config.cc) and now gets its type or a field error like a short one.
+TEST(JobConfig, PlainScalarsAreTypedAtAnyLength) {
+  const std::string kLong(200000, '1');
+  absl::StatusOr<JobConfig> named = parse_job_config(std::string(kMinimal) + "name: a" + kLong);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->name, "a" + kLong);
+  // An integer beyond int64 becomes a number, which an integer field refuses by name.
+  absl::StatusOr<JobConfig> big =
+      parse_job_config(std::string(kMinimal) + "algorithm: {steps: " + kLong + "}");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("algorithm.steps"), std::string_view::npos) << big.status();
+  absl::StatusOr<JobConfig> tiny =
+      parse_job_config(std::string(kMinimal) + "algorithm: {temperature: 0." + kLong + "}");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_NEAR(tiny->algorithm.temperature, 0.1111111111111111, 1e-15);
+  // The short forms of each type still parse as before.
+  absl::StatusOr<JobConfig> forms = parse_job_config(
+      std::string(kMinimal) +
+      "algorithm: {temperature: .5, top_p: +1, learning_rate: 3E-4, steps: +7, kl_beta: 1.}
+"
+      "sft: ~
+");
+  ASSERT_TRUE(forms.ok()) << forms.status();
+  EXPECT_EQ(forms->algorithm.temperature, 0.5);
+  EXPECT_EQ(forms->algorithm.top_p, 1.0);
+  EXPECT_EQ(forms->algorithm.learning_rate, 3e-4);
+  EXPECT_EQ(forms->algorithm.steps, 7);
+  EXPECT_EQ(forms->algorithm.kl_beta, 1.0);
+  EXPECT_FALSE(forms->sft.has_value());
+  for (const char* bad : {"temperature: .inf", "temperature: -.Inf", "temperature: .NaN",
+                          "temperature: 1e", "temperature: 1.5.2", "temperature: true"}) {
+    absl::StatusOr<JobConfig> c =
+        parse_job_config(std::string(kMinimal) + "algorithm: {" + bad + "}");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find("algorithm.temperature"), std::string_view::npos)
+        << bad << ": " << c.status();
+  }
 }
 
 // model.chat_template_kwargs: template variables for a checkpoint's chat template, kept through
@@ -223,6 +265,10 @@ TEST(JobConfig, BadConfigsNameTheField) {
       {"algorithm: {adam_beta1: 1}", "algorithm.adam_beta1: must be in [0, 1)"},
       {"algorithm: {adam_beta2: -0.5}", "algorithm.adam_beta2: must be in [0, 1)"},
       {"algorithm: {adam_eps: 0}", "algorithm.adam_eps: must be > 0"},
+      {"algorithm: {max_staleness: -1}", "algorithm.max_staleness: must be in [0, 16]"},
+      {"algorithm: {max_staleness: 17}", "algorithm.max_staleness: must be in [0, 16]"},
+      {"algorithm: {max_staleness: 1.5}",
+       "algorithm.max_staleness: must be an integer, got number"},
       {"algorithm: {foo: 1}", "algorithm.foo: unknown key"},
       {"bogus: 1", "bogus: unknown key"},
       {"algorithm: {steps: ten}", "algorithm.steps: must be an integer, got string"},

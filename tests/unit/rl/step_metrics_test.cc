@@ -60,6 +60,27 @@ TEST(StepMetrics, StepRowKeys) {
   full["time_validate_seconds"] = 1.25;
   full["time_checkpoint_seconds"] = 0.375;
   EXPECT_EQ(to_row(m), full);
+  // Asynchronous RL adds its keys; every bucket 0..K is present, empty ones as 0.
+  StepMetrics::Async a;
+  a.max_staleness = 2;
+  a.staleness_histogram = {{0, 3}, {2, 5}};
+  a.staleness_max = 2;
+  a.staleness_mean = 1.25;
+  a.regenerated_samples = 4;
+  a.trainer_idle_seconds = 0.5;
+  a.generation_idle_seconds = 1.5;
+  m.async = a;
+  MetricsValues async = full;
+  async["max_staleness"] = 2.0;
+  async["samples_staleness_0"] = 3.0;
+  async["samples_staleness_1"] = 0.0;
+  async["samples_staleness_2"] = 5.0;
+  async["staleness_max"] = 2.0;
+  async["staleness_mean"] = 1.25;
+  async["stale_regenerated_samples"] = 4.0;
+  async["trainer_idle_seconds"] = 0.5;
+  async["generation_idle_seconds"] = 1.5;
+  EXPECT_EQ(to_row(m), async);
 }
 
 }  // namespace

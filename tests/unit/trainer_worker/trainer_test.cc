@@ -467,6 +467,48 @@ void expect_invalid(const absl::Status& s, const std::string& field) {
       << "'" << s.message() << "' lacks " << field;
 }
 
+// With roots set, every path a call names is confined after symlinks and ".." are resolved: a
+// caller that skips the coordinator's checks cannot write or read checkpoints elsewhere.
+TEST_F(TrainerTest, PathsOutsideTheRootsAreRefused) {
+  testing_util::TempDir dir;
+  namespace fs = std::filesystem;
+  fs::create_directories(dir.file("data"));
+  fs::create_directories(dir.file("models"));
+  fs::create_directories(dir.file("outside"));
+  fs::create_directory_symlink(dir.file("outside"), dir.file("data/link"));
+  fs::create_directory_symlink(dir.file("outside"), dir.file("models/link"));
+  TrainerOptions options;
+  options.data_root = dir.file("data");
+  options.models_root = dir.file("models");
+  RecordingPublisher publisher;
+  Trainer confined(options, &publisher);
+  ASSERT_TRUE(confined.init_policy(init_request()).ok());
+
+  v1::SaveCheckpointRequest save;
+  save.set_path(dir.file("data/ckpt/step-1"));
+  ASSERT_TRUE(confined.save_checkpoint(save).ok());
+  for (const std::string& escape : {std::string("/etc/fp8rl-ckpt"),
+                                    dir.file("data/../outside/ckpt"), dir.file("data/link/ckpt")}) {
+    save.set_path(escape);
+    absl::Status s = confined.save_checkpoint(save).status();
+    expect_invalid(s, "--data-root");
+    v1::LoadCheckpointRequest load;
+    load.set_path(escape);
+    expect_invalid(confined.load_checkpoint(load).status(), "--data-root");
+  }
+  EXPECT_FALSE(fs::exists(dir.file("outside/ckpt")));
+
+  for (const std::string& escape :
+       {std::string("/etc"), dir.file("models/../outside"), dir.file("models/link")}) {
+    v1::InitPolicyRequest from_checkpoint = init_request();
+    from_checkpoint.mutable_model()->set_checkpoint_dir(escape);
+    absl::Status s = confined.init_policy(from_checkpoint).status();
+    expect_invalid(s, "model.checkpoint_dir");
+    EXPECT_NE(s.message().find("--models-root"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(confined.status().ready());  // refusals keep the held policy
+}
+
 TEST_F(TrainerTest, BadRequestsAreRejectedNamingTheField) {
   // Before InitPolicy: ABORTED (the caller must start again from InitPolicy/LoadCheckpoint).
   EXPECT_EQ(trainer_.train_step(random_step(1, 2)).status().code(), absl::StatusCode::kAborted);
