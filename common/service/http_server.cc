@@ -62,6 +62,11 @@ bool etag_matches(const std::string& if_none_match, const std::string& etag) {
 
 }  // namespace
 
+bool http_matches_etag(const HttpRequest& request, const std::string& etag) {
+  auto it = request.headers.find("if-none-match");
+  return it != request.headers.end() && etag_matches(it->second, etag);
+}
+
 HttpResponse json_error(int status, std::string_view message) {
   return {status, nlohmann::json{{"error", message}}.dump(), "application/json"};
 }
@@ -94,12 +99,20 @@ struct HttpServer::Impl {
       log_error("http", "handler threw", {{"path", request.path}, {"error", e.what()}});
       response = json_error(500, absl::StrCat("internal error: ", e.what()));
     }
+    if (response.status == 304) {  // the handler checked its own ETag
+      res.status = 304;
+      for (const auto& [name, value] : response.headers) res.set_header(name, value);
+      count(304);
+      return;
+    }
     if (request.method == "GET" && response.status == 200) {
-      const std::string etag = body_etag(response.body);
-      res.set_header("ETag", etag);
-      auto it = request.headers.find("if-none-match");
-      if (it != request.headers.end() && etag_matches(it->second, etag)) {
+      auto own = response.headers.find("ETag");
+      const std::string etag =
+          own != response.headers.end() ? own->second : body_etag(response.body);
+      response.headers["ETag"] = etag;
+      if (http_matches_etag(request, etag)) {
         res.status = 304;
+        res.set_header("ETag", etag);
         count(304);
         return;
       }

@@ -31,8 +31,13 @@ struct HttpResponse {
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
-  std::map<std::string, std::string> headers = {};  // extra response headers
+  // Extra response headers. A handler that can tell cheaply whether its answer changed sets
+  // "ETag" here (used instead of body_etag) and may answer 304 itself (see http_matches_etag).
+  std::map<std::string, std::string> headers = {};
 };
+
+// True when the request's If-None-Match ("*", or a list of tags, weak or not) names `etag`.
+bool http_matches_etag(const HttpRequest& request, const std::string& etag);
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 // Runs before every route handler (not /healthz or /metrics): an answer stops the request there
@@ -67,8 +72,9 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // Routes: ECMAScript regex matched against the whole path ("/v1/jobs/([^/:]+)"). Add before
-  // start(). A GET route's 200 answer carries an ETag (body_etag); a request whose If-None-Match
-  // names it gets 304 with no body, so pollers do not download what they already have. A POST sent
+  // start(). A GET route's 200 answer carries an ETag (the handler's
+  // headers["ETag"], else body_etag); a request whose If-None-Match names it gets 304 with no
+  // body, so pollers do not download what they already have. A POST sent
   // with neither Content-Length nor chunked Transfer-Encoding (plain `curl -X POST URL`) reaches
   // its route with an empty body, as HTTP/1.1 defines it.
   void get(const std::string& pattern, HttpHandler handler);

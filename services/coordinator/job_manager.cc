@@ -133,6 +133,12 @@ absl::StatusOr<std::vector<MetricsRow>> JobManager::metrics(const std::string& i
   return store_->get_metrics(id);
 }
 
+absl::StatusOr<JobStore::MetricsFingerprint> JobManager::metrics_fingerprint(
+    const std::string& id) const {
+  if (absl::StatusOr<JobRecord> job = store_->get_job(id); !job.ok()) return job.status();
+  return store_->metrics_fingerprint(id);
+}
+
 absl::StatusOr<std::optional<MetricsRow>> JobManager::latest_metrics(const std::string& id) const {
   return store_->latest_metrics(id);
 }

@@ -57,6 +57,8 @@ class JobManager {
   absl::StatusOr<JobRecord> cancel(const std::string& id);
   absl::StatusOr<std::vector<MetricsRow>> metrics(const std::string& id) const;
   absl::StatusOr<std::optional<MetricsRow>> latest_metrics(const std::string& id) const;
+  // NotFound for an unknown job (see JobStore::metrics_fingerprint).
+  absl::StatusOr<JobStore::MetricsFingerprint> metrics_fingerprint(const std::string& id) const;
 
   // Updates the jobs-by-state and live-worker gauges.
   void refresh_gauges();

@@ -346,6 +346,24 @@ absl::StatusOr<std::optional<MetricsRow>> JobStore::latest_metrics(const std::st
   return std::optional<MetricsRow>(read_metrics(s));
 }
 
+absl::StatusOr<JobStore::MetricsFingerprint> JobStore::metrics_fingerprint(
+    const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(
+      db_,
+      "SELECT COUNT(*), COALESCE(MAX(step), -1), COALESCE(MAX(recorded_ms), 0) FROM metrics "
+      "WHERE job_id = ?");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  s.bind(1, id);
+  MetricsFingerprint out;
+  if (s.step() == SQLITE_ROW) {
+    out.rows = s.integer(0);
+    out.max_step = s.integer(1);
+    out.max_recorded_ms = s.integer(2);
+  }
+  return out;
+}
+
 absl::StatusOr<std::map<JobState, int64_t>> JobStore::count_by_state() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<JobState, int64_t> counts;

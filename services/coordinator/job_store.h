@@ -105,6 +105,15 @@ class JobStore {
   absl::Status delete_metrics_after(const std::string& id, int64_t step);
   // Rows in step order.
   absl::StatusOr<std::vector<MetricsRow>> get_metrics(const std::string& id) const;
+  // What changes whenever the job's metrics rows do: their number, the highest step and the
+  // latest recorded time (a replaced row is recorded anew). One indexed query, no row decoded:
+  // the cheap validator of the REST metrics history (ETag).
+  struct MetricsFingerprint {
+    int64_t rows = 0;
+    int64_t max_step = -1;
+    int64_t max_recorded_ms = 0;
+  };
+  absl::StatusOr<MetricsFingerprint> metrics_fingerprint(const std::string& id) const;
   // The row with the highest step (nullopt when none).
   absl::StatusOr<std::optional<MetricsRow>> latest_metrics(const std::string& id) const;
 

@@ -64,6 +64,18 @@ service::HttpResponse metrics_history(JobManager& jobs, const service::HttpReque
           400, absl::StrCat("max_points: expected an integer >= 2, got '", it->second, "'"));
     }
   }
+  // The tag comes from one cheap query, so a poll of an unchanged long history (the console's)
+  // is answered 304 without reading its rows.
+  absl::StatusOr<JobStore::MetricsFingerprint> fingerprint =
+      jobs.metrics_fingerprint(req.params[0]);
+  if (!fingerprint.ok()) return error_response(fingerprint.status());
+  const std::string etag = absl::StrCat("\"m", fingerprint->rows, "-", fingerprint->max_step, "-",
+                                        fingerprint->max_recorded_ms, "-", max_points, "\"");
+  if (service::http_matches_etag(req, etag)) {
+    service::HttpResponse not_modified{304, "", "application/json"};
+    not_modified.headers["ETag"] = etag;
+    return not_modified;
+  }
   absl::StatusOr<std::vector<MetricsRow>> rows = jobs.metrics(req.params[0]);
   if (!rows.ok()) return error_response(rows.status());
   const size_t recorded = rows->size();
@@ -72,7 +84,9 @@ service::HttpResponse metrics_history(JobManager& jobs, const service::HttpReque
   for (const MetricsRow& row : *rows) out.push_back(metrics_row_to_json(row));
   nlohmann::json body = {{"id", req.params[0]}, {"steps", out}};
   if (max_points > 0) body["recorded_rows"] = recorded;
-  return json_response(200, body);
+  service::HttpResponse response = json_response(200, body);
+  response.headers["ETag"] = etag;
+  return response;
 }
 
 // Counts the route's 400 answers as rejected requests

@@ -8,22 +8,15 @@ REST, then headless Chromium (DevTools protocol) through
     and its confirmation dialog ("Keep running" first, then "Cancel job");
   - the submit page: a bad YAML config shows the API's field path next to the offending line; a
     good one is accepted;
-  - a token: behind a stand-in for the job API's bearer-token check (a loopback proxy answering
-    401 on /v1/* without "Authorization: Bearer <token>"), the page asks for the token, keeps it
-    in sessionStorage and sends it;
 then `fp8rl report` of the finished job and a clean shutdown. Screenshots go to the test's temp
 folder, or to $FP8RL_CONSOLE_SCREENSHOTS when set (docs/images/console was made that way).
 Skips (77) without chromium or python3-websocket."""
 
-import http.server
 import json
 import os
 import re
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 
 import yaml
 
@@ -64,61 +57,6 @@ def check_points_match(browser, history, charts_spec):
                          f"{key}: page shows {got[key][1]}, REST has {values[series['key']]}")
     su.check(len(points) == expected, f"{len(points)} points on the page, {expected} expected")
     return points
-
-
-class TokenProxy:
-    """A stand-in for the coordinator with bearer tokens configured: forwards everything to the
-    real coordinator, but answers /v1/* with 401 unless the request carries the token. Records
-    the Authorization headers it saw on /v1/*."""
-
-    def __init__(self, upstream, token):
-        self.upstream, self.token, self.seen = upstream, token, []
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def forward(self):
-                if self.path.startswith("/v1/"):
-                    auth = self.headers.get("Authorization")
-                    proxy.seen.append(auth)
-                    if auth != f"Bearer {proxy.token}":
-                        return self.reply(401, b'{"error": "missing or wrong bearer token"}',
-                                          {"Content-Type": "application/json"})
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() in ("content-type", "if-none-match")}
-                req = urllib.request.Request(proxy.upstream + self.path, data=body,
-                                             method=self.command, headers=headers)
-                try:
-                    with urllib.request.urlopen(req, timeout=30) as r:
-                        status, data, rh = r.status, r.read(), r.headers
-                except urllib.error.HTTPError as e:
-                    status, data, rh = e.code, e.read(), e.headers
-                self.reply(status, data, {k: v for k, v in rh.items()
-                                          if k.lower() in ("content-type", "etag")})
-
-            def reply(self, status, data, headers):
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = forward
-            do_POST = forward
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def jobs_page(browser, cluster, job, shots):
@@ -231,31 +169,6 @@ def submit_page(browser, cluster, tmp, shots):
     su.log(f"  submit page: field path {path} on its line; good config accepted as {job_id}")
 
 
-def token_flow(browser, cluster, job, shots):
-    proxy = TokenProxy(cluster.rest, "s3cret-token")
-    try:
-        browser.open(proxy.url + "/#/jobs")
-        browser.wait_for("!document.getElementById('token-panel').hidden", what="token form")
-        su.check(browser.eval("!!document.getElementById('auth-error')"), "no token message")
-        su.check(proxy.seen and proxy.seen[0] is None, f"first call sent {proxy.seen[:1]}")
-        browser.screenshot(os.path.join(shots, "token.png"))
-        browser.type_into("#token-input", "s3cret-token")
-        browser.click("#token-save")
-        row = f"#jobs tbody tr[data-id='{job['id']}']"
-        browser.wait_for(f"document.querySelector(\"{row}\")", what="jobs after the token")
-        su.check(browser.eval("sessionStorage.getItem('fp8rl_token')") == "s3cret-token",
-                 "token not kept in sessionStorage")
-        su.check(proxy.seen[-1] == "Bearer s3cret-token", f"last call sent {proxy.seen[-1]}")
-        su.check(browser.eval("document.getElementById('token-panel').hidden"), "form still shown")
-        # The job page works with the token too (charts are fetched through /v1 as well).
-        browser.open(f"{proxy.url}/#/jobs/{job['id']}")
-        browser.wait_for("document.querySelector('#chart-val_accuracy circle.pt')",
-                         what="charts through the token proxy")
-    finally:
-        proxy.stop()
-    su.log(f"  token: 401 asked for it, then {len(proxy.seen)} /v1 calls, the last with it")
-
-
 def report(cluster, job, tmp):
     out = os.path.join(tmp, "report")
     rc, stdout, stderr = su.run_cli(["report", job["id"], "--out", out,
@@ -303,7 +216,6 @@ def body(clusters):
         job_page(browser, cluster, job, charts_spec, shots)
         live_and_cancel(browser, cluster, cluster.tmp, shots)
         submit_page(browser, cluster, cluster.tmp, shots)
-        token_flow(browser, cluster, job, shots)
         errors = [m for m in browser.console if m.startswith("exception")]
         su.check(not errors, f"uncaught exceptions in the page: {errors}")
     report(cluster, job, cluster.tmp)

@@ -5,8 +5,10 @@ metrics rows of random non-zero values for every charted key, val_accuracy on ro
 100th step. The real coordinator serves it; headless Chromium opens the job page and the test
 checks that the server thinned the history (at most 400 points per series, first and last step
 kept, every val_accuracy point kept), that each drawn value equals the full REST history at its
-step, and that later polls are answered 304 (If-None-Match) without redrawing. Times are printed,
-not asserted (targets live in bench/ and docs/perf.md). Skips (77) without chromium."""
+step, and that later polls are answered 304 (If-None-Match) without redrawing. The coordinator
+runs with --auth-token-file: the console's files load without a token, the API answers 401, the
+page asks for the token, keeps it in sessionStorage and sends it. Times are printed, not asserted
+(targets live in bench/ and docs/perf.md). Skips (77) without chromium."""
 
 import json
 import os
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 import cdp
 import system_util as su
@@ -24,6 +28,22 @@ import system_util as su
 STEPS = 10000
 MAX_POINTS = 400  # console.js MAX_POINTS
 JOB_ID = "job-1764680000000-10k000"
+TOKEN = "console-test-token-0123456789"
+
+
+def http(url, token=None):
+    """(status, parsed JSON or None) with an optional bearer token."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=60) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, None
 
 
 def write_store(path, chart_keys):
@@ -66,33 +86,50 @@ def main():
     keys = sorted({s["key"] for c in charts for s in c["series"]})
     tmp = tempfile.mkdtemp(prefix="fp8rl-system-console-long-")
     write_store(os.path.join(tmp, "jobs.db"), keys)
+    token_file = os.path.join(tmp, "api.tokens")
+    with open(token_file, "w") as f:
+        f.write(f"# the job API's tokens\n{TOKEN}\n")
+    os.chmod(token_file, 0o600)
     offset = su.free_port_offset(workers=0)
     rest = f"http://127.0.0.1:{8080 + offset}"
     log_file = open(os.path.join(tmp, "coordinator.log"), "w")
     coordinator = subprocess.Popen(
         [os.path.join(su.BIN_DIR, "fp8rl-coordinator"), "--listen-host", "127.0.0.1",
          "--http-port", str(8080 + offset), "--grpc-port", str(50051 + offset),
-         "--data-dir", tmp], stdout=log_file, stderr=subprocess.STDOUT)
+         "--data-dir", tmp, "--auth-token-file", token_file], stdout=log_file, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 60
         while su.http_quiet("GET", f"{rest}/healthz")[0] != 200:
             su.check(coordinator.poll() is None and time.time() < deadline,
                      "coordinator did not come up")
             time.sleep(0.2)
-        status, full = su.http("GET", f"{rest}/v1/jobs/{JOB_ID}/metrics")
+        status, _ = http(f"{rest}/v1/jobs/{JOB_ID}")
+        su.check(status == 401, f"job API without a token: {status}")
+        status, _ = http(f"{rest}/")
+        su.check(status == 200, f"console page without a token: {status}")
+        status, full = http(f"{rest}/v1/jobs/{JOB_ID}/metrics", TOKEN)
         su.check(status == 200 and len(full["steps"]) == STEPS + 1, f"REST history: {status}")
         history = {row["step"]: row["metrics"] for row in full["steps"]}
-        status, thin = su.http("GET", f"{rest}/v1/jobs/{JOB_ID}/metrics?max_points={MAX_POINTS}")
+        status, thin = http(f"{rest}/v1/jobs/{JOB_ID}/metrics?max_points={MAX_POINTS}", TOKEN)
         su.log(f"  REST: full history {len(json.dumps(full)) // 1024} KiB, "
                f"max_points={MAX_POINTS} {len(json.dumps(thin)) // 1024} KiB "
                f"({len(thin['steps'])} rows)")
 
         with cdp.Browser() as browser:
-            start = time.time()
             browser.open(f"{rest}/#/jobs/{JOB_ID}")
+            browser.wait_for("!document.getElementById('token-panel').hidden", what="token form")
+            su.check(browser.eval("!!document.getElementById('auth-error')"), "no token message")
+            browser.type_into("#token-input", TOKEN)
+            start = time.time()
+            browser.click("#token-save")
             browser.wait_for("document.querySelector('#chart-time circle.pt')", timeout=60,
-                             what="charts drawn")
-            su.log(f"  job page drawn {time.time() - start:.2f} s after navigation")
+                             what="charts drawn after the token")
+            su.log(f"  token asked for on 401; job page drawn {time.time() - start:.2f} s after"
+                   " entering it")
+            su.check(browser.eval("sessionStorage.getItem('fp8rl_token')") == TOKEN,
+                     "token not kept in sessionStorage")
+            su.check(browser.eval("document.getElementById('token-panel').hidden"),
+                     "token form still shown")
             info = browser.eval("document.getElementById('points-info').textContent")
             su.check(f"{STEPS + 1} steps recorded" in info, f"points info: {info}")
             points = browser.eval("""[...document.querySelectorAll('#charts circle.pt')].map(
@@ -126,6 +163,12 @@ def main():
             start = time.time()
             browser.eval("document.getElementById('nav-jobs').click()")
             browser.wait_for(f"document.querySelector(\"#jobs tr[data-id='{JOB_ID}']\")")
+            # A wrong token in the tab: the form comes back.
+            browser.eval("sessionStorage.setItem('fp8rl_token', 'wrong-token-0123456789')")
+            browser.open(f"{rest}/#/submit")
+            browser.open(f"{rest}/#/jobs")
+            browser.wait_for("!document.getElementById('token-panel').hidden",
+                             what="token form after a wrong token")
             su.log(f"  jobs page after a click: {time.time() - start:.2f} s")
     finally:
         coordinator.terminate()

@@ -1,5 +1,6 @@
 // `fp8rl report JOB_ID --out DIR`: the web console's charts of one job as SVG files plus a
 // markdown summary (report.h), for papers and issues. Reads the job over the gRPC JobService.
+#include <chrono>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@ int report_main(const std::vector<std::string>& argv) {
   constexpr const char* kName = "report";
   FlagSpec spec;
   spec.value_flags = {"out", "coordinator"};
+  for (const char* flag : kSecurityFlags) spec.value_flags.insert(flag);
   spec.max_positionals = 1;
   absl::StatusOr<Args> args = Args::Parse(argv, spec);
   if (!args.ok()) return usage_error(kName, std::string(args.status().message()));
@@ -22,8 +24,10 @@ int report_main(const std::vector<std::string>& argv) {
   if (!out.ok()) return usage_error(kName, std::string(out.status().message()));
   if (out->empty()) return usage_error(kName, "--out: empty path");
 
-  absl::StatusOr<std::unique_ptr<JobClient>> client =
-      JobClient::connect(args->get("coordinator").value_or(kDefaultCoordinator));
+  absl::StatusOr<service::ClientSecurity> security = cli_security(&*args);
+  if (!security.ok()) return usage_error(kName, std::string(security.status().message()));
+  absl::StatusOr<std::unique_ptr<JobClient>> client = JobClient::connect(
+      args->get("coordinator").value_or(kDefaultCoordinator), std::chrono::seconds(5), *security);
   if (!client.ok()) return failure(kName, std::string(client.status().message()));
   const std::string& id = args->positionals()[0];
   absl::StatusOr<v1::Job> job = (*client)->get(id);

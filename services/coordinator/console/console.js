@@ -156,7 +156,7 @@ function chartSvg(spec, rows, palette) {
     if (spec.stacked) {
       for (const p of line.pts) {
         const top = sy(p[2]), bottom = sy(p[2] - p[1]);
-        out.push(`<rect class="bar" x="${(sx(p[0]) - barWidth / 2).toFixed(1)}" y="${top.toFixed(1)}" width="${barWidth.toFixed(1)}" height="${Math.max(0, bottom - top).toFixed(1)}" fill="${line.color}" opacity="0.85"/>`);
+        out.push(`<rect class="stack-seg" x="${(sx(p[0]) - barWidth / 2).toFixed(1)}" y="${top.toFixed(1)}" width="${barWidth.toFixed(1)}" height="${Math.max(0, bottom - top).toFixed(1)}" fill="${line.color}" opacity="0.85"/>`);
       }
     } else {
       const d = line.pts.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[2]).toFixed(1)}`).join(' ');

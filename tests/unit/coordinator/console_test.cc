@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "nlohmann/json.hpp"
 #include "services/coordinator/console/assets.h"
@@ -177,6 +180,50 @@ TEST_F(ConsoleTest, LongHistoryIsThinnedPerMetric) {
   ASSERT_TRUE(full);
   EXPECT_EQ(nlohmann::json::parse(full->body)["steps"].size(), 10001u);
   EXPECT_FALSE(nlohmann::json::parse(full->body).contains("recorded_rows"));
+}
+
+TEST_F(ConsoleTest, MetricsEtagChangesWithEveryRowChange) {
+  const std::string id = jobs_->submit_text(kValidYaml).value().id;
+  const std::string path = "/v1/jobs/" + id + "/metrics?max_points=50";
+  ASSERT_TRUE(store_->put_metrics(id, 0, {{"val_accuracy", 0.25}}).ok());
+  ASSERT_TRUE(store_->put_metrics(id, 1, {{"reward_mean", 0.5}}).ok());
+  auto first = client_->Get(path.c_str());
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200);
+  std::string etag = first->get_header_value("ETag");
+  ASSERT_FALSE(etag.empty());
+  auto same = client_->Get(path.c_str(), {{"If-None-Match", etag}});
+  ASSERT_TRUE(same);
+  EXPECT_EQ(same->status, 304);
+  EXPECT_TRUE(same->body.empty());
+  EXPECT_EQ(same->get_header_value("ETag"), etag);
+  // Another max_points is another answer.
+  auto other = client_->Get(("/v1/jobs/" + id + "/metrics").c_str(), {{"If-None-Match", etag}});
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 200);
+
+  // A new row, a replaced row (same step, recorded later) and removed rows each change the tag.
+  const std::vector<std::function<void()>> changes = {
+      [&] {
+        ASSERT_TRUE(store_->put_metrics(id, 2, {{"reward_mean", 0.75}}).ok());
+      },
+      [&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        ASSERT_TRUE(store_->put_metrics(id, 2, {{"reward_mean", 0.875}}).ok());
+      },
+      [&] { ASSERT_TRUE(store_->delete_metrics_after(id, 0).ok()); },
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    changes[i]();
+    auto res = client_->Get(path.c_str(), {{"If-None-Match", etag}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << "change " << i;
+    EXPECT_NE(res->get_header_value("ETag"), etag) << "change " << i;
+    etag = res->get_header_value("ETag");
+  }
+  auto missing = client_->Get("/v1/jobs/job-nope/metrics", {{"If-None-Match", "*"}});
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
 }
 
 TEST_F(ConsoleTest, BadMaxPointsIsRejectedNamingTheParameter) {
