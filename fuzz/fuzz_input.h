@@ -1,6 +1,6 @@
 // Splits one fuzzer input into the parts a target needs (a manifest and its chunks, a tokenizer
 // and a text to encode), so a single byte string drives a multi-message parser. Parts are
-// separated by kFuzzPartSeparator; the seed generator (make_seeds.cc) writes inputs this way.
+// separated by kFuzzPartSeparator; the seed generator (make_seeds.py) writes inputs this way.
 #pragma once
 
 #include <cstddef>

@@ -152,7 +152,7 @@ def main():
     for name in ["qwen3", "llama3_1", "deepseek_v3"]:
         d = TOKENIZERS / ("tokenizer-" + name) / "models"
         if not (d / "tokenizer.json").exists():
-            print(f"make_text_seeds: no {d}; skipping its seeds")
+            print(f"make_seeds: no {d}; skipping its seeds")
             continue
         t = shrink_tokenizer(json.loads((d / "tokenizer.json").read_text(encoding="utf-8")))
         write("hf_tokenizer", name + ".json",
@@ -161,7 +161,7 @@ def main():
         template = config.get("chat_template")
         if isinstance(template, str):
             write("chat_template", name + ".jinja", template)
-    print(f"make_text_seeds: wrote the text seeds under {CORPUS}")
+    print(f"make_seeds: wrote the seeds under {CORPUS}")
 
 
 # ---- Binary seeds: safetensors files and weight-sync messages in protobuf wire format --------

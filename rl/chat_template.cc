@@ -2039,7 +2039,8 @@ class Evaluator {
         if (e.type == Expr::kPos) return v.is(Kind::kFloat) ? v : Value::Int(v.as_int());
         if (v.is(Kind::kFloat)) return Value::Float(-v.f);
         int64_t r = 0;
-        return Value::Int(CheckedInt(__builtin_sub_overflow(int64_t{0}, v.as_int(), &r), r, e.pos));
+        const bool overflowed = __builtin_sub_overflow(int64_t{0}, v.as_int(), &r);
+        return Value::Int(CheckedInt(overflowed, r, e.pos));
       }
       case Expr::kNot:
         return Value::Bool(!Truthy(Eval(*e.kids[0])));
@@ -2161,15 +2162,18 @@ class Evaluator {
     int64_t r = 0;
     if (op == "+") {
       if (!ints) return Value::Float(x + y);
-      return Value::Int(CheckedInt(__builtin_add_overflow(a.as_int(), b.as_int(), &r), r, pos));
+      const bool overflowed = __builtin_add_overflow(a.as_int(), b.as_int(), &r);
+      return Value::Int(CheckedInt(overflowed, r, pos));
     }
     if (op == "-") {
       if (!ints) return Value::Float(x - y);
-      return Value::Int(CheckedInt(__builtin_sub_overflow(a.as_int(), b.as_int(), &r), r, pos));
+      const bool overflowed = __builtin_sub_overflow(a.as_int(), b.as_int(), &r);
+      return Value::Int(CheckedInt(overflowed, r, pos));
     }
     if (op == "*") {
       if (!ints) return Value::Float(x * y);
-      return Value::Int(CheckedInt(__builtin_mul_overflow(a.as_int(), b.as_int(), &r), r, pos));
+      const bool overflowed = __builtin_mul_overflow(a.as_int(), b.as_int(), &r);
+      return Value::Int(CheckedInt(overflowed, r, pos));
     }
     if (op == "/") {
       if (y == 0) Fail(pos, "division by zero");

@@ -110,9 +110,9 @@ absl::StatusOr<Json> yaml_scalar_to_json(const YAML::Node& node) {
 }
 
 // True when `s` is well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points
-// above U+10FFFF). yaml-cpp passes raw bytes and escaped lone surrogates through unchecked; a
-// string that is not UTF-8 made the stored config's JSON dump throw, taking the coordinator down
-// (found by fuzz/fuzz_job_config.cc).
+// above U+10FFFF). yaml-cpp passes raw bytes through unchecked; a string that is not UTF-8 made
+// the stored config's JSON dump throw, taking the coordinator down (found by
+// fuzz/fuzz_job_config.cc).
 bool is_valid_utf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
