@@ -16,19 +16,24 @@ namespace fp8rl::coordinator {
 
 class GrpcCluster final : public Cluster {
  public:
-  // rpc_timeout bounds every unary trainer call (a training step on CPU can take minutes).
-  GrpcCluster(WorkerRegistry* registry, std::chrono::milliseconds rpc_timeout);
+  // rpc_timeout bounds every unary trainer call (a training step on CPU can take minutes);
+  // group_timeout bounds forming a trainer group and each of its collectives.
+  GrpcCluster(WorkerRegistry* registry, std::chrono::milliseconds rpc_timeout,
+              std::chrono::milliseconds group_timeout = std::chrono::seconds(60));
 
   std::vector<WorkerRef> live_generation_workers() override;
   bool is_live(const std::string& worker_id) override;
   std::shared_ptr<GenerationClient> generation_client(const WorkerRef& worker) override;
   absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() override;
+  // The first `size` live trainers by name (rank = position), joined into a new group.
+  absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size) override;
 
  private:
   std::shared_ptr<grpc::Channel> channel(const std::string& address);
 
   WorkerRegistry* registry_;
   std::chrono::milliseconds rpc_timeout_;
+  std::chrono::milliseconds group_timeout_;
   std::mutex mu_;  // guards channels_ (held only to look up or insert a channel)
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_; by address
 };

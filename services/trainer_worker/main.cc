@@ -69,6 +69,10 @@ int run(const std::vector<std::string>& args) {
   options.default_weight_sync_address = config->weight_sync;
   options.data_dir = config->service.data_dir;
   options.logprob_log_dir = config->logprob_log_dir;
+  options.coordinator_address = config->service.coordinator;
+  // Trainer-group peers reach this trainer's collectives on the host it advertises.
+  const std::string advertised = service::advertise_address(config->service, 0);
+  options.group_host = advertised.substr(0, advertised.rfind(':'));
   trainer::Trainer trainer(options, publisher.get(), metrics->get());
   trainer::TrainerServiceImpl service_impl(&trainer);
 
