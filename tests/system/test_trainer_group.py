@@ -29,6 +29,7 @@ import numpy as np
 import system_util as su
 
 STEPS = 3
+KILL_STEPS = 60  # the kill job: long enough (a smoke step takes ~0.15 s) to kill a rank mid-job
 WEIGHT_REL_TOL = 1e-4
 METRIC_REL_TOL = 5e-2
 METRIC_KEYS = ["loss", "grad_norm", "train_tokens"]
@@ -49,8 +50,8 @@ def read_safetensors(path):
     return out
 
 
-def submit(cluster, tag, data_parallel, every_steps=1):
-    config = su.smoke_config(os.path.join(cluster.tmp, tag), steps=STEPS)
+def submit(cluster, tag, data_parallel, every_steps=1, steps=STEPS):
+    config = su.smoke_config(os.path.join(cluster.tmp, tag), steps=steps)
     config["checkpoint"]["every_steps"] = every_steps
     config["trainer"] = {"data_parallel": data_parallel}
     # BF16 training: a group then differs from one trainer by summation order only. (FP8 training
@@ -62,11 +63,11 @@ def submit(cluster, tag, data_parallel, every_steps=1):
     return reply["id"], config
 
 
-def rows(cluster, job_id):
+def rows(cluster, job_id, total=STEPS):
     status, metrics = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}/metrics")
     su.check(status == 200, f"metrics: {status}")
     steps = [r["step"] for r in metrics["steps"]]
-    su.check(steps == list(range(STEPS + 1)), f"metrics rows {steps}")
+    su.check(steps == list(range(total + 1)), f"metrics rows {steps}")
     return {r["step"]: r["metrics"] for r in metrics["steps"]}
 
 
@@ -132,22 +133,22 @@ def body(clusters):
     su.check("joined trainer group" in trainer_log, "trainer-2 never joined a group")
 
     # A rank of a group of 2 dies mid-job: the group is formed again, the job resumes.
-    job_id, _ = submit(cluster, "kill", 2, every_steps=1)
+    job_id, _ = submit(cluster, "kill", 2, every_steps=5, steps=KILL_STEPS)
     deadline = time.time() + 200
     killed = None
     while time.time() < deadline and killed is None:
         status, job = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}")
         su.check(job["state"] in ("QUEUED", "RUNNING"), f"job ended early: {job}")
-        if job["step"] >= 2:
+        if job["step"] >= 12:
             killed = read_pids(cluster)["trainer-1"]
             os.kill(killed, signal.SIGKILL)
             su.log(f"  SIGKILL trainer-1 (pid {killed}) at step {job['step']}")
         time.sleep(0.2)
-    su.check(killed is not None, "job never reached step 2")
+    su.check(killed is not None, "job never reached step 12")
     job = su.wait_job(cluster, job_id, timeout=300)
     su.check(job["state"] == "SUCCEEDED",
              f"job ended {job['state']} after a group rank was killed: {job.get('error')}")
-    rows(cluster, job_id)
+    rows(cluster, job_id, KILL_STEPS)
     coordinator_log = cluster.log_of("coordinator")
     su.check("resuming job after trainer loss" in coordinator_log,
              "coordinator log does not show the resume after losing a rank")
