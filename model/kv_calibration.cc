@@ -52,4 +52,14 @@ void KvCalibrator::clear() {
   for (auto& a : v_) a.clear();
 }
 
+std::vector<std::vector<float>> KvCalibrator::k_records() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return k_;
+}
+
+std::vector<std::vector<float>> KvCalibrator::v_records() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return v_;
+}
+
 }  // namespace fp8rl::model

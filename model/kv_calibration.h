@@ -33,6 +33,10 @@ class KvCalibrator {
   // into its fallback. A layer with no finite records, or a scale that is 0 or not finite, gets 1.
   KvScales scales(double percentile = 99.9, double margin = 1.05) const;
   void clear();
+  // The recorded amaxes, [layer][call] (a trainer group gathers every rank's records,
+  // train/data_parallel.h).
+  std::vector<std::vector<float>> k_records() const;
+  std::vector<std::vector<float>> v_records() const;
 
  private:
   mutable std::mutex mu_;

@@ -510,6 +510,12 @@ absl::Status read_checkpoint(const Fields& top, CheckpointConfig* c) {
   return f.get_string("dir", &c->dir);
 }
 
+absl::Status read_trainer(const Fields& top, TrainerConfig* t) {
+  FP8RL_ASSIGN_OR_RETURN_FIELDS(f, top.get_object("trainer"));
+  FP8RL_RETURN_IF_ERROR(f.allow_only({"data_parallel"}));
+  return f.get_int("data_parallel", &t->data_parallel);
+}
+
 // Value checks: `ok` false -> "<path>: <message>".
 absl::Status require(bool ok, std::string_view path, std::string_view message) {
   return ok ? absl::OkStatus() : field_error(std::string(path), std::string(message));
@@ -598,6 +604,9 @@ absl::Status validate_job_config(const JobConfig& c) {
       require(c.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(require(c.checkpoint.every_steps == 0 || !c.checkpoint.dir.empty(),
                                 "checkpoint.dir", "required when checkpoint.every_steps > 0"));
+  // trainer
+  FP8RL_RETURN_IF_ERROR(require(c.trainer.data_parallel >= 1 && c.trainer.data_parallel <= 64,
+                                "trainer.data_parallel", "must be in [1, 64]"));
   // upper bounds of the numeric fields (rl/job_limits.h)
   return validate_job_limits(c);
 }
@@ -608,8 +617,8 @@ absl::StatusOr<JobConfig> job_config_from_json(const Json& json) {
         absl::StrCat("job config: must be a mapping, got ", json.type_name()));
   }
   const Fields top(json, "");
-  FP8RL_RETURN_IF_ERROR(top.allow_only(
-      {"name", "model", "task", "algorithm", "sft", "precision", "validation", "checkpoint"}));
+  FP8RL_RETURN_IF_ERROR(top.allow_only({"name", "model", "task", "algorithm", "sft", "precision",
+                                        "validation", "checkpoint", "trainer"}));
   JobConfig c;
   FP8RL_RETURN_IF_ERROR(top.get_string("name", &c.name));
   FP8RL_RETURN_IF_ERROR(read_model(top, &c.model));
@@ -619,6 +628,7 @@ absl::StatusOr<JobConfig> job_config_from_json(const Json& json) {
   FP8RL_RETURN_IF_ERROR(read_precision(top, &c.precision));
   FP8RL_RETURN_IF_ERROR(read_validation(top, &c.validation));
   FP8RL_RETURN_IF_ERROR(read_checkpoint(top, &c.checkpoint));
+  FP8RL_RETURN_IF_ERROR(read_trainer(top, &c.trainer));
   FP8RL_RETURN_IF_ERROR(validate_job_config(c));
   return c;
 }
@@ -740,6 +750,7 @@ Json job_config_to_json(const JobConfig& c) {
   j["validation"] =
       Json{{"every_steps", c.validation.every_steps}, {"num_prompts", c.validation.num_prompts}};
   j["checkpoint"] = Json{{"every_steps", c.checkpoint.every_steps}, {"dir", c.checkpoint.dir}};
+  j["trainer"] = Json{{"data_parallel", c.trainer.data_parallel}};
   return j;
 }
 

@@ -117,6 +117,13 @@ struct CheckpointConfig {
   bool operator==(const CheckpointConfig&) const = default;
 };
 
+// The trainers of a job (docs/design.md "Trainer groups").
+struct TrainerConfig {
+  // Trainers in the job's data-parallel group; the job waits until this many are registered.
+  int64_t data_parallel = 1;
+  bool operator==(const TrainerConfig&) const = default;
+};
+
 struct JobConfig {
   std::string name;
   ModelSpec model;
@@ -126,6 +133,7 @@ struct JobConfig {
   PrecisionConfig precision;
   ValidationConfig validation;
   CheckpointConfig checkpoint;
+  TrainerConfig trainer;
   bool operator==(const JobConfig&) const = default;
 };
 

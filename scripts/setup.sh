@@ -9,6 +9,7 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev
   libopenblas-dev
+  libgloo-dev
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev prometheus-cpp-dev
   libssl-dev zlib1g-dev libzstd-dev
   libpcre2-dev libicu-dev

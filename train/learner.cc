@@ -13,6 +13,7 @@
 #include "common/fs.h"
 #include "model/kv_calibration.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
 
 namespace fp8rl::train {
 namespace {
@@ -57,6 +58,51 @@ ScaleStats stats_of(std::span<const float> values) {
 }
 
 bool stopped(const std::atomic<bool>* stop) { return stop != nullptr && stop->load(); }
+
+// Valid (loss) tokens of sequences [begin, end) of `batch`.
+int64_t valid_tokens(const PackedBatch& batch, int64_t begin, int64_t end) {
+  int64_t n = 0;
+  for (int64_t i = begin * batch.length; i < end * batch.length; ++i) n += batch.mask[i];
+  return n;
+}
+
+// Copies the [rows x L] `part` into rows [begin, end) of the [B*L] `full`.
+void put_rows(std::span<const float> part, int64_t begin, int64_t L, std::vector<float>* full) {
+  std::copy(part.begin(), part.end(), full->begin() + begin * L);
+}
+
+// The loss statistics of one minibatch summed over the group: loss and policy loss are already
+// normalized by the whole minibatch's tokens (so they add up), kl and the clip fraction are
+// per-rank means (weighted by tokens), the PPO ratio range is a min / max over ranks that had
+// tokens. `stats` becomes the whole minibatch's.
+absl::Status reduce_loss_stats(Collectives& group, rl::PolicyLossResult* result) {
+  rl::PolicyLossStats& s = result->stats;
+  const double valid = static_cast<double>(s.valid_tokens);
+  std::vector<double> sums = {result->loss, s.policy_loss, s.kl * valid, s.clip_fraction * valid,
+                              valid};
+  if (absl::Status st =
+          group.all_reduce(std::span<double>(sums), ReduceOp::kSum, "loss statistics all-reduce");
+      !st.ok()) {
+    return st;
+  }
+  const bool has = s.valid_tokens > 0;
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> hi = {has ? s.probs_ratio_max : -inf, has ? -s.probs_ratio_min : -inf};
+  if (absl::Status st =
+          group.all_reduce(std::span<double>(hi), ReduceOp::kMax, "PPO ratio range all-reduce");
+      !st.ok()) {
+    return st;
+  }
+  result->loss = sums[0];
+  s.loss = sums[0];
+  s.policy_loss = sums[1];
+  s.valid_tokens = static_cast<int64_t>(sums[4]);
+  s.kl = sums[4] > 0 ? sums[2] / sums[4] : 0.0;
+  s.clip_fraction = sums[4] > 0 ? sums[3] / sums[4] : 0.0;
+  s.probs_ratio_max = sums[4] > 0 ? hi[0] : 1.0;
+  s.probs_ratio_min = sums[4] > 0 ? -hi[1] : 1.0;
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -173,8 +219,25 @@ std::unique_ptr<model::KvCalibrator> Learner::new_kv_records() const {
   return std::make_unique<model::KvCalibrator>(model_->config().num_hidden_layers);
 }
 
+std::vector<std::pair<int64_t, int64_t>> Learner::rank_shares(const PackedBatch& batch,
+                                                              int64_t m) const {
+  const int64_t B = batch.size();
+  const int ranks = data_parallel() ? group_->size() : 1;
+  const int rank = data_parallel() ? group_->rank() : 0;
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t s0 = B * i / m, s1 = B * (i + 1) / m;
+    std::vector<int64_t> lengths;
+    for (int64_t b = s0; b < s1; ++b) lengths.push_back(std::ssize(batch.tokens[b]));
+    const std::vector<int64_t> bounds = token_balanced_shares(lengths, ranks);
+    out.emplace_back(s0 + bounds[rank], s0 + bounds[rank + 1]);
+  }
+  return out;
+}
+
 absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
-                                                   model::KvCalibrator* calibrator) const {
+                                                   model::KvCalibrator* calibrator,
+                                                   bool data_parallel) const {
   Prepared p;
   absl::StatusOr<PackedBatch> batch =
       pack_sequences(request.batch, *model_, "batch", /*require_gen=*/true);
@@ -213,6 +276,40 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
   }
   // prev_logprobs: the policy at the rollout version, before any update, same kernels.
   const auto start = Clock::now();
+  if (data_parallel) {
+    // This rank's rows only, then a gather through a sum (the other rows are 0 here).
+    const int64_t L = p.batch.length;
+    p.prev.assign(static_cast<size_t>(p.batch.size() * L), 0.0f);
+    if (c.kl_beta > 0) p.ref.assign(p.prev.size(), 0.0f);
+    for (const auto& [begin, end] : rank_shares(p.batch, request.minibatches)) {
+      if (begin == end) continue;
+      const PackedBatch share = p.batch.slice(begin, end);
+      absl::StatusOr<std::vector<float>> prev =
+          response_logprobs(*model_, share, nullptr, calibrator);
+      if (!prev.ok()) return prev.status();
+      put_rows(*prev, begin, L, &p.prev);
+      if (c.kl_beta > 0) {
+        absl::StatusOr<std::vector<float>> ref = response_logprobs(*reference_, share, nullptr);
+        if (!ref.ok()) return ref.status();
+        put_rows(*ref, begin, L, &p.ref);
+      }
+    }
+    if (auto s =
+            group_->all_reduce(std::span<float>(p.prev), ReduceOp::kSum, "prev logprobs gather");
+        !s.ok()) {
+      return s;
+    }
+    if (c.kl_beta > 0) {
+      if (auto s = group_->all_reduce(std::span<float>(p.ref), ReduceOp::kSum,
+                                      "reference logprobs gather");
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (auto s = gather_kv_records(*group_, calibrator); !s.ok()) return s;
+    p.logprob_seconds = seconds_since(start);
+    return p;
+  }
   absl::StatusOr<std::vector<float>> prev =
       response_logprobs(*model_, p.batch, nullptr, calibrator);
   if (!prev.ok()) return prev.status();
@@ -273,7 +370,9 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
                                                 const std::atomic<bool>* stop) {
   // The KV calibration of the next export rides on the prev-logprobs forward.
   std::unique_ptr<model::KvCalibrator> records = new_kv_records();
-  absl::StatusOr<Prepared> prepared = prepare(request, records.get());
+  const bool dp = data_parallel();
+  const CollectiveStats group_before = dp ? group_->stats() : CollectiveStats{};
+  absl::StatusOr<Prepared> prepared = prepare(request, records.get(), dp);
   if (!prepared.ok()) return prepared.status();
   const PackedBatch& batch = prepared->batch;
   const rl::PolicyLossConfig& config = request.loss;
@@ -303,6 +402,8 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
   };
   double clipped_tokens = 0;
   std::vector<float> grads;
+  // In a group: this rank's sequences of each minibatch (the whole minibatch when alone).
+  const std::vector<std::pair<int64_t, int64_t>> shares = rank_shares(batch, m);
   // Epoch e, minibatch i is update u = e * m + i; every pass sees the same minibatches in the
   // same order, against the same prev logprobs (PPO's ratio is relative to the rollout policy).
   for (int64_t u = 0; u < updates; ++u) {
@@ -311,23 +412,50 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
       return interrupted(u, absl::UnavailableError(absl::StrCat("trainer is shutting down (after ",
                                                                 u, " of ", updates, " updates)")));
     }
-    const int64_t s0 = B * i / m, s1 = B * (i + 1) / m;
-    const PackedBatch mb = batch.slice(s0, s1);
-    const std::span<const float> prev_mb(prev.data() + s0 * L, (s1 - s0) * L);
-    const std::span<const float> ref_mb =
-        ref.empty() ? std::span<const float>()
-                    : std::span<const float>(ref.data() + s0 * L, (s1 - s0) * L);
-    auto start = Clock::now();
-    absl::StatusOr<rl::PolicyLossResult> result =
-        minibatch_gradient(mb, prev_mb, ref_mb, config, &grads);
+    const auto [s0, s1] = shares[static_cast<size_t>(i)];
     const std::string where = epochs > 1 ? absl::StrCat("epoch ", u / m, " minibatch ", i, ": ")
                                          : absl::StrCat("minibatch ", i, ": ");
+    rl::PolicyLossConfig mb_config = config;
+    if (dp) {
+      // Every rank normalizes by the whole minibatch's tokens; the sum over ranks is then the
+      // single-trainer gradient.
+      mb_config.token_normalizer =
+          std::max<int64_t>(1, valid_tokens(batch, B * i / m, B * (i + 1) / m));
+    }
+    auto start = Clock::now();
+    absl::StatusOr<rl::PolicyLossResult> result;
+    if (s1 > s0) {
+      const PackedBatch mb = batch.slice(s0, s1);
+      const std::span<const float> prev_mb(prev.data() + s0 * L, (s1 - s0) * L);
+      const std::span<const float> ref_mb =
+          ref.empty() ? std::span<const float>()
+                      : std::span<const float>(ref.data() + s0 * L, (s1 - s0) * L);
+      result = minibatch_gradient(mb, prev_mb, ref_mb, mb_config, &grads);
+    } else {
+      // No sequence of this minibatch fell to this rank: it adds nothing but still takes part.
+      result = rl::PolicyLossResult{};
+      grads.assign(model_->num_params(), 0.0f);
+    }
     if (!result.ok()) return interrupted(u, prefixed(result.status(), where));
     r.forward_backward_seconds += seconds_since(start);
+    if (dp) {
+      if (auto s = group_->all_reduce(std::span<float>(grads), ReduceOp::kSum,
+                                      absl::StrCat(where, "gradient all-reduce"));
+          !s.ok()) {
+        return interrupted(u, s);
+      }
+      if (auto s = reduce_loss_stats(*group_, &*result); !s.ok()) return interrupted(u, s);
+    }
     start = Clock::now();
     absl::StatusOr<model::OptimizerStepStats> step = optimizer_->step(*model_, grads.data());
     if (!step.ok()) return interrupted(u, prefixed(step.status(), where));
     r.optimizer_seconds += seconds_since(start);
+    if (dp) {
+      if (auto s = check_same_weights(*group_, model_->params(), absl::StrCat("after ", where));
+          !s.ok()) {
+        return interrupted(u + 1, s);
+      }
+    }
     const double share = 1.0 / static_cast<double>(updates);
     r.loss += result->loss * share;
     r.pg_loss += result->stats.policy_loss * share;
@@ -352,6 +480,12 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
   }
   r.updates = updates;
   r.tokens = batch.valid_tokens;
+  if (dp) {
+    const CollectiveStats after = group_->stats();
+    r.all_reduce_seconds = after.seconds - group_before.seconds;
+    r.all_reduce_bytes = after.bytes - group_before.bytes;
+    r.group_size = group_->size();
+  }
   r.clip_fraction =
       batch.valid_tokens > 0 ? clipped_tokens / static_cast<double>(batch.valid_tokens) : 0.0;
   return r;
@@ -385,30 +519,71 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
   const int64_t m = request.minibatches;
   SftResult r;
   std::vector<float> grads;
+  const bool dp = data_parallel();
+  const CollectiveStats group_before = dp ? group_->stats() : CollectiveStats{};
+  // In a group: this rank's sequences of each minibatch (the whole minibatch when alone).
+  const std::vector<std::pair<int64_t, int64_t>> shares = rank_shares(*batch, m);
   for (int64_t i = 0; i < m; ++i) {
     if (stopped(stop)) return interrupted(i, absl::UnavailableError("trainer is shutting down"));
-    const PackedBatch mb = batch->slice(B * i / m, B * (i + 1) / m);
+    const auto [s0, s1] = shares[static_cast<size_t>(i)];
+    // In a group every rank normalizes by the whole minibatch's tokens (0: this call's own).
+    const int64_t normalizer =
+        dp ? std::max<int64_t>(1, valid_tokens(*batch, B * i / m, B * (i + 1) / m)) : 0;
     auto start = Clock::now();
-    model::ForwardContext ctx;
-    absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx, records.get());
-    if (!cur.ok()) return interrupted(i, cur.status());
-    absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask);
-    if (!nll.ok()) return interrupted(i, nll.status());
     grads.assign(model_->num_params(), 0.0f);
-    if (auto s = model_->backward(ctx, scatter_response(mb, nll->dloss_dlogp), grads.data());
-        !s.ok()) {
-      return interrupted(i, s);
+    double loss = 0;
+    if (s1 > s0) {
+      const PackedBatch mb = batch->slice(s0, s1);
+      model::ForwardContext ctx;
+      absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx, records.get());
+      if (!cur.ok()) return interrupted(i, cur.status());
+      absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask, normalizer);
+      if (!nll.ok()) return interrupted(i, nll.status());
+      if (auto s = model_->backward(ctx, scatter_response(mb, nll->dloss_dlogp), grads.data());
+          !s.ok()) {
+        return interrupted(i, s);
+      }
+      loss = nll->loss;
     }
     r.forward_backward_seconds += seconds_since(start);
+    if (dp) {
+      const std::string where = absl::StrCat("minibatch ", i, ": ");
+      if (auto s = group_->all_reduce(std::span<float>(grads), ReduceOp::kSum,
+                                      absl::StrCat(where, "gradient all-reduce"));
+          !s.ok()) {
+        return interrupted(i, s);
+      }
+      std::vector<double> sum = {loss};
+      if (auto s = group_->all_reduce(std::span<double>(sum), ReduceOp::kSum,
+                                      absl::StrCat(where, "loss all-reduce"));
+          !s.ok()) {
+        return interrupted(i, s);
+      }
+      loss = sum[0];
+    }
     start = Clock::now();
     absl::StatusOr<model::OptimizerStepStats> step = optimizer_->step(*model_, grads.data());
     if (!step.ok()) {
       return interrupted(i, prefixed(step.status(), absl::StrCat("minibatch ", i, ": ")));
     }
     r.optimizer_seconds += seconds_since(start);
-    r.loss += nll->loss / static_cast<double>(m);
+    if (dp) {
+      if (auto s = check_same_weights(*group_, model_->params(),
+                                      absl::StrCat("after SFT minibatch ", i));
+          !s.ok()) {
+        return interrupted(i + 1, s);
+      }
+    }
+    r.loss += loss / static_cast<double>(m);
     r.grad_norm += step->grad_norm / static_cast<double>(m);
     r.learning_rate = step->lr;
+  }
+  if (dp) {
+    if (auto s = gather_kv_records(*group_, records.get()); !s.ok()) return interrupted(m, s);
+    const CollectiveStats after = group_->stats();
+    r.all_reduce_seconds = after.seconds - group_before.seconds;
+    r.all_reduce_bytes = after.bytes - group_before.bytes;
+    r.group_size = group_->size();
   }
   ++version_;
   kv_records_ = std::move(records);

@@ -27,6 +27,7 @@
 #include "rl/grpo.h"
 #include "rl/mismatch.h"
 #include "train/batch.h"
+#include "train/collectives.h"
 
 namespace fp8rl::train {
 
@@ -69,6 +70,10 @@ struct GrpoResult {
   int64_t updates = 0;           // optimizer steps taken
   rl::MismatchMetrics mismatch;  // generation vs prev logprobs
   double logprob_seconds = 0, forward_backward_seconds = 0, optimizer_seconds = 0;
+  // In a trainer group: time in and payload bytes of this update's all-reduces; group size.
+  double all_reduce_seconds = 0;
+  int64_t all_reduce_bytes = 0;
+  int group_size = 1;
   // Per request sequence, the logprobs of its loss tokens (the response tokens in the loss, in
   // order): gen as sent, prev as the learner computed them before the update. What the mismatch
   // metrics are computed from, so they can be recomputed from a log of these.
@@ -90,6 +95,9 @@ struct SftResult {
   int64_t tokens = 0;
   int64_t updates = 0;
   double forward_backward_seconds = 0, optimizer_seconds = 0;
+  double all_reduce_seconds = 0;
+  int64_t all_reduce_bytes = 0;
+  int group_size = 1;
 };
 
 // The loss and parameter gradient of a GRPO request taken as one minibatch (nothing updated).
@@ -144,6 +152,16 @@ class Learner {
   // InitRequest.calibration on the model generation runs.
   absl::StatusOr<Export> export_for_generation(Precision format, int64_t version,
                                                bool calibrate_kv);
+  // Makes the GRPO and SFT updates data-parallel over `group` (docs/design.md "Trainer groups"):
+  // every rank of the group is sent the same request and takes a token-balanced share of each
+  // minibatch (train/data_parallel.h); gradients are summed across ranks with each rank's loss
+  // normalized by the whole minibatch's token count, so every rank applies the same AdamW step
+  // (the single-trainer step up to summation order), then the ranks compare weight hashes (INTERNAL
+  // on a mismatch). The prev logprobs and K/V amax records are gathered, so metrics and KV
+  // calibration cover the whole batch on every rank. A collective failure fails the update with
+  // its status (DEADLINE_EXCEEDED / UNAVAILABLE). Non-owning; null (or one rank) = alone.
+  void set_group(Collectives* group) { group_ = group; }
+  Collectives* group() const { return group_; }
   // After a successful upload of `version`.
   void set_published(int64_t version) { version_ = published_version_ = version; }
 
@@ -165,8 +183,13 @@ class Learner {
   };
   // Validates and computes the prev (and ref) logprobs; `calibrator` (optional) records the K/V
   // amax of the prev-logprobs forward.
-  absl::StatusOr<Prepared> prepare(const GrpoRequest& request,
-                                   model::KvCalibrator* calibrator) const;
+  // `shares` (data-parallel only): per minibatch, this rank's sequence range; the logprobs are
+  // computed for those rows only and then gathered from the group.
+  absl::StatusOr<Prepared> prepare(const GrpoRequest& request, model::KvCalibrator* calibrator,
+                                   bool data_parallel = false) const;
+  // Per minibatch i of m over B sequences: this rank's [begin, end) of sequences.
+  std::vector<std::pair<int64_t, int64_t>> rank_shares(const PackedBatch& batch, int64_t m) const;
+  bool data_parallel() const { return group_ != nullptr && group_->size() > 1; }
   absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(const PackedBatch& mb,
                                                           std::span<const float> prev,
                                                           std::span<const float> ref,
@@ -185,7 +208,9 @@ class Learner {
   int64_t published_version_ = 0;
   // K/V amax records of the last update's forward (null before any update).
   std::unique_ptr<model::KvCalibrator> kv_records_;
-  model::TokenBatch calibration_;  // InitRequest.calibration, for an export before any update
+  model::TokenBatch calibration_;
+  Collectives* group_ =
+      nullptr;  // see set_group  // InitRequest.calibration, for an export before any update
 };
 
 // Checks a PrecisionConfig the services can run: fp8 or bf16 formats, layer counts >= 0. Errors

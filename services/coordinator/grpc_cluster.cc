@@ -2,6 +2,8 @@
 #include "services/coordinator/grpc_cluster.h"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
@@ -253,6 +255,21 @@ class GrpcTrainerClient final : public TrainerClient {
     return resp.version();
   }
 
+  // Makes the trainer rank `rank` of a group of `size` (1: leave any group); the trainer meets
+  // the others through the coordinator it registered with.
+  absl::Status join_group(const std::string& group_id, int rank, int size,
+                          std::chrono::milliseconds timeout) {
+    v1::JoinGroupRequest req;
+    req.set_group_id(group_id);
+    req.set_rank(rank);
+    req.set_size(size);
+    req.set_timeout_ms(timeout.count());
+    v1::JoinGroupResponse resp;
+    grpc::ClientContext context;
+    set_deadline(context, timeout + std::chrono::seconds(10));
+    return service::from_grpc_status(stub_->JoinGroup(&context, req, &resp));
+  }
+
  private:
   template <typename Req, typename Resp>
   absl::Status call(grpc::Status (v1::TrainerService::Stub::*method)(grpc::ClientContext*,
@@ -268,10 +285,109 @@ class GrpcTrainerClient final : public TrainerClient {
   std::chrono::milliseconds timeout_;
 };
 
+// A data-parallel trainer group behind one TrainerClient (docs/design.md "Trainer groups"): the
+// same call goes to every rank at once (each computes its share, the ranks all-reduce), except
+// SaveCheckpoint (rank 0 writes it). Results are rank 0's (every rank computed the same update).
+// A failure names every rank that failed, lost ranks first; its code is the failed call's, so the
+// RL loop's trainer-loss handling re-forms the group and resumes from the last checkpoint.
+class GroupTrainerClient final : public TrainerClient {
+ public:
+  struct Member {
+    WorkerInfo worker;
+    std::shared_ptr<GrpcTrainerClient> client;
+  };
+  GroupTrainerClient(std::vector<Member> members, std::string group_id)
+      : members_(std::move(members)), group_id_(std::move(group_id)) {}
+
+  absl::Status join(std::chrono::milliseconds timeout) {
+    const int size = static_cast<int>(members_.size());
+    return on_all<bool>("join trainer group",
+                        [&](GrpcTrainerClient& c, int rank) {
+                          absl::Status s = c.join_group(group_id_, rank, size, timeout);
+                          if (!s.ok()) return absl::StatusOr<bool>(s);
+                          return absl::StatusOr<bool>(true);
+                        })
+        .status();
+  }
+
+  absl::StatusOr<int64_t> init_policy(const std::string& job_id,
+                                      const rl::JobConfig& config) override {
+    return on_all<int64_t>(
+        "InitPolicy", [&](GrpcTrainerClient& c, int) { return c.init_policy(job_id, config); });
+  }
+  absl::StatusOr<TrainStepStats> sft_step(const std::string& job_id,
+                                          const std::vector<TrainSequence>& batch,
+                                          double learning_rate) override {
+    return on_all<TrainStepStats>("SftStep", [&](GrpcTrainerClient& c, int) {
+      return c.sft_step(job_id, batch, learning_rate);
+    });
+  }
+  absl::StatusOr<TrainStepStats> train_step(const std::string& job_id, int64_t step,
+                                            const std::vector<TrainSequence>& batch,
+                                            const rl::JobConfig& config) override {
+    absl::StatusOr<TrainStepStats> stats = on_all<TrainStepStats>(
+        "TrainStep",
+        [&](GrpcTrainerClient& c, int) { return c.train_step(job_id, step, batch, config); });
+    if (stats.ok()) stats->values["trainer_group_size"] = static_cast<double>(members_.size());
+    return stats;
+  }
+  // Every rank takes the new KV scales; rank 0 uploads.
+  absl::StatusOr<int64_t> publish(bool calibrate_kv_scales) override {
+    return on_all<int64_t>(
+        "Publish", [&](GrpcTrainerClient& c, int) { return c.publish(calibrate_kv_scales); });
+  }
+  absl::Status save_checkpoint(const std::string& path) override {
+    return members_.front().client->save_checkpoint(path);
+  }
+  absl::StatusOr<int64_t> load_checkpoint(const std::string& path) override {
+    return on_all<int64_t>("LoadCheckpoint",
+                           [&](GrpcTrainerClient& c, int) { return c.load_checkpoint(path); });
+  }
+
+ private:
+  template <typename T>
+  absl::StatusOr<T> on_all(std::string_view what,
+                           const std::function<absl::StatusOr<T>(GrpcTrainerClient&, int)>& fn) {
+    std::vector<absl::StatusOr<T>> results(members_.size(), absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < members_.size(); ++r) {
+      threads.emplace_back([&, r] { results[r] = fn(*members_[r].client, static_cast<int>(r)); });
+    }
+    for (std::thread& t : threads) t.join();
+    // A rank whose error is not a collective's (it did not fail *because of* a peer) is the lost
+    // one: it goes first and gives the code.
+    std::vector<size_t> failed;
+    for (size_t r = 0; r < results.size(); ++r) {
+      if (!results[r].ok()) failed.push_back(r);
+    }
+    if (failed.empty()) return std::move(results.front());
+    std::stable_sort(failed.begin(), failed.end(), [&](size_t a, size_t b) {
+      auto secondary = [&](size_t r) {
+        const absl::string_view m = results[r].status().message();
+        return m.find("failed on rank") != absl::string_view::npos ||
+               m.find("waited") != absl::string_view::npos;
+      };
+      return !secondary(a) && secondary(b);
+    });
+    std::string message = absl::StrCat(std::string(what), " in trainer group ", group_id_, " of ",
+                                       members_.size(), ": ");
+    for (size_t i = 0; i < failed.size(); ++i) {
+      const size_t r = failed[i];
+      absl::StrAppend(&message, i > 0 ? "; " : "", "rank ", r, " (", members_[r].worker.name,
+                      " at ", members_[r].worker.address, "): ", results[r].status().message());
+    }
+    return absl::Status(results[failed.front()].status().code(), message);
+  }
+
+  std::vector<Member> members_;
+  const std::string group_id_;
+};
+
 }  // namespace
 
-GrpcCluster::GrpcCluster(WorkerRegistry* registry, std::chrono::milliseconds rpc_timeout)
-    : registry_(registry), rpc_timeout_(rpc_timeout) {}
+GrpcCluster::GrpcCluster(WorkerRegistry* registry, std::chrono::milliseconds rpc_timeout,
+                         std::chrono::milliseconds group_timeout)
+    : registry_(registry), rpc_timeout_(rpc_timeout), group_timeout_(group_timeout) {}
 
 std::shared_ptr<grpc::Channel> GrpcCluster::channel(const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -307,6 +423,42 @@ absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer() {
   if (syncs.empty()) return absl::UnavailableError("no live weight-sync service");
   return std::shared_ptr<TrainerClient>(std::make_shared<GrpcTrainerClient>(
       channel(trainers.front().address), syncs.front().address, rpc_timeout_));
+}
+
+absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(int size) {
+  if (size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer.data_parallel: must be >= 1, got ", size));
+  }
+  const std::vector<WorkerInfo> members = registry_->trainer_group(size);
+  if (members.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat(registry_->live(WorkerKind::kTrainer).size(), " of ", size, " trainers live"));
+  }
+  const std::vector<WorkerInfo> syncs = registry_->live(WorkerKind::kWeightSync);
+  if (syncs.empty()) return absl::UnavailableError("no live weight-sync service");
+  std::vector<GroupTrainerClient::Member> clients;
+  for (const WorkerInfo& w : members) {
+    clients.push_back({w, std::make_shared<GrpcTrainerClient>(
+                              channel(w.address), syncs.front().address, rpc_timeout_)});
+  }
+  if (size == 1) {
+    // A trainer that was in a group leaves it (an older trainer without JoinGroup has none).
+    absl::Status left = clients.front().client->join_group("", 0, 1, group_timeout_);
+    if (!left.ok() && left.code() != absl::StatusCode::kUnimplemented) return left;
+    return std::shared_ptr<TrainerClient>(clients.front().client);
+  }
+  static std::atomic<int64_t> next_group{0};
+  const std::string group_id = absl::StrCat("g",
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count(),
+                                            "-", next_group.fetch_add(1));
+  auto group = std::make_shared<GroupTrainerClient>(std::move(clients), group_id);
+  if (absl::Status s = group->join(group_timeout_); !s.ok()) {
+    return absl::UnavailableError(s.message());
+  }
+  return std::shared_ptr<TrainerClient>(group);
 }
 
 }  // namespace fp8rl::coordinator

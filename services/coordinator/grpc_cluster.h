@@ -17,13 +17,17 @@ namespace fp8rl::coordinator {
 
 class GrpcCluster final : public Cluster {
  public:
-  // rpc_timeout bounds every unary trainer call (a training step on CPU can take minutes).
-  GrpcCluster(WorkerRegistry* registry, std::chrono::milliseconds rpc_timeout);
+  // rpc_timeout bounds every unary trainer call (a training step on CPU can take minutes);
+  // group_timeout bounds forming a trainer group and each of its collectives.
+  GrpcCluster(WorkerRegistry* registry, std::chrono::milliseconds rpc_timeout,
+              std::chrono::milliseconds group_timeout = std::chrono::seconds(60));
 
   std::vector<WorkerRef> live_generation_workers() override;
   bool is_live(const std::string& worker_id) override;
   std::shared_ptr<GenerationClient> generation_client(const WorkerRef& worker) override;
   absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() override;
+  // The first `size` live trainers by name (rank = position), joined into a new group.
+  absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size) override;
 
   // TLS and the cluster token for calls to workers (security.h). Before the first call.
   void set_client_security(service::ClientSecurity security) { security_ = std::move(security); }
@@ -35,6 +39,7 @@ class GrpcCluster final : public Cluster {
   std::chrono::milliseconds rpc_timeout_;
   service::ClientSecurity security_;  // set before serving, read-only after
   std::mutex mu_;                     // guards channels_ (held only to look up or insert a channel)
+  std::chrono::milliseconds group_timeout_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_; by address
 };
 

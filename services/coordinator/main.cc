@@ -20,6 +20,7 @@
 #include "services/coordinator/grpc_cluster.h"
 #include "services/coordinator/job_manager.h"
 #include "services/coordinator/job_store.h"
+#include "services/coordinator/rendezvous_service.h"
 #include "services/coordinator/rest_api.h"
 #include "services/coordinator/worker_registry.h"
 
@@ -164,9 +165,11 @@ int run(const std::vector<std::string>& args) {
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(*options, options->grpc_port);
   grpc_options.credentials = security->grpc_credentials;
+  coordinator::RendezvousImpl rendezvous_service;  // trainer groups meet here
   auto grpc = service::GrpcServer::start(
-      grpc_options, {&job_service, &registry_service},
-      {v1::JobService::service_full_name(), v1::WorkerRegistry::service_full_name()});
+      grpc_options, {&job_service, &registry_service, &rendezvous_service},
+      {v1::JobService::service_full_name(), v1::WorkerRegistry::service_full_name(),
+       v1::Rendezvous::service_full_name()});
   if (!grpc.ok()) return fail(absl::StrCat("--grpc-port: ", grpc.status().message()));
 
   jobs.refresh_gauges();

@@ -408,9 +408,11 @@ absl::Status RlLoop::log_prompt_format(const JobRun& run) {
 }
 
 absl::Status RlLoop::connect_trainer(JobRun& run) {
-  set_phase("waiting_for_trainer");
+  const int group = static_cast<int>(run.config.trainer.data_parallel);
+  set_phase("waiting_for_trainer", 0, group > 1 ? group : 0);
+  std::string shown;  // the group's last "k of N live" shown in the phase detail
   for (auto start = Clock::now();;) {
-    absl::StatusOr<std::shared_ptr<TrainerClient>> trainer = cluster_->trainer();
+    absl::StatusOr<std::shared_ptr<TrainerClient>> trainer = cluster_->trainer_group(group);
     if (trainer.ok()) {
       run.trainer = *std::move(trainer);
       return absl::OkStatus();
@@ -422,6 +424,10 @@ absl::Status RlLoop::connect_trainer(JobRun& run) {
       return run.job.resume ? trainer_error(none, "") : none;
     }
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
+    if (group > 1 && trainer.status().message() != shown) {
+      shown = std::string(trainer.status().message());
+      set_phase("waiting_for_trainer", 0, group, shown);
+    }
     std::this_thread::sleep_for(options_.poll_interval);
   }
 }

@@ -116,6 +116,13 @@ class Cluster {
   virtual std::shared_ptr<GenerationClient> generation_client(const WorkerRef& worker) = 0;
   // The trainer; Unavailable when none is registered.
   virtual absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() = 0;
+  // A data-parallel group of `size` trainers behind one TrainerClient (docs/design.md "Trainer
+  // groups"), formed anew on every call; Unavailable saying how many are live while fewer than
+  // `size` are registered. Clusters without groups serve size 1 only.
+  virtual absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size) {
+    if (size == 1) return trainer();
+    return absl::UnimplementedError("this cluster has no trainer groups");
+  }
 };
 
 struct RlLoopOptions {

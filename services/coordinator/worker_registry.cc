@@ -97,4 +97,13 @@ void WorkerRegistry::prune_locked(int64_t now) {
                 [&](const auto& entry) { return now - entry.second.last_seen_ms > expiry_ms_; });
 }
 
+std::vector<WorkerInfo> WorkerRegistry::trainer_group(int size) {
+  std::vector<WorkerInfo> trainers = live(WorkerKind::kTrainer);
+  if (size < 1 || std::ssize(trainers) < size) return {};
+  std::stable_sort(trainers.begin(), trainers.end(),
+                   [](const WorkerInfo& a, const WorkerInfo& b) { return a.name < b.name; });
+  trainers.resize(static_cast<size_t>(size));
+  return trainers;
+}
+
 }  // namespace fp8rl::coordinator

@@ -49,6 +49,9 @@ class WorkerRegistry {
   // Live workers of a kind, oldest registration first; expired entries are dropped.
   std::vector<WorkerInfo> live(WorkerKind kind);
   std::optional<WorkerInfo> find(const std::string& id);
+  // A trainer group: the first `size` live trainers ordered by name (so "trainer-0" of a
+  // StatefulSet is rank 0); empty while fewer are live.
+  std::vector<WorkerInfo> trainer_group(int size);
   bool is_live(const std::string& id) { return find(id).has_value(); }
 
   int64_t expiry_ms() const { return expiry_ms_; }

@@ -91,6 +91,10 @@ int run(const std::vector<std::string>& args) {
     }
     *root = dir.string();
   }
+  options.coordinator_address = config->service.coordinator;
+  // Trainer-group peers reach this trainer's collectives on the host it advertises.
+  const std::string advertised = service::advertise_address(config->service, 0);
+  options.group_host = advertised.substr(0, advertised.rfind(':'));
   trainer::Trainer trainer(options, publisher.get(), metrics->get());
   trainer::TrainerServiceImpl service_impl(&trainer);
   service_impl.require_tokens(security->cluster_tokens);

@@ -13,6 +13,7 @@
 #include "common/service/log.h"
 #include "nlohmann/json.hpp"
 #include "proto/precision_proto.h"
+#include "services/trainer_worker/rendezvous_client.h"
 #include "train/checkpoint.h"
 
 namespace fp8rl::trainer {
@@ -162,6 +163,7 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
   absl::StatusOr<std::unique_ptr<train::Learner>> learner = train::Learner::create(init);
   if (!learner.ok()) return learner.status();
   learner_ = std::move(*learner);
+  learner_->set_group(group_.get());
   update_status();
 
   v1::InitPolicyResponse response;
@@ -244,6 +246,9 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
   (*response.mutable_phase_seconds())["logprobs"] = result->logprob_seconds;
   (*response.mutable_phase_seconds())["forward_backward"] = result->forward_backward_seconds;
   (*response.mutable_phase_seconds())["optimizer"] = result->optimizer_seconds;
+  if (result->group_size > 1) {
+    (*response.mutable_phase_seconds())["all_reduce"] = result->all_reduce_seconds;
+  }
 
   if (metrics_ != nullptr) {
     metrics_->steps->with({"grpo"}).inc(static_cast<double>(result->updates));
@@ -263,6 +268,8 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
     metrics_->is_oob_ratio->get().set(mismatch.is_oob_ratio);
     metrics_->probs_ratio_min->get().set(mismatch.probs_ratio_min);
     metrics_->probs_ratio_max->get().set(mismatch.probs_ratio_max);
+    metrics_->all_reduce_seconds->get().set(result->all_reduce_seconds);
+    metrics_->all_reduce_bytes->get().inc(static_cast<double>(result->all_reduce_bytes));
   }
   return response;
 }
@@ -285,6 +292,8 @@ absl::StatusOr<v1::SftStepResponse> Trainer::sft_step(const v1::SftStepRequest& 
     metrics_->learning_rate->get().set(result->learning_rate);
     metrics_->phase_seconds->with({"forward_backward"}).set(result->forward_backward_seconds);
     metrics_->phase_seconds->with({"optimizer"}).set(result->optimizer_seconds);
+    metrics_->all_reduce_seconds->get().set(result->all_reduce_seconds);
+    metrics_->all_reduce_bytes->get().inc(static_cast<double>(result->all_reduce_bytes));
   }
   v1::SftStepResponse response;
   response.set_loss(result->loss);
@@ -303,6 +312,16 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
     absl::StatusOr<Precision> f = weight_format_from_proto(request.format(), "format");
     if (!f.ok()) return f.status();
     format = *f;
+  }
+  if (group_ != nullptr && group_->rank() != 0) {
+    // Rank 0 uploads; the others take the same KV scales so their forwards stay the same.
+    absl::StatusOr<train::Export> exported =
+        learner_->export_for_generation(format, learner_->version(), request.calibrate_kv_scales());
+    if (!exported.ok()) return exported.status();
+    v1::PublishResponse response;
+    response.set_version(learner_->version());
+    response.set_calibrate_seconds(exported->calibrate_seconds);
+    return response;
   }
   const std::string address = request.weight_sync_address().empty()
                                   ? options_.default_weight_sync_address
@@ -385,6 +404,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
   absl::StatusOr<train::LoadedCheckpoint> loaded = train::load_checkpoint(*path);
   if (!loaded.ok()) return loaded.status();
   learner_ = std::move(loaded->learner);
+  learner_->set_group(group_.get());
   update_status();
   v1::LoadCheckpointResponse response;
   response.set_version(learner_->version());
@@ -433,6 +453,66 @@ absl::StatusOr<std::string> Trainer::confined_data_path(const std::string& path)
   const std::string resolved = resolve_path(path);
   if (options_.data_root.empty()) return resolved;
   return resolve_under_root("path", resolved, {"--data-root", options_.data_root});
+}
+
+absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_.load()) return absl::UnavailableError(kShuttingDown);
+  if (request.size() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("size: must be >= 1, got ", request.size()));
+  }
+  if (request.rank() < 0 || request.rank() >= request.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [0, ", request.size(), "), got ", request.rank()));
+  }
+  // The old group goes first: its peers may be gone.
+  if (learner_) learner_->set_group(nullptr);
+  group_.reset();
+  v1::JoinGroupResponse response;
+  response.set_rank(request.rank());
+  response.set_size(request.size());
+  if (request.size() > 1) {
+    if (request.group_id().empty()) return absl::InvalidArgumentError("group_id: required");
+    const std::string rendezvous = request.rendezvous_address().empty()
+                                       ? options_.coordinator_address
+                                       : request.rendezvous_address();
+    if (rendezvous.empty()) {
+      return absl::InvalidArgumentError(
+          "rendezvous_address: required (this trainer has no coordinator address)");
+    }
+    if (request.timeout_ms() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("timeout_ms: must be >= 1, got ", request.timeout_ms()));
+    }
+    auto store = std::make_shared<GrpcRendezvousStore>(
+        grpc::CreateChannel(rendezvous, grpc::InsecureChannelCredentials()));
+    train::GroupOptions options;
+    options.rank = request.rank();
+    options.size = request.size();
+    options.prefix = request.group_id();
+    options.timeout = std::chrono::milliseconds(request.timeout_ms());
+    options.hostname = options_.group_host;
+    absl::StatusOr<std::unique_ptr<train::Collectives>> group =
+        train::make_gloo_collectives(std::move(store), options);
+    if (!group.ok()) return group.status();
+    group_ = std::move(*group);
+    if (learner_) learner_->set_group(group_.get());
+    response.set_backend("gloo");
+    service::log_info("trainer", "joined trainer group",
+                      {{"group", request.group_id()},
+                       {"rank", absl::StrCat(request.rank())},
+                       {"size", absl::StrCat(request.size())}});
+  }
+  if (metrics_ != nullptr) {
+    metrics_->group_size->get().set(request.size());
+    metrics_->group_rank->get().set(request.rank());
+  }
+  {
+    std::lock_guard<std::mutex> status_lock(status_mu_);
+    status_.set_group_rank(request.rank());
+    status_.set_group_size(request.size());
+  }
+  return response;
 }
 
 v1::TrainerStatus Trainer::status() const {

@@ -48,6 +48,11 @@ struct TrainerOptions {
   // models_root. A caller that skipped the coordinator's checks cannot escape them either.
   std::string data_root = {};
   std::string models_root = {};
+  // The address other members of a trainer group reach this trainer's collectives at (Gloo TCP
+  // listens on an ephemeral port of this interface).
+  std::string group_host = "127.0.0.1";
+  // The coordinator (its fp8rl.v1.Rendezvous) when JoinGroup names no rendezvous address.
+  std::string coordinator_address;
 };
 
 class Trainer {
@@ -66,6 +71,11 @@ class Trainer {
   absl::StatusOr<v1::LoadCheckpointResponse> load_checkpoint(
       const v1::LoadCheckpointRequest& request);
   v1::TrainerStatus status() const;
+  // Forms (size > 1) or leaves (size 1) a data-parallel group (trainer.proto JoinGroup; the
+  // updates in docs/design.md "Trainer groups"). Blocks until every rank joined or the timeout.
+  // Replaces any earlier group. In a group, Publish on rank != 0 only sets the KV scales (every
+  // rank's forward must use the same ones) and uploads nothing.
+  absl::StatusOr<v1::JoinGroupResponse> join_group(const v1::JoinGroupRequest& request);
 
   // The loss and parameter gradient TrainStep would apply for the whole request batch taken as
   // one minibatch, without updating anything (tests compare it with rl/grpo.h directly).
@@ -98,9 +108,10 @@ class Trainer {
   TrainerMetrics* metrics_;
   std::atomic<bool> stopping_{false};
 
-  std::mutex mu_;                            // serializes every call that touches the policy
-  std::unique_ptr<train::Learner> learner_;  // guarded by mu_
-  model::WeightSet last_published_;          // guarded by mu_
+  std::mutex mu_;                              // serializes every call that touches the policy
+  std::unique_ptr<train::Learner> learner_;    // guarded by mu_
+  model::WeightSet last_published_;            // guarded by mu_
+  std::unique_ptr<train::Collectives> group_;  // guarded by mu_; null when alone
 
   mutable std::mutex status_mu_;  // guards status_ only (never held during work)
   v1::TrainerStatus status_;      // guarded by status_mu_

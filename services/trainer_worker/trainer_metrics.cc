@@ -62,6 +62,13 @@ absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
                               "128x128 weight block scales of the last publish.", {"stat"});
   m->kv_scale =
       gauge("fp8rl_trainer_kv_scale", "KV-cache scales of the last publish.", {"tensor", "stat"});
+  m->group_size = gauge("fp8rl_trainer_group_size",
+                        "Trainers in this trainer's data-parallel group (1 when alone).", {});
+  m->group_rank = gauge("fp8rl_trainer_group_rank", "This trainer's rank in its group.", {});
+  m->all_reduce_seconds = gauge("fp8rl_trainer_all_reduce_seconds",
+                                "Time in the last step's all-reduces (data-parallel group).", {});
+  m->all_reduce_bytes = counter("fp8rl_trainer_all_reduce_bytes_total",
+                                "Payload bytes this trainer all-reduced.", {});
   if (!status.ok()) return status;
   return m;
 }

@@ -145,4 +145,10 @@ grpc::Status TrainerServiceImpl::GetStatus(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status TrainerServiceImpl::JoinGroup(grpc::ServerContext* context,
+                                           const v1::JoinGroupRequest* request,
+                                           v1::JoinGroupResponse* response) {
+  return serve("JoinGroup", context, response, [&] { return trainer_->join_group(*request); });
+}
+
 }  // namespace fp8rl::trainer

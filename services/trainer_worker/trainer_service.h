@@ -39,6 +39,8 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
                               v1::LoadCheckpointResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetTrainerStatusRequest* request,
                          v1::TrainerStatus* response) override;
+  grpc::Status JoinGroup(grpc::ServerContext* context, const v1::JoinGroupRequest* request,
+                         v1::JoinGroupResponse* response) override;
 
  private:
   Trainer* trainer_;

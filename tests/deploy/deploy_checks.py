@@ -296,11 +296,12 @@ def prometheus():
         job = jobs.get(name)
         if not c.expect(job is not None, f"no scrape job for {name}"):
             continue
-        if name == "generation-worker":
+        if name in ("generation-worker", "trainer"):
+            # Scaled services (trainer: a data-parallel group): every replica by DNS.
             sd = job.get("dns_sd_configs", [{}])[0]
-            c.expect(sd.get("names") == ["generation-worker"] and sd.get("type") == "A" and
+            c.expect(sd.get("names") == [name] and sd.get("type") == "A" and
                      sd.get("port") == port,
-                     f"generation-worker must be found by DNS A records on port {port}: {sd}")
+                     f"{name} must be found by DNS A records on port {port}: {sd}")
         else:
             targets = [t for s in job.get("static_configs", []) for t in s.get("targets", [])]
             c.expect(targets == [f"{name}:{port}"], f"{name} targets {targets}, want {name}:{port}")

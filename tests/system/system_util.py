@@ -62,13 +62,16 @@ def port_free(port):
         s.close()
 
 
-def free_port_offset(workers=2):
+def free_port_offset(workers=2, trainers=1):
     """An offset whose every cluster port is free now (fp8rl up re-checks and names a clash)."""
     rng = random.Random(os.getpid() ^ int(time.time() * 1000))
     for _ in range(500):
         offset = rng.randrange(1000, 15000)
         ports = [p + offset for p in CORE_PORTS]
         ports += [50061 + i + offset for i in range(workers)] + [9461 + i + offset for i in range(workers)]
+        # Trainers beyond the first (fp8rl up --trainers): 50100 + i and 9500 + i.
+        ports += [50100 + i + offset for i in range(1, trainers)]
+        ports += [9500 + i + offset for i in range(1, trainers)]
         if all(port_free(p) for p in ports):
             return offset
     fail("no free port offset found")
@@ -143,18 +146,20 @@ def run_cli(args, timeout=60):
 class Cluster:
     """`fp8rl up` in the background on free ports, with its output in a file."""
 
-    def __init__(self, workers=2, extra_args=(), tmp=None, offset=None):
+    def __init__(self, workers=2, extra_args=(), tmp=None, offset=None, trainers=1):
         """A new temp folder and free ports, or (restart) those of an earlier cluster. The
         coordinator's --data-root is the temp folder (checkpoints of smoke_config go there); the
         model and dataset roots stay the working directory (the source tree)."""
         self.tmp = tmp or tempfile.mkdtemp(prefix="fp8rl-system-")
         self.data_dir = os.path.join(self.tmp, "data")
-        self.offset = free_port_offset(workers) if offset is None else offset
+        self.offset = free_port_offset(workers, trainers) if offset is None else offset
         self.workers = workers
         self.output_path = os.path.join(self.tmp, "up.out")
         self.output = open(self.output_path, "w")
         args = [FP8RL, "up", "--workers", str(workers), "--port-offset", str(self.offset),
                 "--data-dir", self.data_dir, "--data-root", self.tmp] + list(extra_args)
+        if trainers > 1:
+            args += ["--trainers", str(trainers)]
         log("starting: " + " ".join(args))
         self.proc = subprocess.Popen(args, stdout=self.output, stderr=subprocess.STDOUT)
         self.state = None

@@ -161,8 +161,14 @@ absl::Status validate_cluster_options(const ClusterOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--workers: must be in [1, ", kMaxGenerationWorkers, "], got ", options.workers));
   }
-  // The lowest default port is 8080 and the highest 50061 + workers - 1.
-  const int highest = kGenerationGrpcPort + options.workers - 1 + options.port_offset;
+  if (options.trainers < 1 || options.trainers > kMaxTrainers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--trainers: must be in [1, ", kMaxTrainers, "], got ", options.trainers));
+  }
+  // The lowest default port is 8080 and the highest 50061 + workers - 1 (or an extra trainer's).
+  const int highest = std::max(kGenerationGrpcPort + options.workers - 1,
+                               kExtraTrainerGrpcPort + options.trainers - 1) +
+                      options.port_offset;
   const int lowest = kCoordinatorHttpPort + options.port_offset;
   if (lowest < 1024 || highest > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port-offset: ", options.port_offset,
@@ -270,6 +276,23 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   tr.args.push_back("--logprob-log-dir=logprobs");
   tr.log_path = log_path(tr.name);
   out.push_back(tr);
+  // More trainers: same flags, own name (their registration name, so ranks follow the names),
+  // ports and data dir.
+  for (int i = 1; i < options.trainers; ++i) {
+    ServiceSpec more = tr;
+    more.name = absl::StrCat("trainer-", i);
+    more.grpc_port = kExtraTrainerGrpcPort + i + off;
+    more.http_port = kExtraTrainerMetricsPort + i + off;
+    more.args = common(more.name);
+    more.args.push_back(port_flag("grpc-port", more.grpc_port));
+    more.args.push_back(port_flag("metrics-port", more.http_port));
+    more.args.push_back("--coordinator=" + coordinator);
+    more.args.push_back("--weight-sync=" + weight_sync);
+    more.args.push_back("--logprob-log-dir=logprobs");
+    more.args.push_back("--name=" + more.name);
+    more.log_path = log_path(more.name);
+    out.push_back(more);
+  }
 
   for (int i = 0; i < options.workers; ++i) {
     ServiceSpec gw;

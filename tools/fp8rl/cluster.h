@@ -33,6 +33,11 @@ inline constexpr int kGenerationGrpcPort = 50061;
 inline constexpr int kGenerationMetricsPort = 9461;
 // Worker i uses 50061+i and 9461+i; more than this would run into other services' ranges.
 inline constexpr int kMaxGenerationWorkers = 32;
+// Trainers beyond the first ("trainer-1", ...; a data-parallel group, docs/design.md "Trainer
+// groups") listen on these ports + their index.
+inline constexpr int kExtraTrainerGrpcPort = 50100;
+inline constexpr int kExtraTrainerMetricsPort = 9500;
+inline constexpr int kMaxTrainers = 8;
 
 // What the launcher does when a child exits while the cluster runs (any exit counts as a crash:
 // nothing is supposed to end on its own). The child is restarted with the same binary and flags
@@ -54,6 +59,7 @@ struct ClusterOptions {
   std::string bin_dir;   // folder holding fp8rl-coordinator, fp8rl-weight-sync, ...
   std::string data_dir;  // logs/, coordinator/ (job store), trainer/ (checkpoints), cluster.json
   int workers = 2;       // generation workers
+  int trainers = 1;      // trainer workers ("trainer", "trainer-1", ...)
   int port_offset = 0;   // added to every default port
   std::string host = "127.0.0.1";  // loopback: services listen and advertise here
   std::chrono::milliseconds startup_timeout{90'000};  // per service, until healthy

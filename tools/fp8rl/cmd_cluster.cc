@@ -56,7 +56,7 @@ FlagSpec cluster_flags() {
   spec.value_flags = {"port-offset", "base-port-offset", "data-dir",      "workers",
                       "bin-dir",     "startup-timeout",  "log-level",     "stop-timeout",
                       "data-root",   "models-root",      "datasets-root", "auth-token-file",
-                      "tls-cert",    "tls-key",          "tls-ca"};
+                      "tls-cert",    "tls-key",          "tls-ca",        "trainers"};
   spec.bool_flags = {"no-restart"};
   return spec;
 }
@@ -99,6 +99,12 @@ absl::StatusOr<ClusterOptions> cluster_options(const Args& args) {
   }
   absl::StatusOr<int64_t> workers = args.get_int("workers", 2);
   if (!workers.ok()) return workers.status();
+  absl::StatusOr<int64_t> trainers = args.get_int("trainers", 1);
+  if (!trainers.ok()) return trainers.status();
+  if (*trainers < 1 || *trainers > kMaxTrainers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--trainers: must be in [1, ", kMaxTrainers, "], got ", *trainers));
+  }
   const char* offset_flag = args.has("port-offset") ? "port-offset" : "base-port-offset";
   if (args.has("port-offset") && args.has("base-port-offset")) {
     return absl::InvalidArgumentError(
@@ -126,6 +132,7 @@ absl::StatusOr<ClusterOptions> cluster_options(const Args& args) {
     return absl::InvalidArgumentError("--stop-timeout: must be in [0, 3600] seconds");
   }
   o.workers = static_cast<int>(*workers);
+  o.trainers = static_cast<int>(*trainers);
   o.port_offset = static_cast<int>(*offset);
   o.startup_timeout = std::chrono::milliseconds(static_cast<int64_t>(*startup * 1000));
   o.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(*stop * 1000));

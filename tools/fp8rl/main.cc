@@ -37,13 +37,13 @@ const std::vector<Command> kCommands = {
      export_main},
 #if FP8RL_HAVE_SERVICES
     {"up",
-     "up [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
+     "up [--workers N] [--trainers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
      "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart] "
      "[--data-root DIR] [--models-root DIR] [--datasets-root DIR] [--auth-token-file FILE] "
      "[--tls-cert PEM --tls-key PEM --tls-ca PEM]",
      up_main},
     {"run",
-     "run CONFIG [--workers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
+     "run CONFIG [--workers N] [--trainers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "
      "[--startup-timeout S] [--stop-timeout S] [--log-level L] [--no-restart] "
      "[--data-root DIR] [--models-root DIR] [--datasets-root DIR] [--auth-token-file FILE] "
      "[--tls-cert PEM --tls-key PEM --tls-ca PEM]",

@@ -105,6 +105,7 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   EXPECT_EQ(c->precision, PrecisionConfig{});
   EXPECT_EQ(c->validation.every_steps, 10);
   EXPECT_EQ(c->checkpoint.every_steps, 0);
+  EXPECT_EQ(c->trainer.data_parallel, 1);
   // Multiplication's own default digits.
   absl::StatusOr<JobConfig> m =
       parse_job_config("model: {checkpoint: /ckpt}\ntask: {name: multiplication, val_size: 100}\n");
@@ -225,6 +226,7 @@ algorithm:
 sft: {steps: 10}
 precision: {generation: bf16, pow2_scales: true, bf16_last_layers: 1}
 checkpoint: {every_steps: 2, dir: out}
+trainer: {data_parallel: 3}
 )";
   const std::string json = R"({"name": "quoted 123",
     "model": {"init": {"config": {"hidden_size": 64, "num_hidden_layers": 2}, "seed": 5}},
@@ -234,7 +236,7 @@ checkpoint: {every_steps: 2, dir: out}
                   "is": {"rule": "icepop", "lo": 0.25, "hi": 4}},
     "sft": {"steps": 10},
     "precision": {"generation": "bf16", "pow2_scales": true, "bf16_last_layers": 1},
-    "checkpoint": {"every_steps": 2, "dir": "out"}})";
+    "checkpoint": {"every_steps": 2, "dir": "out"}, "trainer": {"data_parallel": 3}})";
   absl::StatusOr<JobConfig> a = parse_job_config(yaml);
   absl::StatusOr<JobConfig> b = parse_job_config(json);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -251,6 +253,7 @@ checkpoint: {every_steps: 2, dir: out}
   EXPECT_EQ(a->sft->batch_size, 32);
   EXPECT_EQ(a->precision.generation, Precision::kBF16);
   EXPECT_TRUE(a->precision.pow2_scales);
+  EXPECT_EQ(a->trainer.data_parallel, 3);
   // Round trip through the stored JSON, also via nlohmann::json (the REST body type).
   const nlohmann::ordered_json stored = job_config_to_json(*a);
   EXPECT_EQ(stored["task"]["params"],
@@ -331,6 +334,9 @@ TEST(JobConfig, BadConfigsNameTheField) {
       {"precision: {bf16_first_layers: -1}", "precision.bf16_first_layers: must be >= 0"},
       {"validation: {num_prompts: 500}", "validation.num_prompts: must be <= task.val_size (200)"},
       {"checkpoint: {every_steps: 5}", "checkpoint.dir: required when checkpoint.every_steps > 0"},
+      {"trainer: {data_parallel: 0}", "trainer.data_parallel: must be in [1, 64]"},
+      {"trainer: {data_parallel: 65}", "trainer.data_parallel: must be in [1, 64]"},
+      {"trainer: {ranks: 2}", "trainer.ranks: unknown key"},
       {"name: [a]", "name: must be a string, got array"},
   };
   for (const BadConfig& c : cases) {

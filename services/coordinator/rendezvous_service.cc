@@ -1,0 +1,65 @@
+// The in-memory rendezvous store behind fp8rl.v1.Rendezvous (see rendezvous_service.h).
+#include "services/coordinator/rendezvous_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace fp8rl::coordinator {
+
+grpc::Status RendezvousImpl::Set(grpc::ServerContext*, const v1::RendezvousSetRequest* request,
+                                 v1::RendezvousSetResponse*) {
+  if (request->key().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
+  }
+  if (request->value().size() > kRendezvousMaxValueBytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("value: ", request->value().size(), " bytes is over the ",
+                                     kRendezvousMaxValueBytes, "-byte limit"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (values_.insert_or_assign(request->key(), request->value()).second) {
+      order_.push_back(request->key());
+    }
+    while (order_.size() > kRendezvousMaxKeys) {
+      values_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousImpl::Get(grpc::ServerContext* context,
+                                 const v1::RendezvousGetRequest* request,
+                                 v1::RendezvousGetResponse* response) {
+  if (request->key().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
+  }
+  if (request->wait_ms() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("wait_ms: must be >= 0, got ", request->wait_ms()));
+  }
+  const auto wait = std::min(std::chrono::milliseconds(request->wait_ms()), kRendezvousMaxWait);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::unique_lock<std::mutex> lock(mu_);
+  // Wakes at least every 100 ms to notice a cancelled call (client gone).
+  while (!values_.contains(request->key())) {
+    if (context->IsCancelled() || std::chrono::steady_clock::now() >= deadline) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("rendezvous key '", request->key(), "' not set within ",
+                                       wait.count(), " ms"));
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  response->set_value(values_[request->key()]);
+  return grpc::Status::OK;
+}
+
+size_t RendezvousImpl::size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return values_.size();
+}
+
+}  // namespace fp8rl::coordinator

@@ -1,0 +1,41 @@
+// fp8rl.v1.Rendezvous: the key-value store trainer groups meet through (docs/design.md "Trainer
+// groups"). Values live in memory: a group is formed again (new group id) after a coordinator
+// restart anyway. Keys are limited in size and number so a misbehaving client cannot grow it
+// without bound: the oldest group's keys go first.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "fp8rl/v1/rendezvous.grpc.pb.h"
+
+namespace fp8rl::coordinator {
+
+// Longest a Get waits server-side; clients wait longer by calling again.
+inline constexpr std::chrono::milliseconds kRendezvousMaxWait{60000};
+inline constexpr size_t kRendezvousMaxKeys = 4096;
+inline constexpr size_t kRendezvousMaxValueBytes = 1 << 20;
+
+class RendezvousImpl final : public v1::Rendezvous::Service {
+ public:
+  grpc::Status Set(grpc::ServerContext* context, const v1::RendezvousSetRequest* request,
+                   v1::RendezvousSetResponse* response) override;
+  grpc::Status Get(grpc::ServerContext* context, const v1::RendezvousGetRequest* request,
+                   v1::RendezvousGetResponse* response) override;
+
+  size_t size();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> values_;  // guarded by mu_
+  std::deque<std::string> order_;              // guarded by mu_; keys, oldest first
+};
+
+}  // namespace fp8rl::coordinator

@@ -1,0 +1,377 @@
+// Trainer groups in one process (docs/design.md "Trainer groups"): the token-balanced share
+// split, Gloo collectives over loopback (results, bit-identical ranks, a rank that never joins
+// or never reduces is named / timed out), and the learner's data-parallel SFT and GRPO updates
+// against one trainer running the same requests from the same seed.
+//
+// Tolerances, group vs one trainer (named below, per training precision):
+//  - BF16 training: a group changes only the order in which float32 per-token gradient terms are
+//    summed (each rank sums its share, then the ranks' sums are added). For an element summing n
+//    terms the difference is about n u sum|terms| (u = 2^-24): <= 1e-5 relative for the n <= 64
+//    tokens of a minibatch unless the element nearly cancels. AdamW maps a relative gradient error
+//    to the same relative update error wherever |g| >> eps (1e-8) and rounding noise stays far
+//    below eps where g nearly cancels, so the weight change differs by ~1e-5 relative after a few
+//    updates: kBf16.weight_change = 1e-3 (measured: 2e-6 after SFT, 1e-5 after step 3), and
+//    the metrics (sums of the same terms) agree to kBf16.metric = 1e-4 relative.
+//  - FP8 training additionally quantizes the backward's operands in blocks that run along the
+//    token dimension (docs/design.md "The FP8 recipe"); a rank's share puts different tokens in a
+//    block, so block scales, and with them the E4M3 rounding (<= 2^-4 relative per operand, two
+//    operands per product), differ between the runs: up to 2 x 2 x 2^-4 = 25% per gradient element
+//    in the worst case, far less on average. kFp8.weight_change = 0.25 (measured: 0.12 after the
+//    SFT updates, 0.06 after step 3); metrics within kFp8.metric = 5e-2 (measured <= 1e-2).
+//  - Both: every element within 2 lr per update (the most an AdamW step moves it; measured FP8:
+//    0.008 after 14 updates at lr 1e-3).
+// A group that lost a rank's gradient, or normalized by the share's tokens instead of the
+// minibatch's, moves loss and grad_norm by tens of percent: outside both tolerances.
+#include "train/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "model/rng.h"
+#include "train/collectives.h"
+#include "train/learner.h"
+
+namespace fp8rl::train {
+namespace {
+
+constexpr int64_t kVocab = 48;
+struct Tolerance {
+  double weight_change;  // ||w_group - w_alone|| / ||w_alone - w_initial|| after each step
+  double metric;         // relative (absolute below 1) for loss, grad_norm, KL, ...
+};
+constexpr Tolerance kBf16{1e-3, 1e-4};
+constexpr Tolerance kFp8{0.25, 5e-2};
+constexpr double kLr = 1e-3;
+// Optimizer steps: the SFT request's, then each GRPO request's (minibatches x epochs).
+constexpr int kSftUpdates = 2, kGrpoUpdates = 4;
+
+// Runs fn(rank) on `size` threads and returns each rank's result.
+template <typename F>
+auto on_ranks(int size, F fn) {
+  using R = decltype(fn(0));
+  std::vector<R> out(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) threads.emplace_back([&, r] { out[r] = fn(r); });
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+GroupOptions group_options(int rank, int size, const std::string& prefix, int timeout_ms = 20000) {
+  GroupOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.prefix = prefix;
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  return o;
+}
+
+std::vector<std::unique_ptr<Collectives>> make_group(int size, const std::string& prefix,
+                                                     int timeout_ms = 20000) {
+  auto store = make_memory_store();
+  auto groups = on_ranks(size, [&](int r) {
+    absl::StatusOr<std::unique_ptr<Collectives>> g =
+        make_gloo_collectives(store, group_options(r, size, prefix, timeout_ms));
+    EXPECT_TRUE(g.ok()) << g.status();
+    return g.ok() ? std::move(*g) : nullptr;
+  });
+  return groups;
+}
+
+TEST(TokenBalancedShares, ContiguousCoveringAndBalanced) {
+  const std::vector<int64_t> lengths = {10, 10, 40, 10, 10, 10, 10};  // 100 tokens
+  const std::vector<int64_t> two = token_balanced_shares(lengths, 2);
+  // Midpoints 5, 15, 40, 65, ...: the long sequence's midpoint (40) is below 50, so rank 0 takes
+  // the first three (60 tokens), rank 1 the rest (40).
+  EXPECT_EQ(two, (std::vector<int64_t>{0, 3, 7}));
+  const std::vector<int64_t> one = token_balanced_shares(lengths, 1);
+  EXPECT_EQ(one, (std::vector<int64_t>{0, 7}));
+  // More ranks than sequences: every sequence is taken once, some ranks get none.
+  const std::vector<int64_t> small = {5, 7};
+  const std::vector<int64_t> four = token_balanced_shares(small, 4);
+  ASSERT_EQ(four.size(), 5u);
+  EXPECT_EQ(four.front(), 0);
+  EXPECT_EQ(four.back(), 2);
+  for (size_t r = 1; r < four.size(); ++r) EXPECT_LE(four[r - 1], four[r]);
+  // Equal lengths split evenly.
+  const std::vector<int64_t> even(9, 4);
+  EXPECT_EQ(token_balanced_shares(even, 3), (std::vector<int64_t>{0, 3, 6, 9}));
+}
+
+TEST(GlooCollectives, AllReduceSumMinMaxBitIdenticalOnEveryRank) {
+  constexpr int kSize = 3;
+  auto groups = make_group(kSize, "reduce");
+  ASSERT_TRUE(groups[0] && groups[1] && groups[2]);
+  // Rank r's data: random floats from seed r (non-zero, mixed signs), 3000 elements so the ring
+  // splits them into several chunks.
+  auto data_of = [](int r) {
+    std::mt19937 gen(100 + r);
+    std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+    std::vector<float> v(3000);
+    for (float& x : v) x = d(gen);
+    return v;
+  };
+  auto results = on_ranks(kSize, [&](int r) {
+    std::vector<float> sum = data_of(r), mn = data_of(r), mx = data_of(r);
+    std::vector<int64_t> ids = {r + 1, 10 * (r + 1)};
+    EXPECT_TRUE(groups[r]->all_reduce(std::span<float>(sum), ReduceOp::kSum, "sum").ok());
+    EXPECT_TRUE(groups[r]->all_reduce(std::span<float>(mn), ReduceOp::kMin, "min").ok());
+    EXPECT_TRUE(groups[r]->all_reduce(std::span<float>(mx), ReduceOp::kMax, "max").ok());
+    EXPECT_TRUE(groups[r]->all_reduce(std::span<int64_t>(ids), ReduceOp::kSum, "ids").ok());
+    EXPECT_EQ(ids, (std::vector<int64_t>{6, 60}));
+    return std::vector<std::vector<float>>{sum, mn, mx};
+  });
+  const auto a = data_of(0), b = data_of(1), c = data_of(2);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(results[0][0][i], a[i] + b[i] + c[i], 1e-5f);
+    EXPECT_EQ(results[0][1][i], std::min({a[i], b[i], c[i]}));
+    EXPECT_EQ(results[0][2][i], std::max({a[i], b[i], c[i]}));
+  }
+  // Every rank holds the same bits.
+  for (int r = 1; r < kSize; ++r) {
+    for (int op = 0; op < 3; ++op) {
+      EXPECT_EQ(0, std::memcmp(results[r][op].data(), results[0][op].data(), a.size() * 4));
+    }
+  }
+  const CollectiveStats stats = groups[0]->stats();
+  EXPECT_EQ(stats.calls, 4);
+  EXPECT_EQ(stats.bytes, 3 * 3000 * 4 + 2 * 8);
+}
+
+TEST(GlooCollectives, RankThatNeverJoinsIsNamed) {
+  auto store = make_memory_store();
+  absl::StatusOr<std::unique_ptr<Collectives>> g =
+      make_gloo_collectives(store, group_options(0, 2, "lonely", 500));
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kDeadlineExceeded) << g.status();
+  EXPECT_NE(g.status().message().find("rank(s) 1"), std::string::npos) << g.status();
+}
+
+TEST(GlooCollectives, HungPeerTimesOutAndTheGroupRefusesLaterCalls) {
+  auto groups = make_group(2, "hung", 800);
+  ASSERT_TRUE(groups[0] && groups[1]);
+  std::vector<float> v(100, 1.0f);
+  // Rank 1 never takes part.
+  const absl::Status s = groups[0]->all_reduce(std::span<float>(v), ReduceOp::kSum, "grads");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("grads failed on rank 0 of 2"), std::string::npos) << s;
+  EXPECT_EQ(groups[0]->all_reduce(std::span<float>(v), ReduceOp::kSum, "again").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(GlooCollectives, BadRankIsInvalidArgument) {
+  auto store = make_memory_store();
+  EXPECT_EQ(make_gloo_collectives(store, group_options(2, 2, "x")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(make_gloo_collectives(store, group_options(0, 0, "x")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+model::ModelConfig tiny_config() {
+  model::ModelConfig c;
+  c.vocab_size = kVocab;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+InitRequest init_request(Precision training, uint64_t seed = 7) {
+  InitRequest r;
+  r.job_id = "job-dp";
+  r.model_config_json = model::model_config_to_json(tiny_config());
+  r.seed = seed;
+  r.precision.training = training;
+  r.precision.generation = Precision::kFP8;
+  r.precision.kv_cache = Precision::kFP8;
+  r.adamw.lr = kLr;
+  r.adamw.max_grad_norm = 1.0;
+  r.keep_reference = true;
+  return r;
+}
+
+// `n` sequences of different lengths (3-token prompt, 2..12 response tokens), random tokens,
+// advantages of both signs, gen logprobs in [-4, -0.5], a few masked-out response tokens.
+std::vector<Sequence> random_batch(uint64_t seed, int n) {
+  model::Rng rng(seed);
+  std::vector<Sequence> out(n);
+  for (int i = 0; i < n; ++i) {
+    const int resp = 2 + static_cast<int>(rng.next() % 11);
+    for (int t = 0; t < 3 + resp; ++t) {
+      out[i].tokens.push_back(static_cast<int32_t>(rng.next() % kVocab));
+    }
+    out[i].prompt_length = 3;
+    out[i].advantage = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+    for (int t = 0; t < resp; ++t) {
+      out[i].gen_logprobs.push_back(static_cast<float>(-0.5 - 3.5 * rng.uniform()));
+      out[i].loss_mask.push_back(rng.next() % 7 == 0 ? 0.0f : 1.0f);
+    }
+  }
+  return out;
+}
+
+GrpoRequest grpo(uint64_t seed) {
+  GrpoRequest r;
+  r.batch = random_batch(seed, 9);
+  r.loss.clip_eps = 0.2;
+  r.loss.kl_beta = 0.05;
+  r.loss.is.rule = rl::IsRule::kTis;
+  r.minibatches = 2;
+  r.epochs = 2;
+  return r;
+}
+
+struct RunOutcome {
+  std::vector<float> initial;
+  std::vector<std::vector<float>> weights;  // after each step
+  std::vector<GrpoResult> grpo;
+  SftResult sft;
+  std::vector<float> k_scale;  // of the export after the last step
+  absl::Status status;
+};
+
+// One SFT step then kSteps GRPO steps, as rank `rank` of `group` (null: alone).
+constexpr int kSteps = 3;
+RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7) {
+  RunOutcome out;
+  absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init_request(training, init_seed));
+  if (!l.ok()) {
+    out.status = l.status();
+    return out;
+  }
+  (*l)->set_group(group);
+  {
+    auto init = (*l)->policy().params();
+    out.initial.assign(init.begin(), init.end());
+  }
+  SftRequest sft;
+  sft.batch = random_batch(99, 7);
+  sft.learning_rate = kLr;  // kSftUpdates updates
+  sft.minibatches = 2;
+  absl::StatusOr<SftResult> s = (*l)->sft_update(sft);
+  if (!s.ok()) {
+    out.status = s.status();
+    return out;
+  }
+  out.sft = *s;
+  auto params = (*l)->policy().params();
+  out.weights.emplace_back(params.begin(), params.end());
+  for (int step = 1; step <= kSteps; ++step) {
+    absl::StatusOr<GrpoResult> r = (*l)->grpo_update(grpo(1000 + step));
+    if (!r.ok()) {
+      out.status = r.status();
+      return out;
+    }
+    out.grpo.push_back(*r);
+    auto p = (*l)->policy().params();
+    out.weights.emplace_back(p.begin(), p.end());
+  }
+  absl::StatusOr<Export> e = (*l)->export_for_generation(Precision::kFP8, kSteps, true);
+  if (!e.ok()) {
+    out.status = e.status();
+    return out;
+  }
+  out.k_scale = (*l)->policy().kv_scales().k;
+  return out;
+}
+
+void expect_rel_near(double got, double want, double tol, const std::string& what) {
+  EXPECT_LE(std::abs(got - want), tol * std::max(1.0, std::abs(want)))
+      << what << ": group " << got << " vs alone " << want;
+}
+
+class DataParallelLearner : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(DataParallelLearner, GroupsOfTwoAndThreeMatchOneTrainer) {
+  const Precision training = GetParam();
+  const Tolerance tol = training == Precision::kBF16 ? kBf16 : kFp8;
+  const RunOutcome alone = run(training, nullptr);
+  ASSERT_TRUE(alone.status.ok()) << alone.status;
+  for (int size : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << "group of " << size);
+    auto groups = make_group(size, absl::StrCat("dp", size, std::string(precision_name(training))));
+    auto outcomes = on_ranks(size, [&](int r) { return run(training, groups[r].get()); });
+    for (int r = 0; r < size; ++r) {
+      ASSERT_TRUE(outcomes[r].status.ok()) << "rank " << r << ": " << outcomes[r].status;
+      // Ranks agree bit for bit (the hash check inside passed too).
+      for (size_t k = 0; k < outcomes[r].weights.size(); ++k) {
+        EXPECT_EQ(outcomes[r].weights[k], outcomes[0].weights[k]) << "rank " << r << " step " << k;
+      }
+    }
+    const RunOutcome& g = outcomes[0];
+    expect_rel_near(g.sft.loss, alone.sft.loss, tol.metric, "sft loss");
+    expect_rel_near(g.sft.grad_norm, alone.sft.grad_norm, tol.metric, "sft grad_norm");
+    EXPECT_EQ(g.sft.group_size, size);
+    EXPECT_GT(g.sft.all_reduce_bytes, 0);
+    for (size_t k = 0; k < alone.weights.size(); ++k) {
+      // The change since the initial weights, which the difference accumulates over.
+      double diff2 = 0, change2 = 0, max_abs = 0;
+      for (size_t i = 0; i < alone.initial.size(); ++i) {
+        const double d = static_cast<double>(g.weights[k][i]) - alone.weights[k][i];
+        const double c = static_cast<double>(alone.weights[k][i]) - alone.initial[i];
+        diff2 += d * d;
+        change2 += c * c;
+        max_abs = std::max(max_abs, std::abs(d));
+      }
+      std::printf(
+          "group of %d, step %zu: ||w_group - w_alone|| = %.3g, change %.3g, "
+          "max |diff| %.3g\n",
+          size, k, std::sqrt(diff2), std::sqrt(change2), max_abs);
+      EXPECT_LE(std::sqrt(diff2), tol.weight_change * std::sqrt(change2)) << "step " << k;
+      EXPECT_LE(max_abs, 2.0 * kLr * static_cast<double>(kSftUpdates + kGrpoUpdates * k))
+          << "step " << k;
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      const GrpoResult &a = alone.grpo[step], &b = g.grpo[step];
+      const std::string at = absl::StrCat("step ", step + 1, " ");
+      expect_rel_near(b.loss, a.loss, tol.metric, at + "loss");
+      expect_rel_near(b.pg_loss, a.pg_loss, tol.metric, at + "pg_loss");
+      expect_rel_near(b.kl, a.kl, tol.metric, at + "kl");
+      expect_rel_near(b.grad_norm, a.grad_norm, tol.metric, at + "grad_norm");
+      expect_rel_near(b.clip_fraction, a.clip_fraction, tol.metric, at + "clip_fraction");
+      EXPECT_EQ(b.tokens, a.tokens);
+      expect_rel_near(b.mismatch.token_mult_prob_error, a.mismatch.token_mult_prob_error,
+                      tol.metric, at + "token_mult_prob_error");
+      expect_rel_near(b.mismatch.probs_ratio_max, a.mismatch.probs_ratio_max, tol.metric,
+                      at + "probs_ratio_max");
+      expect_rel_near(b.mismatch.probs_ratio_min, a.mismatch.probs_ratio_min, tol.metric,
+                      at + "probs_ratio_min");
+      ASSERT_EQ(b.logprobs.size(), a.logprobs.size());
+      EXPECT_EQ(b.group_size, size);
+    }
+    // KV calibration saw every rank's records: the scales equal one trainer's.
+    ASSERT_EQ(g.k_scale.size(), alone.k_scale.size());
+    for (size_t l = 0; l < g.k_scale.size(); ++l) {
+      expect_rel_near(g.k_scale[l], alone.k_scale[l], tol.metric, absl::StrCat("k_scale ", l));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, DataParallelLearner,
+                         ::testing::Values(Precision::kFP8, Precision::kBF16),
+                         [](const auto& info) { return std::string(precision_name(info.param)); });
+
+TEST(DataParallelLearner, DivergedWeightsFailLoudlyNamingTheRank) {
+  auto groups = make_group(2, "diverged");
+  // Rank 1 starts from another seed: its weights differ from rank 0's from the start.
+  auto outcomes =
+      on_ranks(2, [&](int r) { return run(Precision::kBF16, groups[r].get(), r == 0 ? 7 : 8); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(outcomes[r].status.code(), absl::StatusCode::kInternal) << outcomes[r].status;
+    EXPECT_NE(outcomes[r].status.message().find("rank(s) 1"), std::string::npos)
+        << outcomes[r].status;
+  }
+}
+
+}  // namespace
+}  // namespace fp8rl::train

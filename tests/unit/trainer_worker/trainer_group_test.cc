@@ -1,0 +1,166 @@
+// Trainer groups through the service path (docs/design.md "Trainer groups"): the coordinator's
+// rendezvous service on loopback, Trainers joining a group through it (JoinGroup), the same
+// InitPolicy / TrainStep / Publish sent to every rank against one Trainer alone; the worker
+// registry's group selection; JoinGroup's argument errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "common/service/grpc_server.h"
+#include "services/coordinator/rendezvous_service.h"
+#include "services/coordinator/worker_registry.h"
+#include "services/trainer_worker/rendezvous_client.h"
+#include "tests/unit/trainer_worker/trainer_test_util.h"
+
+namespace fp8rl::trainer {
+namespace {
+
+using namespace testing;  // NOLINT: the shared trainer test helpers
+
+struct RendezvousServer {
+  coordinator::RendezvousImpl impl;
+  std::unique_ptr<service::GrpcServer> server;
+  std::string address;
+  RendezvousServer() {
+    service::GrpcServerOptions o;
+    o.address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<service::GrpcServer>> s = service::GrpcServer::start(o, {&impl});
+    EXPECT_TRUE(s.ok()) << s.status();
+    server = std::move(*s);
+    address = absl::StrCat("127.0.0.1:", server->port());
+  }
+  ~RendezvousServer() { server->shutdown(std::chrono::milliseconds(100)); }
+};
+
+TEST(Rendezvous, SetGetWaitsAndTimesOutNamingTheKey) {
+  RendezvousServer rv;
+  GrpcRendezvousStore store(grpc::CreateChannel(rv.address, grpc::InsecureChannelCredentials()));
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_TRUE(store.set("g/1", std::string("\x01\x00\x02", 3)).ok());
+  });
+  absl::StatusOr<std::string> v = store.get("g/1", std::chrono::seconds(10));
+  late.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, std::string("\x01\x00\x02", 3));
+  absl::StatusOr<std::string> missing = store.get("g/2", std::chrono::milliseconds(300));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();
+  EXPECT_NE(missing.status().message().find("g/2"), std::string::npos);
+  EXPECT_EQ(store.set("", "x").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WorkerRegistry, TrainerGroupIsTheFirstLiveTrainersByName) {
+  coordinator::WorkerRegistry registry(std::chrono::seconds(60));
+  registry.register_worker(coordinator::WorkerKind::kTrainer, "b:1", "", "trainer-1", 0);
+  registry.register_worker(coordinator::WorkerKind::kGeneration, "g:1", "", "gen-0", 0);
+  registry.register_worker(coordinator::WorkerKind::kTrainer, "a:1", "", "trainer", 0);
+  registry.register_worker(coordinator::WorkerKind::kTrainer, "c:1", "", "trainer-2", 0);
+  EXPECT_TRUE(registry.trainer_group(4).empty());
+  const std::vector<coordinator::WorkerInfo> two = registry.trainer_group(2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].name, "trainer");
+  EXPECT_EQ(two[1].name, "trainer-1");
+  EXPECT_EQ(registry.trainer_group(3).size(), 3u);
+}
+
+TEST(TrainerGroup, JoinGroupRejectsBadArguments) {
+  RecordingPublisher publisher;
+  Trainer trainer(TrainerOptions{}, &publisher);
+  v1::JoinGroupRequest r;
+  r.set_size(0);
+  EXPECT_EQ(trainer.join_group(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.set_size(2);
+  r.set_rank(2);
+  EXPECT_EQ(trainer.join_group(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.set_rank(1);
+  r.set_timeout_ms(1000);
+  // No group id, then no rendezvous address anywhere.
+  EXPECT_EQ(trainer.join_group(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.set_group_id("g");
+  absl::Status s = trainer.join_group(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("rendezvous_address"), std::string::npos);
+  // Size 1 leaves any group and needs nothing else.
+  v1::JoinGroupRequest alone;
+  alone.set_size(1);
+  EXPECT_TRUE(trainer.join_group(alone).ok());
+  EXPECT_EQ(trainer.status().group_size(), 1);
+}
+
+// One GRPO step (2 minibatches) and a publish, alone and as a group of two trainers. BF16
+// training, so the group differs only by summation order (tolerances as in
+// tests/unit/train/data_parallel_test.cc).
+TEST(TrainerGroup, TwoTrainersTakeTheSingleTrainersStep) {
+  const v1::InitPolicyRequest init =
+      init_request(v1::WEIGHT_FORMAT_BF16, v1::WEIGHT_FORMAT_FP8, false, 1e-3);
+  v1::TrainStepRequest step = random_step(11, 6);
+  step.mutable_algorithm()->set_minibatches(2);
+
+  RecordingPublisher alone_publisher;
+  Trainer alone(TrainerOptions{}, &alone_publisher);
+  ASSERT_TRUE(alone.init_policy(init).ok());
+  absl::StatusOr<v1::TrainStepResponse> want = alone.train_step(step);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  RendezvousServer rv;
+  RecordingPublisher publishers[2];
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    TrainerOptions o;
+    o.worker_id = absl::StrCat("trainer-", r);
+    o.coordinator_address = rv.address;
+    trainers.push_back(std::make_unique<Trainer>(o, &publishers[r]));
+  }
+  std::vector<absl::StatusOr<v1::TrainStepResponse>> got(2, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<v1::PublishResponse>> published(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      v1::JoinGroupRequest join;
+      join.set_group_id("test-group");
+      join.set_rank(r);
+      join.set_size(2);
+      join.set_timeout_ms(20000);
+      absl::StatusOr<v1::JoinGroupResponse> joined = trainers[r]->join_group(join);
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      EXPECT_EQ(joined->backend(), "gloo");
+      ASSERT_TRUE(trainers[r]->init_policy(init).ok());
+      got[r] = trainers[r]->train_step(step);
+      v1::PublishRequest publish;
+      publish.set_calibrate_kv_scales(true);
+      published[r] = trainers[r]->publish(publish);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r].status();
+    ASSERT_TRUE(published[r].ok()) << "rank " << r << ": " << published[r].status();
+    EXPECT_EQ(trainers[r]->status().group_size(), 2);
+    EXPECT_EQ(trainers[r]->status().group_rank(), r);
+  }
+  // Rank 0 uploads, rank 1 only takes the KV scales.
+  EXPECT_EQ(publishers[0].uploads.size(), 1u);
+  EXPECT_TRUE(publishers[1].uploads.empty());
+  EXPECT_EQ(trainers[0]->policy()->kv_scales().k, trainers[1]->policy()->kv_scales().k);
+  const v1::TrainStepResponse& g = *got[0];
+  EXPECT_NEAR(g.loss(), want->loss(), 1e-4 * std::max(1.0, std::abs(want->loss())));
+  EXPECT_NEAR(g.grad_norm(), want->grad_norm(), 1e-4 * want->grad_norm());
+  EXPECT_EQ(g.tokens(), want->tokens());
+  EXPECT_EQ(g.version(), want->version());
+  EXPECT_TRUE(g.phase_seconds().contains("all_reduce"));
+  // Both ranks hold the same weights, within rounding of the single trainer's.
+  const auto w0 = trainers[0]->policy()->params(), w1 = trainers[1]->policy()->params();
+  const auto wa = alone.policy()->params();
+  ASSERT_EQ(w0.size(), wa.size());
+  double diff2 = 0, norm2 = 0;
+  for (size_t i = 0; i < w0.size(); ++i) {
+    ASSERT_EQ(w0[i], w1[i]) << i;
+    diff2 += (double(w0[i]) - wa[i]) * (double(w0[i]) - wa[i]);
+    norm2 += double(wa[i]) * wa[i];
+  }
+  EXPECT_LE(std::sqrt(diff2 / norm2), 1e-5);
+}
+
+}  // namespace
+}  // namespace fp8rl::trainer
