@@ -332,9 +332,10 @@ class GroupTrainerClient final : public TrainerClient {
     return stats;
   }
   // Every rank takes the new KV scales; rank 0 uploads.
-  absl::StatusOr<int64_t> publish(bool calibrate_kv_scales) override {
-    return on_all<int64_t>(
-        "Publish", [&](GrpcTrainerClient& c, int) { return c.publish(calibrate_kv_scales); });
+  absl::StatusOr<int64_t> publish(bool calibrate_kv_scales, int64_t above_version) override {
+    return on_all<int64_t>("Publish", [&](GrpcTrainerClient& c, int) {
+      return c.publish(calibrate_kv_scales, above_version);
+    });
   }
   absl::Status save_checkpoint(const std::string& path) override {
     return members_.front().client->save_checkpoint(path);

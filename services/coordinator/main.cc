@@ -166,6 +166,7 @@ int run(const std::vector<std::string>& args) {
   grpc_options.address = service::listen_address(*options, options->grpc_port);
   grpc_options.credentials = security->grpc_credentials;
   coordinator::RendezvousImpl rendezvous_service;  // trainer groups meet here
+  rendezvous_service.require_tokens(security->cluster_tokens);
   auto grpc = service::GrpcServer::start(
       grpc_options, {&job_service, &registry_service, &rendezvous_service},
       {v1::JobService::service_full_name(), v1::WorkerRegistry::service_full_name(),

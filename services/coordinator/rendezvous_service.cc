@@ -7,8 +7,10 @@
 
 namespace fp8rl::coordinator {
 
-grpc::Status RendezvousImpl::Set(grpc::ServerContext*, const v1::RendezvousSetRequest* request,
+grpc::Status RendezvousImpl::Set(grpc::ServerContext* context,
+                                 const v1::RendezvousSetRequest* request,
                                  v1::RendezvousSetResponse*) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   if (request->key().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
   }
@@ -34,6 +36,7 @@ grpc::Status RendezvousImpl::Set(grpc::ServerContext*, const v1::RendezvousSetRe
 grpc::Status RendezvousImpl::Get(grpc::ServerContext* context,
                                  const v1::RendezvousGetRequest* request,
                                  v1::RendezvousGetResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   if (request->key().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
   }

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/service/auth.h"
 #include "fp8rl/v1/rendezvous.grpc.pb.h"
 
 namespace fp8rl::coordinator {
@@ -30,8 +31,13 @@ class RendezvousImpl final : public v1::Rendezvous::Service {
                    v1::RendezvousGetResponse* response) override;
 
   size_t size();
+  // Every call then needs one of these tokens (the cluster token); null: open.
+  void require_tokens(std::shared_ptr<const service::TokenSet> tokens) {
+    auth_ = std::move(tokens);
+  }
 
  private:
+  std::shared_ptr<const service::TokenSet> auth_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> values_;  // guarded by mu_

@@ -92,6 +92,7 @@ int run(const std::vector<std::string>& args) {
     *root = dir.string();
   }
   options.coordinator_address = config->service.coordinator;
+  options.rendezvous_security = security->client;
   // Trainer-group peers reach this trainer's collectives on the host it advertises.
   const std::string advertised = service::advertise_address(config->service, 0);
   options.group_host = advertised.substr(0, advertised.rfind(':'));

@@ -485,7 +485,7 @@ absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupReq
           absl::StrCat("timeout_ms: must be >= 1, got ", request.timeout_ms()));
     }
     auto store = std::make_shared<GrpcRendezvousStore>(
-        grpc::CreateChannel(rendezvous, grpc::InsecureChannelCredentials()));
+        service::make_channel(rendezvous, grpc::ChannelArguments(), options_.rendezvous_security));
     train::GroupOptions options;
     options.rank = request.rank();
     options.size = request.size();

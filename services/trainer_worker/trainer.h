@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/service/security.h"
 #include "fp8rl/v1/trainer.pb.h"
 #include "services/trainer_worker/trainer_metrics.h"
 #include "services/trainer_worker/weight_publisher.h"
@@ -53,6 +54,8 @@ struct TrainerOptions {
   std::string group_host = "127.0.0.1";
   // The coordinator (its fp8rl.v1.Rendezvous) when JoinGroup names no rendezvous address.
   std::string coordinator_address;
+  // TLS and the cluster token for calls to the rendezvous (as for the trainer's other calls).
+  service::ClientSecurity rendezvous_security = {};
 };
 
 class Trainer {

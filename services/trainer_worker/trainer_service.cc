@@ -148,6 +148,7 @@ grpc::Status TrainerServiceImpl::GetStatus(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::JoinGroup(grpc::ServerContext* context,
                                            const v1::JoinGroupRequest* request,
                                            v1::JoinGroupResponse* response) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   return serve("JoinGroup", context, response, [&] { return trainer_->join_group(*request); });
 }
 

@@ -38,6 +38,7 @@ WRONG_TOKEN = "this-token-is-not-configured-anywhere"
 PROTO_SERVICES = {  # service full name -> cluster.json name of the process serving it
     "fp8rl.v1.JobService": "coordinator",
     "fp8rl.v1.WorkerRegistry": "coordinator",
+    "fp8rl.v1.Rendezvous": "coordinator",
     "fp8rl.v1.WeightSyncService": "weight-sync",
     "fp8rl.v1.TrainerService": "trainer",
     "fp8rl.v1.GenerationService": "generation-worker-0",
