@@ -288,6 +288,9 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
     more.args.push_back(port_flag("metrics-port", more.http_port));
     more.args.push_back("--coordinator=" + coordinator);
     more.args.push_back("--weight-sync=" + weight_sync);
+    more.args.push_back("--data-root=" + (options.data_root.empty() ? cwd : options.data_root));
+    more.args.push_back("--models-root=" +
+                        (options.models_root.empty() ? cwd : options.models_root));
     more.args.push_back("--logprob-log-dir=logprobs");
     more.args.push_back("--name=" + more.name);
     more.log_path = log_path(more.name);
