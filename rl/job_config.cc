@@ -334,10 +334,27 @@ absl::Status read_task(const Fields& top, TaskConfig* task) {
 
 absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_ASSIGN_OR_RETURN_FIELDS(f, top.get_object("algorithm"));
-  FP8RL_RETURN_IF_ERROR(f.allow_only(
-      {"steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "top_p",
-       "seed", "learning_rate", "warmup_steps", "weight_decay", "grad_clip", "minibatches",
-       "epochs", "clip_eps", "kl_beta", "is", "adam_beta1", "adam_beta2", "adam_eps"}));
+  FP8RL_RETURN_IF_ERROR(f.allow_only({"steps",
+                                      "prompts_per_step",
+                                      "samples_per_prompt",
+                                      "max_new_tokens",
+                                      "temperature",
+                                      "top_p",
+                                      "seed",
+                                      "learning_rate",
+                                      "warmup_steps",
+                                      "weight_decay",
+                                      "grad_clip",
+                                      "minibatches",
+                                      "epochs",
+                                      "clip_eps",
+                                      "kl_beta",
+                                      "is",
+                                      "adam_beta1",
+                                      "adam_beta2",
+                                      "adam_eps",
+                                      "routing_replay",
+                                      "router_aux_loss_coef"}));
   FP8RL_RETURN_IF_ERROR(f.get_int("steps", &a->steps));
   FP8RL_RETURN_IF_ERROR(f.get_int("prompts_per_step", &a->prompts_per_step));
   FP8RL_RETURN_IF_ERROR(f.get_int("samples_per_prompt", &a->samples_per_prompt));
@@ -356,6 +373,8 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta1", &a->adam_beta1));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta2", &a->adam_beta2));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_eps", &a->adam_eps));
+  FP8RL_RETURN_IF_ERROR(f.get_bool("routing_replay", &a->routing_replay));
+  FP8RL_RETURN_IF_ERROR(f.get_double("router_aux_loss_coef", &a->router_aux_loss_coef));
   FP8RL_ASSIGN_OR_RETURN_FIELDS(is, f.get_object("is"));
   FP8RL_RETURN_IF_ERROR(is.allow_only({"rule", "cap", "lo", "hi"}));
   std::string rule(is_rule_name(a->is.rule));
@@ -460,6 +479,9 @@ absl::Status validate_job_config(const JobConfig& c) {
   FP8RL_RETURN_IF_ERROR(
       require(a.kl_beta >= 0.0 && std::isfinite(a.kl_beta), "algorithm.kl_beta", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(validate_is_config(a.is, "algorithm.is"));
+  FP8RL_RETURN_IF_ERROR(
+      require(a.router_aux_loss_coef >= 0.0 && std::isfinite(a.router_aux_loss_coef),
+              "algorithm.router_aux_loss_coef", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(require(a.adam_beta1 >= 0.0 && a.adam_beta1 < 1.0, "algorithm.adam_beta1",
                                 "must be in [0, 1)"));
   FP8RL_RETURN_IF_ERROR(require(a.adam_beta2 >= 0.0 && a.adam_beta2 < 1.0, "algorithm.adam_beta2",
@@ -624,7 +646,9 @@ Json job_config_to_json(const JobConfig& c) {
                                     {"hi", a.is.hi}}},
                         {"adam_beta1", a.adam_beta1},
                         {"adam_beta2", a.adam_beta2},
-                        {"adam_eps", a.adam_eps}};
+                        {"adam_eps", a.adam_eps},
+                        {"routing_replay", a.routing_replay},
+                        {"router_aux_loss_coef", a.router_aux_loss_coef}};
   if (c.sft.has_value()) {
     j["sft"] = Json{{"steps", c.sft->steps},
                     {"learning_rate", c.sft->learning_rate},

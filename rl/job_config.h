@@ -90,6 +90,10 @@ struct AlgorithmConfig {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
+  // Mixture-of-experts policies: train with the experts generation chose (routing replay), and
+  // the weight of the load-balancing loss (docs/design.md "Mixture of experts").
+  bool routing_replay = false;
+  double router_aux_loss_coef = 0.0;
   int64_t batch_size() const { return prompts_per_step * samples_per_prompt; }
   bool operator==(const AlgorithmConfig&) const = default;
 };
