@@ -171,13 +171,97 @@ absl::Status check_unsupported(const Json& j) {
   return absl::OkStatus();
 }
 
+bool moe_type(const std::string& t) { return t == "qwen3_moe" || t == "qwen2_moe"; }
+
+// The mixture-of-experts keys of Qwen3MoeConfig / Qwen2MoeConfig (HF names and defaults, except
+// that the sizes have no default: a checkpoint states them).
+absl::Status read_moe(const Json& j, MoeConfig* m) {
+  absl::Status s;
+  if (!(s = read_int(j, "num_experts", true, &m->num_experts)).ok()) return s;
+  if (!(s = read_int(j, "num_experts_per_tok", true, &m->num_experts_per_tok)).ok()) return s;
+  if (!(s = read_int(j, "moe_intermediate_size", true, &m->moe_intermediate_size)).ok()) return s;
+  if (!(s = read_bool(j, "norm_topk_prob", &m->norm_topk_prob)).ok()) return s;
+  if (!(s = read_int(j, "decoder_sparse_step", false, &m->decoder_sparse_step)).ok()) return s;
+  if (!(s = read_int(j, "shared_expert_intermediate_size", false,
+                     &m->shared_expert_intermediate_size))
+           .ok()) {
+    return s;
+  }
+  if (!(s = read_double(j, "router_aux_loss_coef", &m->router_aux_loss_coef)).ok()) return s;
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return field_error("mlp_only_layers", "expected a list of integers");
+    for (size_t i = 0; i < it->size(); ++i) {
+      if (!(*it)[i].is_number_integer()) {
+        return field_error(absl::StrCat("mlp_only_layers[", i, "]"), "expected an integer");
+      }
+      m->mlp_only_layers.push_back((*it)[i].get<int64_t>());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_moe(const ModelConfig& c) {
+  const MoeConfig& m = c.moe;
+  if (m.num_experts <= 0) return field_error("num_experts", "must be > 0");
+  if (m.num_experts > 4096) return field_error("num_experts", "must be <= 4096");
+  if (m.num_experts_per_tok <= 0 || m.num_experts_per_tok > m.num_experts) {
+    return field_error("num_experts_per_tok",
+                       absl::StrCat("must be in [1, num_experts = ", m.num_experts, "], got ",
+                                    m.num_experts_per_tok));
+  }
+  if (m.moe_intermediate_size <= 0) return field_error("moe_intermediate_size", "must be > 0");
+  if (m.decoder_sparse_step <= 0) return field_error("decoder_sparse_step", "must be >= 1");
+  if (m.shared_expert_intermediate_size < 0) {
+    return field_error("shared_expert_intermediate_size", "must be >= 0");
+  }
+  if (!(m.router_aux_loss_coef >= 0) || !std::isfinite(m.router_aux_loss_coef)) {
+    return field_error("router_aux_loss_coef", "must be >= 0");
+  }
+  for (size_t i = 0; i < m.mlp_only_layers.size(); ++i) {
+    if (m.mlp_only_layers[i] < 0 || m.mlp_only_layers[i] >= c.num_hidden_layers) {
+      return field_error(absl::StrCat("mlp_only_layers[", i, "]"),
+                         absl::StrCat("must be a layer index in [0, ", c.num_hidden_layers, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+bool ModelConfig::sparse_layer(int64_t l) const {
+  if (!is_moe()) return false;
+  for (int64_t d : moe.mlp_only_layers) {
+    if (d == l) return false;
+  }
+  return (l + 1) % moe.decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::num_sparse_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += sparse_layer(l) ? 1 : 0;
+  return n;
+}
+
+int64_t ModelConfig::sparse_index(int64_t l) const {
+  if (!sparse_layer(l)) return -1;
+  int64_t n = 0;
+  for (int64_t i = 0; i < l; ++i) n += sparse_layer(i) ? 1 : 0;
+  return n;
+}
+
 absl::Status validate_model_config(const ModelConfig& c) {
-  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3") {
-    return field_error("model_type",
-                       absl::StrCat("unsupported '", c.model_type,
-                                    "' (expected \"llama\", \"qwen2\" or \"qwen3\")"));
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
+      !moe_type(c.model_type)) {
+    return field_error("model_type", absl::StrCat("unsupported '", c.model_type,
+                                                  "' (expected \"llama\", \"qwen2\", \"qwen3\", "
+                                                  "\"qwen3_moe\" or \"qwen2_moe\")"));
+  }
+  if (moe_type(c.model_type)) {
+    if (auto s = validate_moe(c); !s.ok()) return s;
+  } else if (c.is_moe()) {
+    return field_error(
+        "num_experts",
+        absl::StrCat("experts need model_type qwen3_moe or qwen2_moe, not '", c.model_type, "'"));
   }
   const std::pair<const char*, int64_t> positive[] = {
       {"vocab_size", c.vocab_size},
@@ -234,7 +318,7 @@ absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text) {
   if (!(s = read_double(j, "rms_norm_eps", &c.rms_norm_eps)).ok()) return s;
   if (!(s = read_double(j, "rope_theta", &c.rope_theta)).ok()) return s;
   if (!(s = read_bool(j, "tie_word_embeddings", &c.tie_word_embeddings)).ok()) return s;
-  c.attention_bias = c.model_type == "qwen2";
+  c.attention_bias = c.model_type == "qwen2" || c.model_type == "qwen2_moe";
   if (!(s = read_bool(j, "attention_bias", &c.attention_bias)).ok()) return s;
   if (!(s = read_token_id(j, "bos_token_id", &c.bos_token_id)).ok()) return s;
   if (!(s = read_token_id(j, "eos_token_id", &c.eos_token_id)).ok()) return s;
@@ -243,6 +327,9 @@ absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text) {
       if (!(s = read_rope_scaling(*it, key, &c.rope_scaling, &c.rope_theta)).ok()) return s;
     }
   }
+  if (moe_type(c.model_type)) {
+    if (!(s = read_moe(j, &c.moe)).ok()) return s;
+  }
   if (!(s = check_unsupported(j)).ok()) return s;
   if (auto st = validate_model_config(c); !st.ok()) return st;
   return c;
@@ -250,9 +337,11 @@ absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text) {
 
 std::string model_config_to_json(const ModelConfig& c, bool fp8_block_quantization) {
   Json j;
-  j["architectures"] = Json::array({c.model_type == "qwen2"   ? "Qwen2ForCausalLM"
-                                    : c.model_type == "qwen3" ? "Qwen3ForCausalLM"
-                                                              : "LlamaForCausalLM"});
+  j["architectures"] = Json::array({c.model_type == "qwen2"       ? "Qwen2ForCausalLM"
+                                    : c.model_type == "qwen3"     ? "Qwen3ForCausalLM"
+                                    : c.model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                    : c.model_type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                                                  : "LlamaForCausalLM"});
   j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -277,6 +366,20 @@ std::string model_config_to_json(const ModelConfig& c, bool fp8_block_quantizati
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["attention_bias"] = c.attention_bias;
   j["hidden_act"] = "silu";
+  if (c.is_moe()) {
+    const MoeConfig& m = c.moe;
+    j["num_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.num_experts_per_tok;
+    j["moe_intermediate_size"] = m.moe_intermediate_size;
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["decoder_sparse_step"] = m.decoder_sparse_step;
+    j["mlp_only_layers"] = m.mlp_only_layers;
+    if (c.model_type == "qwen2_moe" || m.shared_expert_intermediate_size > 0) {
+      j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+    }
+    j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+    j["output_router_logits"] = false;
+  }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   j["torch_dtype"] = "float32";

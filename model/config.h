@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -23,8 +24,24 @@ struct RopeScaling {
   bool llama3() const { return rope_type == "llama3"; }
 };
 
+// Mixture-of-experts MLP of qwen3_moe / qwen2_moe checkpoints (docs/design.md "Mixture of
+// experts"). num_experts == 0: every layer is a dense MLP.
+struct MoeConfig {
+  int64_t num_experts = 0;               // E
+  int64_t num_experts_per_tok = 0;       // top-k
+  int64_t moe_intermediate_size = 0;     // each expert's SwiGLU width
+  bool norm_topk_prob = false;           // renormalize the k kept router probabilities to sum 1
+  int64_t decoder_sparse_step = 1;       // layer l is sparse when (l + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;  // ... and l is not listed here
+  // qwen2_moe: a dense SwiGLU of this width added to every sparse layer, gated by
+  // sigmoid(shared_expert_gate . x); 0: none (qwen3_moe).
+  int64_t shared_expert_intermediate_size = 0;
+  double router_aux_loss_coef = 0.0;  // carried through config.json; the job option decides
+};
+
 struct ModelConfig {
-  std::string model_type = "llama";  // "llama", "qwen2" or "qwen3"
+  // "llama", "qwen2", "qwen3", or the mixture-of-experts "qwen3_moe" / "qwen2_moe"
+  std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -40,11 +57,19 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v bias (always true for qwen2)
   int64_t bos_token_id = -1;    // -1: none
   int64_t eos_token_id = -1;
+  MoeConfig moe;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   // Qwen3: per-head RMSNorm (weights q_norm / k_norm [head_dim]) on q and k before RoPE.
-  bool qk_norm() const { return model_type == "qwen3"; }
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  bool is_moe() const { return moe.num_experts > 0; }
+  // Layer l runs the experts (HF Qwen3MoeDecoderLayer's rule); false for every layer of a dense
+  // model.
+  bool sparse_layer(int64_t l) const;
+  // Number of sparse layers, and the index of layer l among them (-1 for a dense layer).
+  int64_t num_sparse_layers() const;
+  int64_t sparse_index(int64_t l) const;
 };
 
 // Parses config.json text. Errors name the field ("config.json: hidden_size: must be > 0").

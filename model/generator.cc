@@ -62,6 +62,20 @@ absl::Status Generator::step() {
   const int64_t vocab = model_->config().vocab_size;
   logits_.resize(segments_.size() * vocab);
   if (auto s = model_->forward_cached(segments_, logits_.data(), &ws_); !s.ok()) return s;
+  if (const int64_t width = model_->routing_width(); width > 0) {
+    // The experts of every row just run, appended per sequence as [token, sparse layer, k].
+    const int64_t k = model_->config().moe.num_experts_per_tok, n_sparse = width / k;
+    int64_t row = 0;
+    for (size_t i = 0; i < stepped_.size(); ++i) {
+      std::vector<int32_t>& out = stepped_[i]->result.routing;
+      for (int64_t r = 0; r < segments_[i].n; ++r, ++row) {
+        for (int64_t li = 0; li < n_sparse; ++li) {
+          const int32_t* sel = ws_.routing.data() + (li * rows + row) * k;
+          out.insert(out.end(), sel, sel + k);
+        }
+      }
+    }
+  }
   for (size_t i = 0; i < stepped_.size(); ++i) {
     Sequence& s = *stepped_[i];
     s.prefilled = true;

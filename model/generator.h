@@ -28,6 +28,10 @@ struct GenerationResult {
   // One per generated token, under the untruncated softmax(logits / temperature): what the trainer
   // recomputes. Equal to logprobs when top_k = 0 and top_p = 1.
   std::vector<float> full_logprobs;
+  // Mixture of experts: the experts each fed token went to, [prompt + tokens - 1 tokens, sparse
+  // layers, top_k] (Model::routing_width() per token; the last sampled token is never fed).
+  // Empty for a dense model.
+  std::vector<int32_t> routing;
   FinishReason reason = FinishReason::kLength;
 };
 

@@ -60,7 +60,40 @@ Model::Model(const ModelConfig& config, const PrecisionPolicy& policy, bool infe
     : config_(config), policy_(policy), layout_(config), inference_only_(inference_only) {
   if (!inference_only) params_.assign(layout_.total(), 0.0f);
   linears_.resize(config.num_hidden_layers);
-  fp8_pinned_.assign(config.num_hidden_layers * 7, false);
+  moe_.resize(config.num_hidden_layers);
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (!config.sparse_layer(l)) continue;
+    moe_[l].experts.resize(config.moe.num_experts);
+    moe_[l].has_shared = config.moe.shared_expert_intermediate_size > 0;
+  }
+  // Which working copy each parameter feeds.
+  const std::vector<ParamInfo>& params = layout_.params();
+  linear_of_.assign(params.size(), nullptr);
+  router_of_.assign(params.size(), nullptr);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    if (p.layer < 0) continue;
+    const LayerOffsets& lo = layout_.layer(p.layer);
+    MoeLayerWeights& mw = moe_[p.layer];
+    if (p.kind == ParamKind::kRouter) {
+      router_of_[i] = p.offset == lo.router ? &mw.router : &mw.shared_gate;
+      continue;
+    }
+    if (p.kind != ParamKind::kLinear) continue;
+    const int64_t offs[7] = {lo.q, lo.k, lo.v, lo.o, lo.gate, lo.up, lo.down};
+    for (int j = 0; j < 7; ++j) {
+      if (offs[j] == p.offset) linear_of_[i] = &linears_[p.layer][j];
+    }
+    for (size_t e = 0; e < lo.expert_gate.size(); ++e) {
+      if (lo.expert_gate[e] == p.offset) linear_of_[i] = &mw.experts[e][0];
+      if (lo.expert_up[e] == p.offset) linear_of_[i] = &mw.experts[e][1];
+      if (lo.expert_down[e] == p.offset) linear_of_[i] = &mw.experts[e][2];
+    }
+    if (lo.shared_gate == p.offset) linear_of_[i] = &mw.shared[0];
+    if (lo.shared_up == p.offset) linear_of_[i] = &mw.shared[1];
+    if (lo.shared_down == p.offset) linear_of_[i] = &mw.shared[2];
+  }
+  fp8_pinned_.assign(params.size(), false);
   const int64_t half = config.head_dim / 2, max_pos = config.max_position_embeddings;
   rope_cos_.resize(half * max_pos);
   rope_sin_.resize(half * max_pos);
@@ -73,20 +106,26 @@ Model::Model(const ModelConfig& config, const PrecisionPolicy& policy, bool infe
 void Model::refresh() {
   if (inference_only_) return;  // no master to derive from; install() writes the working copies
   const int64_t n_layers = config_.num_hidden_layers;
-  for (int64_t l = 0; l < n_layers; ++l) {
-    const LayerOffsets& lo = layout_.layer(l);
-    const int64_t offs[7] = {lo.q, lo.k, lo.v, lo.o, lo.gate, lo.up, lo.down};
-    const Precision p = policy_.layer_linear(l, n_layers);
-    const int64_t h = config_.hidden_size, q = config_.q_dim(), kv = config_.kv_dim(),
-                  f = config_.intermediate_size;
-    const int64_t shapes[7][2] = {{q, h}, {kv, h}, {kv, h}, {h, q}, {f, h}, {f, h}, {h, f}};
-    for (int j = 0; j < 7; ++j) {
-      if (fp8_pinned_[l * 7 + j] && p == Precision::kFP8) continue;
+  const std::vector<ParamInfo>& params = layout_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    if (LinearWeight* w = linear_of_[i]) {
+      const Precision prec = policy_.layer_linear(p.layer, n_layers);
+      if (fp8_pinned_[i] && prec == Precision::kFP8) continue;
       // fp32 linears feeding a rounding KV cache: the whole residual stream must be independent
       // of the batch shape, or K/V roundings flip between prefill and decode.
       const bool exact = policy_.kv_cache != KvCacheDtype::kF32;
-      prepare_linear(params_.data() + offs[j], shapes[j][0], shapes[j][1], p, policy_.pow2_scales,
-                     &linears_[l][j], exact);
+      prepare_linear(params_.data() + p.offset, p.shape[0], p.shape[1], prec, policy_.pow2_scales,
+                     w, exact);
+    } else if (RouterWeight* r = router_of_[i]) {
+      // Routers: bf16 values when activations are bf16 (moe.h RouterWeight), never FP8.
+      r->out = p.shape[0];
+      r->in = p.shape[1];
+      r->w.resize(p.numel);
+      const float* master = params_.data() + p.offset;
+      for (int64_t j = 0; j < p.numel; ++j) {
+        r->w[j] = policy_.bf16_activations() ? kernels::round_bf16(master[j]) : master[j];
+      }
     }
   }
   // Embedding and lm_head stay bf16 (or fp32) in every mode.
@@ -165,8 +204,9 @@ absl::Status Model::set_kv_scales(const KvScales& scales) {
 
 absl::Status Model::load_from(const Source& src) {
   const int64_t n_layers = config_.num_hidden_layers;
-  std::vector<std::pair<int64_t, kernels::Fp8Matrix>> pinned;  // (layer * 7 + linear, codes)
-  for (const ParamInfo& p : layout_.params()) {
+  std::vector<std::pair<size_t, kernels::Fp8Matrix>> pinned;  // (parameter index, codes)
+  for (size_t pi = 0; pi < layout_.params().size(); ++pi) {
+    const ParamInfo& p = layout_.params()[pi];
     if (!src.has(p.name)) {
       return absl::NotFoundError(absl::StrCat(src.what, ": missing tensor '", p.name, "'"));
     }
@@ -213,16 +253,9 @@ absl::Status Model::load_from(const Source& src) {
       q.scale_inv = std::move(*scales);
       kernels::dequantize(q, dst);
       const int64_t l = p.layer;
-      if (policy_.layer_linear(l, n_layers) == Precision::kFP8) {
+      if (policy_.layer_linear(l, n_layers) == Precision::kFP8 && linear_of_[pi] != nullptr) {
         // Use the checkpoint's codes and scales as they are.
-        const LayerOffsets& lo = layout_.layer(l);
-        const int64_t offs[7] = {lo.q, lo.k, lo.v, lo.o, lo.gate, lo.up, lo.down};
-        for (int j = 0; j < 7; ++j) {
-          if (offs[j] == p.offset) {
-            pinned.emplace_back(l * 7 + j, std::move(q));
-            break;
-          }
-        }
+        pinned.emplace_back(pi, std::move(q));
       }
     } else {
       auto values = src.read_f32(p.name);
@@ -255,10 +288,8 @@ absl::Status Model::load_from(const Source& src) {
   }
   refresh();
   for (auto& [index, q] : pinned) {
-    const int64_t l = index / 7;
-    const int j = static_cast<int>(index % 7);
-    const float* master = linears_[l][j].master;
-    prepare_linear_fp8(master, std::move(q), policy_.pow2_scales, &linears_[l][j]);
+    LinearWeight* w = linear_of_[index];
+    prepare_linear_fp8(w->master, std::move(q), policy_.pow2_scales, w);
     fp8_pinned_[index] = true;
   }
   return absl::OkStatus();
@@ -334,22 +365,18 @@ absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t ver
   out.version = version;
   out.config_json = model_config_to_json(config_, format == WeightFormat::kFP8);
   const int64_t n_layers = config_.num_hidden_layers;
-  for (const ParamInfo& p : layout_.params()) {
+  for (size_t pi = 0; pi < layout_.params().size(); ++pi) {
+    const ParamInfo& p = layout_.params()[pi];
     const float* w = params_.data() + p.offset;
     const bool fp8 = format == WeightFormat::kFP8 && p.kind == ParamKind::kLinear &&
                      policy_.layer_linear(p.layer, n_layers) != Precision::kBF16;
     if (fp8) {
       // The weight exactly as the FP8 layers use it: the prepared (or pinned) codes and scales
       // when this model runs the layer in FP8, a fresh 128x128-block quantization otherwise.
-      const LayerOffsets& lo = layout_.layer(p.layer);
-      const int64_t offs[7] = {lo.q, lo.k, lo.v, lo.o, lo.gate, lo.up, lo.down};
-      const kernels::Fp8Matrix* q = nullptr;
+      const LinearWeight* lw = linear_of_[pi];
+      const kernels::Fp8Matrix* q =
+          lw != nullptr && lw->precision == Precision::kFP8 ? &lw->q : nullptr;
       kernels::Fp8Matrix fresh;
-      for (int j = 0; j < 7; ++j) {
-        if (offs[j] == p.offset && linears_[p.layer][j].precision == Precision::kFP8) {
-          q = &linears_[p.layer][j].q;
-        }
-      }
       if (!q) {
         fresh = kernels::quantize(w, p.shape[0], p.shape[1], kernels::ScalingMode::kBlock128x128,
                                   {.pow2_scales = policy_.pow2_scales});
@@ -386,6 +413,52 @@ absl::Status Model::save(const std::string& dir, WeightFormat format) const {
 std::unique_ptr<KvCache> Model::new_kv_cache(int64_t capacity) const {
   return std::make_unique<KvCache>(config_.num_hidden_layers, config_.num_key_value_heads,
                                    config_.head_dim, capacity, policy_.kv_cache);
+}
+
+int64_t Model::routing_width() const {
+  return config_.num_sparse_layers() * config_.moe.num_experts_per_tok;
+}
+
+MoeOptions Model::moe_options() const {
+  return {.top_k = config_.moe.num_experts_per_tok,
+          .norm_topk_prob = config_.moe.norm_topk_prob,
+          .bf16 = policy_.bf16_activations()};
+}
+
+absl::Status Model::check_routing(const TokenBatch& batch, const TokenRouting& routing) const {
+  if (routing.size() != batch.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routing: ", routing.size(), " sequences, the batch has ", batch.size()));
+  }
+  const int64_t width = routing_width(), k = config_.moe.num_experts_per_tok,
+                n_exp = config_.moe.num_experts;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const std::vector<int32_t>& r = routing[s];
+    if (r.empty()) continue;
+    if (width == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing[", s, "]: the model has no mixture-of-experts layers"));
+    }
+    const int64_t n = static_cast<int64_t>(r.size());
+    if (n % width != 0 || n / width > static_cast<int64_t>(batch[s].size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing[", s, "]: ", n, " ids is not a whole number of tokens of ", width,
+                       " (sparse layers x top_k) for at most ", batch[s].size(), " tokens"));
+    }
+    for (int64_t i = 0; i < n; i += k) {
+      for (int64_t a = 0; a < k; ++a) {
+        const int32_t e = r[i + a];
+        bool dup = false;
+        for (int64_t b = 0; b < a; ++b) dup |= r[i + b] == e;
+        if (e < 0 || e >= n_exp || dup) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("routing[", s, "]: token ", i / width, ": expert id ", e,
+                           dup ? " repeated" : absl::StrCat(" out of range [0, ", n_exp, ")")));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Model::check_tokens(const std::vector<int32_t>& tokens, int64_t extra) const {

@@ -18,6 +18,7 @@
 #include "model/kv_cache.h"
 #include "model/kv_calibration.h"
 #include "model/linear.h"
+#include "model/moe.h"
 #include "model/params.h"
 #include "model/precision.h"
 #include "model/weight_set.h"
@@ -35,6 +36,12 @@ absl::StatusOr<WeightFormat> parse_weight_format(std::string_view name);  // f32
 using TokenBatch = std::vector<std::vector<int32_t>>;
 // Per sequence, n-1 values: [i-1] belongs to token i (log p(tokens[i] | tokens[:i])).
 using TokenValues = std::vector<std::vector<float>>;
+// Mixture-of-experts routing, per sequence: the experts each token was sent to, row-major
+// [tokens, sparse layers, top_k] (Model::routing_width() values per token). A record may cover
+// fewer tokens than the sequence (generation never feeds its last sampled token).
+using TokenRouting = std::vector<std::vector<int32_t>>;
+
+struct ForwardRouting;
 
 struct TrainForwardOptions {
   float temperature = 1.0f;  // logprobs of logits / temperature
@@ -42,6 +49,25 @@ struct TrainForwardOptions {
   // sample per sequence, so a batched forward gives the calibrator what one call per sequence
   // would.
   KvCalibrator* calibrator = nullptr;
+  // Mixture of experts: routing replay. Tokens covered by replay[s] use the recorded experts
+  // (mixing weights from the current router at those experts); the rest route freely. Ids are
+  // checked (InvalidArgument naming the sequence and token).
+  const TokenRouting* replay = nullptr;
+  // Weight of the load-balancing loss (HF load_balancing_loss_func over all sparse layers of the
+  // call) that backward() adds to the caller's loss; 0: none.
+  double router_aux_loss_coef = 0.0;
+  // When set (mixture of experts), receives the call's routing (also kept in a ForwardContext).
+  struct ForwardRouting* routing_out = nullptr;
+};
+
+// What a mixture-of-experts forward reports about its routing.
+struct ForwardRouting {
+  TokenRouting used;  // per sequence, every token: the experts it ran through
+  // Replay only: tokens that had a record, and those of them whose router would have chosen a
+  // different set of experts in at least one sparse layer (the disagreement replay removed).
+  int64_t replayed_tokens = 0, replay_overrode = 0;
+  std::vector<int64_t> expert_tokens;  // [sparse layers, E]: rows routed to each expert
+  double aux_loss = 0.0;  // load-balancing loss (before its coefficient), over every sparse layer
 };
 
 // Activations saved by a training forward for its backward (one per micro-batch).
@@ -49,6 +75,7 @@ struct LayerActivations {
   std::vector<float> x, inv1, h1, q, k, v, o, x2, inv2, h2, g, u, act;
   // qk_norm only: q/k before the per-head norm (saved for backward) and its 1/rms per head row.
   std::vector<float> q_raw, k_raw, inv_q, inv_k;
+  MoeActivations moe;  // sparse layers only
 };
 struct ForwardContext {
   TokenBatch tokens;
@@ -58,6 +85,9 @@ struct ForwardContext {
   std::vector<float> x_final, inv_final, h_final;  // [M, H]
   std::vector<float> lse;                          // logsumexp(logits/T) of each target row
   float temperature = 1.0f;
+  // Mixture of experts: the routing of the forward, and the load-balancing loss's gradient.
+  ForwardRouting moe;
+  std::vector<float> aux_dprob;  // [E] d(coef * aux_loss) / d probs[row, e], any sparse row
 };
 
 // A piece of a sequence processed by the KV-cache forward: n new tokens at positions
@@ -74,6 +104,8 @@ struct InferenceWorkspace {
   LayerActivations a;
   std::vector<int32_t> pos;
   std::vector<float> tmp, sel;
+  // Mixture of experts: the routing of the last call, [sparse layers, rows, top_k].
+  std::vector<int32_t> routing;
 };
 
 class Model {
@@ -144,6 +176,12 @@ class Model {
   // Accumulates dL/dparams into grads[num_params()] given dL/dlogprob (same shape as forward's
   // result; zeros allowed).
   absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp, float* grads) const;
+  // Values per token of a routing record: sparse layers x top_k (0 for a dense model).
+  int64_t routing_width() const;
+  // Checks a routing record against the model: per sequence at most its tokens, ids in [0, E),
+  // no id twice within a token's layer. Errors name the sequence and token.
+  absl::Status check_routing(const TokenBatch& batch, const TokenRouting& routing) const;
+
   // Full logits [T, vocab] of one sequence (tests, debugging), before temperature.
   absl::StatusOr<std::vector<float>> logits(const std::vector<int32_t>& tokens) const;
 
@@ -166,14 +204,16 @@ class Model {
   absl::Status layer_forward(int64_t l, int64_t m, const int32_t* pos, float* x,
                              LayerActivations& a, bool save, KvCalibrator* calibrator,
                              std::span<const int64_t> seq_row0, bool train_kv,
-                             const AttentionFn& attention) const;
+                             const AttentionFn& attention, const int32_t* forced = nullptr,
+                             int32_t* record = nullptr) const;
   void embed(const int32_t* tokens, int64_t m, float* x) const;
   // Working copy of a norm weight or bias (bf16-rounded when activations are bf16) by offset.
   const float* small_param(int64_t offset) const;
   const LinearWeight& head() const;
-  // install() of one linear weight (layer l, linear j of q k v o gate up down).
-  absl::Status install_linear(const WeightView& view, const TensorView& t, int64_t l, int j,
-                              const std::string& what);
+  // install() of one linear weight of layer l.
+  absl::Status install_linear(const WeightView& view, const TensorView& t, int64_t l,
+                              LinearWeight& w, const std::string& what);
+  MoeOptions moe_options() const;
 
   ModelConfig config_;
   PrecisionPolicy policy_;
@@ -184,11 +224,14 @@ class Model {
   LinearWeight embed_w_, head_w_;
   std::vector<float> rope_cos_, rope_sin_;
   KvScales kv_scales_;
-  std::vector<bool> fp8_pinned_;
-  std::vector<float> small_;  // norms and biases as the forward uses them
-  std::vector<std::pair<int64_t, int64_t>>
-      small_index_;  // (param offset, offset in small_)  // per layer: FP8 codes came from a
-                     // checkpoint
+  std::vector<MoeLayerWeights> moe_;  // per layer; used by sparse layers only
+  // Per parameter index: its working copy (kLinear: a LinearWeight, kRouter: a RouterWeight),
+  // nullptr for other kinds.
+  std::vector<LinearWeight*> linear_of_;
+  std::vector<RouterWeight*> router_of_;
+  std::vector<bool> fp8_pinned_;  // per parameter index: FP8 codes came from a checkpoint
+  std::vector<float> small_;      // norms and biases as the forward uses them
+  std::vector<std::pair<int64_t, int64_t>> small_index_;  // (param offset, offset in small_)
 };
 
 }  // namespace fp8rl::model

@@ -49,7 +49,8 @@ template <typename AttentionFn>
 absl::Status Model::layer_forward(int64_t l, int64_t m, const int32_t* pos, float* x,
                                   LayerActivations& a, bool save, KvCalibrator* calibrator,
                                   std::span<const int64_t> seq_row0, bool train_kv,
-                                  const AttentionFn& attention) const {
+                                  const AttentionFn& attention, const int32_t* forced,
+                                  int32_t* record) const {
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim(),
                 f = config_.intermediate_size, hd = config_.head_dim;
   const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -132,17 +133,30 @@ absl::Status Model::layer_forward(int64_t l, int64_t m, const int32_t* pos, floa
                          a.h2.data() + b * h, a.inv2.data() + b);
     if (rb) ops::round_bf16_inplace(a.h2.data() + b * h, (e - b) * h);
   });
-  a.g.resize(m * f);
-  a.u.resize(m * f);
-  a.act.resize(m * f);
-  if (auto s = linear_forward(W[4], a.h2.data(), m, nullptr, a.g.data()); !s.ok()) return s;
-  if (auto s = linear_forward(W[5], a.h2.data(), m, nullptr, a.u.data()); !s.ok()) return s;
-  rows_parallel(m, grain, [&](int64_t b, int64_t e) {
-    ops::swiglu_forward(a.g.data() + b * f, a.u.data() + b * f, (e - b) * f, a.act.data() + b * f);
-    if (rb) ops::round_bf16_inplace(a.act.data() + b * f, (e - b) * f);
-  });
-  // x <- x2 + down(act)
-  if (auto s = linear_forward(W[6], a.act.data(), m, nullptr, x); !s.ok()) return s;
+  if (config_.sparse_layer(l)) {
+    // x <- x2 + moe(h2): the experts' grouped SwiGLUs (model/moe.h); routing in/out is
+    // [sparse layers, m, top_k].
+    const int64_t k = config_.moe.num_experts_per_tok, at = config_.sparse_index(l) * m * k;
+    if (auto s = moe_forward(moe_[l], moe_options(), a.h2.data(), m,
+                             forced != nullptr ? forced + at : nullptr, &a.moe, x);
+        !s.ok()) {
+      return s;
+    }
+    if (record != nullptr) std::copy(a.moe.sel.begin(), a.moe.sel.end(), record + at);
+  } else {
+    a.g.resize(m * f);
+    a.u.resize(m * f);
+    a.act.resize(m * f);
+    if (auto s = linear_forward(W[4], a.h2.data(), m, nullptr, a.g.data()); !s.ok()) return s;
+    if (auto s = linear_forward(W[5], a.h2.data(), m, nullptr, a.u.data()); !s.ok()) return s;
+    rows_parallel(m, grain, [&](int64_t b, int64_t e) {
+      ops::swiglu_forward(a.g.data() + b * f, a.u.data() + b * f, (e - b) * f,
+                          a.act.data() + b * f);
+      if (rb) ops::round_bf16_inplace(a.act.data() + b * f, (e - b) * f);
+    });
+    // x <- x2 + down(act)
+    if (auto s = linear_forward(W[6], a.act.data(), m, nullptr, x); !s.ok()) return s;
+  }
   rows_parallel(m, grain, [&](int64_t b, int64_t e) {
     add_inplace(x + b * h, a.x2.data() + b * h, (e - b) * h);
     if (rb) ops::round_bf16_inplace(x + b * h, (e - b) * h);
@@ -206,13 +220,85 @@ absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainF
       }
     });
   };
+  // Mixture of experts: replayed routing in, the routing used and the load-balancing sums out.
+  const int64_t n_sparse = config_.num_sparse_layers(), top_k = config_.moe.num_experts_per_tok,
+                n_exp = config_.moe.num_experts, width = routing_width();
+  std::vector<int32_t> forced, record(n_sparse * m * top_k);
+  if (opts.replay != nullptr) {
+    if (auto st = check_routing(batch, *opts.replay); !st.ok()) return st;
+    forced.assign(n_sparse * m * top_k, -1);
+    for (int64_t s = 0; s < n_seq; ++s) {
+      const std::vector<int32_t>& r = (*opts.replay)[s];
+      const int64_t rows = width > 0 ? static_cast<int64_t>(r.size()) / width : 0;
+      for (int64_t t = 0; t < rows; ++t) {
+        for (int64_t li = 0; li < n_sparse; ++li) {
+          std::copy(r.begin() + (t * n_sparse + li) * top_k,
+                    r.begin() + (t * n_sparse + li + 1) * top_k,
+                    forced.begin() + (li * m + c.row0[s] + t) * top_k);
+        }
+      }
+    }
+  }
+  std::vector<double> expert_rows(n_exp, 0.0), expert_prob(n_exp, 0.0);
+  ForwardRouting& routed = c.moe;
+  routed = {};
+  routed.expert_tokens.assign(n_sparse * n_exp, 0);
+  std::vector<uint8_t> overrode(forced.empty() ? 0 : m, 0);  // any layer, per row
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     LayerActivations& a = c.layers[ctx ? l : 0];
-    if (auto s = layer_forward(l, m, c.pos.data(), x.data(), a, ctx != nullptr, opts.calibrator,
-                               c.row0, true, attention);
+    if (auto s =
+            layer_forward(l, m, c.pos.data(), x.data(), a, ctx != nullptr, opts.calibrator, c.row0,
+                          true, attention, forced.empty() ? nullptr : forced.data(), record.data());
         !s.ok()) {
       return s;
     }
+    if (config_.sparse_layer(l)) {
+      const int64_t li = config_.sparse_index(l);
+      for (int32_t e : a.moe.sel) {
+        expert_rows[e] += 1;
+        ++routed.expert_tokens[li * n_exp + e];
+      }
+      for (size_t r = 0; r < overrode.size(); ++r) overrode[r] |= a.moe.overrode[r];
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t e = 0; e < n_exp; ++e) expert_prob[e] += a.moe.probs[r * n_exp + e];
+      }
+    }
+  }
+  c.aux_dprob.clear();
+  if (width > 0) {
+    routed.used.assign(n_seq, {});
+    for (int64_t s = 0; s < n_seq; ++s) {
+      const int64_t len = static_cast<int64_t>(batch[s].size());
+      if (!forced.empty()) {
+        const int64_t rows = static_cast<int64_t>((*opts.replay)[s].size()) / width;
+        routed.replayed_tokens += rows;
+        for (int64_t t = 0; t < rows; ++t) routed.replay_overrode += overrode[c.row0[s] + t];
+      }
+      std::vector<int32_t>& out = routed.used[s];
+      out.resize(len * width);
+      for (int64_t t = 0; t < len; ++t) {
+        for (int64_t li = 0; li < n_sparse; ++li) {
+          std::copy(record.begin() + (li * m + c.row0[s] + t) * top_k,
+                    record.begin() + (li * m + c.row0[s] + t + 1) * top_k,
+                    out.begin() + (t * n_sparse + li) * top_k);
+        }
+      }
+    }
+    // HF load_balancing_loss_func over the N = sparse layers x rows router outputs:
+    // E * sum_e (rows routed to e / N) * (mean router probability of e). Only the probabilities
+    // carry a gradient: d/dprobs[row, e] = coef * E * (rows routed to e / N) / N.
+    const double rows_total = static_cast<double>(n_sparse * m);
+    for (int64_t e = 0; e < n_exp; ++e) {
+      routed.aux_loss += n_exp * (expert_rows[e] / rows_total) * (expert_prob[e] / rows_total);
+    }
+    if (opts.router_aux_loss_coef > 0) {
+      c.aux_dprob.resize(n_exp);
+      for (int64_t e = 0; e < n_exp; ++e) {
+        c.aux_dprob[e] = static_cast<float>(opts.router_aux_loss_coef * n_exp *
+                                            (expert_rows[e] / rows_total) / rows_total);
+      }
+    }
+    if (opts.routing_out != nullptr) *opts.routing_out = routed;
   }
   c.inv_final.resize(m);
   c.h_final.resize(m * h);
@@ -334,24 +420,42 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
     const LayerActivations& a = c.layers[l];
     const LayerOffsets& lo = layout_.layer(l);
     const auto& W = linears_[l];
-    // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
-    if (auto s = linear_backward(W[6], a.act.data(), dx.data(), m, dact.data(), grads + lo.down,
-                                 nullptr);
-        !s.ok()) {
-      return s;
+    if (config_.sparse_layer(l)) {
+      // MLP: x_out = x2 + moe(h2) (forward: "x <- x2 + moe(h2)").
+      const MoeGradOffsets offsets{.router = lo.router,
+                                   .expert_gate = &lo.expert_gate,
+                                   .expert_up = &lo.expert_up,
+                                   .expert_down = &lo.expert_down,
+                                   .shared_gate = lo.shared_gate,
+                                   .shared_up = lo.shared_up,
+                                   .shared_down = lo.shared_down,
+                                   .shared_expert_gate = lo.shared_expert_gate};
+      if (auto s =
+              moe_backward(moe_[l], moe_options(), offsets, a.moe, a.h2.data(), dx.data(), m,
+                           c.aux_dprob.empty() ? nullptr : c.aux_dprob.data(), dh.data(), grads);
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
+      if (auto s = linear_backward(W[6], a.act.data(), dx.data(), m, dact.data(), grads + lo.down,
+                                   nullptr);
+          !s.ok()) {
+        return s;
+      }
+      ops::swiglu_backward(a.g.data(), a.u.data(), dact.data(), m * f, dg.data(), du.data());
+      if (auto s =
+              linear_backward(W[4], a.h2.data(), dg.data(), m, dh.data(), grads + lo.gate, nullptr);
+          !s.ok()) {
+        return s;
+      }
+      if (auto s =
+              linear_backward(W[5], a.h2.data(), du.data(), m, tmp.data(), grads + lo.up, nullptr);
+          !s.ok()) {
+        return s;
+      }
+      add_inplace(dh.data(), tmp.data(), m * h);
     }
-    ops::swiglu_backward(a.g.data(), a.u.data(), dact.data(), m * f, dg.data(), du.data());
-    if (auto s =
-            linear_backward(W[4], a.h2.data(), dg.data(), m, dh.data(), grads + lo.gate, nullptr);
-        !s.ok()) {
-      return s;
-    }
-    if (auto s =
-            linear_backward(W[5], a.h2.data(), du.data(), m, tmp.data(), grads + lo.up, nullptr);
-        !s.ok()) {
-      return s;
-    }
-    add_inplace(dh.data(), tmp.data(), m * h);
     ops::rmsnorm_backward(a.x2.data(), small_param(lo.post_norm), a.inv2.data(), dh.data(), m, h,
                           tmp.data(), grads + lo.post_norm);
     add_inplace(dx.data(), tmp.data(), m * h);  // dx is now d x2
@@ -498,9 +602,10 @@ absl::Status Model::forward_cached(const std::vector<CachedSegment>& segments, f
       }
     });
   };
+  ws->routing.resize(routing_width() * m);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    if (auto s =
-            layer_forward(l, m, ws->pos.data(), x, ws->a, false, nullptr, {}, false, attention);
+    if (auto s = layer_forward(l, m, ws->pos.data(), x, ws->a, false, nullptr, {}, false, attention,
+                               nullptr, ws->routing.data());
         !s.ok()) {
       return s;
     }

@@ -135,9 +135,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::ForInference(const ModelConfig& co
   return m;
 }
 
-absl::Status Model::install_linear(const WeightView& view, const TensorView& t, int64_t l, int j,
-                                   const std::string& what) {
-  LinearWeight& w = linears_[l][j];
+absl::Status Model::install_linear(const WeightView& view, const TensorView& t, int64_t l,
+                                   LinearWeight& w, const std::string& what) {
   w.out = t.shape[0];
   w.in = t.shape[1];
   w.precision = policy_.layer_linear(l, config_.num_hidden_layers);
@@ -193,7 +192,8 @@ absl::Status Model::install(const WeightView& view) {
   const std::string what = absl::StrCat("weight version ", view.version);
   const int64_t n_layers = config_.num_hidden_layers;
   size_t small_at = 0;
-  for (const ParamInfo& p : layout_.params()) {
+  for (size_t pi = 0; pi < layout_.params().size(); ++pi) {
+    const ParamInfo& p = layout_.params()[pi];
     const TensorView* t = view.find(p.name);
     if (t == nullptr) {
       return absl::NotFoundError(absl::StrCat(what, ": missing tensor '", p.name, "'"));
@@ -209,11 +209,25 @@ absl::Status Model::install(const WeightView& view) {
     }
     switch (p.kind) {
       case ParamKind::kLinear: {
-        const LayerOffsets& lo = layout_.layer(p.layer);
-        const int64_t offs[7] = {lo.q, lo.k, lo.v, lo.o, lo.gate, lo.up, lo.down};
-        int j = 0;
-        while (offs[j] != p.offset) ++j;
-        if (auto s = install_linear(view, *t, p.layer, j, what); !s.ok()) return s;
+        if (auto s = install_linear(view, *t, p.layer, *linear_of_[pi], what); !s.ok()) return s;
+        break;
+      }
+      case ParamKind::kRouter: {
+        // bf16 values in double (moe.h RouterWeight), as refresh() derives them.
+        RouterWeight& r = *router_of_[pi];
+        r.out = p.shape[0];
+        r.in = p.shape[1];
+        r.w.resize(p.numel);
+        if (auto s = for_each_block(*t, what,
+                                    [&](const float* v, int64_t i0, int64_t n) {
+                                      for (int64_t i = 0; i < n; ++i) {
+                                        r.w[i0 + i] = kernels::round_bf16(v[i]);
+                                      }
+                                      return absl::OkStatus();
+                                    });
+            !s.ok()) {
+          return s;
+        }
         break;
       }
       case ParamKind::kEmbedding:
@@ -302,8 +316,11 @@ int64_t Model::weight_bytes() const {
                                 w.qt.scale_inv.size() * 4);
   };
   int64_t n = static_cast<int64_t>(params_.size() + small_.size()) * 4 + of(embed_w_) + of(head_w_);
-  for (const auto& layer : linears_) {
-    for (const LinearWeight& w : layer) n += of(w);
+  for (const LinearWeight* w : linear_of_) {
+    if (w != nullptr) n += of(*w);
+  }
+  for (const RouterWeight* r : router_of_) {
+    if (r != nullptr) n += static_cast<int64_t>(r->w.size()) * 8;
   }
   return n;
 }

@@ -44,7 +44,7 @@ AdamW::AdamW(const Model& model, const AdamWConfig& config) : config_(config) {
   decay_.assign(n, 0);
   for (const ParamInfo& p : model.layout().params()) {
     const bool matrix = p.kind == ParamKind::kLinear || p.kind == ParamKind::kEmbedding ||
-                        p.kind == ParamKind::kLmHead;
+                        p.kind == ParamKind::kLmHead || p.kind == ParamKind::kRouter;
     std::fill(decay_.begin() + p.offset, decay_.begin() + p.offset + p.numel, matrix ? 1 : 0);
   }
 }

@@ -1,4 +1,5 @@
-// The HF parameter naming of Llama/Qwen2/Qwen3 decoders mapped onto one flat buffer.
+// The HF parameter naming of Llama/Qwen2/Qwen3 (and Qwen3-MoE/Qwen2-MoE) decoders mapped onto one
+// flat buffer.
 #include "model/params.h"
 
 #include "absl/strings/str_cat.h"
@@ -38,9 +39,32 @@ ParamLayout::ParamLayout(const ModelConfig& c) {
       l.k_norm = add(p + "self_attn.k_norm.weight", {c.head_dim}, ParamKind::kNorm, i);
     }
     l.post_norm = add(p + "post_attention_layernorm.weight", {h}, ParamKind::kNorm, i);
-    l.gate = add(p + "mlp.gate_proj.weight", {f, h}, ParamKind::kLinear, i);
-    l.up = add(p + "mlp.up_proj.weight", {f, h}, ParamKind::kLinear, i);
-    l.down = add(p + "mlp.down_proj.weight", {h, f}, ParamKind::kLinear, i);
+    if (!c.sparse_layer(i)) {
+      l.gate = add(p + "mlp.gate_proj.weight", {f, h}, ParamKind::kLinear, i);
+      l.up = add(p + "mlp.up_proj.weight", {f, h}, ParamKind::kLinear, i);
+      l.down = add(p + "mlp.down_proj.weight", {h, f}, ParamKind::kLinear, i);
+    } else {
+      // HF Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock naming.
+      const int64_t e_count = c.moe.num_experts, fe = c.moe.moe_intermediate_size,
+                    fs = c.moe.shared_expert_intermediate_size;
+      l.gate = l.up = l.down = -1;
+      l.router = add(p + "mlp.gate.weight", {e_count, h}, ParamKind::kRouter, i);
+      for (int64_t e = 0; e < e_count; ++e) {
+        const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
+        l.expert_gate.push_back(add(x + "gate_proj.weight", {fe, h}, ParamKind::kLinear, i));
+        l.expert_up.push_back(add(x + "up_proj.weight", {fe, h}, ParamKind::kLinear, i));
+        l.expert_down.push_back(add(x + "down_proj.weight", {h, fe}, ParamKind::kLinear, i));
+      }
+      if (fs > 0) {
+        l.shared_gate =
+            add(p + "mlp.shared_expert.gate_proj.weight", {fs, h}, ParamKind::kLinear, i);
+        l.shared_up = add(p + "mlp.shared_expert.up_proj.weight", {fs, h}, ParamKind::kLinear, i);
+        l.shared_down =
+            add(p + "mlp.shared_expert.down_proj.weight", {h, fs}, ParamKind::kLinear, i);
+        l.shared_expert_gate =
+            add(p + "mlp.shared_expert_gate.weight", {1, h}, ParamKind::kRouter, i);
+      }
+    }
     layers_.push_back(l);
   }
   final_norm_ = add("model.norm.weight", {h}, ParamKind::kNorm, -1);

@@ -10,7 +10,10 @@
 
 namespace fp8rl::model {
 
-enum class ParamKind { kEmbedding, kLinear, kBias, kNorm, kLmHead };
+// kRouter: a mixture-of-experts router (mlp.gate) or qwen2_moe's shared_expert_gate, a [out, H]
+// matrix that stays bf16 (fp32 in an fp32 policy) and is never quantized to FP8
+// (docs/design.md "Mixture of experts").
+enum class ParamKind { kEmbedding, kLinear, kBias, kNorm, kLmHead, kRouter };
 
 struct ParamInfo {
   std::string name;            // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
@@ -23,8 +26,16 @@ struct ParamInfo {
 
 // Offsets of one decoder layer's parameters (bias offsets are -1 without attention_bias,
 // q_norm / k_norm offsets -1 without qk_norm).
+// Sparse (mixture-of-experts) layers have gate = up = down = -1 and the router/expert offsets
+// set; dense layers have router = -1 and no experts.
 struct LayerOffsets {
   int64_t input_norm, q, k, v, o, q_bias, k_bias, v_bias, q_norm, k_norm, post_norm, gate, up, down;
+  int64_t router = -1;  // mlp.gate.weight [E, H]
+  // mlp.experts.{e}.{gate,up,down}_proj.weight: [F_moe, H], [F_moe, H], [H, F_moe]; E each.
+  std::vector<int64_t> expert_gate, expert_up, expert_down;
+  // qwen2_moe shared expert: mlp.shared_expert.{gate,up,down}_proj.weight and
+  // mlp.shared_expert_gate.weight [1, H]; -1 without one.
+  int64_t shared_gate = -1, shared_up = -1, shared_down = -1, shared_expert_gate = -1;
 };
 
 class ParamLayout {

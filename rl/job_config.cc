@@ -438,7 +438,9 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
                                       "adam_beta1",
                                       "adam_beta2",
                                       "adam_eps",
-                                      "max_staleness"}));
+                                      "max_staleness",
+                                      "routing_replay",
+                                      "router_aux_loss_coef"}));
   FP8RL_RETURN_IF_ERROR(f.get_int("steps", &a->steps));
   FP8RL_RETURN_IF_ERROR(f.get_int("prompts_per_step", &a->prompts_per_step));
   FP8RL_RETURN_IF_ERROR(f.get_int("samples_per_prompt", &a->samples_per_prompt));
@@ -458,6 +460,8 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta2", &a->adam_beta2));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_eps", &a->adam_eps));
   FP8RL_RETURN_IF_ERROR(f.get_int("max_staleness", &a->max_staleness));
+  FP8RL_RETURN_IF_ERROR(f.get_bool("routing_replay", &a->routing_replay));
+  FP8RL_RETURN_IF_ERROR(f.get_double("router_aux_loss_coef", &a->router_aux_loss_coef));
   FP8RL_ASSIGN_OR_RETURN_FIELDS(is, f.get_object("is"));
   FP8RL_RETURN_IF_ERROR(is.allow_only({"rule", "cap", "lo", "hi"}));
   std::string rule(is_rule_name(a->is.rule));
@@ -568,6 +572,9 @@ absl::Status validate_job_config(const JobConfig& c) {
   FP8RL_RETURN_IF_ERROR(
       require(a.kl_beta >= 0.0 && std::isfinite(a.kl_beta), "algorithm.kl_beta", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(validate_is_config(a.is, "algorithm.is"));
+  FP8RL_RETURN_IF_ERROR(
+      require(a.router_aux_loss_coef >= 0.0 && std::isfinite(a.router_aux_loss_coef),
+              "algorithm.router_aux_loss_coef", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(require(a.adam_beta1 >= 0.0 && a.adam_beta1 < 1.0, "algorithm.adam_beta1",
                                 "must be in [0, 1)"));
   FP8RL_RETURN_IF_ERROR(require(a.adam_beta2 >= 0.0 && a.adam_beta2 < 1.0, "algorithm.adam_beta2",
@@ -740,7 +747,9 @@ Json job_config_to_json(const JobConfig& c) {
                         {"adam_beta1", a.adam_beta1},
                         {"adam_beta2", a.adam_beta2},
                         {"adam_eps", a.adam_eps},
-                        {"max_staleness", a.max_staleness}};
+                        {"max_staleness", a.max_staleness},
+                        {"routing_replay", a.routing_replay},
+                        {"router_aux_loss_coef", a.router_aux_loss_coef}};
   if (c.sft.has_value()) {
     j["sft"] = Json{{"steps", c.sft->steps},
                     {"learning_rate", c.sft->learning_rate},

@@ -94,6 +94,10 @@ struct AlgorithmConfig {
   // with the version the previous step published); K >= 1 = rollouts of the next K steps run
   // while the trainer trains, each sample at most K versions behind the version it trains.
   int64_t max_staleness = 0;
+  // Mixture-of-experts policies: train with the experts generation chose (routing replay), and
+  // the weight of the load-balancing loss (docs/design.md "Mixture of experts").
+  bool routing_replay = false;
+  double router_aux_loss_coef = 0.0;
   int64_t batch_size() const { return prompts_per_step * samples_per_prompt; }
   bool operator==(const AlgorithmConfig&) const = default;
 };

@@ -19,6 +19,9 @@ PackedBatch PackedBatch::slice(int64_t begin, int64_t end) const {
                           gen_logprobs.begin() + end * length);
   out.advantages.assign(advantages.begin() + begin, advantages.begin() + end);
   out.temperature = temperature;
+  if (!routing.empty()) out.routing.assign(routing.begin() + begin, routing.begin() + end);
+  out.replay_routing = replay_routing;
+  out.router_aux_loss_coef = router_aux_loss_coef;
   for (uint8_t m : out.mask) out.valid_tokens += m;
   return out;
 }
@@ -69,6 +72,17 @@ absl::StatusOr<PackedBatch> pack_sequences(std::span<const Sequence> seqs,
     b.tokens.push_back(s.tokens);
     b.prompt_length.push_back(s.prompt_length);
     b.advantages.push_back(s.advantage);
+    b.routing.push_back(s.routing);
+  }
+  if (auto st = model.check_routing(b.tokens, b.routing); !st.ok()) {
+    // "routing[3]: ..." -> "batch[3].routed_experts: ..."
+    std::string message(st.message());
+    if (const size_t close = message.find("]: ");
+        message.rfind("routing[", 0) == 0 && close != std::string::npos) {
+      message = absl::StrCat(std::string(name), "[", message.substr(8, close - 8),
+                             "].routed_experts: ", message.substr(close + 3));
+    }
+    return absl::InvalidArgumentError(message);
   }
   const int64_t B = b.size(), L = b.length;
   b.mask.assign(B * L, 0);
@@ -97,10 +111,14 @@ absl::StatusOr<float> logprob_temperature(double t, std::string_view field) {
 absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,
                                                      const PackedBatch& batch,
                                                      model::ForwardContext* ctx,
-                                                     model::KvCalibrator* calibrator) {
+                                                     model::KvCalibrator* calibrator,
+                                                     model::ForwardRouting* routing) {
   model::TrainForwardOptions options;
   options.temperature = batch.temperature;
   options.calibrator = calibrator;
+  if (batch.replay_routing) options.replay = &batch.routing;
+  options.router_aux_loss_coef = batch.router_aux_loss_coef;
+  options.routing_out = routing;
   absl::StatusOr<model::TokenValues> lp = model.forward(batch.tokens, options, ctx);
   if (!lp.ok()) return lp.status();
   const int64_t L = batch.length;

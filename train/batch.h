@@ -21,6 +21,9 @@ struct Sequence {
   std::vector<float> loss_mask;
   std::vector<float> gen_logprobs;
   float advantage = 0.0f;
+  // Mixture of experts: the generation's routing, [tokens, sparse layers, top_k] for the first
+  // tokens (model::TokenRouting); may be empty.
+  std::vector<int32_t> routing;
 };
 
 // A sequence batch after validation. Response token j of sequence b is
@@ -34,6 +37,11 @@ struct PackedBatch {
   std::vector<float> advantages;       // [B]
   int64_t valid_tokens = 0;
   float temperature = 1.0f;  // logprobs are of logits / temperature (the sampling temperature)
+  // Mixture of experts: per sequence the generation's routing (checked against the model), whether
+  // the forwards replay it, and the load-balancing loss weight the backward adds.
+  model::TokenRouting routing;
+  bool replay_routing = false;
+  double router_aux_loss_coef = 0.0;
 
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
   rl::TokenLayout layout() const { return {size(), length}; }
@@ -54,10 +62,12 @@ absl::StatusOr<float> logprob_temperature(double t, std::string_view field);
 // Response-token logprobs of `batch` under `model`, [B*L] (0 at padding). With `ctx`, the forward
 // keeps what backward needs; with `calibrator`, records each sequence's K/V amax per layer (the KV
 // calibration taken in the step's own forward, docs/design.md "The FP8 recipe").
+// With `routing` (mixture of experts), receives the routing the forward used.
 absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,
                                                      const PackedBatch& batch,
                                                      model::ForwardContext* ctx,
-                                                     model::KvCalibrator* calibrator = nullptr);
+                                                     model::KvCalibrator* calibrator = nullptr,
+                                                     model::ForwardRouting* routing = nullptr);
 
 // dLoss/dlogprob in the model's layout (value [i-1] belongs to token i) from the padded [B*L]
 // gradient over response tokens.

@@ -243,6 +243,12 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
       pack_sequences(request.batch, *model_, "batch", /*require_gen=*/true);
   if (!batch.ok()) return batch.status();
   p.batch = std::move(*batch);
+  p.batch.replay_routing = request.routing_replay;
+  if (!(request.router_aux_loss_coef >= 0) || !std::isfinite(request.router_aux_loss_coef)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "algorithm.router_aux_loss_coef: must be >= 0, got ", request.router_aux_loss_coef));
+  }
+  p.batch.router_aux_loss_coef = request.router_aux_loss_coef;
   absl::StatusOr<float> temperature =
       logprob_temperature(request.temperature, "algorithm.temperature");
   if (!temperature.ok()) return temperature.status();
@@ -277,6 +283,11 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
   // prev_logprobs: the policy at the rollout version, before any update, same kernels.
   const auto start = Clock::now();
   if (data_parallel) {
+    if (model_->routing_width() > 0) {
+      // Routing records, replay and MoE statistics are not split across ranks or reduced yet.
+      return absl::FailedPreconditionError(
+          "trainer.data_parallel: mixture-of-experts models train on one trainer for now");
+    }
     // This rank's rows only, then a gather through a sum (the other rows are 0 here).
     const int64_t L = p.batch.length;
     p.prev.assign(static_cast<size_t>(p.batch.size() * L), 0.0f);
@@ -310,10 +321,30 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
     p.logprob_seconds = seconds_since(start);
     return p;
   }
+  model::ForwardRouting routing;
   absl::StatusOr<std::vector<float>> prev =
-      response_logprobs(*model_, p.batch, nullptr, calibrator);
+      response_logprobs(*model_, p.batch, nullptr, calibrator, &routing);
   if (!prev.ok()) return prev.status();
   p.prev = std::move(*prev);
+  if (const int64_t width = model_->routing_width(); width > 0) {
+    // Training-time routing against the generation's: with replay the forward reports where the
+    // router would have chosen otherwise; without, the routing it took is compared.
+    MoeStepStats& moe = p.moe;
+    moe.present = true;
+    moe.replay = request.routing_replay;
+    if (moe.replay) {
+      moe.routed_tokens = routing.replayed_tokens;
+      moe.differ_tokens = routing.replay_overrode;
+    } else {
+      const model::RoutingDifference d = model::routing_difference(
+          routing.used, p.batch.routing, width, model_->config().moe.num_experts_per_tok);
+      moe.routed_tokens = d.tokens;
+      moe.differ_tokens = d.differ;
+    }
+    moe.aux_loss = routing.aux_loss;
+    moe.num_experts = model_->config().moe.num_experts;
+    moe.expert_tokens = std::move(routing.expert_tokens);
+  }
   if (c.kl_beta > 0) {
     absl::StatusOr<std::vector<float>> ref = response_logprobs(*reference_, p.batch, nullptr);
     if (!ref.ok()) return ref.status();
@@ -388,6 +419,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
   if (!mismatch.ok()) return mismatch.status();
   r.mismatch = *mismatch;
   r.logprob_seconds = prepared->logprob_seconds;
+  r.moe = prepared->moe;
 
   const int64_t m = request.minibatches;
   const int64_t epochs = std::max<int64_t>(1, request.epochs);

@@ -60,6 +60,22 @@ struct GrpoRequest {
   int64_t minibatches = 1;      // optimizer steps per pass, in [1, batch size]
   int64_t epochs = 1;           // passes over the batch, in [0, kMaxEpochs] (0 = 1)
   double learning_rate = 0;     // > 0: set the optimizer's learning rate first
+  // Mixture of experts: replay Sequence::routing in every forward; load-balancing loss weight.
+  bool routing_replay = false;
+  double router_aux_loss_coef = 0;
+};
+
+// Routing of a mixture-of-experts GRPO step, from its prev-logprobs forward (the policy that
+// generated the batch; docs/metrics.md "Mixture of experts").
+struct MoeStepStats {
+  bool present = false;       // the policy has sparse layers
+  int64_t routed_tokens = 0;  // tokens with a generation routing record
+  // ... whose training-time routing (the router's own choice) differs in some sparse layer
+  int64_t differ_tokens = 0;
+  bool replay = false;
+  double aux_loss = 0;
+  int64_t num_experts = 0;
+  std::vector<int64_t> expert_tokens;  // [sparse layers, num_experts]
 };
 
 struct GrpoResult {
@@ -69,6 +85,7 @@ struct GrpoResult {
   int64_t tokens = 0;            // valid (masked-in) response tokens
   int64_t updates = 0;           // optimizer steps taken
   rl::MismatchMetrics mismatch;  // generation vs prev logprobs
+  MoeStepStats moe;
   double logprob_seconds = 0, forward_backward_seconds = 0, optimizer_seconds = 0;
   // In a trainer group: time in and payload bytes of this update's all-reduces; group size.
   double all_reduce_seconds = 0;
@@ -180,6 +197,7 @@ class Learner {
     PackedBatch batch;
     std::vector<float> prev, ref;  // [B*L]; ref empty unless kl_beta > 0
     double logprob_seconds = 0;
+    MoeStepStats moe;
   };
   // Validates and computes the prev (and ref) logprobs; `calibrator` (optional) records the K/V
   // amax of the prev-logprobs forward.

@@ -52,11 +52,44 @@ std::vector<TrainSequence> calibration_sequences(const rl::JobConfig& config) {
   return out;
 }
 
+// Mixture-of-experts step statistics as step values (docs/metrics.md "Mixture of experts"):
+// routing disagreement, the load-balancing loss, and per sparse layer the tokens of the busiest
+// expert over the mean (1 = perfectly balanced) and the share of experts that got no token.
+void add_moe_stats(const v1::MoeStats& moe, TrainStepStats* stats) {
+  const double tokens = static_cast<double>(moe.routed_tokens());
+  stats->values["moe_routed_tokens"] = tokens;
+  stats->values["moe_routing_disagreement"] =
+      tokens > 0 ? static_cast<double>(moe.routing_differ_tokens()) / tokens : 0.0;
+  stats->values["moe_routing_replay"] = moe.routing_replay() ? 1.0 : 0.0;
+  stats->values["moe_aux_loss"] = moe.aux_loss();
+  const int n_exp = moe.num_experts();
+  if (n_exp <= 0) return;
+  const int layers = moe.expert_tokens_size() / n_exp;
+  double worst = 0;
+  for (int l = 0; l < layers; ++l) {
+    double sum = 0, max = 0;
+    int idle = 0;
+    for (int e = 0; e < n_exp; ++e) {
+      const double v = static_cast<double>(moe.expert_tokens(l * n_exp + e));
+      sum += v;
+      max = std::max(max, v);
+      idle += v == 0 ? 1 : 0;
+    }
+    const double ratio = sum > 0 ? max / (sum / n_exp) : 0.0;
+    stats->values[absl::StrCat("moe_layer", l, "_load_max_over_mean")] = ratio;
+    stats->values[absl::StrCat("moe_layer", l, "_idle_experts")] =
+        static_cast<double>(idle) / n_exp;
+    worst = std::max(worst, ratio);
+  }
+  stats->values["moe_load_max_over_mean"] = worst;
+}
+
 void fill_sequence(const TrainSequence& in, v1::TrainSequence* out) {
   out->mutable_tokens()->Add(in.tokens.begin(), in.tokens.end());
   out->set_prompt_length(static_cast<int32_t>(in.prompt_length));
   out->set_advantage(in.advantage);
   out->mutable_gen_logprobs()->Add(in.gen_logprobs.begin(), in.gen_logprobs.end());
+  out->mutable_routed_experts()->Add(in.routing.begin(), in.routing.end());
 }
 
 class GrpcGenerationClient final : public GenerationClient {
@@ -91,6 +124,7 @@ class GrpcGenerationClient final : public GenerationClient {
         result.sample_id = r.sample_id();
         result.tokens.assign(r.tokens().begin(), r.tokens().end());
         result.logprobs.assign(r.logprobs().begin(), r.logprobs().end());
+        result.routing.assign(r.routed_experts().begin(), r.routed_experts().end());
         result.weight_version = r.weight_version();
         on_result(std::move(result));
       }
@@ -200,6 +234,8 @@ class GrpcTrainerClient final : public TrainerClient {
     }
     a->set_minibatches(static_cast<int32_t>(alg.minibatches));
     a->set_epochs(static_cast<int32_t>(alg.epochs));
+    a->set_routing_replay(alg.routing_replay);
+    a->set_router_aux_loss_coef(alg.router_aux_loss_coef);
     a->set_learning_rate(rl::learning_rate_at(alg, step));
     v1::TrainStepResponse resp;
     if (absl::Status s = call(&v1::TrainerService::Stub::TrainStep, req, &resp); !s.ok()) return s;
@@ -221,6 +257,7 @@ class GrpcTrainerClient final : public TrainerClient {
     for (const auto& [phase, seconds] : resp.phase_seconds()) {
       stats.values[absl::StrCat("trainer_", phase, "_seconds")] = seconds;
     }
+    if (resp.has_moe()) add_moe_stats(resp.moe(), &stats);
     return stats;
   }
 

@@ -620,6 +620,7 @@ absl::StatusOr<std::vector<TrainSequence>> RlLoop::score(const JobRun& run, Roll
     batch[i].tokens.insert(batch[i].tokens.end(), result.tokens.begin(), result.tokens.end());
     batch[i].advantage = scores->advantages[i];
     batch[i].gen_logprobs = std::move(result.logprobs);
+    batch[i].routing = std::move(result.routing);
   }
   row.score_seconds = seconds_since(start);
   return batch;

@@ -55,6 +55,7 @@ struct GenResult {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   int64_t weight_version = 0;
+  std::vector<int32_t> routing;  // mixture of experts: SampleResult.routed_experts
 };
 
 // One generation worker.
@@ -76,6 +77,7 @@ struct TrainSequence {
   int64_t prompt_length = 0;
   float advantage = 0.0f;
   std::vector<float> gen_logprobs;  // one per response token (empty for SFT)
+  std::vector<int32_t> routing;     // mixture of experts: the generation's routing (may be empty)
 };
 
 struct TrainStepStats {

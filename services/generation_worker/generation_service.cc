@@ -78,6 +78,7 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
         r->set_sample_id(std::move(outcome.sample_id));
         r->mutable_tokens()->Add(outcome.tokens.begin(), outcome.tokens.end());
         r->mutable_logprobs()->Add(outcome.logprobs.begin(), outcome.logprobs.end());
+        r->mutable_routed_experts()->Add(outcome.routing.begin(), outcome.routing.end());
         r->set_weight_version(outcome.weight_version);
         r->set_finish_reason(to_proto(outcome.reason));
       }

@@ -327,6 +327,7 @@ void Scheduler::run() {
         outcome.sample_id = std::move(run.sample_id);
         outcome.tokens = std::move(r.tokens);
         outcome.logprobs = std::move(r.logprobs);
+        outcome.routing = std::move(r.routing);
         outcome.weight_version = run.weight_version;
         outcome.reason = r.reason;
         run.request->deliver(std::move(outcome));

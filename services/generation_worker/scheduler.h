@@ -68,6 +68,7 @@ struct SampleOutcome {
   std::string sample_id;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  std::vector<int32_t> routing;  // mixture of experts: model::GenerationResult::routing
   int64_t weight_version = 0;
   model::FinishReason reason = model::FinishReason::kLength;
 };

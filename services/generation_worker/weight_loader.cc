@@ -9,16 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/config.h"
+#include "model/params.h"
 #include "model/weight_view.h"
 
 namespace fp8rl::generation {
 namespace {
 
 using Json = nlohmann::json;
-
-constexpr const char* kLinearNames[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                        "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                        "mlp.down_proj"};
 
 absl::Status field_error(const std::string& field, const std::string& message) {
   return absl::InvalidArgumentError(
@@ -58,26 +55,30 @@ absl::StatusOr<ExplicitPrecision> read_explicit(const std::string& config_json) 
   return out;
 }
 
-// Per decoder layer: true when its linears are F8_E4M3 in the payload. All seven linears of a
-// layer must agree.
-absl::StatusOr<std::vector<bool>> fp8_layers(const model::WeightView& set, int64_t num_layers) {
+// Per decoder layer: true when its linears are F8_E4M3 in the payload. All linears of a layer
+// (attention, MLP or a mixture-of-experts layer's experts; the layout of `config`) must agree.
+absl::StatusOr<std::vector<bool>> fp8_layers(const model::WeightView& set,
+                                             const model::ModelConfig& config) {
+  const int64_t num_layers = config.num_hidden_layers;
+  std::vector<int64_t> fp8(num_layers, 0), total(num_layers, 0);
+  const model::ParamLayout layout(config);
+  for (const model::ParamInfo& p : layout.params()) {
+    if (p.kind != model::ParamKind::kLinear) continue;
+    const model::TensorView* t = set.find(p.name);
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight set v", set.version, ": missing tensor '", p.name, "'"));
+    }
+    fp8[p.layer] += t->dtype == DType::kF8E4M3 ? 1 : 0;
+    ++total[p.layer];
+  }
   std::vector<bool> out(num_layers, false);
   for (int64_t l = 0; l < num_layers; ++l) {
-    int fp8 = 0;
-    for (const char* linear : kLinearNames) {
-      const std::string name = absl::StrCat("model.layers.", l, ".", linear, ".weight");
-      const model::TensorView* t = set.find(name);
-      if (t == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("weight set v", set.version, ": missing tensor '", name, "'"));
-      }
-      fp8 += t->dtype == DType::kF8E4M3 ? 1 : 0;
-    }
-    if (fp8 != 0 && fp8 != 7) {
+    if (fp8[l] != 0 && fp8[l] != total[l]) {
       return absl::InvalidArgumentError(absl::StrCat("weight set v", set.version, ": layer ", l,
                                                      " mixes F8_E4M3 and other linear weights"));
     }
-    out[l] = fp8 == 7;
+    out[l] = fp8[l] == total[l];
   }
   return out;
 }
@@ -127,7 +128,7 @@ absl::StatusOr<model::PrecisionPolicy> resolve_precision_policy(
   if (fp8_payload) {
     // The BF16 layers of an FP8 payload must be a prefix and a suffix of the layer stack; they
     // are what the trainer's policy kept in BF16, so the worker's policy must say the same.
-    absl::StatusOr<std::vector<bool>> fp8 = fp8_layers(set, n_layers);
+    absl::StatusOr<std::vector<bool>> fp8 = fp8_layers(set, *config);
     if (!fp8.ok()) return fp8.status();
     int64_t first = 0, last = 0;
     while (first < n_layers && !(*fp8)[first]) ++first;

@@ -38,6 +38,7 @@ std::vector<train::Sequence> to_sequences(
     out[i].loss_mask.assign(s.loss_mask().begin(), s.loss_mask().end());
     out[i].gen_logprobs.assign(s.gen_logprobs().begin(), s.gen_logprobs().end());
     out[i].advantage = s.advantage();
+    out[i].routing.assign(s.routed_experts().begin(), s.routed_experts().end());
   }
   return out;
 }
@@ -202,6 +203,8 @@ absl::StatusOr<train::GrpoRequest> Trainer::grpo_request(
   r.minibatches = a.minibatches();
   r.epochs = a.epochs();
   r.learning_rate = a.learning_rate();
+  r.routing_replay = a.routing_replay();
+  r.router_aux_loss_coef = a.router_aux_loss_coef();
   return r;
 }
 
@@ -248,6 +251,16 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
   (*response.mutable_phase_seconds())["optimizer"] = result->optimizer_seconds;
   if (result->group_size > 1) {
     (*response.mutable_phase_seconds())["all_reduce"] = result->all_reduce_seconds;
+  }
+  if (result->moe.present) {
+    v1::MoeStats* moe = response.mutable_moe();
+    moe->set_routed_tokens(result->moe.routed_tokens);
+    moe->set_routing_differ_tokens(result->moe.differ_tokens);
+    moe->set_routing_replay(result->moe.replay);
+    moe->set_aux_loss(result->moe.aux_loss);
+    moe->set_num_experts(static_cast<int32_t>(result->moe.num_experts));
+    moe->mutable_expert_tokens()->Add(result->moe.expert_tokens.begin(),
+                                      result->moe.expert_tokens.end());
   }
 
   if (metrics_ != nullptr) {

@@ -70,7 +70,7 @@ class Llama:
         self.h = config["hidden_size"]
         self.nh = config["num_attention_heads"]
         self.nkv = config.get("num_key_value_heads", self.nh)
-        qwen3 = config.get("model_type") == "qwen3"
+        qwen3 = config.get("model_type") in ("qwen3", "qwen3_moe")
         # Qwen3Config defaults head_dim to 128; Llama and Qwen2 derive it.
         self.hd = config.get("head_dim") or (128 if qwen3 else self.h // self.nh)
         self.qk_norm = qwen3
@@ -120,6 +120,13 @@ class Llama:
             y = y + self.p[name + ".bias"]
         return y
 
+    def mlp(self, layer, h):
+        """The dense SwiGLU MLP of layer `layer` (moe_ref.py overrides it for sparse layers)."""
+        pre = f"model.layers.{layer}.mlp."
+        g = self.linear(h, pre + "gate_proj")
+        u = self.linear(h, pre + "up_proj")
+        return self.linear(torch.nn.functional.silu(g) * u, pre + "down_proj")
+
     def logits(self, tokens):
         p = self.p
         t = len(tokens)
@@ -144,9 +151,7 @@ class Llama:
             o = (torch.softmax(s, dim=-1) @ v).transpose(0, 1).reshape(t, self.nh * self.hd)
             x = x + self.linear(o, pre + "self_attn.o_proj")
             h = self.rmsnorm(x, p[pre + "post_attention_layernorm.weight"])
-            g = self.linear(h, pre + "mlp.gate_proj")
-            u = self.linear(h, pre + "mlp.up_proj")
-            x = x + self.linear(torch.nn.functional.silu(g) * u, pre + "mlp.down_proj")
+            x = x + self.mlp(i, h)
         x = self.rmsnorm(x, p["model.norm.weight"])
         head = p["model.embed_tokens.weight"] if self.tied else p["lm_head.weight"]
         return x @ head.t()

@@ -39,7 +39,10 @@ struct QuantizeOptions {
 };
 
 // A Llama/Qwen2 linear weight: model.layers.{i}.self_attn.{q,k,v,o}_proj.weight or
-// model.layers.{i}.mlp.{gate,up,down}_proj.weight.
+// model.layers.{i}.mlp.{gate,up,down}_proj.weight, or a Qwen3-MoE/Qwen2-MoE expert's
+// mlp.experts.{e}.{gate,up,down}_proj.weight / mlp.shared_expert.{gate,up,down}_proj.weight. The
+// routers (mlp.gate.weight, mlp.shared_expert_gate.weight) never match: they stay BF16
+// (docs/design.md "Mixture of experts").
 struct LinearWeight {
   int64_t layer = 0;
   std::string module;  // the name without ".weight"
@@ -47,7 +50,7 @@ struct LinearWeight {
 
 std::optional<LinearWeight> match_linear(const std::string& name) {
   static const std::regex kPattern(
-      R"(^(model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj))\.weight$)");
+      R"(^(model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj))\.weight$)");
   std::smatch m;
   if (!std::regex_match(name, m, kPattern)) return std::nullopt;
   LinearWeight w;

@@ -67,6 +67,11 @@ TEST(JobConfig, ShippedConfigsSayWhatTheirNamesPromise) {
   absl::StatusOr<JobConfig> gen_only = load_job_config_file(dir + "demo-fp8-gen-only.yaml");
   absl::StatusOr<JobConfig> smoke = load_job_config_file(dir + "smoke.yaml");
   ASSERT_TRUE(demo.ok() && bf16.ok() && gen_only.ok() && smoke.ok());
+  absl::StatusOr<JobConfig> moe = load_job_config_file(dir + "demo-moe.yaml");
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_TRUE(moe->algorithm.routing_replay);
+  EXPECT_GT(moe->algorithm.router_aux_loss_coef, 0.0);
+  EXPECT_FALSE(demo->algorithm.routing_replay);
   EXPECT_TRUE(demo->sft.has_value());
   EXPECT_EQ(demo->precision.generation, Precision::kFP8);
   EXPECT_EQ(demo->precision.training, Precision::kFP8);
@@ -298,6 +303,7 @@ TEST(JobConfig, BadConfigsNameTheField) {
       {"algorithm: {max_staleness: 17}", "algorithm.max_staleness: must be in [0, 16]"},
       {"algorithm: {max_staleness: 1.5}",
        "algorithm.max_staleness: must be an integer, got number"},
+      {"algorithm: {router_aux_loss_coef: -0.1}", "algorithm.router_aux_loss_coef: must be >= 0"},
       {"algorithm: {foo: 1}", "algorithm.foo: unknown key"},
       {"bogus: 1", "bogus: unknown key"},
       {"algorithm: {steps: ten}", "algorithm.steps: must be an integer, got string"},

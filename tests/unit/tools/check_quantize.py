@@ -10,6 +10,7 @@ tensors byte-identical. Bad input must fail with one stderr line and leave no ou
 """
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -21,8 +22,10 @@ import numpy as np
 BLOCK = 128
 DTYPE_SIZE = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F64": 8, "I64": 8, "I32": 4,
               "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-LINEAR = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+# Linear weights `fp8rl quantize` converts: attention and MLP projections, and the experts of
+# mixture-of-experts layers (mlp.experts.{e}.* and the shared expert). Routers stay as they are.
+LINEAR_RE = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|"
+                       r"mlp\.(experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj)\.weight$")
 FAILURES = []
 
 
@@ -150,7 +153,7 @@ def expected_block_quant(w, pow2):
 # ---- random checkpoints ------------------------------------------------------------------------
 
 def make_model(root, rng, *, dtype, layers, hidden, inter, heads, kv_heads, vocab, shards=1,
-               biases=False, zero_block=False, ties=False):
+               biases=False, zero_block=False, ties=False, experts=0):
     os.makedirs(root)
     head_dim = hidden // heads
     tensors = {}
@@ -177,6 +180,13 @@ def make_model(root, rng, *, dtype, layers, hidden, inter, heads, kv_heads, voca
         add(p + "mlp.gate_proj.weight", (inter, hidden))
         add(p + "mlp.up_proj.weight", (inter, hidden), 1e-3)  # small: many subnormal codes
         add(p + "mlp.down_proj.weight", (hidden, inter), 20.0)  # large: outliers beyond 448
+        if experts:  # Qwen2-MoE naming: router, experts, shared expert and its gate
+            add(p + "mlp.gate.weight", (experts, hidden))
+            add(p + "mlp.shared_expert_gate.weight", (1, hidden))
+            for e in ["shared_expert."] + [f"experts.{j}." for j in range(experts)]:
+                add(p + "mlp." + e + "gate_proj.weight", (inter // 2, hidden))
+                add(p + "mlp." + e + "up_proj.weight", (inter // 2, hidden))
+                add(p + "mlp." + e + "down_proj.weight", (hidden, inter // 2))
         if biases:
             add(p + "self_attn.q_proj.bias", (heads * head_dim,), 0.1, False)
             add(p + "self_attn.k_proj.bias", (kv_heads * head_dim,), 0.1, False)
@@ -242,8 +252,7 @@ def check_output(label, model_dir, out_dir, tensors, config, *, pow2, first, las
     kept_modules = []
     for name, (dtype, shape, raw) in sorted(tensors.items()):
         parts = name.split(".")
-        is_linear = (name.endswith(".weight") and name.startswith("model.layers.")
-                     and ".".join(parts[3:5]) in LINEAR)
+        is_linear = LINEAR_RE.match(name) is not None
         if not is_linear or int(parts[2]) in kept_layers:
             if is_linear:
                 kept_modules.append(name[:-len(".weight")])
@@ -316,6 +325,8 @@ def good_cases(tmp, rng):
          ["--pow2-scales", "--bf16-first-layers", "1", "--bf16-last-layers", "1"], True, 1, 1),
         ("f16_qwen2", dict(dtype="F16", layers=2, hidden=136, inter=260, heads=2, kv_heads=1,
                            vocab=32, biases=True), ["--bf16-last-layers=1"], False, 0, 1),
+        ("bf16_moe_experts", dict(dtype="BF16", layers=2, hidden=160, inter=288, heads=4,
+                                  kv_heads=2, vocab=40, experts=3), [], False, 0, 0),
     ]
     total_q = total_codes = 0
     for label, kw, flags, pow2, first, last in cases:

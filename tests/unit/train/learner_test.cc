@@ -365,3 +365,97 @@ TEST(Learner, CheckpointRoundTripContinuesBitIdentically) {
 
 }  // namespace
 }  // namespace fp8rl::train
+
+namespace fp8rl::train {
+namespace {
+
+// Mixture of experts: a GRPO step reports the routing statistics; with the generation's own
+// routing replayed nothing is overridden, with a different routing replayed the step reports
+// where the router disagreed and trains through the replayed experts; a malformed record is an
+// error naming the field.
+TEST(LearnerMoe, RoutingReplayStatsAndErrors) {
+  model::ModelConfig c = tiny_config();
+  c.model_type = "qwen3_moe";
+  c.moe.num_experts = 4;
+  c.moe.num_experts_per_tok = 2;
+  c.moe.moe_intermediate_size = 32;
+  c.moe.norm_topk_prob = true;
+  InitRequest init = init_request(Precision::kFP8, Precision::kFP8);
+  init.model_config_json = model::model_config_to_json(c);
+  std::unique_ptr<Learner> learner = make(init);
+  ASSERT_NE(learner, nullptr);
+  std::vector<Sequence> batch = random_batch(5, 4);
+  // The routing the policy itself takes (what generation with the same kernels records).
+  model::TokenBatch tokens;
+  for (const Sequence& s : batch) tokens.push_back(s.tokens);
+  model::ForwardContext ctx;
+  ASSERT_TRUE(learner->policy().forward(tokens, {}, &ctx).ok());
+  const int64_t width = learner->policy().routing_width();
+  ASSERT_EQ(width, 2 * 2);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].routing = ctx.moe.used[i];
+    batch[i].routing.resize((batch[i].tokens.size() - 1) *
+                            width);  // generation never feeds the last
+  }
+  int64_t expected_tokens = 0;
+  for (const Sequence& s : batch) expected_tokens += static_cast<int64_t>(s.tokens.size()) - 1;
+
+  GrpoRequest off = grpo(batch);
+  absl::StatusOr<PolicyGradient> g_off = learner->gradient(off);
+  ASSERT_TRUE(g_off.ok()) << g_off.status();
+  // A different routing: every token of every layer swapped to the two other experts.
+  std::vector<Sequence> swapped = batch;
+  for (Sequence& s : swapped) {
+    for (size_t i = 0; i < s.routing.size(); i += 2) {
+      const int32_t a = s.routing[i], b = s.routing[i + 1];
+      std::vector<int32_t> rest;
+      for (int32_t e = 0; e < 4; ++e) {
+        if (e != a && e != b) rest.push_back(e);
+      }
+      s.routing[i] = rest[0];
+      s.routing[i + 1] = rest[1];
+    }
+  }
+  GrpoRequest replay = grpo(swapped);
+  replay.routing_replay = true;
+  replay.router_aux_loss_coef = 0.01;
+  absl::StatusOr<PolicyGradient> g_replay = learner->gradient(replay);
+  ASSERT_TRUE(g_replay.ok()) << g_replay.status();
+  double diff = 0;
+  for (size_t i = 0; i < g_off->grads.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(g_off->grads[i] - g_replay->grads[i])));
+  }
+  EXPECT_GT(diff, 1e-6) << "replaying other experts must change the gradient";
+
+  absl::StatusOr<GrpoResult> same = learner->grpo_update(off);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(same->moe.present);
+  EXPECT_FALSE(same->moe.replay);
+  EXPECT_EQ(same->moe.routed_tokens, expected_tokens);
+  EXPECT_EQ(same->moe.differ_tokens, 0);
+  EXPECT_EQ(same->moe.num_experts, 4);
+  ASSERT_EQ(same->moe.expert_tokens.size(), 2u * 4u);
+  int64_t rows = 0;
+  for (int64_t n : same->moe.expert_tokens) rows += n;
+  EXPECT_EQ(rows, 2 * 2 * (expected_tokens + 4));  // layers x k x every token
+  EXPECT_GT(same->moe.aux_loss, 0.5);
+
+  // The swapped routing is disjoint from the router's choice of one update ago: the router
+  // (moved by one small step) disagrees with it on most tokens.
+  absl::StatusOr<GrpoResult> r = learner->grpo_update(replay);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->moe.replay);
+  EXPECT_EQ(r->moe.routed_tokens, expected_tokens);
+  EXPECT_GT(r->moe.differ_tokens, expected_tokens / 2);
+
+  std::vector<Sequence> bad = batch;
+  bad[2].routing[1] = 9;
+  absl::StatusOr<GrpoResult> err = learner->grpo_update(grpo(bad));
+  ASSERT_FALSE(err.ok());
+  EXPECT_EQ(err.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(err.status().message().find("batch[2].routed_experts"), std::string::npos)
+      << err.status();
+}
+
+}  // namespace
+}  // namespace fp8rl::train
