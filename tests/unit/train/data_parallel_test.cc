@@ -34,13 +34,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/rng.h"
+#include "tests/unit/train/tiny_model.h"
 #include "train/collectives.h"
 #include "train/learner.h"
 
 namespace fp8rl::train {
 namespace {
 
-constexpr int64_t kVocab = 48;
+using test_model::kVocab;
+using test_model::tiny_config;
 struct Tolerance {
   double weight_change;  // ||w_group - w_alone|| / ||w_alone - w_initial|| after each step
   double metric;         // relative (absolute below 1) for loss, grad_norm, KL, ...
@@ -170,20 +172,6 @@ TEST(GlooCollectives, BadRankIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(make_gloo_collectives(store, group_options(0, 0, "x")).status().code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-model::ModelConfig tiny_config() {
-  model::ModelConfig c;
-  c.vocab_size = kVocab;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-5;
-  return c;
 }
 
 InitRequest init_request(Precision training, uint64_t seed = 7) {

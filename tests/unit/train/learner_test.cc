@@ -11,26 +11,14 @@
 
 #include "model/kv_calibration.h"
 #include "model/rng.h"
+#include "tests/unit/train/tiny_model.h"
 #include "train/checkpoint.h"
 
 namespace fp8rl::train {
 namespace {
 
-constexpr int64_t kVocab = 48;
-
-model::ModelConfig tiny_config() {
-  model::ModelConfig c;
-  c.vocab_size = kVocab;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-5;
-  return c;
-}
+using test_model::kVocab;
+using test_model::tiny_config;
 
 InitRequest init_request(Precision training, Precision generation) {
   InitRequest r;
