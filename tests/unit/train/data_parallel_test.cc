@@ -169,6 +169,24 @@ TEST(GlooCollectives, HungPeerTimesOutAndTheGroupRefusesLaterCalls) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(CollectiveBackend, ChosenByTheTrainersDevice) {
+  EXPECT_EQ(backend_for_device("cpu").value(), CollectiveBackend::kGloo);
+  EXPECT_EQ(backend_for_device("cuda").value(), CollectiveBackend::kNccl);
+  EXPECT_EQ(backend_for_device("cuda:3").value(), CollectiveBackend::kNccl);
+  EXPECT_EQ(backend_name(CollectiveBackend::kGloo), "gloo");
+  EXPECT_EQ(backend_name(CollectiveBackend::kNccl), "nccl");
+  for (const char* bad : {"", "gpu", "CUDA", "cuda:", "cuda:x", "cuda:-1", "cpu:0"}) {
+    const absl::StatusOr<CollectiveBackend> b = backend_for_device(bad, "--device");
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find(absl::StrCat("--device: must be cpu, cuda or cuda:<index>, "
+                                                     "got '",
+                                                     bad, "'")),
+              std::string::npos)
+        << b.status();
+  }
+}
+
 TEST(GlooCollectives, BadRankIsInvalidArgument) {
   auto store = make_memory_store();
   EXPECT_EQ(make_gloo_collectives(store, group_options(2, 2, "x")).status().code(),
