@@ -56,7 +56,8 @@ struct TrainerOptions {
   // cpu -> Gloo, cuda -> NCCL). Always "cpu" until the GPU engine adds a --device flag.
   std::string device = "cpu";
   // Gradients are all-reduced in buckets of this many bytes while the backward runs; 0: in one
-  // all-reduce after it (train::Learner::set_group; --allreduce-bucket-mb).
+  // all-reduce after it (train::Learner::set_group; --allreduce-bucket-mb, 4 MiB by default
+  // there; 0 here for tests that build a Trainer directly).
   int64_t allreduce_bucket_bytes = 0;
   // The coordinator (its fp8rl.v1.Rendezvous) when JoinGroup names no rendezvous address.
   std::string coordinator_address;

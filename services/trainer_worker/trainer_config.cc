@@ -26,8 +26,9 @@ service::ServiceOptions default_trainer_service_options() {
       {"data_root", ""},
       {"models_root", ""},
       // Trainer groups: gradient all-reduce buckets (MiB) sent while the backward runs; 0: one
-      // all-reduce after the backward (docs/design.md "Trainer groups").
-      {"allreduce_bucket_mb", "0"},
+      // all-reduce after the backward (docs/design.md "Trainer groups"; 4 measured in
+      // docs/perf.md).
+      {"allreduce_bucket_mb", "4"},
   };
   return o;
 }

@@ -262,8 +262,11 @@ TEST(TrainerConfigTest, DefaultsFlagsAndErrors) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("no-such-flag"), std::string::npos) << c.status();
 
-  // Trainer-group gradient buckets: MiB (fractions allowed), 0 by default, bounded.
+  // Trainer-group gradient buckets: MiB (fractions allowed), 4 by default, 0 = off, bounded.
   c = parse_trainer_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->allreduce_bucket_bytes, 4 << 20);
+  c = parse_trainer_config({"--allreduce-bucket-mb", "0"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->allreduce_bucket_bytes, 0);
   c = parse_trainer_config({"--allreduce-bucket-mb", "0.5"});
