@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a GPU (sm_90) machine that reaches no package registry: builds the GPU tests and
-# the GPU GEMM benchmark (no services), runs every GPU test, one kernel's test under
-# compute-sanitizer, then the benchmark, and prints one table. The -dev libraries come from
+# the GPU benchmarks (no services), runs every GPU test, one kernel's test under
+# compute-sanitizer, then the GEMM benchmark, the decode/prefill benchmark (when built) and its
+# PyTorch baseline (bench/decode_gpu/torch_baseline.py), and prints one table. The -dev libraries come from
 # build-gpu-pack/ (made by scripts/gpu_pack.sh on a machine with a registry), extracted with
 # `dpkg -x` into a private prefix in the build folder; a machine that has them installed needs no
 # pack. Copies the logs to $OUT when it is set. Budget: under 8 minutes on one H200.
@@ -113,6 +114,10 @@ if ! grep -q "CUDA ON" "$LOG_DIR/configure.txt"; then
 fi
 row configure ok "sm_90a (-gencode arch=compute_90a,code=sm_90a)"
 TARGETS=(fp8rl_device_math_test fp8rl_gpu_kernels_test fp8rl-bench-gemm-gpu)
+# The decode/prefill benchmark exists once the CUDA engine does (bench/decode_gpu/CMakeLists.txt).
+if grep -q 'fp8rl-bench-decode-gpu' bench/decode_gpu/CMakeLists.txt 2>/dev/null; then
+  TARGETS+=(fp8rl-bench-decode-gpu)
+fi
 # with_pack: gtest_discover_tests runs each test binary right after linking it.
 with_pack timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}" \
   >"$LOG_DIR/build.txt" 2>&1
@@ -185,6 +190,31 @@ if with_pack timeout "$(remaining)" "$BIN/fp8rl-bench-gemm-gpu" >"$LOG_DIR/bench
   done < <(grep -E '^\| [A-Za-z_]' "$LOG_DIR/bench_gemm_gpu.txt" | grep -v '^| shape')
 else
   row "bench gemm" FAILED "see bench_gemm_gpu.txt"
+  failed=1
+fi
+
+# 9. Decode and prefill tokens/s (Llama-3.1-8B shapes, a few layers): ours in BF16, FP8 linears
+# and FP8 linears + FP8 KV cache, then PyTorch BF16 with SDPA on the same cells. One row per cell.
+bench_rows() { # $1: log; table rows "| engine | precision | phase | batch | context | seqs | tok/s | x |"
+  grep -E '^\| [a-z]' "$1" | grep -v '^| engine' | while IFS='|' read -r _ eng prec phase b ctx seqs tps ratio _; do
+    echo "bench $(echo $phase) $(echo $eng) $(echo $prec) b$(echo $b) ctx$(echo $ctx)|ok|$(echo $tps) tok/s (seqs $(echo $seqs)), x$(echo $ratio) vs bf16"
+  done
+}
+if [ -x "$BIN/fp8rl-bench-decode-gpu" ]; then
+  if with_pack timeout "$(remaining)" "$BIN/fp8rl-bench-decode-gpu" >"$LOG_DIR/bench_decode_gpu.txt" 2>&1; then
+    while IFS='|' read -r a b c; do row "$a" "$b" "$c"; done < <(bench_rows "$LOG_DIR/bench_decode_gpu.txt")
+  else
+    row "bench decode (ours)" FAILED "exit $? (see bench_decode_gpu.txt)"
+    failed=1
+  fi
+else
+  row "bench decode (ours)" "not built" "no CUDA engine in this tree yet"
+fi
+if PYTHONUNBUFFERED=1 timeout "$(remaining)" python3 bench/decode_gpu/torch_baseline.py \
+  >"$LOG_DIR/bench_decode_torch.txt" 2>&1; then
+  while IFS='|' read -r a b c; do row "$a" "$b" "$c"; done < <(bench_rows "$LOG_DIR/bench_decode_torch.txt")
+else
+  row "bench decode torch baseline" FAILED "see bench_decode_torch.txt"
   failed=1
 fi
 

@@ -11,6 +11,7 @@
 #include "model/token_jsonl.h"
 #include "tools/fp8rl/args.h"
 #include "tools/fp8rl/command.h"
+#include "tools/fp8rl/device_flags.h"
 
 namespace fp8rl::cli {
 namespace {
@@ -22,9 +23,16 @@ constexpr int64_t kBatchTokens = 4096;  // tokens per training forward
 
 int score_main(const std::vector<std::string>& argv) {
   FlagSpec spec;
-  spec.value_flags = {
-      "model",           "precision", "in", "out", "temperature", "kv-cache", "bf16-first-layers",
-      "bf16-last-layers"};
+  spec.value_flags = {"model",
+                      "precision",
+                      "in",
+                      "out",
+                      "temperature",
+                      "kv-cache",
+                      "bf16-first-layers",
+                      "bf16-last-layers",
+                      "device",
+                      "gpu-memory-fraction"};
   spec.bool_flags = {"pow2-scales", "no-kv-fake-quant"};
   auto args = Args::Parse(argv, spec);
   if (!args.ok()) return usage_error(kName, std::string(args.status().message()));
@@ -58,6 +66,11 @@ int score_main(const std::vector<std::string>& argv) {
   if (!temperature.ok()) return usage_error(kName, std::string(temperature.status().message()));
   if (!(*temperature > 0)) return usage_error(kName, "--temperature: must be > 0");
 
+  absl::StatusOr<CliDevice> device = resolve_device_flags(*args, kName, model::probe_cuda_device);
+  if (!device.ok()) return failure(kName, std::string(device.status().message()));
+  if (device->selection.device == model::Device::kCuda) {
+    return failure(kName, "--device cuda: the CUDA engine is not wired into this command yet");
+  }
   auto lines = model::read_token_jsonl(in, "tokens");
   if (!lines.ok()) return failure(kName, std::string(lines.status().message()));
   auto m = model::Model::Load(model_dir, policy);
