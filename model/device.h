@@ -11,13 +11,9 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "model/inference_backend.h"  // model::Device
 
 namespace fp8rl::model {
-
-enum class Device { kCpu, kCuda };
-
-// "cpu" / "cuda".
-std::string_view device_name(Device device);
 
 // One CUDA device the engine can run on: compute capability 9.0 exactly (the CUDA code is built
 // for sm_90a, which runs on nothing else).
