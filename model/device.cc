@@ -63,7 +63,7 @@ absl::StatusOr<DeviceSelection> select_device(std::string_view requested,
   const bool automatic = requested.empty() || requested == "auto";
   if (!automatic && requested != "cuda") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device: expected cuda, cpu or auto, got '", requested, "'"));
+        absl::StrCat("--device: expected cuda, cpu or auto, got '", std::string(requested), "'"));
   }
   const DeviceProbeResult found = probe();
   if (!found.device.has_value()) {
@@ -86,9 +86,9 @@ absl::StatusOr<DeviceSelection> select_device(std::string_view requested,
 absl::StatusOr<double> parse_gpu_memory_fraction(std::string_view text) {
   double f = 0;
   // !(f > 0 && f <= 1) also refuses NaN.
-  if (!absl::SimpleAtod(text, &f) || !(f > 0.0 && f <= 1.0)) {
+  if (!absl::SimpleAtod(std::string(text), &f) || !(f > 0.0 && f <= 1.0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--gpu-memory-fraction: expected a number in (0, 1], got '", text, "'"));
+        absl::StrCat("--gpu-memory-fraction: expected a number in (0, 1], got '", std::string(text), "'"));
   }
   return f;
 }
