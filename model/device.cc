@@ -15,8 +15,6 @@
 
 namespace fp8rl::model {
 
-std::string_view device_name(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
-
 bool built_with_cuda() { return FP8RL_DEVICE_HAVE_CUDA != 0; }
 
 DeviceProbeResult probe_cuda_device() {

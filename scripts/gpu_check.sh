@@ -82,6 +82,11 @@ if compgen -G "$PACK_DIR/*.deb" >/dev/null; then
           ar p "$OLDPWD/$deb" data.tar.xz | tar -xJ) || { say "cannot extract $deb"; row packages FAILED "$deb"; finish 1; }
       fi
     done
+    # Debian's GlooTargets names its library by absolute path (/usr/lib/libgloo.so.0.5.0), which
+    # CMake checks at configure time; point it at the extracted copy.
+    for f in "$PREFIX"/usr/share/cmake/Gloo/GlooTargets-*.cmake; do
+      [ -f "$f" ] && sed -i "s|\"/usr/lib/libgloo|\"$PREFIX/usr/lib/libgloo|g" "$f"
+    done
     touch "$PREFIX/.extracted"
   fi
   LIB=$PREFIX/usr/lib/x86_64-linux-gnu

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "services/generation_worker/scheduler.h"
 #include "tests/unit/generation_worker/test_util.h"
 
@@ -59,7 +60,7 @@ TEST(KvBlockBudget, OptionsGiveTheBudgetInWholeBlocks) {
 // A sample whose prompt is prompt_for(n) (3 + n % 9 tokens).
 SampleSpec spec(int n, int max_new_tokens) {
   SampleSpec s;
-  s.sample_id = "s" + std::to_string(n);
+  s.sample_id = absl::StrCat("s", n);
   s.prompt = prompt_for(n);
   s.params.temperature = 1.0f;
   s.params.max_new_tokens = max_new_tokens;
