@@ -89,11 +89,11 @@ int generate_main(const std::vector<std::string>& argv) {
     }
     sp.stop_tokens.push_back(id);
   }
-  absl::StatusOr<CliDevice> device = resolve_device_flags(*args, kName, model::probe_cuda_device);
+  // model::Generator runs on the CPU model only; until it runs over an InferenceBackend, generate
+  // has no CUDA path and auto stays on the CPU.
+  absl::StatusOr<CliDevice> device =
+      resolve_device_flags(*args, kName, command_probe("fp8rl generate has no CUDA path yet"));
   if (!device.ok()) return failure(kName, std::string(device.status().message()));
-  if (device->selection.device == model::Device::kCuda) {
-    return failure(kName, "--device cuda: the CUDA engine is not wired into this command yet");
-  }
   auto lines = model::read_token_jsonl(v[2], "prompt_tokens");
   if (!lines.ok()) return failure(kName, std::string(lines.status().message()));
   auto loaded = model::Model::Load(v[0], policy);

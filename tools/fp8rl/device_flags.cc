@@ -5,6 +5,17 @@
 
 namespace fp8rl::cli {
 
+model::DeviceProbe command_probe(std::string cuda_path_reason) {
+  return [reason = std::move(cuda_path_reason)] {
+    model::DeviceProbeResult r = model::probe_cuda_device();
+    if (r.device.has_value() && !reason.empty()) {
+      r.detail = r.device->name + " visible, but " + reason;
+      r.device.reset();
+    }
+    return r;
+  };
+}
+
 absl::StatusOr<CliDevice> resolve_device_flags(const Args& args, const char* command,
                                                const model::DeviceProbe& probe) {
   double fraction = model::kDefaultGpuMemoryFraction;
@@ -21,7 +32,10 @@ absl::StatusOr<CliDevice> resolve_device_flags(const Args& args, const char* com
   if (out.selection.cuda.has_value()) {
     out.gpu_memory_budget_bytes = model::gpu_memory_budget_bytes(*out.selection.cuda, fraction);
   }
-  std::fprintf(stderr, "fp8rl %s: %s\n", command, out.selection.description.c_str());
+  // Said only for cuda, so that a CPU run's errors stay one line.
+  if (out.selection.device == model::Device::kCuda) {
+    std::fprintf(stderr, "fp8rl %s: %s\n", command, out.selection.description.c_str());
+  }
   return out;
 }
 
