@@ -15,6 +15,7 @@
 #include "kernels/formats.h"
 #include "model/cuda/arena.h"
 #include "model/cuda/decoder_step.h"
+#include "model/cuda/host_decoder_ops.h"
 #include "model/cuda/model_kernels.h"
 
 namespace fp8rl::model {
@@ -354,13 +355,15 @@ absl::Status CudaBackendImpl::copy_weights(const Model& m) {
                       static_cast<int64_t>(scales->size() * sizeof(float)));
       }
       case LinearKind::kBf16Lt: {
-        const float* src = w.dense();
-        std::vector<uint16_t> bits(w.out * w.in);
+        const std::vector<float> src = linear_values(w);
+        std::vector<uint16_t> bits(src.size());
         for (size_t i = 0; i < bits.size(); ++i) bits[i] = kernels::float_to_bf16(src[i]);
         return upload(d.bf16, bits.data(), static_cast<int64_t>(bits.size() * 2));
       }
-      case LinearKind::kF64Acc:
-        return upload(d.f32, w.dense(), w.out * w.in * 4);
+      case LinearKind::kF64Acc: {
+        const std::vector<float> src = linear_values(w);
+        return upload(d.f32, src.data(), static_cast<int64_t>(src.size() * 4));
+      }
     }
     return absl::OkStatus();
   };
@@ -371,8 +374,11 @@ absl::Status CudaBackendImpl::copy_weights(const Model& m) {
     }
   }
   FP8RL_TRY(copy_linear(m.lm_head_weight(), head_, "lm_head"));
-  FP8RL_TRY(
-      upload(embed_, m.embedding_weight().dense(), config_.vocab_size * config_.hidden_size * 4));
+  const std::vector<float> table = linear_values(m.embedding_weight());
+  if (static_cast<int64_t>(table.size()) != config_.vocab_size * config_.hidden_size) {
+    return absl::InvalidArgumentError("embedding: the model holds no fp32/bf16 table");
+  }
+  FP8RL_TRY(upload(embed_, table.data(), static_cast<int64_t>(table.size()) * 4));
   FP8RL_TRY(upload(rope_cos_, m.rope_cos().data(), static_cast<int64_t>(m.rope_cos().size()) * 4));
   FP8RL_TRY(upload(rope_sin_, m.rope_sin().data(), static_cast<int64_t>(m.rope_sin().size()) * 4));
   for (const auto& [off, n] : small_sizes_) {

@@ -110,6 +110,19 @@ absl::Status HostDecoderOps::gather_out_rows(const float* x, int64_t h, int64_t 
   return absl::OkStatus();
 }
 
+std::vector<float> linear_values(const LinearWeight& w) {
+  if (w.precision == Precision::kFP8) return {};
+  const int64_t n = w.out * w.in;
+  const bool has_dense = w.precision == Precision::kF32 ? w.master != nullptr
+                                                        : static_cast<int64_t>(w.bf16.size()) == n;
+  if (has_dense) return std::vector<float>(w.dense(), w.dense() + n);
+  std::vector<float> v(n);
+  if (static_cast<int64_t>(w.exact.size()) == n) {
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(w.exact[i]);  // exact: fp32 values
+  }
+  return v;
+}
+
 HostStepBuffers::HostStepBuffers(const ModelConfig& c, int64_t rows) {
   const int64_t r = padded_rows(rows);
   for (auto* p : {&x, &h1, &x2, &h2, &sel}) p->assign(r * c.hidden_size, 0.0f);

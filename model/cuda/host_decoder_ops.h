@@ -41,6 +41,12 @@ class HostDecoderOps final : public DecoderOps {
   const StepTables* t_ = nullptr;
 };
 
+// The fp32 values of a BF16 or F32 linear's forward operand, whichever copy the model keeps: the
+// bf16-rounded copy or the fp32 master (models with a master), or the double-accumulation operand
+// (an inference-only model keeps only that one for BF16 linears and an untied lm_head). Empty for
+// an FP8 weight (its codes and scales are the operand).
+std::vector<float> linear_values(const LinearWeight& w);
+
 // Host scratch of a step of up to `rows` rows (decoder_step's StepBuffers over owned vectors).
 struct HostStepBuffers {
   HostStepBuffers(const ModelConfig& config, int64_t rows);

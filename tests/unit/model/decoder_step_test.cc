@@ -11,6 +11,7 @@
 #include "model/cuda/arena.h"
 #include "model/cuda/host_decoder_ops.h"
 #include "model/inference_backend.h"
+#include "model/weight_view.h"
 #include "tests/unit/model/model_test_util.h"
 
 namespace fp8rl::model::gpu {
@@ -191,6 +192,43 @@ INSTANTIATE_TEST_SUITE_P(Policies, MirrorTest,
                                   std::string(precision_name(info.param.kv)) +
                                   (info.param.qwen3 ? "_qwen3" : "_qwen2");
                          });
+
+// An inference-only model (what a generation worker installs versions into) keeps only the
+// double-accumulation operand of its BF16 linears and untied lm_head: linear_values() recovers
+// the same fp32 values the full model's bf16 copies hold, which the CUDA backend uploads.
+TEST(LinearValues, InferenceOnlyModelGivesTheFullModelsValues) {
+  PrecisionPolicy policy;
+  policy.linear = Precision::kFP8;
+  policy.kv_cache = KvCacheDtype::kFP8;
+  policy.bf16_first_layers = 1;
+  auto full = Model::Init(testing::make_config(96, 128, 256, 2, 4, 2, false), policy, 9, 0.05f);
+  ASSERT_TRUE(full.ok());
+  auto set = (*full)->export_weights(WeightFormat::kFP8, 1);
+  ASSERT_TRUE(set.ok()) << set.status();
+  auto ref = Model::FromWeightSet(*set, policy);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto inf = Model::ForInference((*full)->config(), policy);
+  ASSERT_TRUE(inf.ok()) << inf.status();
+  auto view = view_of(*set);
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE((*inf)->install(*view).ok());
+  int checked = 0;
+  for (int64_t j = 0; j < 7; ++j) {
+    const LinearWeight& w = (*inf)->layer_linear(0, j);
+    ASSERT_EQ(w.precision, Precision::kBF16);
+    ASSERT_TRUE(w.bf16.empty());  // only the double operand: what linear_values must handle
+    const std::vector<float> got = linear_values(w),
+                             want = linear_values((*ref)->layer_linear(0, j));
+    ASSERT_EQ(got.size(), static_cast<size_t>(w.out * w.in));
+    EXPECT_EQ(got, want) << "linear " << j;
+    EXPECT_TRUE(linear_values((*inf)->layer_linear(1, j)).empty());  // FP8: codes + scales
+    ++checked;
+  }
+  EXPECT_EQ(linear_values((*inf)->lm_head_weight()), linear_values((*ref)->lm_head_weight()));
+  EXPECT_EQ(linear_values((*inf)->embedding_weight()), linear_values((*ref)->embedding_weight()));
+  EXPECT_FALSE(linear_values((*inf)->lm_head_weight()).empty());
+  EXPECT_EQ(checked, 7);
+}
 
 TEST(DecoderStep, MoeIsRefusedClearly) {
   PrecisionPolicy policy;
