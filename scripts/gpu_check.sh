@@ -112,7 +112,7 @@ if ! grep -q "CUDA ON" "$LOG_DIR/configure.txt"; then
   finish 1
 fi
 row configure ok "sm_90a (-gencode arch=compute_90a,code=sm_90a)"
-TARGETS=(fp8rl_device_math_test fp8rl_gpu_kernels_test fp8rl-bench-gemm-gpu)
+TARGETS=(fp8rl_device_math_test fp8rl_gpu_kernels_test fp8rl_gpu_model_test fp8rl-bench-gemm-gpu)
 # with_pack: gtest_discover_tests runs each test binary right after linking it.
 with_pack timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}" \
   >"$LOG_DIR/build.txt" 2>&1
@@ -154,6 +154,11 @@ command -v nvidia-smi >/dev/null 2>&1 &&
 # 6. Every GPU test; on a GPU machine a skipped test is a failure.
 failed=0
 with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_kernels_test" >"$LOG_DIR/gpu_tests.txt" 2>&1 || failed=1
+# The model-level CUDA backend vs the CPU engine (model/cuda/); its measured numbers next to the
+# derived bars go to the summary.
+with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_model_test" >"$LOG_DIR/gpu_model_test.txt" 2>&1 || failed=1
+cat "$LOG_DIR/gpu_model_test.txt" >>"$LOG_DIR/gpu_tests.txt"
+grep -E '^\[[a-z0-9_]+\] |^budget ' "$LOG_DIR/gpu_model_test.txt" >>"$LOG_DIR/summary.txt"
 while read -r status name ms; do
   row "$name" "$status" "$ms"
   [ "$status" = ok ] || failed=1
@@ -171,6 +176,14 @@ if [ -n "$SAN" ]; then
     row "compute-sanitizer memcheck" ok "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer.txt" | tail -1)"
   else
     row "compute-sanitizer memcheck" FAILED "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer.txt" | tail -1) (see sanitizer.txt)"
+    failed=1
+  fi
+  # The whole model step once (FP8 linears + FP8 KV: quantize, cuBLASLt, paged KV, sampling).
+  if with_pack timeout "$(remaining)" "$SAN" --tool memcheck --error-exitcode 9 "$BIN/fp8rl_gpu_model_test" \
+    --gtest_filter='Policies/ModelCudaTest.GenerationVsScoringOnTheDevice/fp8_kv_fp8_llama' >"$LOG_DIR/sanitizer_model.txt" 2>&1; then
+    row "compute-sanitizer memcheck (model)" ok "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer_model.txt" | tail -1)"
+  else
+    row "compute-sanitizer memcheck (model)" FAILED "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer_model.txt" | tail -1) (see sanitizer_model.txt)"
     failed=1
   fi
 else
