@@ -33,9 +33,6 @@ absl::Status validate_scheduler_options(const SchedulerOptions& o) {
         absl::StrCat("kv_cache_tokens: must hold at least one block of kv_block_size ",
                      o.kv_block_size, " tokens, got ", o.kv_cache_tokens));
   }
-  if (o.device == model::Device::kCuda && !kWorkerHasCudaEngine) {
-    return absl::FailedPreconditionError("device: this worker has no CUDA engine yet");
-  }
   if (o.device == model::Device::kCuda && o.gpu_memory_budget_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gpu_memory_budget_bytes: must be >= 1 on cuda, got ", o.gpu_memory_budget_bytes));
@@ -155,7 +152,10 @@ absl::Status Scheduler::install(LoadedWeights weights) {
   const int64_t version = weights.version;
   pending_ = std::move(weights);
   cv_.notify_all();
-  swapped_cv_.wait(lock, [&] { return current_.version >= version || thread_done_; });
+  install_error_ = absl::OkStatus();
+  swapped_cv_.wait(
+      lock, [&] { return current_.version >= version || thread_done_ || !install_error_.ok(); });
+  if (!install_error_.ok()) return install_error_;
   if (current_.version < version) {
     pending_.reset();
     return absl::UnavailableError(
@@ -207,10 +207,29 @@ Scheduler::Snapshot Scheduler::snapshot() const {
 void Scheduler::apply_pending_locked() {
   if (!pending_.has_value()) return;
   if (generator_ != nullptr && !generator_->idle()) return;
-  current_ = std::move(*pending_);
+  LoadedWeights next = std::move(*pending_);
   pending_.reset();
-  if (generator_ == nullptr || !generator_->set_model(current_.model).ok()) {
-    generator_ = std::make_unique<model::Generator>(current_.model, options_.max_batch_tokens);
+  if (generator_ == nullptr || !generator_->set_model(next.model).ok()) {
+    std::swap(current_, next);
+    generator_.reset();
+    absl::StatusOr<std::unique_ptr<StepGenerator>> made = make_generator_locked();
+    if (!made.ok()) {
+      // The version cannot be served here (e.g. the CUDA backend refused it): keep serving the
+      // previous one, whose generator is gone, so make a new one for it.
+      std::swap(current_, next);
+      install_error_ = absl::Status(
+          made.status().code(),
+          absl::StrCat("weight version ", next.version, ": ", made.status().message()));
+      if (current_.model != nullptr) {
+        absl::StatusOr<std::unique_ptr<StepGenerator>> back = make_generator_locked();
+        if (back.ok()) generator_ = std::move(*back);
+      }
+      swapped_cv_.notify_all();
+      return;
+    }
+    generator_ = std::move(*made);
+  } else {
+    current_ = std::move(next);
   }
   stats_.weight_version = current_.version;
   stats_.weight_format = current_.format;
@@ -281,9 +300,34 @@ void Scheduler::reset_generator_locked(const absl::Status& error) {
   }
   running_.clear();
   kv_blocks_.release_all();
+  generator_.reset();
   if (current_.model != nullptr) {
-    generator_ = std::make_unique<model::Generator>(current_.model, options_.max_batch_tokens);
+    absl::StatusOr<std::unique_ptr<StepGenerator>> made = make_generator_locked();
+    if (made.ok()) generator_ = std::move(*made);
   }
+}
+
+absl::StatusOr<std::unique_ptr<StepGenerator>> Scheduler::make_generator_locked() {
+  if (options_.device != model::Device::kCuda) {
+    return make_cpu_step_generator(current_.model, options_.max_batch_tokens);
+  }
+  model::BackendOptions bo;
+  bo.memory_budget_bytes = options_.gpu_memory_budget_bytes;
+  bo.kv_block_tokens = options_.kv_block_size;
+  bo.max_step_tokens = options_.max_batch_tokens;
+  absl::StatusOr<std::unique_ptr<model::InferenceBackend>> backend =
+      model::make_cuda_backend(current_.model, bo);
+  if (!backend.ok()) return backend.status();
+  const int64_t blocks = (*backend)->memory().kv_blocks_total;
+  if (blocks < 1) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("CUDA backend: no KV blocks left in the --gpu-memory-fraction budget of ",
+                     options_.gpu_memory_budget_bytes, " bytes"));
+  }
+  // No sequence runs while a generator is made, so the budget can change size.
+  kv_blocks_ = KvBlockBudget(options_.kv_block_size, blocks);
+  stats_.kv_blocks_total = blocks;
+  return std::make_unique<BackendGenerator>(std::move(*backend), options_.max_batch_tokens);
 }
 
 void Scheduler::publish_gauges_locked() {
@@ -343,7 +387,7 @@ void Scheduler::run() {
     // One batched forward, outside the lock (only this thread touches the generator).
     stats_.peak_batch_size =
         std::max<int64_t>(stats_.peak_batch_size, static_cast<int64_t>(running_.size()));
-    model::Generator* generator = generator_.get();
+    StepGenerator* generator = generator_.get();
     lock.unlock();
     const absl::Status step = generator->step();
     std::vector<model::GenerationResult> finished;

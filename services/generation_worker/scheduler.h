@@ -36,6 +36,7 @@
 #include "model/sampler.h"
 #include "services/generation_worker/generation_metrics.h"
 #include "services/generation_worker/kv_block_budget.h"
+#include "services/generation_worker/step_generator.h"
 #include "services/generation_worker/weight_loader.h"
 
 namespace fp8rl::generation {
@@ -51,8 +52,10 @@ struct SchedulerOptions {
   int64_t kv_cache_tokens = 262144;
   int64_t kv_block_size = 16;
   int64_t kv_cache_blocks = 0;
-  // Where the model runs (worker_config.cc apply_device) and, on cuda, the bytes the engine may
-  // take for weights, activations and KV blocks (--gpu-memory-fraction of the device's memory).
+  // Where the model runs (worker_config.cc apply_device) and, on cuda, the bytes the CUDA
+  // inference backend may take for weights, activations and KV blocks (--gpu-memory-fraction of
+  // the device's memory). On cuda the KV block budget is the backend's pool
+  // (memory().kv_blocks_total), not kv_cache_tokens.
   model::Device device = model::Device::kCpu;
   int64_t gpu_memory_budget_bytes = 0;
   // Samples waiting to be admitted, over all requests; more are refused (RESOURCE_EXHAUSTED).
@@ -61,11 +64,6 @@ struct SchedulerOptions {
   // first step, so requests arriving together start together.
   std::chrono::milliseconds batch_wait{2};
 };
-
-// Whether the scheduler can run the model on a CUDA device. False until the CUDA engine
-// (docs/design.md "The GPU path") is wired into the scheduler: then worker_device_probe() offers no
-// device and --device cuda is refused.
-inline constexpr bool kWorkerHasCudaEngine = false;
 
 // Checks ranges; InvalidArgument naming the field.
 absl::Status validate_scheduler_options(const SchedulerOptions& options);
@@ -207,6 +205,10 @@ class Scheduler {
   void admit_locked();
   // Fails every running sample with `error` and starts a fresh generator.
   void reset_generator_locked(const absl::Status& error);
+  // A generator for current_.model on options_.device (the CUDA backend on cuda; the old
+  // generator must be gone first, so two never hold device memory at once). On cuda it also sets
+  // the KV block budget to the backend's pool.
+  absl::StatusOr<std::unique_ptr<StepGenerator>> make_generator_locked();
   // Copies stats_ into the metric gauges.
   void publish_gauges_locked();
 
@@ -230,10 +232,13 @@ class Scheduler {
   bool thread_done_ = false;                              // guarded by mu_
   std::chrono::steady_clock::time_point drain_deadline_;  // guarded by mu_
   std::optional<LoadedWeights> pending_;                  // guarded by mu_
-  LoadedWeights current_;                                 // guarded by mu_
+  // Why the last pending version could not be served (no generator could be made for it);
+  // install() returns it. Guarded by mu_.
+  absl::Status install_error_;
+  LoadedWeights current_;  // guarded by mu_
   // Owned by the scheduler thread: no other thread reads the pointer or calls the generator.
   // step() runs with mu_ released, everything else with mu_ held.
-  std::unique_ptr<model::Generator> generator_;
+  std::unique_ptr<StepGenerator> generator_;
   std::deque<Queued> queue_;                      // guarded by mu_
   std::unordered_map<int64_t, Running> running_;  // guarded by mu_; by generator id
   KvBlockBudget kv_blocks_;                       // guarded by mu_

@@ -25,8 +25,9 @@ absl::Status check_address(const std::string& flag, const std::string& address) 
 
 model::DeviceProbeResult worker_device_probe() {
   model::DeviceProbeResult r = model::probe_cuda_device();
-  if (r.device.has_value() && !kWorkerHasCudaEngine) {
-    r.detail = absl::StrCat(r.device->name, " visible, but this worker has no CUDA engine yet");
+  if (r.device.has_value() && !model::cuda_backend_available()) {
+    r.detail =
+        absl::StrCat(r.device->name, " visible, but ", model::cuda_backend_unavailable_reason());
     r.device.reset();
   }
   return r;

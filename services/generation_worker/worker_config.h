@@ -38,9 +38,9 @@ struct GenerationWorkerConfig {
   int64_t max_samples_per_request = 4096;  // --max-samples-per-request
 };
 
-// The worker's device probe for --device: model::probe_cuda_device, except that while the worker
-// has no CUDA engine wired in, a visible device is reported in the detail but not offered (auto
-// stays on the CPU; `cuda` is refused with the reason).
+// The worker's device probe for --device: model::probe_cuda_device, except that a visible device
+// is offered only when this build has the CUDA inference backend (model::cuda_backend_available();
+// otherwise auto stays on the CPU and `cuda` is refused with the reason).
 model::DeviceProbeResult worker_device_probe();
 
 // Records the selected device in config->scheduler (device, and for cuda the byte budget
