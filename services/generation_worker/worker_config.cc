@@ -62,7 +62,7 @@ service::ServiceOptions default_generation_worker_options() {
       {"max_batch_tokens", absl::StrCat(scheduler.max_batch_tokens)},
       {"kv_cache_tokens", absl::StrCat(scheduler.kv_cache_tokens)},
       {"kv_block_size", absl::StrCat(scheduler.kv_block_size)},
-      {"device", ""},
+      {"device", "auto"},
       {"gpu_memory_fraction", "0.9"},
       {"max_queued_samples", absl::StrCat(scheduler.max_queued_samples)},
       {"batch_wait_ms", absl::StrCat(scheduler.batch_wait.count())},

@@ -29,7 +29,7 @@ struct GenerationWorkerConfig {
   PrecisionOverrides precision;  // --precision, --kv-cache (empty: from the payload)
   SchedulerOptions scheduler;    // --max-batch-tokens, --kv-cache-tokens, --kv-block-size,
                                  // --max-queued-samples, --batch-wait-ms
-  // --device cuda|cpu|auto ("" = auto: cuda when an sm_90 device is visible, else cpu); resolved
+  // --device cuda|cpu|auto (auto: cuda when an sm_90 device is visible, else cpu); resolved
   // by model::select_device when the worker starts (model/device.h).
   std::string device;
   // --gpu-memory-fraction in (0, 1]: the share of the device's memory the CUDA backend may take

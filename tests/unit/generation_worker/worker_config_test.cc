@@ -18,7 +18,7 @@ TEST(WorkerConfigTest, Defaults) {
   EXPECT_TRUE(c->worker_id.empty());
   EXPECT_FALSE(c->precision.linear.has_value());
   EXPECT_FALSE(c->precision.kv_cache.has_value());
-  EXPECT_EQ(c->device, "");  // auto
+  EXPECT_EQ(c->device, "auto");
   EXPECT_EQ(c->gpu_memory_fraction, 0.9);
   EXPECT_EQ(c->scheduler.kv_block_size, 16);
   EXPECT_EQ(kv_budget_blocks(c->scheduler), 262144 / 16);
