@@ -85,8 +85,8 @@ absl::StatusOr<double> parse_gpu_memory_fraction(std::string_view text) {
   double f = 0;
   // !(f > 0 && f <= 1) also refuses NaN.
   if (!absl::SimpleAtod(std::string(text), &f) || !(f > 0.0 && f <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu-memory-fraction: expected a number in (0, 1], got '", std::string(text), "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-memory-fraction: expected a number in (0, 1], got '", std::string(text), "'"));
   }
   return f;
 }
