@@ -107,6 +107,9 @@ struct InferenceWorkspace {
   std::vector<float> tmp, sel;
   // Mixture of experts: the routing of the last call, [sparse layers, rows, top_k].
   std::vector<int32_t> routing;
+  // When set (tests of another device's backend), receives every decoder layer's output of the
+  // call: (*layer_out)[l] is x after layer l, [rows of all segments, hidden].
+  std::vector<std::vector<float>>* layer_out = nullptr;
 };
 
 class Model {
@@ -198,6 +201,17 @@ class Model {
   // their caches; writes the logits of each segment's last token to logits[i * vocab].
   absl::Status forward_cached(const std::vector<CachedSegment>& segments, float* logits,
                               InferenceWorkspace* ws) const;
+
+  // Read-only access to the KV-cache forward's operands for another device's backend
+  // (model/cuda/): linear j of layer l (j = 0..6: q k v o gate up down), the embedding table and
+  // lm_head as the forward uses them, norm weights and biases by layout offset (bf16-rounded when
+  // activations are bf16), and the RoPE tables [max_position_embeddings, head_dim / 2].
+  const LinearWeight& layer_linear(int64_t l, int64_t j) const { return linears_[l][j]; }
+  const LinearWeight& embedding_weight() const { return embed_w_; }
+  const LinearWeight& lm_head_weight() const { return head(); }
+  const float* norm_or_bias(int64_t offset) const { return small_param(offset); }
+  std::span<const float> rope_cos() const { return rope_cos_; }
+  std::span<const float> rope_sin() const { return rope_sin_; }
 
  private:
   Model(const ModelConfig& config, const PrecisionPolicy& policy, bool inference_only = false);

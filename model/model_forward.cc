@@ -614,6 +614,10 @@ absl::Status Model::forward_cached(const std::vector<CachedSegment>& segments, f
         !s.ok()) {
       return s;
     }
+    if (ws->layer_out != nullptr) {
+      ws->layer_out->resize(config_.num_hidden_layers);
+      (*ws->layer_out)[l].assign(x, x + m * h);
+    }
   }
   // Final norm and lm_head on each segment's last row.
   ws->sel.resize(n_seg * h);

@@ -3,6 +3,7 @@
 // not guarantee. Used for initialisation and sampling.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 
@@ -37,6 +38,11 @@ class Rng {
     s_[2] ^= t;
     s_[3] = rotl(s_[3], 45);
     return result;
+  }
+  // The four state words, so another device can continue the same stream (and hand it back).
+  std::array<uint64_t, 4> state() const { return {s_[0], s_[1], s_[2], s_[3]}; }
+  void set_state(const std::array<uint64_t, 4>& s) {
+    for (int i = 0; i < 4; ++i) s_[i] = s[i];
   }
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }

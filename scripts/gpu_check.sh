@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a GPU (sm_90) machine that reaches no package registry: builds the GPU tests and
-# the GPU GEMM benchmark (no services), runs every GPU test, one kernel's test under
-# compute-sanitizer, then the benchmark, and prints one table. The -dev libraries come from
+# the GPU benchmarks (no services), runs every GPU test, one kernel's test under
+# compute-sanitizer, then the GEMM benchmark, the decode/prefill benchmark (when built) and its
+# PyTorch baseline (bench/decode_gpu/torch_baseline.py), and prints one table. The -dev libraries come from
 # build-gpu-pack/ (made by scripts/gpu_pack.sh on a machine with a registry), extracted with
 # `dpkg -x` into a private prefix in the build folder; a machine that has them installed needs no
 # pack. Copies the logs to $OUT when it is set. Budget: under 8 minutes on one H200.
@@ -81,6 +82,11 @@ if compgen -G "$PACK_DIR/*.deb" >/dev/null; then
           ar p "$OLDPWD/$deb" data.tar.xz | tar -xJ) || { say "cannot extract $deb"; row packages FAILED "$deb"; finish 1; }
       fi
     done
+    # Debian's GlooTargets names its library by absolute path (/usr/lib/libgloo.so.0.5.0), which
+    # CMake checks at configure time; point it at the extracted copy.
+    for f in "$PREFIX"/usr/share/cmake/Gloo/GlooTargets-*.cmake; do
+      [ -f "$f" ] && sed -i "s|\"/usr/lib/libgloo|\"$PREFIX/usr/lib/libgloo|g" "$f"
+    done
     touch "$PREFIX/.extracted"
   fi
   LIB=$PREFIX/usr/lib/x86_64-linux-gnu
@@ -112,7 +118,8 @@ if ! grep -q "CUDA ON" "$LOG_DIR/configure.txt"; then
   finish 1
 fi
 row configure ok "sm_90a (-gencode arch=compute_90a,code=sm_90a)"
-TARGETS=(fp8rl_device_math_test fp8rl_gpu_kernels_test fp8rl-bench-gemm-gpu)
+TARGETS=(fp8rl_device_math_test fp8rl_gpu_kernels_test fp8rl_gpu_model_test fp8rl-bench-gemm-gpu
+  fp8rl-bench-decode-gpu)
 # with_pack: gtest_discover_tests runs each test binary right after linking it.
 with_pack timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}" \
   >"$LOG_DIR/build.txt" 2>&1
@@ -154,6 +161,11 @@ command -v nvidia-smi >/dev/null 2>&1 &&
 # 6. Every GPU test; on a GPU machine a skipped test is a failure.
 failed=0
 with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_kernels_test" >"$LOG_DIR/gpu_tests.txt" 2>&1 || failed=1
+# The model-level CUDA backend vs the CPU engine (model/cuda/); its measured numbers next to the
+# derived bars go to the summary.
+with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_model_test" >"$LOG_DIR/gpu_model_test.txt" 2>&1 || failed=1
+cat "$LOG_DIR/gpu_model_test.txt" >>"$LOG_DIR/gpu_tests.txt"
+grep -E '^\[[a-z0-9_]+\] |^budget ' "$LOG_DIR/gpu_model_test.txt" >>"$LOG_DIR/summary.txt"
 while read -r status name ms; do
   row "$name" "$status" "$ms"
   [ "$status" = ok ] || failed=1
@@ -191,6 +203,14 @@ if [ -n "$SAN" ]; then
     row "compute-sanitizer memcheck" FAILED "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer.txt" | tail -1) (see sanitizer.txt)"
     failed=1
   fi
+  # The whole model step once (FP8 linears + FP8 KV: quantize, cuBLASLt, paged KV, sampling).
+  if with_pack timeout "$(remaining)" "$SAN" --tool memcheck --error-exitcode 9 "$BIN/fp8rl_gpu_model_test" \
+    --gtest_filter='Policies/ModelCudaTest.GenerationVsScoringOnTheDevice/fp8_kv_fp8_llama' >"$LOG_DIR/sanitizer_model.txt" 2>&1; then
+    row "compute-sanitizer memcheck (model)" ok "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer_model.txt" | tail -1)"
+  else
+    row "compute-sanitizer memcheck (model)" FAILED "$(grep -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG_DIR/sanitizer_model.txt" | tail -1) (see sanitizer_model.txt)"
+    failed=1
+  fi
 else
   row "compute-sanitizer memcheck" FAILED "compute-sanitizer not found"
   failed=1
@@ -203,6 +223,34 @@ if with_pack timeout "$(remaining)" "$BIN/fp8rl-bench-gemm-gpu" >"$LOG_DIR/bench
   done < <(grep -E '^\| [A-Za-z_]' "$LOG_DIR/bench_gemm_gpu.txt" | grep -v '^| shape')
 else
   row "bench gemm" FAILED "see bench_gemm_gpu.txt"
+  failed=1
+fi
+
+# 9. Decode and prefill tokens/s (Llama-3.1-8B shapes, a few layers): ours in BF16, FP8 linears
+# and FP8 linears + FP8 KV cache, then PyTorch BF16 with SDPA on the same cells. One row per cell.
+bench_rows() { # $1: log; table rows "| engine | precision | phase | batch | context | seqs | tok/s | x |"
+  grep -E '^\| [a-z]' "$1" | grep -v '^| engine' | while IFS='|' read -r _ eng prec phase b ctx seqs tps ratio _; do
+    echo "bench $(echo $phase) $(echo $eng) $(echo $prec) b$(echo $b) ctx$(echo $ctx)|ok|$(echo $tps) tok/s (seqs $(echo $seqs)), x$(echo $ratio) vs bf16"
+  done
+}
+# Ours gets what is left minus 150 s (its host-side random model, about 2e9 parameters, and the
+# baseline) for its cells, at most 120 s; cells that would not fit are printed as skipped by the
+# benchmark itself.
+decode_budget=$(($(remaining) - 150))
+[ "$decode_budget" -gt 120 ] && decode_budget=120
+[ "$decode_budget" -lt 20 ] && decode_budget=20
+if with_pack timeout "$((decode_budget + 90))" "$BIN/fp8rl-bench-decode-gpu" --budget-seconds "$decode_budget" \
+  >"$LOG_DIR/bench_decode_gpu.txt" 2>&1; then
+  while IFS='|' read -r a b c; do row "$a" "$b" "$c"; done < <(bench_rows "$LOG_DIR/bench_decode_gpu.txt")
+else
+  row "bench decode (ours)" FAILED "exit $? (see bench_decode_gpu.txt)"
+  failed=1
+fi
+if PYTHONUNBUFFERED=1 timeout "$(remaining)" python3 bench/decode_gpu/torch_baseline.py \
+  >"$LOG_DIR/bench_decode_torch.txt" 2>&1; then
+  while IFS='|' read -r a b c; do row "$a" "$b" "$c"; done < <(bench_rows "$LOG_DIR/bench_decode_torch.txt")
+else
+  row "bench decode torch baseline" FAILED "see bench_decode_torch.txt"
   failed=1
 fi
 

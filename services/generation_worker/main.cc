@@ -9,6 +9,7 @@
 #include "common/service/auth.h"
 #include "common/service/log.h"
 #include "common/service/shutdown.h"
+#include "model/device.h"
 #include "services/generation_worker/generation_worker.h"
 #include "services/generation_worker/worker_config.h"
 
@@ -34,6 +35,13 @@ int run(const std::vector<std::string>& args) {
   absl::StatusOr<service::LogLevel> level = service::parse_log_level(config->service.log_level);
   if (!level.ok()) return fail(level.status(), 2);
   service::set_log_level(*level);
+  // --device: cuda when an sm_90 device is visible (auto), else cpu; `cuda` without one is an
+  // error before anything starts.
+  absl::StatusOr<model::DeviceSelection> device =
+      model::select_device(config->device, generation::worker_device_probe);
+  if (!device.ok()) return fail(device.status(), 2);
+  service::log_info("generation-worker", device->description);
+  if (absl::Status s = generation::apply_device(*device, &*config); !s.ok()) return fail(s, 2);
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) return fail(s);
   // SIGHUP re-reads --cluster-token-file (the worker's TokenReloader does the reading).
   if (absl::Status s = service::install_reload_handler(); !s.ok()) return fail(s);

@@ -20,6 +20,23 @@ absl::Status validate_scheduler_options(const SchedulerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_cache_tokens: must be >= 1, got ", o.kv_cache_tokens));
   }
+  if (o.kv_block_size < 1 || o.kv_block_size > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_block_size: must be in [1, 1024], got ", o.kv_block_size));
+  }
+  if (o.kv_cache_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_blocks: must be >= 0, got ", o.kv_cache_blocks));
+  }
+  if (kv_budget_blocks(o) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_tokens: must hold at least one block of kv_block_size ",
+                     o.kv_block_size, " tokens, got ", o.kv_cache_tokens));
+  }
+  if (o.device == model::Device::kCuda && o.gpu_memory_budget_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_memory_budget_bytes: must be >= 1 on cuda, got ", o.gpu_memory_budget_bytes));
+  }
   if (o.max_queued_samples < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_queued_samples: must be >= 1, got ", o.max_queued_samples));
@@ -29,6 +46,11 @@ absl::Status validate_scheduler_options(const SchedulerOptions& o) {
         absl::StrCat("batch_wait: must be in [0, 10000] ms, got ", o.batch_wait.count()));
   }
   return absl::OkStatus();
+}
+
+int64_t kv_budget_blocks(const SchedulerOptions& o) {
+  if (o.kv_cache_blocks > 0) return o.kv_cache_blocks;
+  return o.kv_block_size < 1 ? 0 : o.kv_cache_tokens / o.kv_block_size;
 }
 
 std::vector<SampleOutcome> GenerationRequest::take(std::chrono::milliseconds timeout) {
@@ -72,7 +94,10 @@ void GenerationRequest::cancel() {
 }
 
 Scheduler::Scheduler(SchedulerOptions options, GenerationMetrics* metrics)
-    : options_(std::move(options)), metrics_(metrics) {
+    : options_(std::move(options)),
+      metrics_(metrics),
+      kv_blocks_(options_.kv_block_size, kv_budget_blocks(options_)) {
+  stats_.kv_blocks_total = kv_blocks_.total_blocks();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -93,6 +118,17 @@ absl::StatusOr<std::shared_ptr<GenerationRequest>> Scheduler::submit(
     return absl::ResourceExhaustedError(
         absl::StrCat("queue full: ", queued, " samples waiting, ", samples.size(),
                      " more would exceed max_queued_samples ", options_.max_queued_samples));
+  }
+  // A sample that needs more blocks than the whole budget would wait forever: refuse it now.
+  for (const SampleSpec& s : samples) {
+    const int64_t tokens = static_cast<int64_t>(s.prompt.size()) + s.params.max_new_tokens;
+    const int64_t blocks = kv_blocks_.blocks_for(tokens);
+    if (blocks > kv_blocks_.total_blocks()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample '", s.sample_id, "': prompt (", s.prompt.size(), " tokens) + max_new_tokens (",
+          s.params.max_new_tokens, ") needs ", blocks, " KV blocks of ", kv_blocks_.block_size(),
+          " tokens; this worker's KV budget is ", kv_blocks_.total_blocks(), " blocks"));
+    }
   }
   auto request = std::make_shared<GenerationRequest>(samples.size());
   const Clock::time_point now = Clock::now();
@@ -116,7 +152,10 @@ absl::Status Scheduler::install(LoadedWeights weights) {
   const int64_t version = weights.version;
   pending_ = std::move(weights);
   cv_.notify_all();
-  swapped_cv_.wait(lock, [&] { return current_.version >= version || thread_done_; });
+  install_error_ = absl::OkStatus();
+  swapped_cv_.wait(
+      lock, [&] { return current_.version >= version || thread_done_ || !install_error_.ok(); });
+  if (!install_error_.ok()) return install_error_;
   if (current_.version < version) {
     pending_.reset();
     return absl::UnavailableError(
@@ -168,10 +207,29 @@ Scheduler::Snapshot Scheduler::snapshot() const {
 void Scheduler::apply_pending_locked() {
   if (!pending_.has_value()) return;
   if (generator_ != nullptr && !generator_->idle()) return;
-  current_ = std::move(*pending_);
+  LoadedWeights next = std::move(*pending_);
   pending_.reset();
-  if (generator_ == nullptr || !generator_->set_model(current_.model).ok()) {
-    generator_ = std::make_unique<model::Generator>(current_.model, options_.max_batch_tokens);
+  if (generator_ == nullptr || !generator_->set_model(next.model).ok()) {
+    std::swap(current_, next);
+    generator_.reset();
+    absl::StatusOr<std::unique_ptr<StepGenerator>> made = make_generator_locked();
+    if (!made.ok()) {
+      // The version cannot be served here (e.g. the CUDA backend refused it): keep serving the
+      // previous one, whose generator is gone, so make a new one for it.
+      std::swap(current_, next);
+      install_error_ = absl::Status(
+          made.status().code(),
+          absl::StrCat("weight version ", next.version, ": ", made.status().message()));
+      if (current_.model != nullptr) {
+        absl::StatusOr<std::unique_ptr<StepGenerator>> back = make_generator_locked();
+        if (back.ok()) generator_ = std::move(*back);
+      }
+      swapped_cv_.notify_all();
+      return;
+    }
+    generator_ = std::move(*made);
+  } else {
+    current_ = std::move(next);
   }
   stats_.weight_version = current_.version;
   stats_.weight_format = current_.format;
@@ -203,7 +261,7 @@ void Scheduler::drop_cancelled_locked() {
         metrics_->tokens->with({"generated"}).inc(static_cast<double>(partial->tokens.size()));
       }
     }
-    reserved_kv_slots_ -= it->second.kv_slots;
+    kv_blocks_.release(it->second.kv_blocks);
     stats_.cancelled_samples += 1;
     it = running_.erase(it);
   }
@@ -218,17 +276,19 @@ void Scheduler::admit_locked() {
       continue;
     }
     const int64_t prompt_tokens = static_cast<int64_t>(q.spec.prompt.size());
-    const int64_t slots = prompt_tokens + q.spec.params.max_new_tokens;
-    if (!running_.empty() && reserved_kv_slots_ + slots > options_.kv_cache_tokens) break;
+    const int64_t blocks = kv_blocks_.blocks_for(prompt_tokens + q.spec.params.max_new_tokens);
+    // submit() refused samples larger than the whole budget, so this one fits once the batch has
+    // drained far enough.
+    if (!kv_blocks_.try_reserve(blocks)) break;
     absl::StatusOr<int64_t> id = generator_->add(std::move(q.spec.prompt), q.spec.params, 0);
     if (!id.ok()) {
+      kv_blocks_.release(blocks);
       q.request->fail(absl::Status(id.status().code(), absl::StrCat("sample '", q.spec.sample_id,
                                                                     "': ", id.status().message())));
       queue_.pop_front();
       continue;
     }
-    running_[*id] = {q.request, std::move(q.spec.sample_id), current_.version, slots};
-    reserved_kv_slots_ += slots;
+    running_[*id] = {q.request, std::move(q.spec.sample_id), current_.version, blocks};
     if (metrics_) metrics_->tokens->with({"prompt"}).inc(static_cast<double>(prompt_tokens));
     queue_.pop_front();
   }
@@ -239,17 +299,43 @@ void Scheduler::reset_generator_locked(const absl::Status& error) {
     if (!r.request->cancelled()) r.request->fail(error);
   }
   running_.clear();
-  reserved_kv_slots_ = 0;
+  kv_blocks_.release_all();
+  generator_.reset();
   if (current_.model != nullptr) {
-    generator_ = std::make_unique<model::Generator>(current_.model, options_.max_batch_tokens);
+    absl::StatusOr<std::unique_ptr<StepGenerator>> made = make_generator_locked();
+    if (made.ok()) generator_ = std::move(*made);
   }
+}
+
+absl::StatusOr<std::unique_ptr<StepGenerator>> Scheduler::make_generator_locked() {
+  if (options_.device != model::Device::kCuda) {
+    return make_cpu_step_generator(current_.model, options_.max_batch_tokens);
+  }
+  model::BackendOptions bo;
+  bo.memory_budget_bytes = options_.gpu_memory_budget_bytes;
+  bo.kv_block_tokens = options_.kv_block_size;
+  bo.max_step_tokens = options_.max_batch_tokens;
+  absl::StatusOr<std::unique_ptr<model::InferenceBackend>> backend =
+      model::make_cuda_backend(current_.model, bo);
+  if (!backend.ok()) return backend.status();
+  const int64_t blocks = (*backend)->memory().kv_blocks_total;
+  if (blocks < 1) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("CUDA backend: no KV blocks left in the --gpu-memory-fraction budget of ",
+                     options_.gpu_memory_budget_bytes, " bytes"));
+  }
+  // No sequence runs while a generator is made, so the budget can change size.
+  kv_blocks_ = KvBlockBudget(options_.kv_block_size, blocks);
+  stats_.kv_blocks_total = blocks;
+  return std::make_unique<BackendGenerator>(std::move(*backend), options_.max_batch_tokens);
 }
 
 void Scheduler::publish_gauges_locked() {
   stats_.queued_samples = static_cast<int64_t>(queue_.size());
   stats_.running_samples = static_cast<int64_t>(running_.size());
-  stats_.kv_cache_usage = std::min(
-      1.0, static_cast<double>(reserved_kv_slots_) / static_cast<double>(options_.kv_cache_tokens));
+  stats_.kv_cache_usage = kv_blocks_.usage();
+  stats_.kv_blocks_used = kv_blocks_.used_blocks();
+  stats_.kv_blocks_total = kv_blocks_.total_blocks();
   stats_.kv_cache_bytes = generator_ ? generator_->kv_cache_bytes() : 0;
   if (metrics_) {
     metrics_->queue_depth->get().set(static_cast<double>(stats_.queued_samples));
@@ -301,7 +387,7 @@ void Scheduler::run() {
     // One batched forward, outside the lock (only this thread touches the generator).
     stats_.peak_batch_size =
         std::max<int64_t>(stats_.peak_batch_size, static_cast<int64_t>(running_.size()));
-    model::Generator* generator = generator_.get();
+    StepGenerator* generator = generator_.get();
     lock.unlock();
     const absl::Status step = generator->step();
     std::vector<model::GenerationResult> finished;
@@ -317,7 +403,7 @@ void Scheduler::run() {
       auto it = running_.find(r.id);
       if (it == running_.end()) continue;
       Running& run = it->second;
-      reserved_kv_slots_ -= run.kv_slots;
+      kv_blocks_.release(run.kv_blocks);
       stats_.generated_tokens += r.tokens.size();
       if (metrics_) {
         metrics_->tokens->with({"generated"}).inc(static_cast<double>(r.tokens.size()));

@@ -1,10 +1,10 @@
 // The continuous-batching scheduler of a generation worker. One thread owns the model::Generator:
 // every step it admits queued samples of any number of concurrent Generate calls (within a row
-// and KV-cache budget), runs one batched forward, and hands finished samples back to their
-// requests. Weight versions are swapped in only between batches, so a sample admitted at
-// version v finishes at v, and every queued sample after the swap runs at the newest version.
-// A cancelled request (client gone, deadline passed) leaves the queue at once and the batch at
-// the next step, so its KV-cache slots go to the samples waiting behind it.
+// budget and a KV-cache block budget, kv_block_budget.h), runs one batched forward, and hands
+// finished samples back to their requests. Weight versions are swapped in only between batches, so
+// a sample admitted at version v finishes at v, and every queued sample after the swap runs at the
+// newest version. A cancelled request (client gone, deadline passed) leaves the queue at once and
+// the batch at the next step, so its KV-cache blocks go to the samples waiting behind it.
 //
 // Concurrency: four mutexes, acquired only in this order (never the reverse):
 //   Scheduler::install_mu_ -> Scheduler::mu_ -> GenerationRequest::mu_;
@@ -31,9 +31,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fp8rl/v1/common.pb.h"
+#include "model/device.h"
 #include "model/generator.h"
 #include "model/sampler.h"
 #include "services/generation_worker/generation_metrics.h"
+#include "services/generation_worker/kv_block_budget.h"
+#include "services/generation_worker/step_generator.h"
 #include "services/generation_worker/weight_loader.h"
 
 namespace fp8rl::generation {
@@ -42,9 +45,19 @@ struct SchedulerOptions {
   // Rows of one forward step (prefill tokens + one per decoding sequence); a prompt longer than
   // this still runs, alone.
   int64_t max_batch_tokens = 2048;
-  // KV-cache slot budget: running sequences reserve prompt + max_new_tokens slots each; a sample
-  // waits while it does not fit (one always runs when nothing else does).
+  // KV-cache budget in blocks of kv_block_size tokens (paged KV): a running sequence holds
+  // ceil((prompt + max_new_tokens) / kv_block_size) blocks; a sample waits while that many are
+  // not free, and one that needs more than the whole budget is refused at submit. The budget is
+  // kv_cache_blocks, or when that is 0, floor(kv_cache_tokens / kv_block_size).
   int64_t kv_cache_tokens = 262144;
+  int64_t kv_block_size = 16;
+  int64_t kv_cache_blocks = 0;
+  // Where the model runs (worker_config.cc apply_device) and, on cuda, the bytes the CUDA
+  // inference backend may take for weights, activations and KV blocks (--gpu-memory-fraction of
+  // the device's memory). On cuda the KV block budget is the backend's pool
+  // (memory().kv_blocks_total), not kv_cache_tokens.
+  model::Device device = model::Device::kCpu;
+  int64_t gpu_memory_budget_bytes = 0;
   // Samples waiting to be admitted, over all requests; more are refused (RESOURCE_EXHAUSTED).
   int64_t max_queued_samples = 65536;
   // When the batch is empty, the first queued sample waits this long for company before the
@@ -54,6 +67,9 @@ struct SchedulerOptions {
 
 // Checks ranges; InvalidArgument naming the field.
 absl::Status validate_scheduler_options(const SchedulerOptions& options);
+
+// The KV block budget the options give (kv_cache_blocks, else kv_cache_tokens / kv_block_size).
+int64_t kv_budget_blocks(const SchedulerOptions& options);
 
 // One sample of a request. `params.seed` is the sample's seed; the sampling stream is
 // derive_seed(seed, 0), so a sample's tokens are those of model::generate(model, {prompt},
@@ -118,7 +134,8 @@ class Scheduler {
 
   // Queues the samples (already validated against model()). Errors: UNAVAILABLE "no weights yet"
   // or when shutting down; FAILED_PRECONDITION when min_weight_version is newer than the held
-  // version; RESOURCE_EXHAUSTED when the queue is full.
+  // version; RESOURCE_EXHAUSTED when the queue is full; INVALID_ARGUMENT naming the sample when
+  // one needs more KV blocks than the whole budget (it could never be admitted).
   absl::StatusOr<std::shared_ptr<GenerationRequest>> submit(std::vector<SampleSpec> samples,
                                                             int64_t min_weight_version);
 
@@ -129,7 +146,7 @@ class Scheduler {
 
   // The caller of `request` is gone (client cancelled, deadline passed, stream closed): its queued
   // samples leave the queue now and its running ones leave the batch before the next step,
-  // releasing their KV cache and slots to the samples queued behind; nothing more is delivered
+  // releasing their KV cache and blocks to the samples queued behind; nothing more is delivered
   // and the samples of other requests are unaffected (bit for bit). Idempotent; no-op for a
   // request that already finished.
   void cancel(GenerationRequest& request);
@@ -146,7 +163,9 @@ class Scheduler {
     v1::WeightFormat weight_format = v1::WEIGHT_FORMAT_UNSPECIFIED;
     int64_t queued_samples = 0;
     int64_t running_samples = 0;
-    double kv_cache_usage = 0;  // reserved / budgeted KV slots
+    double kv_cache_usage = 0;  // reserved / budgeted KV blocks
+    int64_t kv_blocks_used = 0;
+    int64_t kv_blocks_total = 0;
     int64_t kv_cache_bytes = 0;
     uint64_t generated_tokens = 0;
     int64_t steps = 0;            // batched forward steps run
@@ -170,7 +189,7 @@ class Scheduler {
     std::shared_ptr<GenerationRequest> request;
     std::string sample_id;
     int64_t weight_version = 0;
-    int64_t kv_slots = 0;
+    int64_t kv_blocks = 0;
   };
 
   // The scheduler thread's loop: holds mu_ except around each batched forward.
@@ -179,12 +198,17 @@ class Scheduler {
   // Swaps in pending weights when the batch is empty; notifies swapped_cv_.
   void apply_pending_locked();
   // Takes the samples of cancelled or failed requests out of the queue and the generator
-  // (between steps) and releases their KV slots.
+  // (between steps) and releases their KV blocks.
   void drop_cancelled_locked();
-  // Moves queued samples into the generator while they fit.
+  // Moves queued samples into the generator while their KV blocks are free (in queue order: the
+  // first that does not fit waits, and so does everything behind it).
   void admit_locked();
   // Fails every running sample with `error` and starts a fresh generator.
   void reset_generator_locked(const absl::Status& error);
+  // A generator for current_.model on options_.device (the CUDA backend on cuda; the old
+  // generator must be gone first, so two never hold device memory at once). On cuda it also sets
+  // the KV block budget to the backend's pool.
+  absl::StatusOr<std::unique_ptr<StepGenerator>> make_generator_locked();
   // Copies stats_ into the metric gauges.
   void publish_gauges_locked();
 
@@ -208,13 +232,16 @@ class Scheduler {
   bool thread_done_ = false;                              // guarded by mu_
   std::chrono::steady_clock::time_point drain_deadline_;  // guarded by mu_
   std::optional<LoadedWeights> pending_;                  // guarded by mu_
-  LoadedWeights current_;                                 // guarded by mu_
+  // Why the last pending version could not be served (no generator could be made for it);
+  // install() returns it. Guarded by mu_.
+  absl::Status install_error_;
+  LoadedWeights current_;  // guarded by mu_
   // Owned by the scheduler thread: no other thread reads the pointer or calls the generator.
   // step() runs with mu_ released, everything else with mu_ held.
-  std::unique_ptr<model::Generator> generator_;
+  std::unique_ptr<StepGenerator> generator_;
   std::deque<Queued> queue_;                      // guarded by mu_
   std::unordered_map<int64_t, Running> running_;  // guarded by mu_; by generator id
-  int64_t reserved_kv_slots_ = 0;                 // guarded by mu_
+  KvBlockBudget kv_blocks_;                       // guarded by mu_
   Snapshot stats_;                                // guarded by mu_
   std::thread thread_;  // started in the constructor, joined under join_mu_
 };

@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/device.h"
 
 namespace fp8rl::generation {
 namespace {
@@ -22,6 +23,29 @@ absl::Status check_address(const std::string& flag, const std::string& address) 
 
 }  // namespace
 
+model::DeviceProbeResult worker_device_probe() {
+  model::DeviceProbeResult r = model::probe_cuda_device();
+  if (r.device.has_value() && !model::cuda_backend_available()) {
+    r.detail =
+        absl::StrCat(r.device->name, " visible, but ", model::cuda_backend_unavailable_reason());
+    r.device.reset();
+  }
+  return r;
+}
+
+absl::Status apply_device(const model::DeviceSelection& device, GenerationWorkerConfig* config) {
+  config->scheduler.device = device.device;
+  config->scheduler.gpu_memory_budget_bytes = 0;
+  if (device.device == model::Device::kCuda) {
+    if (!device.cuda.has_value()) {
+      return absl::InvalidArgumentError("--device cuda: no device information");
+    }
+    config->scheduler.gpu_memory_budget_bytes =
+        model::gpu_memory_budget_bytes(*device.cuda, config->gpu_memory_fraction);
+  }
+  return absl::OkStatus();
+}
+
 service::ServiceOptions default_generation_worker_options() {
   service::ServiceOptions o;
   o.name = "generation-worker";
@@ -37,6 +61,9 @@ service::ServiceOptions default_generation_worker_options() {
       {"kv_cache", ""},
       {"max_batch_tokens", absl::StrCat(scheduler.max_batch_tokens)},
       {"kv_cache_tokens", absl::StrCat(scheduler.kv_cache_tokens)},
+      {"kv_block_size", absl::StrCat(scheduler.kv_block_size)},
+      {"device", "auto"},
+      {"gpu_memory_fraction", "0.9"},
       {"max_queued_samples", absl::StrCat(scheduler.max_queued_samples)},
       {"batch_wait_ms", absl::StrCat(scheduler.batch_wait.count())},
       {"max_samples_per_request", "4096"},
@@ -84,6 +111,24 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
   absl::StatusOr<int64_t> kv_tokens =
       service::extra_int_in_range(config.service, "kv_cache_tokens", 1, int64_t{1} << 34);
   if (!kv_tokens.ok()) return kv_tokens.status();
+  absl::StatusOr<int64_t> kv_block_size =
+      service::extra_int_in_range(config.service, "kv_block_size", 1, 1024);
+  if (!kv_block_size.ok()) return kv_block_size.status();
+  if (*kv_block_size > *kv_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-tokens: must hold at least one ",
+                                                   "KV block (--kv-block-size ", *kv_block_size,
+                                                   "), got ", *kv_tokens));
+  }
+  config.device = service::extra_string(config.service, "device");
+  if (config.device != "" && config.device != "auto" && config.device != "cpu" &&
+      config.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: expected cuda, cpu or auto, got '", config.device, "'"));
+  }
+  absl::StatusOr<double> fraction = model::parse_gpu_memory_fraction(
+      service::extra_string(config.service, "gpu_memory_fraction"));
+  if (!fraction.ok()) return fraction.status();
+  config.gpu_memory_fraction = *fraction;
   absl::StatusOr<int64_t> max_queued =
       service::extra_int_in_range(config.service, "max_queued_samples", 1, int64_t{1} << 24);
   if (!max_queued.ok()) return max_queued.status();
@@ -95,6 +140,7 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
   if (!max_samples.ok()) return max_samples.status();
   config.scheduler.max_batch_tokens = *max_batch_tokens;
   config.scheduler.kv_cache_tokens = *kv_tokens;
+  config.scheduler.kv_block_size = *kv_block_size;
   config.scheduler.max_queued_samples = *max_queued;
   config.scheduler.batch_wait = std::chrono::milliseconds(*batch_wait);
   config.max_samples_per_request = *max_samples;

@@ -1,6 +1,7 @@
 // Command-line and YAML configuration of fp8rl-generation-worker: the common service options
 // (common/service/options.h) plus --metrics-port, --weight-sync, --worker-id, --precision,
-// --kv-cache, --max-batch-tokens and the scheduler limits, resolved into typed values.
+// --kv-cache, --device, --gpu-memory-fraction, --max-batch-tokens and the scheduler limits
+// (--kv-cache-tokens, --kv-block-size, ...), resolved into typed values.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/service/options.h"
+#include "model/device.h"
 #include "services/generation_worker/scheduler.h"
 #include "services/generation_worker/weight_loader.h"
 
@@ -25,10 +27,25 @@ struct GenerationWorkerConfig {
   // means "<advertise-host>:<bound grpc port>".
   std::string worker_id;
   PrecisionOverrides precision;  // --precision, --kv-cache (empty: from the payload)
-  SchedulerOptions scheduler;    // --max-batch-tokens, --kv-cache-tokens, --max-queued-samples,
-                                 // --batch-wait-ms
+  SchedulerOptions scheduler;    // --max-batch-tokens, --kv-cache-tokens, --kv-block-size,
+                                 // --max-queued-samples, --batch-wait-ms
+  // --device cuda|cpu|auto (auto: cuda when an sm_90 device is visible, else cpu); resolved
+  // by model::select_device when the worker starts (model/device.h).
+  std::string device;
+  // --gpu-memory-fraction in (0, 1]: the share of the device's memory the CUDA backend may take
+  // (weights, activations and KV blocks); unused on the CPU.
+  double gpu_memory_fraction = 0.9;
   int64_t max_samples_per_request = 4096;  // --max-samples-per-request
 };
+
+// The worker's device probe for --device: model::probe_cuda_device, except that a visible device
+// is offered only when this build has the CUDA inference backend (model::cuda_backend_available();
+// otherwise auto stays on the CPU and `cuda` is refused with the reason).
+model::DeviceProbeResult worker_device_probe();
+
+// Records the selected device in config->scheduler (device, and for cuda the byte budget
+// floor(gpu_memory_fraction * device memory)).
+absl::Status apply_device(const model::DeviceSelection& device, GenerationWorkerConfig* config);
 
 // Defaults of every flag (gRPC 50061, metrics 9461, shutdown grace 10 s).
 service::ServiceOptions default_generation_worker_options();

@@ -61,7 +61,7 @@ BINARY_FLAGS = {
     "fp8rl-generation-worker": COMMON_FLAGS | {
         "--metrics-port", "--weight-sync", "--worker-id", "--precision", "--kv-cache",
         "--max-batch-tokens", "--kv-cache-tokens", "--max-queued-samples", "--batch-wait-ms",
-        "--max-samples-per-request"},
+        "--max-samples-per-request", "--kv-block-size", "--device", "--gpu-memory-fraction"},
 }
 _HELP_FLAGS = {}
 

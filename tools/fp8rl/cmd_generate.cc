@@ -13,6 +13,7 @@
 #include "model/token_jsonl.h"
 #include "tools/fp8rl/args.h"
 #include "tools/fp8rl/command.h"
+#include "tools/fp8rl/device_flags.h"
 
 namespace fp8rl::cli {
 namespace {
@@ -23,10 +24,21 @@ constexpr char kName[] = "generate";
 
 int generate_main(const std::vector<std::string>& argv) {
   FlagSpec spec;
-  spec.value_flags = {
-      "model",           "precision", "in",   "out",      "max-new-tokens", "temperature",
-      "top-p",           "top-k",     "seed", "kv-cache", "stop-token",     "bf16-first-layers",
-      "bf16-last-layers"};
+  spec.value_flags = {"model",
+                      "precision",
+                      "in",
+                      "out",
+                      "max-new-tokens",
+                      "temperature",
+                      "top-p",
+                      "top-k",
+                      "seed",
+                      "kv-cache",
+                      "stop-token",
+                      "bf16-first-layers",
+                      "bf16-last-layers",
+                      "device",
+                      "gpu-memory-fraction"};
   spec.bool_flags = {"pow2-scales"};
   auto args = Args::Parse(argv, spec);
   if (!args.ok()) return usage_error(kName, std::string(args.status().message()));
@@ -77,6 +89,11 @@ int generate_main(const std::vector<std::string>& argv) {
     }
     sp.stop_tokens.push_back(id);
   }
+  // model::Generator runs on the CPU model only; until it runs over an InferenceBackend, generate
+  // has no CUDA path and auto stays on the CPU.
+  absl::StatusOr<CliDevice> device =
+      resolve_device_flags(*args, kName, command_probe("fp8rl generate has no CUDA path yet"));
+  if (!device.ok()) return failure(kName, std::string(device.status().message()));
   auto lines = model::read_token_jsonl(v[2], "prompt_tokens");
   if (!lines.ok()) return failure(kName, std::string(lines.status().message()));
   auto loaded = model::Model::Load(v[0], policy);

@@ -1,16 +1,20 @@
 // `fp8rl score`: per-token logprobs of token sequences under a checkpoint, through the same
 // training forward the trainer uses (so users can check generation logprobs against it).
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "model/inference_backend.h"
 #include "model/model.h"
 #include "model/token_jsonl.h"
 #include "tools/fp8rl/args.h"
 #include "tools/fp8rl/command.h"
+#include "tools/fp8rl/device_flags.h"
 
 namespace fp8rl::cli {
 namespace {
@@ -22,9 +26,16 @@ constexpr int64_t kBatchTokens = 4096;  // tokens per training forward
 
 int score_main(const std::vector<std::string>& argv) {
   FlagSpec spec;
-  spec.value_flags = {
-      "model",           "precision", "in", "out", "temperature", "kv-cache", "bf16-first-layers",
-      "bf16-last-layers"};
+  spec.value_flags = {"model",
+                      "precision",
+                      "in",
+                      "out",
+                      "temperature",
+                      "kv-cache",
+                      "bf16-first-layers",
+                      "bf16-last-layers",
+                      "device",
+                      "gpu-memory-fraction"};
   spec.bool_flags = {"pow2-scales", "no-kv-fake-quant"};
   auto args = Args::Parse(argv, spec);
   if (!args.ok()) return usage_error(kName, std::string(args.status().message()));
@@ -58,6 +69,13 @@ int score_main(const std::vector<std::string>& argv) {
   if (!temperature.ok()) return usage_error(kName, std::string(temperature.status().message()));
   if (!(*temperature > 0)) return usage_error(kName, "--temperature: must be > 0");
 
+  // cuda: the CUDA inference backend's score() (model/inference_backend.h), offered only when this
+  // build has one.
+  absl::StatusOr<CliDevice> device = resolve_device_flags(
+      *args, kName,
+      command_probe(model::cuda_backend_available() ? std::string()
+                                                    : model::cuda_backend_unavailable_reason()));
+  if (!device.ok()) return failure(kName, std::string(device.status().message()));
   auto lines = model::read_token_jsonl(in, "tokens");
   if (!lines.ok()) return failure(kName, std::string(lines.status().message()));
   auto m = model::Model::Load(model_dir, policy);
@@ -69,6 +87,19 @@ int score_main(const std::vector<std::string>& argv) {
       return failure(kName, absl::StrCat(where, ": tokens: ", s.message()));
     }
   }
+  std::unique_ptr<model::InferenceBackend> backend;
+  if (device->selection.device == model::Device::kCuda) {
+    model::BackendOptions options;
+    options.memory_budget_bytes = device->gpu_memory_budget_bytes;
+    options.max_step_tokens = kBatchTokens;
+    for (const auto& row : lines->rows) {
+      options.max_step_tokens = std::max(options.max_step_tokens, static_cast<int64_t>(row.size()));
+    }
+    auto made =
+        model::make_cuda_backend(std::shared_ptr<const model::Model>(std::move(*m)), options);
+    if (!made.ok()) return failure(kName, std::string(made.status().message()));
+    backend = std::move(*made);
+  }
   std::string text;
   for (size_t b = 0; b < lines->rows.size();) {
     model::TokenBatch batch;
@@ -79,7 +110,10 @@ int score_main(const std::vector<std::string>& argv) {
       tokens += static_cast<int64_t>(lines->rows[b].size());
       batch.push_back(lines->rows[b++]);
     }
-    auto lp = (*m)->forward(batch, {.temperature = static_cast<float>(*temperature)}, nullptr);
+    auto lp =
+        backend != nullptr
+            ? backend->score(batch, static_cast<float>(*temperature))
+            : (*m)->forward(batch, {.temperature = static_cast<float>(*temperature)}, nullptr);
     if (!lp.ok()) return failure(kName, std::string(lp.status().message()));
     for (const auto& row : *lp) {
       nlohmann::json j;

@@ -23,12 +23,13 @@ const std::vector<Command> kCommands = {
      "generate --model DIR --precision fp32|bf16|fp8 --in FILE --out FILE "
      "--max-new-tokens N [--temperature T] [--top-p P] [--top-k K] [--seed S] "
      "[--kv-cache fp32|bf16|fp8] [--stop-token ID ...] [--bf16-first-layers N] "
-     "[--bf16-last-layers N] [--pow2-scales]",
+     "[--bf16-last-layers N] [--pow2-scales] [--device cuda|cpu|auto] "
+     "[--gpu-memory-fraction F]",
      generate_main},
     {"score",
      "score --model DIR --precision fp32|bf16|fp8 --in FILE --out FILE [--temperature T] "
      "[--kv-cache fp32|bf16|fp8] [--bf16-first-layers N] [--bf16-last-layers N] "
-     "[--pow2-scales] [--no-kv-fake-quant]",
+     "[--pow2-scales] [--no-kv-fake-quant] [--device cuda|cpu|auto] [--gpu-memory-fraction F]",
      score_main},
     {"tokenize", "tokenize --tokenizer DIR --in FILE --out FILE", tokenize_main},
     {"export",

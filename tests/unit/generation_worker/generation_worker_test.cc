@@ -440,8 +440,9 @@ TEST_F(GenerationWorkerTest, DeadlineDropsTheCallsSequences) {
 }
 
 TEST_F(GenerationWorkerTest, CancelledRequestFreesItsSlotsForTheQueue) {
-  // Slots: a = 4 + 200 = 204, b = (5 + 200) + (6 + 200) = 411, c = 7 + 20 = 27: c does not fit
-  // beside a and b (642 > 640), so without the cancellation it would wait ~200 steps for them.
+  // KV blocks of 16 tokens, 640 / 16 = 40 in all: a = 4 + 200 tokens = 13 blocks, b = (5 + 200)
+  // + (6 + 200) = 13 + 13, c = 7 + 20 = 2: c does not fit beside a and b (41 > 40), so without
+  // the cancellation it would wait ~200 steps for them.
   GenerationWorkerConfig cfg = config();
   cfg.scheduler.kv_cache_tokens = 640;
   start_worker(cfg);
@@ -466,7 +467,7 @@ TEST_F(GenerationWorkerTest, CancelledRequestFreesItsSlotsForTheQueue) {
   const Scheduler::Snapshot full = scheduler.snapshot();
   ASSERT_EQ(full.running_samples, 3);
   EXPECT_EQ(full.queued_samples, 2);
-  EXPECT_DOUBLE_EQ(full.kv_cache_usage, 615.0 / 640.0);
+  EXPECT_DOUBLE_EQ(full.kv_cache_usage, 39.0 / 40.0);
   ASSERT_LT(full.steps, 150) << "a and b must still be far from their end";
 
   // A request that is only queued leaves the queue at once.
@@ -492,7 +493,7 @@ TEST_F(GenerationWorkerTest, CancelledRequestFreesItsSlotsForTheQueue) {
   // The gauges follow at the scheduler's next iteration: a alone holds slots and KV cache.
   ASSERT_TRUE(eventually([&] {
     const Scheduler::Snapshot s = scheduler.snapshot();
-    return s.kv_cache_usage == 204.0 / 640.0 && s.running_samples == 1;
+    return s.kv_cache_usage == 13.0 / 40.0 && s.running_samples == 1;
   }));
   EXPECT_LT(scheduler.snapshot().kv_cache_bytes, full.kv_cache_bytes / 2);
 

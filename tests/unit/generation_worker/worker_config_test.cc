@@ -18,13 +18,18 @@ TEST(WorkerConfigTest, Defaults) {
   EXPECT_TRUE(c->worker_id.empty());
   EXPECT_FALSE(c->precision.linear.has_value());
   EXPECT_FALSE(c->precision.kv_cache.has_value());
+  EXPECT_EQ(c->device, "auto");
+  EXPECT_EQ(c->gpu_memory_fraction, 0.9);
+  EXPECT_EQ(c->scheduler.kv_block_size, 16);
+  EXPECT_EQ(kv_budget_blocks(c->scheduler), 262144 / 16);
 }
 
 TEST(WorkerConfigTest, ComposeFlags) {
   auto c = parse_generation_worker_config(
       {"--grpc-port=50063", "--metrics-port=9463", "--coordinator=coordinator:50051",
        "--weight-sync", "weight-sync:50052", "--advertise-host=gen-2", "--max-batch-tokens=512",
-       "--worker-id=gen-2", "--precision=fp8", "--kv-cache=fp8"});
+       "--worker-id=gen-2", "--precision=fp8", "--kv-cache=fp8", "--device=cpu",
+       "--gpu-memory-fraction=0.5", "--kv-block-size=32", "--kv-cache-tokens=1000"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->service.grpc_port, 50063);
   EXPECT_EQ(c->metrics_port, 9463);
@@ -35,6 +40,15 @@ TEST(WorkerConfigTest, ComposeFlags) {
   EXPECT_EQ(c->worker_id, "gen-2");
   EXPECT_EQ(c->precision.linear, model::Precision::kFP8);
   EXPECT_EQ(c->precision.kv_cache, model::KvCacheDtype::kFP8);
+  EXPECT_EQ(c->device, "cpu");
+  EXPECT_EQ(c->gpu_memory_fraction, 0.5);
+  EXPECT_EQ(c->scheduler.kv_block_size, 32);
+  EXPECT_EQ(kv_budget_blocks(c->scheduler), 31);  // floor(1000 / 32): whole blocks only
+  for (const char* d : {"cuda", "auto"}) {
+    auto other = parse_generation_worker_config({std::string("--device=") + d});
+    ASSERT_TRUE(other.ok()) << other.status();
+    EXPECT_EQ(other->device, d);
+  }
 }
 
 TEST(WorkerConfigTest, BadValuesNameTheFlag) {
@@ -48,6 +62,13 @@ TEST(WorkerConfigTest, BadValuesNameTheFlag) {
       {{"--metrics-port=70000"}, "--metrics-port"},
       {{"--batch-wait-ms=-1"}, "--batch-wait-ms"},
       {{"--no-such-flag=1"}, "--no-such-flag"},
+      {{"--device=gpu"}, "--device"},
+      {{"--gpu-memory-fraction=0"}, "--gpu-memory-fraction"},
+      {{"--gpu-memory-fraction=1.5"}, "--gpu-memory-fraction"},
+      {{"--gpu-memory-fraction=most"}, "--gpu-memory-fraction"},
+      {{"--kv-block-size=0"}, "--kv-block-size"},
+      {{"--kv-block-size=4096"}, "--kv-block-size"},
+      {{"--kv-cache-tokens=8"}, "--kv-cache-tokens"},  // under one block of 16
   };
   for (const auto& [args, flag] : cases) {
     auto c = parse_generation_worker_config(args);

@@ -204,6 +204,30 @@ TEST(Cli, InitGenerateScoreAgreeAndErrorsAreOneLine) {
   EXPECT_NE(err.find("nope"), std::string::npos) << err;
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   EXPECT_FALSE(std::ifstream(dir / "x.jsonl").good()) << "no output on failure";
+
+  // --device / --gpu-memory-fraction: cpu runs; generate has no CUDA path on any machine yet, so
+  // cuda is a one-line error; bad values name the flag; nothing is written.
+  const std::string gen = absl::StrCat("generate --model ", dir / "m", " --precision fp8 --in ",
+                                       dir / "prompts.jsonl", " --max-new-tokens 3 --out ");
+  EXPECT_EQ(run(gen + dir / "cpu.jsonl" + " --device cpu --gpu-memory-fraction 0.5", &err), 0)
+      << err;
+  EXPECT_EQ(read_lines(dir / "cpu.jsonl").size(), 2u);
+  EXPECT_EQ(run(gen + dir / "auto.jsonl" + " --device auto", &err), 0) << err;
+  EXPECT_EQ(read_lines(dir / "auto.jsonl"), read_lines(dir / "cpu.jsonl"));
+  EXPECT_EQ(run(gen + dir / "x.jsonl" + " --device cuda", &err), 1);
+  EXPECT_EQ(err.rfind("fp8rl generate: --device cuda: no sm_90 CUDA device (", 0), 0u) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_NE(run(gen + dir / "x.jsonl" + " --device gpu", &err), 0);
+  EXPECT_NE(err.find("--device: expected cuda, cpu or auto, got 'gpu'"), std::string::npos) << err;
+  for (const char* f : {"0", "1.5", "x"}) {
+    EXPECT_NE(run(base + " --precision fp32 --in " + dir / "score_in.jsonl" +
+                      " --gpu-memory-fraction " + f,
+                  &err),
+              0);
+    EXPECT_NE(err.find("--gpu-memory-fraction: expected a number in (0, 1]"), std::string::npos)
+        << err;
+  }
+  EXPECT_FALSE(std::ifstream(dir / "x.jsonl").good()) << "no output on failure";
 }
 
 }  // namespace

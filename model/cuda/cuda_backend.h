@@ -1,0 +1,40 @@
+// The CUDA implementation of model/inference_backend.h (docs/design.md "GPU engine"): weights
+// copied to the device as the model holds them (FP8 linears: the E4M3 codes and 128x128 block
+// scales of the payload, never re-quantized; BF16/F32 tensors as BF16/F32), one CUDA stream, one
+// cudaMalloc of the byte budget carved by ArenaPlan into weights, step scratch and a paged KV
+// pool (the rest), and decoder_step() over device ops: cuBLASLt block-scaled FP8 (1x128 x 128x128)
+// for FP8 linears, cuBLASLt BF16 for BF16 linears and lm_head, a double-accumulating fp32 GEMM
+// for fp32 linears, the kernels of kernels/cuda for everything else, sampling on the device.
+//
+// Never run on a GPU yet: tests/gpu/model_cuda_test.cc compares it with the CPU when an sm_90
+// device is present; the orchestration it shares with the CPU mirror is tested on the CPU
+// (tests/unit/model/decoder_step_test.cc).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/inference_backend.h"
+
+namespace fp8rl::model::gpu {
+
+struct CudaBackendExtras {
+  // BF16 linears (and lm_head) through the double-accumulating GEMM the CPU uses instead of
+  // cuBLASLt, so tests can separate "same recipe" from "different summation order".
+  bool exact_bf16_linears = false;
+};
+
+class CudaBackend : public InferenceBackend {
+ public:
+  // forward() that also copies every decoder layer's output x [rows, hidden] to the host (the
+  // rows of all segments in order), for layer-by-layer comparison with the CPU.
+  virtual absl::Status forward_layers(const std::vector<BackendSegment>& segments, float* logits,
+                                      std::vector<std::vector<float>>* layers) = 0;
+};
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> create_cuda_backend(
+    std::shared_ptr<const Model> model, const BackendOptions& options,
+    const CudaBackendExtras& extras = {});
+
+}  // namespace fp8rl::model::gpu

@@ -1,0 +1,250 @@
+// The CUDA backend's host-side logic without a GPU: the step tables (block table, row arrays),
+// the arena's bookkeeping, and decoder_step() over the CPU mirror of the device ops
+// (HostDecoderOps) against Model::forward_cached -- every layer's output and the logits.
+#include "model/cuda/decoder_step.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/cuda/arena.h"
+#include "model/cuda/host_decoder_ops.h"
+#include "model/inference_backend.h"
+#include "model/weight_view.h"
+#include "tests/unit/model/model_test_util.h"
+
+namespace fp8rl::model::gpu {
+namespace {
+
+TEST(ArenaPlan, AlignsNamesAndRefusesOverBudget) {
+  ArenaPlan a(4096);
+  auto w = a.reserve(100, "weights");
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(*w, 0);
+  auto k = a.reserve(300, "kv");
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(*k, 256);  // 100 rounded up to 256
+  EXPECT_EQ(*a.reserve(1, "weights"), 256 + 512);
+  EXPECT_EQ(a.used(), 256 + 512 + 256);
+  EXPECT_EQ(a.remaining(), 4096 - 1024);
+  ASSERT_EQ(a.regions().size(), 2u);
+  EXPECT_EQ(a.regions()[0], (std::pair<std::string, int64_t>{"weights", 512}));
+  auto big = a.reserve(4000, "scratch");
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find("scratch needs 4096 bytes, 3072 of 4096 left"),
+            std::string::npos)
+      << big.status();
+  EXPECT_EQ(a.used(), 1024);  // a refused reservation takes nothing
+  EXPECT_EQ(a.reserve(-1, "x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StepTables, RowsBlocksAndOutputRows) {
+  const std::vector<int32_t> b0 = {4, 1, 7}, b1 = {2};
+  const std::vector<int32_t> t0 = {10, 11, 12, 13, 14}, t1 = {20};
+  // Segment 0: prefill of 5 tokens at [0, 5); segment 1: one decode token at position 3.
+  std::vector<SegmentBlocks> segs = {{&b0, 12, t0.data(), 5, 0}, {&b1, 4, t1.data(), 1, 3}};
+  auto t = build_step_tables(segs, 4, 100, 64, OutputRows::kLastOfSegment);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->rows, 6);
+  EXPECT_EQ(t->width, 3);
+  EXPECT_EQ(t->tokens, (std::vector<int32_t>{10, 11, 12, 13, 14, 20}));
+  EXPECT_EQ(t->pos, (std::vector<int32_t>{0, 1, 2, 3, 4, 3}));
+  EXPECT_EQ(t->row_seq, (std::vector<int32_t>{0, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(t->block_table, (std::vector<int32_t>{4, 1, 7, 2, 2, 2}));
+  EXPECT_EQ(t->out_rows, (std::vector<int32_t>{4, 5}));
+  EXPECT_TRUE(t->targets.empty());
+  // Where the paged layout puts (segment, position): position 5 of segment 0 is block 1, slot 1.
+  kernels::dm::PagedKvView kv;
+  kv.block_size = 4;
+  kv.n_kv = 2;
+  kv.head_dim = 8;
+  kv.block_table = t->block_table.data();
+  kv.max_blocks = t->width;
+  EXPECT_EQ(kernels::dm::paged_kv_offset(kv, 0, 5, 1), ((1 * 4 + 1) * 2 + 1) * 8);
+  EXPECT_EQ(kernels::dm::paged_kv_offset(kv, 1, 3, 0), ((2 * 4 + 3) * 2 + 0) * 8);
+
+  auto s = build_step_tables(segs, 4, 100, 64, OutputRows::kAllButLast);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->out_rows, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(s->targets, (std::vector<int32_t>{11, 12, 13, 14}));
+}
+
+TEST(StepTables, BadSegmentsNameTheSegment) {
+  const std::vector<int32_t> b = {0}, none = {};
+  const std::vector<int32_t> tok = {1, 2, 3, 4, 5};
+  auto err = [&](std::vector<SegmentBlocks> segs) {
+    return build_step_tables(segs, 4, 10, 64, OutputRows::kLastOfSegment).status();
+  };
+  EXPECT_TRUE(err({{&b, 4, tok.data(), 4, 0}}).ok());
+  absl::Status s = err({{&b, 4, tok.data(), 1, 0}, {&b, 4, tok.data(), 5, 0}});  // 5 > capacity
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("segment 1"), std::string::npos) << s;
+  EXPECT_FALSE(err({{&b, 5, tok.data(), 1, 0}}).ok());     // capacity > 1 block of 4
+  EXPECT_FALSE(err({{&none, 4, tok.data(), 1, 0}}).ok());  // no blocks
+  EXPECT_FALSE(err({{&b, 4, tok.data(), 0, 0}}).ok());     // no tokens
+  EXPECT_FALSE(err({{&b, 4, tok.data(), 1, -1}}).ok());    // negative position
+  const std::vector<int32_t> bad_tok = {10};
+  s = err({{&b, 4, bad_tok.data(), 1, 0}});
+  EXPECT_NE(s.message().find("token id 10 is out of range [0, 10)"), std::string::npos) << s;
+}
+
+struct Case {
+  Precision linear;
+  KvCacheDtype kv;
+  bool qwen3;
+};
+
+class MirrorTest : public ::testing::TestWithParam<Case> {};
+
+// Prefill of three prompts (lengths 9, 1, 17) in one step, then 4 decode steps with blocks of 4
+// positions handed out in a shuffled order: every layer's output and the logits of the mirror
+// equal Model::forward_cached's bit for bit (same ops, same rounding points, same KV contents).
+TEST_P(MirrorTest, LayerOutputsAndLogitsEqualForwardCached) {
+  const Case c = GetParam();
+  constexpr int64_t kVocab = 160, kBlock = 4;
+  PrecisionPolicy policy;
+  policy.linear = c.linear;
+  policy.kv_cache = c.kv;
+  const ModelConfig config =
+      c.qwen3 ? testing::make_qwen3_config(kVocab, 128, 256, 2, 4, 2, 48, false)
+              : testing::make_config(kVocab, 128, 256, 2, 4, 2, true, /*qwen2=*/true);
+  auto made = Model::Init(config, policy, 5, 0.05f);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Model& model = **made;
+  if (c.kv == KvCacheDtype::kFP8) {
+    KvScales s = model.kv_scales();
+    for (auto& k : s.k) k = 0.03f;
+    for (auto& v : s.v) v = 0.02f;
+    ASSERT_TRUE(model.set_kv_scales(s).ok());
+  }
+  const std::vector<int64_t> lens = {9, 1, 17};
+  constexpr int64_t kNew = 4;
+  Rng rng(3);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int64_t n : lens) {
+    std::vector<int32_t> t(n + kNew);
+    for (auto& x : t) x = static_cast<int32_t>(rng.next() % kVocab);
+    seqs.push_back(t);
+  }
+  // Blocks: a shuffled permutation of the pool, so sequences' blocks are not contiguous.
+  KvBlockPool pool(32);
+  std::vector<std::vector<int32_t>> blocks(seqs.size());
+  for (size_t s = seqs.size(); s-- > 0;) {  // the last sequence gets the low ids
+    const int64_t cap = static_cast<int64_t>(seqs[s].size());
+    blocks[s] = *pool.acquire((cap + kBlock - 1) / kBlock);
+    std::reverse(blocks[s].begin(), blocks[s].end());
+  }
+  HostDecoderOps ops(model, 32, kBlock);
+  HostStepBuffers buf(config, 32);
+  std::vector<std::unique_ptr<KvCache>> ref_kv;
+  for (auto& s : seqs) ref_kv.push_back(model.new_kv_cache(static_cast<int64_t>(s.size())));
+  InferenceWorkspace ws;
+  std::vector<std::vector<float>> ref_layers;
+  ws.layer_out = &ref_layers;
+  const int64_t h = config.hidden_size;
+  std::vector<float> ref_logits(seqs.size() * kVocab), logits(seqs.size() * kVocab);
+  for (int64_t step = 0; step <= kNew; ++step) {
+    std::vector<SegmentBlocks> segs;
+    std::vector<CachedSegment> ref;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int64_t pos0 = step == 0 ? 0 : lens[s] + step - 1, n = step == 0 ? lens[s] : 1;
+      const int64_t cap = static_cast<int64_t>(seqs[s].size());
+      segs.push_back({&blocks[s], cap, seqs[s].data() + pos0, n, pos0});
+      ref.push_back({ref_kv[s].get(), seqs[s].data() + pos0, n, pos0});
+    }
+    auto t = build_step_tables(segs, kBlock, kVocab, config.max_position_embeddings,
+                               OutputRows::kLastOfSegment);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE(model.forward_cached(ref, ref_logits.data(), &ws).ok());
+    std::vector<std::vector<float>> layers;
+    auto hook = [&](int64_t, const float* x) {
+      layers.emplace_back(x, x + t->rows * h);
+      return absl::OkStatus();
+    };
+    const StepBuffers b = buf.view();
+    ASSERT_TRUE(decoder_step(config, policy, model.layout(), ops, b, *t, hook).ok());
+    ASSERT_TRUE(ops.linear(-1, 0, b.sel, t->n_seg, nullptr, logits.data()).ok());
+    ASSERT_EQ(layers.size(), ref_layers.size());
+    for (size_t l = 0; l < layers.size(); ++l) {
+      ASSERT_EQ(layers[l].size(), ref_layers[l].size());
+      ASSERT_EQ(
+          0, std::memcmp(layers[l].data(), ref_layers[l].data(), layers[l].size() * sizeof(float)))
+          << "step " << step << " layer " << l;
+    }
+    ASSERT_EQ(0, std::memcmp(logits.data(), ref_logits.data(), logits.size() * sizeof(float)))
+        << "step " << step;
+    double norm = 0;
+    for (float v : logits) norm += std::fabs(v);
+    ASSERT_GT(norm, 0.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, MirrorTest,
+                         ::testing::Values(Case{Precision::kF32, KvCacheDtype::kF32, false},
+                                           Case{Precision::kF32, KvCacheDtype::kFP8, true},
+                                           Case{Precision::kBF16, KvCacheDtype::kBF16, false},
+                                           Case{Precision::kBF16, KvCacheDtype::kF32, true},
+                                           Case{Precision::kFP8, KvCacheDtype::kFP8, false},
+                                           Case{Precision::kFP8, KvCacheDtype::kBF16, true}),
+                         [](const auto& info) {
+                           return std::string(precision_name(info.param.linear)) + "_kv_" +
+                                  std::string(precision_name(info.param.kv)) +
+                                  (info.param.qwen3 ? "_qwen3" : "_qwen2");
+                         });
+
+// An inference-only model (what a generation worker installs versions into) keeps only the
+// double-accumulation operand of its BF16 linears and untied lm_head: linear_values() recovers
+// the same fp32 values the full model's bf16 copies hold, which the CUDA backend uploads.
+TEST(LinearValues, InferenceOnlyModelGivesTheFullModelsValues) {
+  PrecisionPolicy policy;
+  policy.linear = Precision::kFP8;
+  policy.kv_cache = KvCacheDtype::kFP8;
+  policy.bf16_first_layers = 1;
+  auto full = Model::Init(testing::make_config(96, 128, 256, 2, 4, 2, false), policy, 9, 0.05f);
+  ASSERT_TRUE(full.ok());
+  auto set = (*full)->export_weights(WeightFormat::kFP8, 1);
+  ASSERT_TRUE(set.ok()) << set.status();
+  auto ref = Model::FromWeightSet(*set, policy);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto inf = Model::ForInference((*full)->config(), policy);
+  ASSERT_TRUE(inf.ok()) << inf.status();
+  auto view = view_of(*set);
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE((*inf)->install(*view).ok());
+  int checked = 0;
+  for (int64_t j = 0; j < 7; ++j) {
+    const LinearWeight& w = (*inf)->layer_linear(0, j);
+    ASSERT_EQ(w.precision, Precision::kBF16);
+    ASSERT_TRUE(w.bf16.empty());  // only the double operand: what linear_values must handle
+    const std::vector<float> got = linear_values(w),
+                             want = linear_values((*ref)->layer_linear(0, j));
+    ASSERT_EQ(got.size(), static_cast<size_t>(w.out * w.in));
+    EXPECT_EQ(got, want) << "linear " << j;
+    EXPECT_TRUE(linear_values((*inf)->layer_linear(1, j)).empty());  // FP8: codes + scales
+    ++checked;
+  }
+  EXPECT_EQ(linear_values((*inf)->lm_head_weight()), linear_values((*ref)->lm_head_weight()));
+  EXPECT_EQ(linear_values((*inf)->embedding_weight()), linear_values((*ref)->embedding_weight()));
+  EXPECT_FALSE(linear_values((*inf)->lm_head_weight()).empty());
+  EXPECT_EQ(checked, 7);
+}
+
+TEST(DecoderStep, MoeIsRefusedClearly) {
+  PrecisionPolicy policy;
+  auto m = Model::Init(testing::make_config(64, 64, 128, 1, 2, 1, true), policy, 1);
+  ASSERT_TRUE(m.ok());
+  ModelConfig moe = (*m)->config();
+  moe.moe.num_experts = 4;
+  moe.moe.num_experts_per_tok = 2;
+  if (!moe.sparse_layer(0)) GTEST_SKIP() << "config helper does not mark layer 0 sparse";
+  HostDecoderOps ops(**m, 4, 4);
+  HostStepBuffers buf((*m)->config(), 8);
+  StepTables t;
+  auto s = decoder_step(moe, policy, (*m)->layout(), ops, buf.view(), t, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("MoE not on CUDA"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fp8rl::model::gpu

@@ -1,0 +1,258 @@
+// The CPU InferenceBackend: the same numbers as Model::forward_cached / Sampler / Model::forward,
+// block accounting against a budget, and the errors of the interface.
+#include "model/inference_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "model/generator.h"
+#include "tests/unit/model/model_test_util.h"
+
+namespace fp8rl::model {
+namespace {
+
+constexpr int64_t kVocab = 96;
+
+std::shared_ptr<const Model> tiny_model(Precision linear, KvCacheDtype kv) {
+  PrecisionPolicy policy;
+  policy.linear = linear;
+  policy.kv_cache = kv;
+  auto m = Model::Init(testing::make_config(kVocab, 128, 256, 2, 4, 2, false), policy, 7, 0.05f);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (kv == KvCacheDtype::kFP8) {
+    KvScales s = (*m)->kv_scales();
+    for (auto& k : s.k) k = 0.02f;
+    for (auto& v : s.v) v = 0.01f;
+    EXPECT_TRUE((*m)->set_kv_scales(s).ok());
+  }
+  return std::shared_ptr<const Model>(*std::move(m));
+}
+
+std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.next() % kVocab);
+  return t;
+}
+
+TEST(KvBlockPool, HandsOutLowestIdsFirstAndRefusesBeyondTheBudget) {
+  KvBlockPool pool(5);
+  auto a = pool.acquire(2);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, (std::vector<int32_t>{0, 1}));
+  auto b = pool.acquire(3);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(pool.free(), 0);
+  auto c = pool.acquire(1);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("1 blocks asked, 0 free"), std::string::npos);
+  pool.release(*a, 2);
+  EXPECT_EQ(pool.free(), 2);
+  auto d = pool.acquire(1);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d, (std::vector<int32_t>{0}));
+  EXPECT_EQ(pool.used(), 4);
+}
+
+TEST(KvBlockPool, UnboundedCountsWithoutIds) {
+  KvBlockPool pool(-1);
+  auto a = pool.acquire(1000);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->empty());
+  EXPECT_EQ(pool.used(), 1000);
+  EXPECT_EQ(pool.free(), -1);
+  pool.release(*a, 1000);
+  EXPECT_EQ(pool.used(), 0);
+}
+
+TEST(InferenceBackend, ParsesDeviceNames) {
+  EXPECT_EQ(*parse_device("cpu"), Device::kCpu);
+  EXPECT_EQ(*parse_device("cuda"), Device::kCuda);
+  auto bad = parse_device("tpu");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'tpu'"), std::string::npos);
+  EXPECT_EQ(device_name(Device::kCuda), "cuda");
+}
+
+TEST(InferenceBackend, OptionsAreChecked) {
+  auto model = tiny_model(Precision::kF32, KvCacheDtype::kF32);
+  auto b = make_cpu_backend(model, {.kv_block_tokens = 0});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("kv_block_tokens"), std::string::npos);
+  b = make_cpu_backend(model, {.memory_budget_bytes = -1});
+  EXPECT_NE(b.status().message().find("memory_budget_bytes"), std::string::npos);
+  EXPECT_EQ(make_cpu_backend(nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+class CpuBackendTest : public ::testing::TestWithParam<std::pair<Precision, KvCacheDtype>> {};
+
+// Prefill of two prompts in one call, then three decode steps: logits bit-identical to
+// Model::forward_cached over KvCache objects fed the same segments.
+TEST_P(CpuBackendTest, ForwardIsModelForwardCached) {
+  auto model = tiny_model(GetParam().first, GetParam().second);
+  auto backend = make_cpu_backend(model, {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  InferenceBackend& be = **backend;
+  EXPECT_EQ(be.device(), Device::kCpu);
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(9, 1), random_tokens(4, 2)};
+  std::vector<std::unique_ptr<KvSequence>> kv;
+  std::vector<std::unique_ptr<KvCache>> ref_kv;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto s = be.new_sequence(20);
+    ASSERT_TRUE(s.ok()) << s.status();
+    kv.push_back(*std::move(s));
+    ref_kv.push_back(model->new_kv_cache(20));
+  }
+  std::vector<int32_t> next = {5, 17};
+  std::vector<BackendSegment> seg;
+  std::vector<CachedSegment> ref_seg;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seg.push_back({kv[i].get(), prompts[i].data(), static_cast<int64_t>(prompts[i].size()), 0});
+    ref_seg.push_back(
+        {ref_kv[i].get(), prompts[i].data(), static_cast<int64_t>(prompts[i].size()), 0});
+  }
+  std::vector<float> got(2 * kVocab), want(2 * kVocab);
+  InferenceWorkspace ws;
+  for (int step = 0; step < 4; ++step) {
+    ASSERT_TRUE(be.forward(seg, got.data()).ok());
+    ASSERT_TRUE(model->forward_cached(ref_seg, want.data(), &ws).ok());
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+        << "step " << step;
+    bool nonzero = false;
+    for (float v : got) nonzero |= v != 0.0f;
+    ASSERT_TRUE(nonzero);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t pos = seg[i].pos0 + seg[i].n;
+      next[i] = static_cast<int32_t>((next[i] * 7 + step) % kVocab);
+      seg[i] = {kv[i].get(), &next[i], 1, pos};
+      ref_seg[i] = {ref_kv[i].get(), &next[i], 1, pos};
+    }
+  }
+}
+
+// forward_sample with the generator's streams gives the tokens and logprobs of generate().
+TEST_P(CpuBackendTest, ForwardSampleMatchesGenerate) {
+  auto model = tiny_model(GetParam().first, GetParam().second);
+  SamplingParams params{
+      .temperature = 0.9f, .top_p = 0.9f, .top_k = 20, .max_new_tokens = 6, .seed = 11};
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(7, 3), random_tokens(3, 4)};
+  auto want = generate(model, prompts, params);
+  ASSERT_TRUE(want.ok());
+  auto backend = make_cpu_backend(model, {.kv_block_tokens = 4});
+  ASSERT_TRUE(backend.ok());
+  InferenceBackend& be = **backend;
+  std::vector<std::unique_ptr<KvSequence>> kv;
+  std::vector<Rng> rng;
+  std::vector<BackendSegment> seg;
+  std::vector<SampleSpec> spec;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    kv.push_back(*be.new_sequence(static_cast<int64_t>(prompts[i].size()) + 6));
+    rng.emplace_back(derive_seed(params.seed, i));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seg.push_back({kv[i].get(), prompts[i].data(), static_cast<int64_t>(prompts[i].size()), 0});
+    spec.push_back({&params, &rng[i]});
+  }
+  EXPECT_EQ(be.memory().kv_blocks_used, 4 + 3);  // ceil(13/4) + ceil(9/4)
+  std::vector<std::vector<int32_t>> tokens(prompts.size());
+  std::vector<std::vector<float>> lps(prompts.size());
+  std::vector<SampledToken> out;
+  for (int step = 0; step < 6; ++step) {
+    ASSERT_TRUE(be.forward_sample(seg, spec, &out).ok());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      tokens[i].push_back(out[i].token);
+      lps[i].push_back(out[i].logprob);
+      seg[i] = {kv[i].get(), &tokens[i].back(), 1, seg[i].pos0 + seg[i].n};
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(tokens[i], (*want)[i].tokens) << "prompt " << i;
+    EXPECT_EQ(lps[i], (*want)[i].logprobs) << "prompt " << i;
+  }
+}
+
+// score() is the training forward's logprobs.
+TEST_P(CpuBackendTest, ScoreIsTheTrainingForward) {
+  auto model = tiny_model(GetParam().first, GetParam().second);
+  auto backend = make_cpu_backend(model, {});
+  ASSERT_TRUE(backend.ok());
+  const TokenBatch batch = {random_tokens(12, 5), random_tokens(5, 6)};
+  auto got = (*backend)->score(batch, 0.7f);
+  auto want = model->forward(batch, {.temperature = 0.7f}, nullptr);
+  ASSERT_TRUE(got.ok() && want.ok());
+  EXPECT_EQ(*got, *want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, CpuBackendTest,
+                         ::testing::Values(std::pair{Precision::kF32, KvCacheDtype::kF32},
+                                           std::pair{Precision::kBF16, KvCacheDtype::kBF16},
+                                           std::pair{Precision::kFP8, KvCacheDtype::kFP8}),
+                         [](const auto& info) {
+                           return std::string(precision_name(info.param.first)) + "_kv_" +
+                                  std::string(precision_name(info.param.second));
+                         });
+
+TEST(CpuBackend, BudgetBoundsBlocksAndFreesThemWithTheSequence) {
+  auto model = tiny_model(Precision::kF32, KvCacheDtype::kF32);
+  const int64_t block = kv_block_bytes(model->config(), KvCacheDtype::kF32, 8);
+  EXPECT_EQ(block, 2 * 2 * 8 * 64 * 4);  // K+V, 2 layers, 8 positions, kv_dim 64, fp32
+  auto backend =
+      make_cpu_backend(model, {.memory_budget_bytes = 5 * block + 7, .kv_block_tokens = 8});
+  ASSERT_TRUE(backend.ok());
+  InferenceBackend& be = **backend;
+  EXPECT_EQ(be.memory().kv_blocks_total, 5);
+  EXPECT_EQ(be.blocks_for(17), 3);
+  auto a = be.new_sequence(17);  // 3 blocks
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)->blocks(), 3);
+  EXPECT_EQ(be.memory().kv_blocks_free(), 2);
+  auto b = be.new_sequence(24);  // 3 blocks: refused
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(be.memory().kv_blocks_free(), 2);
+  // set_model while a sequence holds blocks is refused.
+  EXPECT_EQ(be.set_model(model).code(), absl::StatusCode::kFailedPrecondition);
+  a->reset();
+  EXPECT_EQ(be.memory().kv_blocks_free(), 5);
+  EXPECT_TRUE(be.new_sequence(24).ok());  // freed at once when the handle goes
+  EXPECT_TRUE(be.set_model(model).ok());
+}
+
+TEST(CpuBackend, BadInputGetsClearErrors) {
+  auto model = tiny_model(Precision::kF32, KvCacheDtype::kF32);
+  auto backend = make_cpu_backend(model, {});
+  ASSERT_TRUE(backend.ok());
+  InferenceBackend& be = **backend;
+  EXPECT_EQ(be.new_sequence(0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be.new_sequence(257).status().code(), absl::StatusCode::kInvalidArgument);
+  auto other = make_cpu_backend(model, {});
+  auto foreign = (*other)->new_sequence(4);
+  ASSERT_TRUE(foreign.ok());
+  const int32_t tok = 1;
+  std::vector<float> logits(kVocab);
+  auto s = be.forward({{foreign->get(), &tok, 1, 0}}, logits.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("segment 0"), std::string::npos);
+  auto kv = be.new_sequence(2);
+  s = be.forward({{kv->get(), &tok, 1, 2}}, logits.data());  // position 2 of a 2-slot cache
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  std::vector<SampledToken> out;
+  s = be.forward_sample({{kv->get(), &tok, 1, 0}}, {}, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  auto bigger =
+      Model::Init(testing::make_config(kVocab + 1, 128, 256, 2, 4, 2, false), model->policy(), 1);
+  EXPECT_EQ(be.set_model(std::shared_ptr<const Model>(*std::move(bigger))).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaBackend, WithoutADeviceSaysWhy) {
+  if (cuda_backend_available()) GTEST_SKIP() << "a CUDA device is present";
+  auto b = make_cuda_backend(tiny_model(Precision::kF32, KvCacheDtype::kF32),
+                             {.memory_budget_bytes = 1 << 30});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(cuda_backend_unavailable_reason().empty());
+}
+
+}  // namespace
+}  // namespace fp8rl::model
