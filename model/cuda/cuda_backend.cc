@@ -208,6 +208,15 @@ absl::Status CudaBackendImpl::init() {
     return absl::FailedPreconditionError(
         "MoE not on CUDA (this model has experts); use --device cpu");
   }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    for (int64_t j = 0; j < 7; ++j) {
+      const LinearWeight& w = model_->layer_linear(l, j);
+      if (w.out * w.in == 0) {
+        return absl::FailedPreconditionError(
+            "make_cuda_backend: the model holds no weights yet (install a version first)");
+      }
+    }
+  }
   auto dev = kc::require_sm90();
   if (!dev.ok()) return dev.status();
   FP8RL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

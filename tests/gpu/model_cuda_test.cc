@@ -37,6 +37,7 @@
 #include "kernels/calc_diff.h"
 #include "model/cuda/cuda_backend.h"
 #include "model/inference_backend.h"
+#include "model/weight_view.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/model/model_test_util.h"
 
@@ -370,6 +371,39 @@ TEST(ModelCudaBudget, BlocksWeightsAndReinstall) {
   // Too small a budget: a clear error, not a crash.
   auto tiny = gpu::create_cuda_backend(model, {.memory_budget_bytes = 40 << 20});
   EXPECT_FALSE(tiny.ok());
+}
+
+// A generation worker's model is inference-only (ForInference + install of an FP8 payload): its
+// device weights, hence its logits, are those of the full model built from the same payload.
+TEST(ModelCudaBudget, InferenceOnlyModelGivesTheFullModelsLogits) {
+  FP8RL_REQUIRE_SM90();
+  PrecisionPolicy policy;
+  policy.linear = Precision::kFP8;
+  policy.kv_cache = KvCacheDtype::kFP8;
+  policy.bf16_first_layers = 1;
+  auto full = Model::Init(testing_config_llama(), policy, 9, 0.05f);
+  ASSERT_TRUE(full.ok());
+  auto set = (*full)->export_weights(WeightFormat::kFP8, 1);
+  ASSERT_TRUE(set.ok()) << set.status();
+  auto ref = Model::FromWeightSet(*set, policy);
+  auto inf = Model::ForInference(testing_config_llama(), policy);
+  ASSERT_TRUE(ref.ok() && inf.ok());
+  auto view = view_of(*set);
+  ASSERT_TRUE(view.ok());
+  FP8RL_ASSERT_OK((*inf)->install(*view));
+  std::vector<std::vector<float>> logits;
+  for (Model* m : {ref->get(), inf->get()}) {
+    std::shared_ptr<const Model> shared(m, [](const Model*) {});
+    auto gpu = make_cuda_backend(shared, {.memory_budget_bytes = int64_t{256} << 20});
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto kv = (*gpu)->new_sequence(16);
+    ASSERT_TRUE(kv.ok());
+    const std::vector<int32_t> tok = {5, 9, 2, 77, 31, 8, 150, 3};
+    logits.emplace_back(kVocab);
+    FP8RL_ASSERT_OK((*gpu)->forward({{kv->get(), tok.data(), 8, 0}}, logits.back().data()));
+  }
+  EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), kVocab * sizeof(float)));
+  EXPECT_GT(std::fabs(logits[0][0]) + std::fabs(logits[0][1]), 0.0f);
 }
 
 TEST(ModelCudaBudget, MoeIsRefused) {

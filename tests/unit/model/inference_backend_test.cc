@@ -67,6 +67,16 @@ TEST(KvBlockPool, UnboundedCountsWithoutIds) {
   EXPECT_EQ(pool.used(), 0);
 }
 
+// The CUDA backend hands a sequence's stream to the device and back through state()/set_state().
+TEST(Rng, StateRoundTripContinuesTheStream) {
+  Rng a(42);
+  for (int i = 0; i < 5; ++i) a.next();
+  Rng b(7);
+  b.set_state(a.state());
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(a.next(), b.next());
+  EXPECT_NE(Rng(42).state(), a.state());
+}
+
 TEST(InferenceBackend, ParsesDeviceNames) {
   EXPECT_EQ(*parse_device("cpu"), Device::kCpu);
   EXPECT_EQ(*parse_device("cuda"), Device::kCuda);
