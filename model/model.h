@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -177,7 +178,13 @@ class Model {
   static int64_t forward_calls_total();
   // Accumulates dL/dparams into grads[num_params()] given dL/dlogprob (same shape as forward's
   // result; zeros allowed).
-  absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp, float* grads) const;
+  // `on_final` (optional) is told as gradients become final: after a call with `from`,
+  // grads[from, num_params()) do not change again in this backward; `from` only decreases and the
+  // last call has 0. A data-parallel group all-reduces those while the backward goes on
+  // (docs/design.md "Trainer groups").
+  using GradientsFinal = std::function<void(int64_t from)>;
+  absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp, float* grads,
+                        const GradientsFinal& on_final = {}) const;
   // Values per token of a routing record: sparse layers x top_k (0 for a dense model).
   int64_t routing_width() const;
   // Checks a routing record against the model: per sequence at most its tokens, ids in [0, E),

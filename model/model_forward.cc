@@ -356,8 +356,8 @@ absl::StatusOr<std::vector<float>> Model::logits(const std::vector<int32_t>& tok
   return out;
 }
 
-absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
-                             float* grads) const {
+absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, float* grads,
+                             const GradientsFinal& on_final) const {
   if (inference_only_) return absl::FailedPreconditionError("backward: inference-only model");
   const int64_t n_seq = static_cast<int64_t>(c.tokens.size());
   if (static_cast<int64_t>(c.layers.size()) != config_.num_hidden_layers || c.x_final.empty()) {
@@ -419,6 +419,9 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
   ops::rmsnorm_backward(c.x_final.data(), small_param(layout_.final_norm()), c.inv_final.data(),
                         dx.data(), m, h, tmp.data(), grads + layout_.final_norm());
   std::copy(tmp.begin(), tmp.begin() + m * h, dx.begin());
+  // Parameters are laid out embedding, layers 0..n-1, final norm, lm_head (model/params.h), and
+  // the backward runs from the end: a tied lm_head adds into the embedding, which is last.
+  if (on_final) on_final(layout_.final_norm());
 
   std::vector<float> dact(m * f), dg(m * f), du(m * f), dq(m * qd), dk(m * kvd), dv(m * kvd),
       dh(m * h), dO(m * qd);
@@ -528,6 +531,7 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
     ops::rmsnorm_backward(a.x.data(), small_param(lo.input_norm), a.inv1.data(), dh.data(), m, h,
                           tmp.data(), grads + lo.input_norm);
     add_inplace(dx.data(), tmp.data(), m * h);  // dx is now d x (layer input)
+    if (on_final) on_final(lo.input_norm);      // layer l's first parameter
   }
   // Embedding rows (serial: repeated tokens add into the same row).
   float* de = grads + layout_.embed();
@@ -538,6 +542,7 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
       ++r;
     }
   }
+  if (on_final) on_final(0);
   return absl::OkStatus();
 }
 

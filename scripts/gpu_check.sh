@@ -161,6 +161,24 @@ done < <(awk '/^\[       OK \]/ {print "ok", $4, $5 $6}
               /^\[  FAILED  \] [A-Za-z].*\(/ {print "FAILED", $4, $5 $6}
               /^\[  SKIPPED \] [A-Za-z].*\(/ {print "SKIPPED", $4, $5 $6}' "$LOG_DIR/gpu_tests.txt")
 grep -E '^\[ (gemm|decoder)' "$LOG_DIR/gpu_tests.txt" >>"$LOG_DIR/summary.txt"
+# 6b. The NCCL backend of trainer groups on one GPU (init, all-reduce, teardown): built only when
+# CMake found NCCL, and a GPU machine without it fails this row.
+if cmake --build "$BUILD_DIR" --target help 2>/dev/null | grep -q '^fp8rl_gpu_nccl_test:'; then
+  with_pack timeout "$(remaining)" cmake --build "$BUILD_DIR" --target fp8rl_gpu_nccl_test \
+    >"$LOG_DIR/nccl_build.txt" 2>&1 &&
+    with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_nccl_test" >"$LOG_DIR/nccl_test.txt" 2>&1
+  nccl_rc=$?
+  n=$(grep -c '^\[       OK \]' "$LOG_DIR/nccl_test.txt" 2>/dev/null)
+  if [ "$nccl_rc" = 0 ] && [ "${n:-0}" -gt 0 ] && ! grep -q '^\[  SKIPPED \]' "$LOG_DIR/nccl_test.txt"; then
+    row "NCCL collectives" ok "$n tests"
+  else
+    row "NCCL collectives" FAILED "see nccl_build.txt / nccl_test.txt"
+    failed=1
+  fi
+else
+  row "NCCL collectives" FAILED "not built: CMake found no nccl.h / libnccl (see configure.txt)"
+  failed=1
+fi
 
 # 7. One kernel under compute-sanitizer (memcheck): the paged KV write + attention.
 SAN=/usr/local/cuda/bin/compute-sanitizer

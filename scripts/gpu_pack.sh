@@ -23,6 +23,7 @@ PACKAGES=(
   libyaml-cpp-dev libyaml-cpp0.7
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
   libicu-dev libicu72 icu-devtools
+  libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
 )
 
 rm -rf "$PACK_DIR"

@@ -58,6 +58,25 @@ class SingleRank final : public Collectives {
 
 std::shared_ptr<RendezvousStore> make_memory_store() { return std::make_shared<MemoryStore>(); }
 
+std::string_view backend_name(CollectiveBackend backend) {
+  return backend == CollectiveBackend::kNccl ? "nccl" : "gloo";
+}
+
+absl::StatusOr<CollectiveBackend> backend_for_device(std::string_view device,
+                                                     std::string_view field) {
+  if (device == "cpu") return CollectiveBackend::kGloo;
+  if (device == "cuda") return CollectiveBackend::kNccl;
+  if (device.starts_with("cuda:")) {
+    const std::string_view index = device.substr(5);
+    if (!index.empty() && index.size() <= 4 &&
+        index.find_first_not_of("0123456789") == std::string_view::npos) {
+      return CollectiveBackend::kNccl;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(field), ": must be cpu, cuda or cuda:<index>, got '", std::string(device), "'"));
+}
+
 std::unique_ptr<Collectives> make_single_rank_collectives() {
   return std::make_unique<SingleRank>();
 }

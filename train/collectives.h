@@ -74,6 +74,15 @@ struct GroupOptions {
 absl::StatusOr<std::unique_ptr<Collectives>> make_gloo_collectives(
     std::shared_ptr<RendezvousStore> store, const GroupOptions& options);
 
+// Which collective library a trainer's group uses, chosen by the device its engine runs on.
+enum class CollectiveBackend { kGloo, kNccl };
+std::string_view backend_name(CollectiveBackend backend);  // "gloo", "nccl"
+
+// "cpu" -> Gloo; "cuda" or "cuda:<index>" -> NCCL (train/collectives_nccl.h). INVALID_ARGUMENT
+// naming `field` for anything else ("--device: must be cpu, cuda or cuda:<index>, got 'tpu'").
+absl::StatusOr<CollectiveBackend> backend_for_device(std::string_view device,
+                                                     std::string_view field = "device");
+
 // A one-rank group without any transport: every all-reduce leaves the data as it is.
 std::unique_ptr<Collectives> make_single_rank_collectives();
 

@@ -8,6 +8,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <mutex>
@@ -156,7 +157,9 @@ class GlooCollectives final : public Collectives {
 
   std::shared_ptr<gloo::Context> context_;
   const std::chrono::milliseconds timeout_;
-  bool failed_ = false;    // only touched by the (single) calling thread
+  // Set by a failed operation; operations come from one thread at a time (the caller's, or a
+  // BucketedAllReduce's communication thread), atomic so either may read it.
+  std::atomic<bool> failed_{false};
   mutable std::mutex mu_;  // guards stats_ (stats() may be called from a metrics thread)
   CollectiveStats stats_;  // guarded by mu_
 };

@@ -355,11 +355,10 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
   return p;
 }
 
-absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(const PackedBatch& mb,
-                                                                 std::span<const float> prev,
-                                                                 std::span<const float> ref,
-                                                                 const rl::PolicyLossConfig& config,
-                                                                 std::vector<float>* grads) const {
+absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
+    const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
+    const rl::PolicyLossConfig& config, std::vector<float>* grads, BucketedAllReduce* bucketed,
+    const std::string& what) const {
   model::ForwardContext ctx;
   absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx);
   if (!cur.ok()) return cur.status();
@@ -374,11 +373,42 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(const PackedBat
   absl::StatusOr<rl::PolicyLossResult> loss = rl::grpo_policy_loss(in, config);
   if (!loss.ok()) return loss.status();
   grads->assign(model_->num_params(), 0.0f);
-  if (auto s = model_->backward(ctx, scatter_response(mb, loss->dloss_dcur), grads->data());
+  model::Model::GradientsFinal on_final;
+  if (bucketed != nullptr) {
+    bucketed->begin(std::span<float>(*grads), what);
+    on_final = [bucketed](int64_t from) { bucketed->final_from(from); };
+  }
+  if (auto s =
+          model_->backward(ctx, scatter_response(mb, loss->dloss_dcur), grads->data(), on_final);
       !s.ok()) {
+    // The buckets begun still run (every rank runs the same collectives); the error wins.
+    if (bucketed != nullptr) bucketed->finish().IgnoreError();
     return s;
   }
   return loss;
+}
+
+void Learner::set_group(Collectives* group, int64_t bucket_bytes) {
+  bucketed_.reset();
+  group_ = group;
+  if (group != nullptr && group->size() > 1 && bucket_bytes > 0) {
+    const auto floats = static_cast<int64_t>(sizeof(float));
+    bucketed_ = std::make_unique<BucketedAllReduce>(group, (bucket_bytes + floats - 1) / floats);
+  }
+}
+
+absl::Status Learner::reduce_gradients(std::vector<float>* grads, bool begun,
+                                       const std::string& what, double* wait_seconds) {
+  const auto start = Clock::now();
+  absl::Status s;
+  if (bucketed_ != nullptr) {
+    if (!begun) bucketed_->begin(std::span<float>(*grads), what);
+    s = bucketed_->finish();
+  } else {
+    s = group_->all_reduce(std::span<float>(*grads), ReduceOp::kSum, what);
+  }
+  *wait_seconds += seconds_since(start);
+  return s;
 }
 
 absl::Status Learner::set_learning_rate(double lr) {
@@ -463,7 +493,9 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
       const std::span<const float> ref_mb =
           ref.empty() ? std::span<const float>()
                       : std::span<const float>(ref.data() + s0 * L, (s1 - s0) * L);
-      result = minibatch_gradient(mb, prev_mb, ref_mb, mb_config, &grads);
+      result =
+          minibatch_gradient(mb, prev_mb, ref_mb, mb_config, &grads, dp ? bucketed_.get() : nullptr,
+                             absl::StrCat(where, "gradient all-reduce"));
     } else {
       // No sequence of this minibatch fell to this rank: it adds nothing but still takes part.
       result = rl::PolicyLossResult{};
@@ -472,8 +504,8 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
     if (!result.ok()) return interrupted(u, prefixed(result.status(), where));
     r.forward_backward_seconds += seconds_since(start);
     if (dp) {
-      if (auto s = group_->all_reduce(std::span<float>(grads), ReduceOp::kSum,
-                                      absl::StrCat(where, "gradient all-reduce"));
+      if (auto s = reduce_gradients(&grads, s1 > s0, absl::StrCat(where, "gradient all-reduce"),
+                                    &r.gradient_wait_seconds);
           !s.ok()) {
         return interrupted(u, s);
       }
@@ -576,8 +608,16 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
       if (!cur.ok()) return interrupted(i, cur.status());
       absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask, normalizer);
       if (!nll.ok()) return interrupted(i, nll.status());
-      if (auto s = model_->backward(ctx, scatter_response(mb, nll->dloss_dlogp), grads.data());
+      model::Model::GradientsFinal on_final;
+      if (dp && bucketed_ != nullptr) {
+        bucketed_->begin(std::span<float>(grads),
+                         absl::StrCat("minibatch ", i, ": gradient all-reduce"));
+        on_final = [this](int64_t from) { bucketed_->final_from(from); };
+      }
+      if (auto s =
+              model_->backward(ctx, scatter_response(mb, nll->dloss_dlogp), grads.data(), on_final);
           !s.ok()) {
+        if (on_final) bucketed_->finish().IgnoreError();  // every rank runs the same collectives
         return interrupted(i, s);
       }
       loss = nll->loss;
@@ -585,8 +625,8 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     r.forward_backward_seconds += seconds_since(start);
     if (dp) {
       const std::string where = absl::StrCat("minibatch ", i, ": ");
-      if (auto s = group_->all_reduce(std::span<float>(grads), ReduceOp::kSum,
-                                      absl::StrCat(where, "gradient all-reduce"));
+      if (auto s = reduce_gradients(&grads, s1 > s0, absl::StrCat(where, "gradient all-reduce"),
+                                    &r.gradient_wait_seconds);
           !s.ok()) {
         return interrupted(i, s);
       }

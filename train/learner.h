@@ -28,6 +28,7 @@
 #include "rl/mismatch.h"
 #include "train/batch.h"
 #include "train/collectives.h"
+#include "train/collectives_bucketed.h"
 
 namespace fp8rl::train {
 
@@ -91,6 +92,9 @@ struct GrpoResult {
   double all_reduce_seconds = 0;
   int64_t all_reduce_bytes = 0;
   int group_size = 1;
+  // Time the update waited for the gradient all-reduce after the backward: all of it when
+  // unbucketed, what the backward did not hide when bucketed (Learner::set_group).
+  double gradient_wait_seconds = 0;
   // Per request sequence, the logprobs of its loss tokens (the response tokens in the loss, in
   // order): gen as sent, prev as the learner computed them before the update. What the mismatch
   // metrics are computed from, so they can be recomputed from a log of these.
@@ -119,6 +123,9 @@ struct SftResult {
   double all_reduce_seconds = 0;
   int64_t all_reduce_bytes = 0;
   int group_size = 1;
+  // Time the update waited for the gradient all-reduce after the backward: all of it when
+  // unbucketed, what the backward did not hide when bucketed (Learner::set_group).
+  double gradient_wait_seconds = 0;
 };
 
 // The loss and parameter gradient of a GRPO request taken as one minibatch (nothing updated).
@@ -181,7 +188,9 @@ class Learner {
   // on a mismatch). The prev logprobs and K/V amax records are gathered, so metrics and KV
   // calibration cover the whole batch on every rank. A collective failure fails the update with
   // its status (DEADLINE_EXCEEDED / UNAVAILABLE). Non-owning; null (or one rank) = alone.
-  void set_group(Collectives* group) { group_ = group; }
+  // bucket_bytes > 0: gradients are all-reduced in buckets of that many bytes while the backward
+  // runs (train/collectives_bucketed.h); 0: in one all-reduce after the backward.
+  void set_group(Collectives* group, int64_t bucket_bytes = 0);
   Collectives* group() const { return group_; }
   // After a successful upload of `version`.
   void set_published(int64_t version) { version_ = published_version_ = version; }
@@ -213,11 +222,14 @@ class Learner {
   // Per minibatch i of m over B sequences: this rank's [begin, end) of sequences.
   std::vector<std::pair<int64_t, int64_t>> rank_shares(const PackedBatch& batch, int64_t m) const;
   bool data_parallel() const { return group_ != nullptr && group_->size() > 1; }
-  absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(const PackedBatch& mb,
-                                                          std::span<const float> prev,
-                                                          std::span<const float> ref,
-                                                          const rl::PolicyLossConfig& config,
-                                                          std::vector<float>* grads) const;
+  absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(
+      const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
+      const rl::PolicyLossConfig& config, std::vector<float>* grads,
+      BucketedAllReduce* bucketed = nullptr, const std::string& what = "") const;
+  // Sums this rank's `grads` over the group: with bucketed_, waits for the buckets begun in
+  // minibatch_gradient (begun = true); else one all-reduce now. Adds the wait to *wait_seconds.
+  absl::Status reduce_gradients(std::vector<float>* grads, bool begun, const std::string& what,
+                                double* wait_seconds);
   absl::Status set_learning_rate(double lr);
   // A calibrator for an update's forwards (null unless the KV cache is FP8).
   std::unique_ptr<model::KvCalibrator> new_kv_records() const;
@@ -231,9 +243,10 @@ class Learner {
   int64_t published_version_ = 0;
   // K/V amax records of the last update's forward (null before any update).
   std::unique_ptr<model::KvCalibrator> kv_records_;
-  model::TokenBatch calibration_;
-  Collectives* group_ =
-      nullptr;  // see set_group  // InitRequest.calibration, for an export before any update
+  model::TokenBatch calibration_;  // InitRequest.calibration, for an export before any update
+  Collectives* group_ = nullptr;   // see set_group
+  // With a bucket size and a group of 2 or more: the overlapping all-reduce (see set_group).
+  std::unique_ptr<BucketedAllReduce> bucketed_;
 };
 
 // Checks a PrecisionConfig the services can run: fp8 or bf16 formats, layer counts >= 0. Errors

@@ -1,7 +1,10 @@
 // fp8rl-bench-data-parallel: one GRPO step of the llama-10m config on one trainer and on a group of
 // two (two threads of this process, Gloo over loopback: the same collectives and the same CPU
-// sharing as two trainer processes on one machine). Prints the step time, the time inside
-// all-reduces and its share, and the bytes all-reduced per step. Not a test.
+// sharing as two trainer processes on one machine), the group with one gradient all-reduce after
+// the backward and with buckets reduced while it runs. Prints the step time, the time inside
+// all-reduces and its share, the time the step waited for the gradient all-reduce after the
+// backward, and the bytes all-reduced per step. Not a test.
+// Usage: fp8rl-bench-data-parallel [steps (3)] [bucket MiB ... (0 4 1)]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,12 +42,13 @@ std::vector<Sequence> batch(const model::ModelConfig& c, uint64_t seed, int n) {
 }
 
 struct Timing {
-  double step = 0, all_reduce = 0;
+  double step = 0, all_reduce = 0, waited = 0;
   int64_t bytes = 0;
 };
 
 // Runs `steps` GRPO steps after one warm-up step; per-step means of rank 0.
-Timing run(const std::string& config_json, Collectives* group, int steps, int sequences) {
+Timing run(const std::string& config_json, Collectives* group, int steps, int sequences,
+           int64_t bucket_bytes = 0) {
   InitRequest init;
   init.job_id = "bench";
   init.model_config_json = config_json;
@@ -59,7 +63,7 @@ Timing run(const std::string& config_json, Collectives* group, int steps, int se
                  std::string(learner.status().message()).c_str());
     std::exit(1);
   }
-  (*learner)->set_group(group);
+  (*learner)->set_group(group, bucket_bytes);
   Timing t;
   for (int s = 0; s <= steps; ++s) {
     GrpoRequest r;
@@ -76,6 +80,7 @@ Timing run(const std::string& config_json, Collectives* group, int steps, int se
     if (s == 0) continue;  // warm-up
     t.step += (now() - start) / steps;
     t.all_reduce += result->all_reduce_seconds / steps;
+    t.waited += result->gradient_wait_seconds / steps;
     t.bytes = result->all_reduce_bytes;
   }
   return t;
@@ -85,6 +90,9 @@ int main_impl(int argc, char** argv) {
   const std::string src =
       std::getenv("FP8RL_SOURCE_DIR") ? std::getenv("FP8RL_SOURCE_DIR") : FP8RL_BENCH_SOURCE_DIR;
   const int steps = argc > 1 ? std::atoi(argv[1]) : 3;
+  std::vector<double> buckets_mb;
+  for (int i = 2; i < argc; ++i) buckets_mb.push_back(std::atof(argv[i]));
+  if (buckets_mb.empty()) buckets_mb = {0, 4, 1};
   const int sequences = 16;
   absl::StatusOr<std::string> config = read_text_file(src + "/configs/models/llama-10m.json");
   if (!config.ok()) {
@@ -94,19 +102,22 @@ int main_impl(int argc, char** argv) {
   }
   std::printf("llama-10m, FP8 training, GRPO step of %d x 64 tokens, 2 minibatches, %u cores\n",
               sequences, std::thread::hardware_concurrency());
-  std::printf("%-9s %10s %14s %10s %14s %9s\n", "trainers", "step s", "all-reduce s", "share",
-              "MB reduced", "speedup");
+  std::printf("%-9s %9s %10s %14s %10s %10s %12s %9s\n", "trainers", "bucket", "step s",
+              "all-reduce s", "share", "waited s", "MB reduced", "speedup");
   const Timing alone = run(*config, nullptr, steps, sequences);
-  std::printf("%-9d %10.3f %14.3f %9.1f%% %14.1f %9s\n", 1, alone.step, 0.0, 0.0, 0.0, "1.00");
-  for (int size : {2}) {
+  std::printf("%-9d %9s %10.3f %14.3f %9.1f%% %10.3f %12.1f %9s\n", 1, "-", alone.step, 0.0, 0.0,
+              0.0, 0.0, "1.00");
+  constexpr int kSize = 2;
+  for (double mb : buckets_mb) {
+    const auto bucket_bytes = static_cast<int64_t>(mb * 1024 * 1024);
     std::shared_ptr<RendezvousStore> store = make_memory_store();
-    std::vector<Timing> timings(size);
+    std::vector<Timing> timings(kSize);
     std::vector<std::thread> threads;
-    for (int r = 0; r < size; ++r) {
+    for (int r = 0; r < kSize; ++r) {
       threads.emplace_back([&, r] {
         GroupOptions o;
         o.rank = r;
-        o.size = size;
+        o.size = kSize;
         o.prefix = "bench";
         absl::StatusOr<std::unique_ptr<Collectives>> g = make_gloo_collectives(store, o);
         if (!g.ok()) {
@@ -114,14 +125,15 @@ int main_impl(int argc, char** argv) {
                        std::string(g.status().message()).c_str());
           std::exit(1);
         }
-        timings[r] = run(*config, g->get(), steps, sequences);
+        timings[r] = run(*config, g->get(), steps, sequences, bucket_bytes);
       });
     }
     for (std::thread& t : threads) t.join();
     const Timing& t = timings[0];
-    std::printf("%-9d %10.3f %14.3f %9.1f%% %14.1f %9.2f\n", size, t.step, t.all_reduce,
-                100.0 * t.all_reduce / t.step, static_cast<double>(t.bytes) / 1e6,
-                alone.step / t.step);
+    const std::string bucket = bucket_bytes > 0 ? std::to_string(mb).substr(0, 4) + " MiB" : "none";
+    std::printf("%-9d %9s %10.3f %14.3f %9.1f%% %10.3f %12.1f %9.2f\n", kSize, bucket.c_str(),
+                t.step, t.all_reduce, 100.0 * t.all_reduce / t.step, t.waited,
+                static_cast<double>(t.bytes) / 1e6, alone.step / t.step);
   }
   return 0;
 }

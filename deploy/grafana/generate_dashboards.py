@@ -219,6 +219,24 @@ def training():
                    unit="none", width=8),
         timeseries("Learning rate", "Current learning rate.",
                    [t("fp8rl_trainer_learning_rate", "lr")], unit="none", width=8),
+        row("Trainer group (trainer.data_parallel)"),
+        timeseries("Group size and rank, per trainer",
+                   "Trainers in each trainer's data-parallel group and its rank (size 1, rank 0 "
+                   "when alone); one line per scraped trainer.",
+                   [t("fp8rl_trainer_group_size", "size {{instance}}"),
+                    t("fp8rl_trainer_group_rank", "rank {{instance}}")], unit="none", width=8),
+        timeseries("All-reduce time per trainer",
+                   "Time in the last step's all-reduces, and the part of it the step waited for "
+                   "after the backward (all of the gradient all-reduce without buckets; what the "
+                   "backward did not hide with --allreduce-bucket-mb).",
+                   [t("fp8rl_trainer_all_reduce_seconds", "all-reduce {{instance}}"),
+                    t("fp8rl_trainer_all_reduce_wait_seconds", "waited {{instance}}")],
+                   unit="s", width=8),
+        timeseries("All-reduce bytes per trainer",
+                   "Payload bytes per second each trainer hands to all-reduce (fp32 gradients, "
+                   "loss statistics, gathered logprobs and KV records; not wire bytes).",
+                   [t(f"rate(fp8rl_trainer_all_reduce_bytes_total{RATE})", "{{instance}}")],
+                   unit="Bps", width=8),
         row("Jobs and services"),
         timeseries("Jobs by state", "Jobs in the coordinator's store.",
                    [t("sum by (state) (fp8rl_coordinator_jobs)", "{{state}}")], width=8),

@@ -91,6 +91,7 @@ int run(const std::vector<std::string>& args) {
     }
     *root = dir.string();
   }
+  options.allreduce_bucket_bytes = config->allreduce_bucket_bytes;
   options.coordinator_address = config->service.coordinator;
   options.rendezvous_security = security->client;
   // Trainer-group peers reach this trainer's collectives on the host it advertises.

@@ -15,6 +15,10 @@
 #include "proto/precision_proto.h"
 #include "services/trainer_worker/rendezvous_client.h"
 #include "train/checkpoint.h"
+#include "train/collectives.h"
+#ifdef FP8RL_HAVE_NCCL
+#include "train/collectives_nccl.h"
+#endif
 
 namespace fp8rl::trainer {
 namespace {
@@ -164,7 +168,7 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
   absl::StatusOr<std::unique_ptr<train::Learner>> learner = train::Learner::create(init);
   if (!learner.ok()) return learner.status();
   learner_ = std::move(*learner);
-  learner_->set_group(group_.get());
+  learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
   update_status();
 
   v1::InitPolicyResponse response;
@@ -283,6 +287,7 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
     metrics_->probs_ratio_max->get().set(mismatch.probs_ratio_max);
     metrics_->all_reduce_seconds->get().set(result->all_reduce_seconds);
     metrics_->all_reduce_bytes->get().inc(static_cast<double>(result->all_reduce_bytes));
+    metrics_->all_reduce_wait_seconds->get().set(result->gradient_wait_seconds);
   }
   return response;
 }
@@ -307,6 +312,7 @@ absl::StatusOr<v1::SftStepResponse> Trainer::sft_step(const v1::SftStepRequest& 
     metrics_->phase_seconds->with({"optimizer"}).set(result->optimizer_seconds);
     metrics_->all_reduce_seconds->get().set(result->all_reduce_seconds);
     metrics_->all_reduce_bytes->get().inc(static_cast<double>(result->all_reduce_bytes));
+    metrics_->all_reduce_wait_seconds->get().set(result->gradient_wait_seconds);
   }
   v1::SftStepResponse response;
   response.set_loss(result->loss);
@@ -417,7 +423,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
   absl::StatusOr<train::LoadedCheckpoint> loaded = train::load_checkpoint(*path);
   if (!loaded.ok()) return loaded.status();
   learner_ = std::move(loaded->learner);
-  learner_->set_group(group_.get());
+  learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
   update_status();
   v1::LoadCheckpointResponse response;
   response.set_version(learner_->version());
@@ -520,12 +526,24 @@ absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupReq
     options.prefix = request.group_id();
     options.timeout = std::chrono::milliseconds(request.timeout_ms());
     options.hostname = options_.group_host;
-    absl::StatusOr<std::unique_ptr<train::Collectives>> group =
-        train::make_gloo_collectives(std::move(store), options);
+    absl::StatusOr<train::CollectiveBackend> backend =
+        train::backend_for_device(options_.device, "--device");
+    if (!backend.ok()) return backend.status();
+    absl::StatusOr<std::unique_ptr<train::Collectives>> group;
+    if (*backend == train::CollectiveBackend::kGloo) {
+      group = train::make_gloo_collectives(std::move(store), options);
+    } else {
+#ifdef FP8RL_HAVE_NCCL
+      group = train::make_nccl_collectives(std::move(store), options);
+#else
+      return absl::FailedPreconditionError(
+          "--device: a trainer on cuda forms its group with NCCL, and this build has no NCCL");
+#endif
+    }
     if (!group.ok()) return group.status();
     group_ = std::move(*group);
-    if (learner_) learner_->set_group(group_.get());
-    response.set_backend("gloo");
+    if (learner_) learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
+    response.set_backend(std::string(train::backend_name(*backend)));
     service::log_info("trainer", "joined trainer group",
                       {{"group", request.group_id()},
                        {"rank", absl::StrCat(request.rank())},

@@ -52,6 +52,13 @@ struct TrainerOptions {
   // The address other members of a trainer group reach this trainer's collectives at (Gloo TCP
   // listens on an ephemeral port of this interface).
   std::string group_host = "127.0.0.1";
+  // The device the engine runs on; it chooses the group's collectives (train::backend_for_device:
+  // cpu -> Gloo, cuda -> NCCL). Always "cpu" until the GPU engine adds a --device flag.
+  std::string device = "cpu";
+  // Gradients are all-reduced in buckets of this many bytes while the backward runs; 0: in one
+  // all-reduce after it (train::Learner::set_group; --allreduce-bucket-mb, 4 MiB by default
+  // there; 0 here for tests that build a Trainer directly).
+  int64_t allreduce_bucket_bytes = 0;
   // The coordinator (its fp8rl.v1.Rendezvous) when JoinGroup names no rendezvous address.
   std::string coordinator_address;
   // TLS and the cluster token for calls to the rendezvous (as for the trainer's other calls).

@@ -25,6 +25,10 @@ service::ServiceOptions default_trainer_service_options() {
       // InitPolicy's model.checkpoint_dir under --models-root. Empty: not checked.
       {"data_root", ""},
       {"models_root", ""},
+      // Trainer groups: gradient all-reduce buckets (MiB) sent while the backward runs; 0: one
+      // all-reduce after the backward (docs/design.md "Trainer groups"; 4 measured in
+      // docs/perf.md).
+      {"allreduce_bucket_mb", "4"},
   };
   return o;
 }
@@ -48,6 +52,13 @@ absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string
   config.logprob_log_dir = service::extra_string(config.service, "logprob_log_dir");
   config.data_root = service::extra_string(config.service, "data_root");
   config.models_root = service::extra_string(config.service, "models_root");
+  absl::StatusOr<double> bucket_mb = service::extra_double(config.service, "allreduce_bucket_mb");
+  if (!bucket_mb.ok()) return bucket_mb.status();
+  if (!(*bucket_mb >= 0 && *bucket_mb <= 4096)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--allreduce-bucket-mb: must be in [0, 4096], got ", *bucket_mb));
+  }
+  config.allreduce_bucket_bytes = static_cast<int64_t>(*bucket_mb * 1024 * 1024);
   if (config.service.data_dir.empty()) {
     return absl::InvalidArgumentError("--data-dir: must not be empty");
   }

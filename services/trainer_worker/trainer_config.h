@@ -24,6 +24,9 @@ struct TrainerConfig {
   std::string logprob_log_dir;                   // --logprob-log-dir (empty: no log)
   std::string data_root;    // --data-root: checkpoint paths must lie here ("" = unchecked)
   std::string models_root;  // --models-root: model checkpoints must lie here ("" = unchecked)
+  // --allreduce-bucket-mb (MiB, may be fractional; 4 by default): trainer-group gradient
+  // buckets; 0 = one all-reduce after the backward.
+  int64_t allreduce_bucket_bytes = 4 << 20;
 };
 
 // Defaults of every flag (gRPC 50053, metrics 9403, coordinator localhost:50051).

@@ -69,6 +69,9 @@ absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
                                 "Time in the last step's all-reduces (data-parallel group).", {});
   m->all_reduce_bytes = counter("fp8rl_trainer_all_reduce_bytes_total",
                                 "Payload bytes this trainer all-reduced.", {});
+  m->all_reduce_wait_seconds =
+      gauge("fp8rl_trainer_all_reduce_wait_seconds",
+            "Time the last step waited for gradient all-reduces after the backward.", {});
   if (!status.ok()) return status;
   return m;
 }

@@ -37,6 +37,8 @@ struct TrainerMetrics {
   service::GaugeFamily* group_rank = nullptr;
   service::GaugeFamily* all_reduce_seconds = nullptr;
   service::CounterFamily* all_reduce_bytes = nullptr;
+  // The part of the gradient all-reduce the backward did not hide (all of it without buckets).
+  service::GaugeFamily* all_reduce_wait_seconds = nullptr;
 };
 
 }  // namespace fp8rl::trainer

@@ -56,7 +56,8 @@ BINARY_FLAGS = {
         "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes", "--deltas",
         "--delta-max-fraction", "--delta-zstd-level"},
     "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name",
-                                            "--logprob-log-dir", "--data-root", "--models-root"},
+                                            "--logprob-log-dir", "--data-root", "--models-root",
+                                            "--allreduce-bucket-mb"},
     "fp8rl-generation-worker": COMMON_FLAGS | {
         "--metrics-port", "--weight-sync", "--worker-id", "--precision", "--kv-cache",
         "--max-batch-tokens", "--kv-cache-tokens", "--max-queued-samples", "--batch-wait-ms",
@@ -467,7 +468,12 @@ def k8s():
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
-    deployments = by_kind.get("Deployment", {})
+    # The trainers are a StatefulSet (stable names for trainer groups), the rest Deployments.
+    deployments = dict(by_kind.get("Deployment", {}))
+    statefulsets = by_kind.get("StatefulSet", {})
+    c.expect(set(statefulsets) == {"trainer"} and "trainer" not in deployments,
+             f"trainer must be a StatefulSet (statefulsets {sorted(statefulsets)})")
+    deployments.update(statefulsets)
     services = by_kind.get("Service", {})
     configmaps = by_kind.get("ConfigMap", {})
     c.expect(set(deployments) == set(SERVICES), f"deployments {sorted(deployments)}")
@@ -494,6 +500,21 @@ def k8s():
         if name != "coordinator":
             c.expect(f.get("--coordinator") == "$(FP8RL_COORDINATOR)",
                      f"{name}: --coordinator={f.get('--coordinator')}, want $(FP8RL_COORDINATOR)")
+        if name == "trainer":
+            # Each trainer is called (and its group's Gloo connections reach it) at its own pod
+            # DNS name under the headless Service the StatefulSet names.
+            c.expect(spec.get("serviceName") == "trainer",
+                     f"trainer: StatefulSet serviceName={spec.get('serviceName')}, want trainer")
+            c.expect(f.get("--advertise-host") == "$(POD_NAME).trainer",
+                     f"trainer: --advertise-host={f.get('--advertise-host')}, want "
+                     "$(POD_NAME).trainer (the pod's DNS name)")
+            c.expect(f.get("--name") == "$(POD_NAME)",
+                     f"trainer: --name={f.get('--name')}, want $(POD_NAME) (distinct per rank)")
+            svc_spec = services.get("trainer", {}).get("spec", {})
+            c.expect(svc_spec.get("clusterIP") == "None" and
+                     svc_spec.get("publishNotReadyAddresses") is True,
+                     "trainer Service must be headless and publish not-ready addresses (a group "
+                     "forms while its pods start)")
         if name == "weight-sync":
             # The Service DNS name, which the trainer resolves when the coordinator hands it over.
             c.expect(f.get("--advertise-host") == "weight-sync" and "weight-sync" in services,
@@ -545,9 +566,8 @@ def k8s():
              "generation-worker Service must be headless")
     c.expect(deployments.get("generation-worker", {}).get("spec", {}).get("replicas", 0) >= 2,
              "generation-worker needs a replica count of at least 2")
-    for name in ("coordinator", "trainer"):
-        c.expect(deployments.get(name, {}).get("spec", {}).get("strategy", {}).get("type") ==
-                 "Recreate", f"{name}: a ReadWriteOnce volume needs strategy Recreate")
+    c.expect(deployments.get("coordinator", {}).get("spec", {}).get("strategy", {}).get("type") ==
+             "Recreate", "coordinator: a ReadWriteOnce volume needs strategy Recreate")
 
     kubectl = shutil.which("kubectl")
     if kubectl:
@@ -681,7 +701,8 @@ def secure():
         r = subprocess.run(["kubectl", "kustomize", os.path.join(DEPLOY, "k8s-secure")],
                            capture_output=True, text=True)
         if c.expect(r.returncode == 0, f"kubectl kustomize deploy/k8s-secure: {r.stderr}"):
-            docs = [d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment"]
+            docs = [d for d in yaml.safe_load_all(r.stdout)
+                    if d and d["kind"] in ("Deployment", "StatefulSet")]
             c.expect({d["metadata"]["name"] for d in docs} == set(SERVICES),
                      "k8s-secure: not every deployment rendered")
             for d in docs:

@@ -148,6 +148,20 @@ class BrokenDeployment(unittest.TestCase):
                   "--advertise-host=$(HOSTNAME)")
         self.assert_fails("deploy_checks.py", ["k8s"], "weight-sync: --advertise-host=$(HOSTNAME)")
 
+    def test_k8s_trainer_advertises_the_service_name(self):
+        # Every rank would advertise the same address: the group could not form.
+        self.edit("deploy/k8s/trainer.yaml", "--advertise-host=$(POD_NAME).trainer",
+                  "--advertise-host=trainer")
+        self.assert_fails("deploy_checks.py", ["k8s"], "trainer: --advertise-host=trainer")
+
+    def test_k8s_trainer_service_not_headless(self):
+        self.edit("deploy/k8s/trainer.yaml", "  clusterIP: None\n", "")
+        self.assert_fails("deploy_checks.py", ["k8s"], "trainer Service must be headless")
+
+    def test_k8s_trainer_as_deployment(self):
+        self.edit("deploy/k8s/trainer.yaml", "kind: StatefulSet", "kind: Deployment")
+        self.assert_fails("deploy_checks.py", ["k8s"], "trainer must be a StatefulSet")
+
     def test_k8s_unparsable_yaml(self):
         self.edit("deploy/k8s/pvc.yaml", "accessModes: [ReadWriteOnce]", "accessModes: [Read")
         self.assert_fails("deploy_checks.py", ["k8s"], "pvc.yaml: YAML does not parse")

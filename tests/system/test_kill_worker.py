@@ -9,7 +9,7 @@ import time
 
 import system_util as su
 
-STEPS = 6
+STEPS = 30  # a smoke RL step takes ~0.15 s and the job is polled every 0.5 s
 
 
 def body(clusters):

@@ -1,7 +1,8 @@
 // Trainer groups in one process (docs/design.md "Trainer groups"): the token-balanced share
 // split, Gloo collectives over loopback (results, bit-identical ranks, a rank that never joins
 // or never reduces is named / timed out), and the learner's data-parallel SFT and GRPO updates
-// against one trainer running the same requests from the same seed.
+// against one trainer running the same requests from the same seed; the bucketed all-reduce
+// that overlaps the backward against one all-reduce after it.
 //
 // Tolerances, group vs one trainer (named below, per training precision):
 //  - BF16 training: a group changes only the order in which float32 per-token gradient terms are
@@ -33,9 +34,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "model/model.h"
 #include "model/rng.h"
 #include "tests/unit/train/tiny_model.h"
 #include "train/collectives.h"
+#include "train/collectives_bucketed.h"
 #include "train/learner.h"
 
 namespace fp8rl::train {
@@ -166,6 +169,24 @@ TEST(GlooCollectives, HungPeerTimesOutAndTheGroupRefusesLaterCalls) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(CollectiveBackend, ChosenByTheTrainersDevice) {
+  EXPECT_EQ(backend_for_device("cpu").value(), CollectiveBackend::kGloo);
+  EXPECT_EQ(backend_for_device("cuda").value(), CollectiveBackend::kNccl);
+  EXPECT_EQ(backend_for_device("cuda:3").value(), CollectiveBackend::kNccl);
+  EXPECT_EQ(backend_name(CollectiveBackend::kGloo), "gloo");
+  EXPECT_EQ(backend_name(CollectiveBackend::kNccl), "nccl");
+  for (const char* bad : {"", "gpu", "CUDA", "cuda:", "cuda:x", "cuda:-1", "cpu:0"}) {
+    const absl::StatusOr<CollectiveBackend> b = backend_for_device(bad, "--device");
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find(absl::StrCat("--device: must be cpu, cuda or cuda:<index>, "
+                                                     "got '",
+                                                     bad, "'")),
+              std::string::npos)
+        << b.status();
+  }
+}
+
 TEST(GlooCollectives, BadRankIsInvalidArgument) {
   auto store = make_memory_store();
   EXPECT_EQ(make_gloo_collectives(store, group_options(2, 2, "x")).status().code(),
@@ -230,14 +251,15 @@ struct RunOutcome {
 
 // One SFT step then kSteps GRPO steps, as rank `rank` of `group` (null: alone).
 constexpr int kSteps = 3;
-RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7) {
+RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
+               int64_t bucket_bytes = 0) {
   RunOutcome out;
   absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init_request(training, init_seed));
   if (!l.ok()) {
     out.status = l.status();
     return out;
   }
-  (*l)->set_group(group);
+  (*l)->set_group(group, bucket_bytes);
   {
     auto init = (*l)->policy().params();
     out.initial.assign(init.begin(), init.end());
@@ -360,6 +382,220 @@ TEST(DataParallelLearner, DivergedWeightsFailLoudlyNamingTheRank) {
         << outcomes[r].status;
   }
 }
+
+// Bucketed vs one all-reduce (train/collectives_bucketed.h). Each element's result is the float32
+// sum of the N ranks' terms in the order the backend adds them, which may differ between a
+// bucket and the whole array. For N = 2 the order does not matter (a + b == b + a in IEEE
+// arithmetic): bit for bit. For N terms, each order is within gamma_{N-1} sum|x_i| of the exact
+// sum (gamma_k = k u / (1 - k u), u = 2^-24), so two orders differ by at most 2 gamma_{N-1}
+// sum|x_i|.
+double order_bound(int n, double sum_abs) {
+  const double u = std::ldexp(1.0, -24), k = n - 1;
+  return 2.0 * (k * u / (1.0 - k * u)) * sum_abs;
+}
+
+// Rank r's gradient for the simulated backward: random non-zero values of both signs.
+std::vector<float> rank_gradient(int r, size_t n) {
+  std::mt19937 gen(500 + r);
+  std::uniform_real_distribution<float> d(0.01f, 3.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = (gen() % 2 ? 1.0f : -1.0f) * d(gen);
+  return v;
+}
+
+TEST(BucketedAllReduce, EqualsOneAllReduceForBucketsSmallerAndLargerThanATensor) {
+  // "Tensors" of a layout, written by the simulated backward from the last to the first.
+  const std::vector<int64_t> tensors = {300, 50, 1000, 7, 640, 1, 203};
+  int64_t n = 0;
+  for (int64_t t : tensors) n += t;
+  for (int size : {2, 3}) {
+    auto groups = make_group(size, absl::StrCat("bucketed", size));
+    // Reference: one all-reduce of the whole array.
+    auto whole = on_ranks(size, [&](int r) {
+      std::vector<float> g = rank_gradient(r, static_cast<size_t>(n));
+      EXPECT_TRUE(groups[r]->all_reduce(std::span<float>(g), ReduceOp::kSum, "whole").ok());
+      return g;
+    });
+    for (int64_t bucket : {int64_t{1}, int64_t{5}, int64_t{64}, int64_t{333}, n, 10 * n}) {
+      SCOPED_TRACE(testing::Message() << "group of " << size << ", bucket " << bucket);
+      auto bucketed = on_ranks(size, [&](int r) {
+        const std::vector<float> mine = rank_gradient(r, static_cast<size_t>(n));
+        // NaN until "computed": a bucket reduced before its gradients are final shows as NaN.
+        std::vector<float> g(static_cast<size_t>(n), std::nanf(""));
+        BucketedAllReduce reducer(groups[r].get(), bucket);
+        reducer.begin(std::span<float>(g), "gradient all-reduce");
+        int64_t end = n;
+        for (auto t = tensors.rbegin(); t != tensors.rend(); ++t) {
+          std::copy(mine.begin() + (end - *t), mine.begin() + end, g.begin() + (end - *t));
+          end -= *t;
+          reducer.final_from(end);
+        }
+        const absl::Status s = reducer.finish();
+        EXPECT_TRUE(s.ok()) << s;
+        return g;
+      });
+      for (int r = 1; r < size; ++r) {
+        EXPECT_EQ(0, std::memcmp(bucketed[r].data(), bucketed[0].data(), n * sizeof(float)))
+            << "rank " << r << " differs from rank 0";
+      }
+      std::vector<std::vector<float>> terms;
+      for (int r = 0; r < size; ++r) terms.push_back(rank_gradient(r, static_cast<size_t>(n)));
+      int64_t different = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float got = bucketed[0][i], want = whole[0][i];
+        ASSERT_TRUE(std::isfinite(got)) << "element " << i << " reduced before it was final";
+        if (size == 2) {
+          ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
+              << "element " << i << ": " << got << " vs " << want;
+        } else {
+          double sum_abs = 0;
+          for (const auto& t : terms) sum_abs += std::abs(static_cast<double>(t[i]));
+          ASSERT_LE(std::abs(static_cast<double>(got) - want), order_bound(size, sum_abs))
+              << "element " << i;
+        }
+        different += got != want;
+      }
+      std::printf("group of %d, bucket %lld: %lld of %lld elements differ from one all-reduce\n",
+                  size, static_cast<long long>(bucket), static_cast<long long>(different),
+                  static_cast<long long>(n));
+    }
+  }
+}
+
+TEST(BucketedAllReduce, ABucketThatTimesOutFailsFinishNamingIt) {
+  auto groups = make_group(2, "bucketed-hung", /*timeout_ms=*/500);
+  ASSERT_TRUE(groups[0] && groups[1]);
+  // Rank 1 never reduces: rank 0's first bucket times out, the rest are skipped.
+  std::vector<float> g = rank_gradient(0, 100);
+  BucketedAllReduce reducer(groups[0].get(), 40);
+  reducer.begin(std::span<float>(g), "minibatch 0: gradient all-reduce");
+  reducer.final_from(0);
+  const absl::Status s = reducer.finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("minibatch 0: gradient all-reduce (bucket 1 of 3)"), std::string::npos)
+      << s;
+}
+
+// Model::backward's on_final contract, which the buckets rely on: `from` only decreases, ends at
+// 0, and grads[from, P) are never written again after the call that names `from`.
+TEST(BucketedAllReduce, BackwardReportsGradientsFinalFromTheEnd) {
+  model::ModelConfig config = tiny_config();
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    config.tie_word_embeddings = tied;
+    absl::StatusOr<std::unique_ptr<model::Model>> m =
+        model::Model::Init(config, model::PrecisionPolicy{}, 3);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const model::TokenBatch batch = {{1, 5, 9, 2, 30, 7}, {4, 4, 11, 40}};
+    model::ForwardContext ctx;
+    absl::StatusOr<model::TokenValues> lp = (*m)->forward(batch, {}, &ctx);
+    ASSERT_TRUE(lp.ok()) << lp.status();
+    model::TokenValues dlogp = *lp;
+    for (auto& row : dlogp) {
+      for (float& v : row) v = 0.3f + 0.1f * v;  // non-zero dL/dlogprob on every token
+    }
+    const int64_t P = (*m)->num_params();
+    std::vector<float> grads(static_cast<size_t>(P), 0.0f);
+    std::vector<std::pair<int64_t, std::vector<float>>> snapshots;
+    ASSERT_TRUE((*m)->backward(ctx, dlogp, grads.data(),
+                               [&](int64_t from) {
+                                 snapshots.emplace_back(
+                                     from, std::vector<float>(grads.begin() + from, grads.end()));
+                               })
+                    .ok());
+    ASSERT_EQ(snapshots.size(), static_cast<size_t>(config.num_hidden_layers + 2));
+    EXPECT_EQ(snapshots.back().first, 0);
+    for (size_t k = 0; k < snapshots.size(); ++k) {
+      const auto& [from, values] = snapshots[k];
+      if (k > 0) {
+        EXPECT_LT(from, snapshots[k - 1].first);
+      }
+      EXPECT_TRUE(std::equal(values.begin(), values.end(), grads.begin() + from))
+          << "gradients after offset " << from << " changed after they were reported final";
+      EXPECT_TRUE(std::any_of(values.begin(), values.end(), [](float v) { return v != 0.0f; }));
+    }
+  }
+}
+
+class BucketedLearner : public ::testing::TestWithParam<Precision> {};
+
+// The learner with buckets (one smaller than every weight matrix, one of a few tensors, one
+// larger than the whole gradient) ends with the same weights, bit for bit, as with one
+// all-reduce, in a group of 2 (see order_bound: two terms add the same in any order).
+TEST_P(BucketedLearner, GroupOfTwoMatchesOneAllReduceBitForBit) {
+  const Precision training = GetParam();
+  const std::string name(precision_name(training));
+  auto plain_groups = make_group(2, "plain" + name);
+  auto plain = on_ranks(2, [&](int r) { return run(training, plain_groups[r].get()); });
+  ASSERT_TRUE(plain[0].status.ok()) << plain[0].status;
+  for (int64_t bytes : {int64_t{256}, int64_t{40000}, int64_t{1} << 30}) {
+    SCOPED_TRACE(testing::Message() << "bucket " << bytes << " bytes");
+    auto groups = make_group(2, absl::StrCat("bucketed", name, bytes));
+    auto outcomes = on_ranks(2, [&](int r) { return run(training, groups[r].get(), 7, bytes); });
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(outcomes[r].status.ok()) << "rank " << r << ": " << outcomes[r].status;
+      ASSERT_EQ(outcomes[r].weights.size(), plain[0].weights.size());
+      for (size_t k = 0; k < plain[0].weights.size(); ++k) {
+        EXPECT_EQ(outcomes[r].weights[k], plain[0].weights[k]) << "rank " << r << " step " << k;
+      }
+    }
+    // The buckets ran: more all-reduce calls than one per minibatch, unless one bucket holds all.
+    const int64_t calls = groups[0]->stats().calls, plain_calls = plain_groups[0]->stats().calls;
+    if (bytes < (int64_t{1} << 30)) {
+      EXPECT_GT(calls, plain_calls);
+    } else {
+      EXPECT_EQ(calls, plain_calls);
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_EQ(outcomes[0].grpo[step].loss, plain[0].grpo[step].loss);
+      EXPECT_EQ(outcomes[0].grpo[step].grad_norm, plain[0].grpo[step].grad_norm);
+      EXPECT_GT(outcomes[0].grpo[step].all_reduce_bytes, 0);
+    }
+  }
+}
+
+// In a group of 3 the buckets change the order in which each element's three rank terms are added
+// (see order_bound): the same rounding-level difference as a group vs one trainer, so the same
+// tolerances apply (kBf16 / kFp8 above), against the group of 3 without buckets.
+TEST_P(BucketedLearner, GroupOfThreeMatchesOneAllReduceWithinRounding) {
+  const Precision training = GetParam();
+  const Tolerance tol = training == Precision::kBF16 ? kBf16 : kFp8;
+  const std::string name(precision_name(training));
+  auto plain_groups = make_group(3, "plain3" + name);
+  auto plain = on_ranks(3, [&](int r) { return run(training, plain_groups[r].get()); });
+  auto groups = make_group(3, "bucketed3" + name);
+  auto outcomes = on_ranks(3, [&](int r) { return run(training, groups[r].get(), 7, 256); });
+  ASSERT_TRUE(plain[0].status.ok()) << plain[0].status;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(outcomes[r].status.ok()) << "rank " << r << ": " << outcomes[r].status;
+    EXPECT_EQ(outcomes[r].weights, outcomes[0].weights) << "rank " << r;
+  }
+  const RunOutcome &b = outcomes[0], &p = plain[0];
+  for (size_t k = 0; k < p.weights.size(); ++k) {
+    double diff2 = 0, change2 = 0, max_abs = 0;
+    for (size_t i = 0; i < p.initial.size(); ++i) {
+      const double d = static_cast<double>(b.weights[k][i]) - p.weights[k][i];
+      const double c = static_cast<double>(p.weights[k][i]) - p.initial[i];
+      diff2 += d * d;
+      change2 += c * c;
+      max_abs = std::max(max_abs, std::abs(d));
+    }
+    std::printf(
+        "group of 3, 256-byte buckets, step %zu: ||w_bucketed - w_plain|| = %.3g, "
+        "change %.3g\n",
+        k, std::sqrt(diff2), std::sqrt(change2));
+    EXPECT_LE(std::sqrt(diff2), tol.weight_change * std::sqrt(change2)) << "step " << k;
+    EXPECT_LE(max_abs, 2.0 * kLr * static_cast<double>(kSftUpdates + kGrpoUpdates * k));
+  }
+  for (int step = 0; step < kSteps; ++step) {
+    expect_rel_near(b.grpo[step].loss, p.grpo[step].loss, tol.metric, "loss");
+    expect_rel_near(b.grpo[step].grad_norm, p.grpo[step].grad_norm, tol.metric, "grad_norm");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, BucketedLearner,
+                         ::testing::Values(Precision::kFP8, Precision::kBF16),
+                         [](const auto& info) { return std::string(precision_name(info.param)); });
 
 }  // namespace
 }  // namespace fp8rl::train

@@ -64,7 +64,7 @@ TEST(WorkerRegistry, TrainerGroupIsTheFirstLiveTrainersByName) {
   EXPECT_EQ(registry.trainer_group(3).size(), 3u);
 }
 
-TEST(TrainerGroup, JoinGroupRejectsBadArguments) {
+TEST(TrainerGroupJoin, JoinGroupRejectsBadArguments) {
   RecordingPublisher publisher;
   Trainer trainer(TrainerOptions{}, &publisher);
   v1::JoinGroupRequest r;
@@ -81,6 +81,16 @@ TEST(TrainerGroup, JoinGroupRejectsBadArguments) {
   absl::Status s = trainer.join_group(r).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("rendezvous_address"), std::string::npos);
+  // The backend follows the trainer's device; an unknown one names the flag.
+  TrainerOptions on_tpu;
+  on_tpu.device = "tpu";
+  on_tpu.coordinator_address = "localhost:1";
+  Trainer tpu(on_tpu, &publisher);
+  s = tpu.join_group(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("--device: must be cpu, cuda or cuda:<index>, got 'tpu'"),
+            std::string::npos)
+      << s;
   // Size 1 leaves any group and needs nothing else.
   v1::JoinGroupRequest alone;
   alone.set_size(1);
@@ -90,8 +100,11 @@ TEST(TrainerGroup, JoinGroupRejectsBadArguments) {
 
 // One GRPO step (2 minibatches) and a publish, alone and as a group of two trainers. BF16
 // training, so the group differs only by summation order (tolerances as in
-// tests/unit/train/data_parallel_test.cc).
-TEST(TrainerGroup, TwoTrainersTakeTheSingleTrainersStep) {
+// tests/unit/train/data_parallel_test.cc). Parameter: --allreduce-bucket-mb in bytes (0: one
+// all-reduce after the backward; 4096: buckets smaller than every weight matrix).
+class TrainerGroup : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(TrainerGroup, TwoTrainersTakeTheSingleTrainersStep) {
   const v1::InitPolicyRequest init =
       init_request(v1::WEIGHT_FORMAT_BF16, v1::WEIGHT_FORMAT_FP8, false, 1e-3);
   v1::TrainStepRequest step = random_step(11, 6);
@@ -110,6 +123,7 @@ TEST(TrainerGroup, TwoTrainersTakeTheSingleTrainersStep) {
     TrainerOptions o;
     o.worker_id = absl::StrCat("trainer-", r);
     o.coordinator_address = rv.address;
+    o.allreduce_bucket_bytes = GetParam();
     trainers.push_back(std::make_unique<Trainer>(o, &publishers[r]));
   }
   std::vector<absl::StatusOr<v1::TrainStepResponse>> got(2, absl::UnknownError("not run"));
@@ -161,6 +175,11 @@ TEST(TrainerGroup, TwoTrainersTakeTheSingleTrainersStep) {
   }
   EXPECT_LE(std::sqrt(diff2 / norm2), 1e-5);
 }
+
+INSTANTIATE_TEST_SUITE_P(Buckets, TrainerGroup, ::testing::Values(int64_t{0}, int64_t{4096}),
+                         [](const auto& info) {
+                           return absl::StrCat("bucket_bytes_", info.param);
+                         });
 
 }  // namespace
 }  // namespace fp8rl::trainer

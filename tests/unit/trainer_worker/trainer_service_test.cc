@@ -351,6 +351,23 @@ TEST(TrainerConfigTest, DefaultsFlagsAndErrors) {
   c = parse_trainer_config({"--no-such-flag", "1"});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("no-such-flag"), std::string::npos) << c.status();
+
+  // Trainer-group gradient buckets: MiB (fractions allowed), 4 by default, 0 = off, bounded.
+  c = parse_trainer_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->allreduce_bucket_bytes, 4 << 20);
+  c = parse_trainer_config({"--allreduce-bucket-mb", "0"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->allreduce_bucket_bytes, 0);
+  c = parse_trainer_config({"--allreduce-bucket-mb", "0.5"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->allreduce_bucket_bytes, 512 * 1024);
+  for (const char* bad : {"-1", "5000", "lots"}) {
+    c = parse_trainer_config({"--allreduce-bucket-mb", bad});
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+    EXPECT_NE(c.status().message().find("bucket"), std::string::npos) << c.status();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,61 @@
+// Bucketed gradient all-reduce that overlaps the backward (docs/design.md "Trainer groups"): the
+// gradient array is cut into fixed buckets from its end, and a bucket is all-reduced (sum) on a
+// communication thread as soon as the backward says its gradients are final, while the backward
+// goes on with earlier layers. The result equals one all-reduce of the whole array up to the order
+// in which each element's N rank terms are added (bit for bit with 2 ranks, where a + b = b + a);
+// every rank still ends with bit-identical values (each bucket is one all-reduce of the backend).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "train/collectives.h"
+
+namespace fp8rl::train {
+
+class BucketedAllReduce {
+ public:
+  // `group` (non-owning) must outlive this object; bucket_elements >= 1 floats.
+  BucketedAllReduce(Collectives* group, int64_t bucket_elements);
+  ~BucketedAllReduce();  // waits for the bucket in flight, then stops the thread
+  BucketedAllReduce(const BucketedAllReduce&) = delete;
+  BucketedAllReduce& operator=(const BucketedAllReduce&) = delete;
+
+  int64_t bucket_elements() const { return bucket_elements_; }
+
+  // Starts one summed all-reduce of `data` (which must stay alive and unmoved until finish()).
+  // `what` names it in errors ("minibatch 0: gradient all-reduce").
+  void begin(std::span<float> data, std::string what);
+  // data[from, size) is final (Model::backward's on_final): launches every bucket inside it.
+  void final_from(int64_t from);
+  // Launches the remaining buckets and waits for all of them; the first failure, if any (later
+  // buckets are skipped after one fails: the group is unusable then). Every begin() needs one
+  // finish(), also when the backward failed, so all ranks run the same collectives.
+  absl::Status finish();
+  // Seconds the last finish() waited: the all-reduce time the backward did not hide.
+  double last_wait_seconds() const { return last_wait_seconds_; }
+
+ private:
+  void run();  // the communication thread
+
+  Collectives* const group_;
+  const int64_t bucket_elements_;
+  double last_wait_seconds_ = 0;  // only touched by the caller's thread
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_. Bucket k covers [max(0, n - (k + 1) B), n - k B) of data_, n = data_.size();
+  // buckets [0, ready_) may be reduced, [0, next_) were taken by the thread, [0, done_) are done.
+  std::span<float> data_;
+  std::string what_;
+  int64_t buckets_ = 0, ready_ = 0, next_ = 0, done_ = 0;
+  absl::Status status_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+}  // namespace fp8rl::train
