@@ -64,6 +64,8 @@ struct TrainForwardOptions {
 // What a mixture-of-experts forward reports about its routing.
 struct ForwardRouting {
   TokenRouting used;  // per sequence, every token: the experts it ran through
+  // Per sequence, every token: the router's own top-k (the same as `used` without replay).
+  TokenRouting chosen;
   // Replay only: tokens that had a record, and those of them whose router would have chosen a
   // different set of experts in at least one sparse layer (the disagreement replay removed).
   int64_t replayed_tokens = 0, replay_overrode = 0;

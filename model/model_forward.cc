@@ -223,7 +223,7 @@ absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainF
   // Mixture of experts: replayed routing in, the routing used and the load-balancing sums out.
   const int64_t n_sparse = config_.num_sparse_layers(), top_k = config_.moe.num_experts_per_tok,
                 n_exp = config_.moe.num_experts, width = routing_width();
-  std::vector<int32_t> forced, record(n_sparse * m * top_k);
+  std::vector<int32_t> forced, record(n_sparse * m * top_k), chosen(n_sparse * m * top_k);
   if (opts.replay != nullptr) {
     if (auto st = check_routing(batch, *opts.replay); !st.ok()) return st;
     forced.assign(n_sparse * m * top_k, -1);
@@ -254,6 +254,7 @@ absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainF
     }
     if (config_.sparse_layer(l)) {
       const int64_t li = config_.sparse_index(l);
+      std::copy(a.moe.router_sel.begin(), a.moe.router_sel.end(), chosen.begin() + li * m * top_k);
       for (int32_t e : a.moe.sel) {
         expert_rows[e] += 1;
         ++routed.expert_tokens[li * n_exp + e];
@@ -267,6 +268,7 @@ absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainF
   c.aux_dprob.clear();
   if (width > 0) {
     routed.used.assign(n_seq, {});
+    routed.chosen.assign(n_seq, {});
     for (int64_t s = 0; s < n_seq; ++s) {
       const int64_t len = static_cast<int64_t>(batch[s].size());
       if (!forced.empty()) {
@@ -274,15 +276,19 @@ absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainF
         routed.replayed_tokens += rows;
         for (int64_t t = 0; t < rows; ++t) routed.replay_overrode += overrode[c.row0[s] + t];
       }
-      std::vector<int32_t>& out = routed.used[s];
-      out.resize(len * width);
-      for (int64_t t = 0; t < len; ++t) {
-        for (int64_t li = 0; li < n_sparse; ++li) {
-          std::copy(record.begin() + (li * m + c.row0[s] + t) * top_k,
-                    record.begin() + (li * m + c.row0[s] + t + 1) * top_k,
-                    out.begin() + (t * n_sparse + li) * top_k);
+      // [sparse layers, m, k] -> this sequence's [tokens, sparse layers, k].
+      auto per_token = [&](const std::vector<int32_t>& in, std::vector<int32_t>* out) {
+        out->resize(len * width);
+        for (int64_t t = 0; t < len; ++t) {
+          for (int64_t li = 0; li < n_sparse; ++li) {
+            std::copy(in.begin() + (li * m + c.row0[s] + t) * top_k,
+                      in.begin() + (li * m + c.row0[s] + t + 1) * top_k,
+                      out->begin() + (t * n_sparse + li) * top_k);
+          }
         }
-      }
+      };
+      per_token(record, &routed.used[s]);
+      per_token(chosen, &routed.chosen[s]);
     }
     // HF load_balancing_loss_func over the N = sparse layers x rows router outputs:
     // E * sum_e (rows routed to e / N) * (mean router probability of e). Only the probabilities

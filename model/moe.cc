@@ -154,6 +154,7 @@ absl::Status moe_forward(const MoeLayerWeights& w, const MoeOptions& opt, const 
   a->probs.resize(m * n_exp);
   router_forward(w.router, x, m, a->probs.data());
   a->sel.resize(m * k);
+  a->router_sel.resize(m * k);
   a->weight.resize(m * k);
   a->prob_sum.resize(m);
   a->overrode.resize(m);
@@ -175,6 +176,7 @@ absl::Status moe_forward(const MoeLayerWeights& w, const MoeOptions& opt, const 
           std::partial_sort(
               order.begin(), order.begin() + k, order.end(),
               [&](int32_t i, int32_t j) { return p[i] > p[j] || (p[i] == p[j] && i < j); });
+          std::copy(order.begin(), order.begin() + k, a->router_sel.data() + r * k);
           a->overrode[r] = 0;
           if (forced != nullptr && forced[r * k] >= 0) {
             std::copy(forced + r * k, forced + (r + 1) * k, sel);

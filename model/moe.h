@@ -49,6 +49,8 @@ struct MoeActivations {
   std::vector<int32_t> sel;     // [m, k] chosen experts, in descending probability
   std::vector<float> weight;    // [m, k] their mixing weights
   std::vector<float> prob_sum;  // [m] sum of the kept probabilities (norm_topk_prob)
+  // [m, k] the router's own top-k, in descending probability: `sel` unless `forced` replaced it.
+  std::vector<int32_t> router_sel;
   // Rows given `forced` experts: 1 where the router's own top-k set differs from them.
   std::vector<uint8_t> overrode;  // [m]
   ExpertGroups groups;

@@ -344,6 +344,7 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
     moe.aux_loss = routing.aux_loss;
     moe.num_experts = model_->config().moe.num_experts;
     moe.expert_tokens = std::move(routing.expert_tokens);
+    p.router_choice = std::move(routing.chosen);
   }
   if (c.kl_beta > 0) {
     absl::StatusOr<std::vector<float>> ref = response_logprobs(*reference_, p.batch, nullptr);
@@ -540,6 +541,10 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
       if (batch.mask[i] == 0) continue;
       out.gen.push_back(batch.gen_logprobs[i]);
       out.prev.push_back(prev[i]);
+    }
+    if (!prepared->router_choice.empty()) {
+      out.gen_routing = batch.routing[static_cast<size_t>(b)];
+      out.router_routing = std::move(prepared->router_choice[static_cast<size_t>(b)]);
     }
   }
   r.updates = updates;

@@ -98,8 +98,12 @@ struct GrpoResult {
   // Per request sequence, the logprobs of its loss tokens (the response tokens in the loss, in
   // order): gen as sent, prev as the learner computed them before the update. What the mismatch
   // metrics are computed from, so they can be recomputed from a log of these.
+  // Mixture of experts (empty for dense models): the generation's routing record as sent
+  // (Sequence::routing) and the router's own top-k in the prev-logprobs forward for every token
+  // ([tokens, sparse layers, top_k]), what the MoE step statistics are computed from.
   struct SequenceLogprobs {
     std::vector<float> gen, prev;
+    std::vector<int32_t> gen_routing, router_routing;
   };
   std::vector<SequenceLogprobs> logprobs;
 };
@@ -207,6 +211,7 @@ class Learner {
     std::vector<float> prev, ref;  // [B*L]; ref empty unless kl_beta > 0
     double logprob_seconds = 0;
     MoeStepStats moe;
+    model::TokenRouting router_choice;  // MoE: the prev forward's router top-k per sequence
   };
   // Validates and computes the prev (and ref) logprobs; `calibrator` (optional) records the K/V
   // amax of the prev-logprobs forward.

@@ -57,6 +57,11 @@ void set_reconnect_backoff(grpc::ChannelArguments* args, std::chrono::millisecon
   args->SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(max_backoff.count()));
 }
 
+void set_data_path_message_limits(grpc::ChannelArguments* args) {
+  args->SetMaxReceiveMessageSize(kDataPathMessageBytes);
+  args->SetMaxSendMessageSize(kDataPathMessageBytes);
+}
+
 grpc::Status to_grpc_status(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));

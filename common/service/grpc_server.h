@@ -22,9 +22,21 @@ void set_reconnect_backoff(grpc::ChannelArguments* args,
                            std::chrono::milliseconds initial = std::chrono::milliseconds(200),
                            std::chrono::milliseconds max_backoff = std::chrono::seconds(2));
 
+// The per-message limit of the service-to-service data path (generation results to the
+// coordinator, train batches to the trainer; docs/design.md "Message sizes"): the generation
+// worker's and the trainer's servers and the coordinator's channels to them all use it, so a
+// message one side may send the other may receive. gRPC's own default is 4 MB, which one long
+// mixture-of-experts sample's routing record exceeds. Generation splits a response into messages
+// under it; a train request over it fails before sending (FAILED_PRECONDITION).
+inline constexpr int kDataPathMessageBytes = 256 << 20;
+
+// Both directions of `args` to kDataPathMessageBytes.
+void set_data_path_message_limits(grpc::ChannelArguments* args);
+
 struct GrpcServerOptions {
   std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free port
-  int max_message_bytes = 64 << 20;   // receive and send limit per message
+  // Receive and send limit per message; the data-path servers set kDataPathMessageBytes.
+  int max_message_bytes = 64 << 20;
   // Null: plaintext. TLS (and mutual TLS) credentials come from grpc_server_credentials()
   // in security.h.
   std::shared_ptr<grpc::ServerCredentials> credentials = nullptr;

@@ -17,8 +17,6 @@
 namespace fp8rl::coordinator {
 namespace {
 
-constexpr int kMaxMessageBytes = 256 << 20;
-
 void set_deadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) {
   context.set_deadline(std::chrono::system_clock::now() + timeout);
 }
@@ -312,6 +310,15 @@ class GrpcTrainerClient final : public TrainerClient {
   absl::Status call(grpc::Status (v1::TrainerService::Stub::*method)(grpc::ClientContext*,
                                                                      const Req&, Resp*),
                     const Req& req, Resp* resp) {
+    // A request the trainer would refuse for its size fails here, naming the size and the cure.
+    if (const size_t bytes = req.ByteSizeLong();
+        bytes > static_cast<size_t>(service::kDataPathMessageBytes)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          req.GetDescriptor()->name(), " is ", bytes, " bytes, over the ",
+          service::kDataPathMessageBytes,
+          "-byte message limit: fewer prompts_per_step x samples_per_prompt or a smaller "
+          "max_new_tokens per step"));
+    }
     grpc::ClientContext context;
     set_deadline(context, timeout_);
     return service::from_grpc_status(((*stub_).*method)(&context, req, resp));
@@ -432,8 +439,7 @@ std::shared_ptr<grpc::Channel> GrpcCluster::channel(const std::string& address) 
   auto& ch = channels_[address];
   if (ch == nullptr) {
     grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    service::set_data_path_message_limits(&args);
     service::set_reconnect_backoff(&args);  // a restarted trainer/worker is reached again soon
     ch = service::make_channel(address, args, security_);
   }

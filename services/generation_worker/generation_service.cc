@@ -1,6 +1,8 @@
 // Generate and GetStatus over gRPC (see generation_service.h).
 #include "services/generation_worker/generation_service.h"
 
+#include <google/protobuf/io/coded_stream.h>
+
 #include <chrono>
 #include <utility>
 
@@ -19,6 +21,31 @@ v1::FinishReason to_proto(model::FinishReason reason) {
 }
 
 }  // namespace
+
+std::vector<v1::GenerateResponse> result_messages(std::vector<SampleOutcome>& ready,
+                                                  size_t max_bytes) {
+  std::vector<v1::GenerateResponse> out;
+  size_t bytes = 0;  // encoded size of out.back()
+  for (SampleOutcome& outcome : ready) {
+    v1::SampleResult r;
+    r.set_sample_id(std::move(outcome.sample_id));
+    r.mutable_tokens()->Add(outcome.tokens.begin(), outcome.tokens.end());
+    r.mutable_logprobs()->Add(outcome.logprobs.begin(), outcome.logprobs.end());
+    r.mutable_routed_experts()->Add(outcome.routing.begin(), outcome.routing.end());
+    r.set_weight_version(outcome.weight_version);
+    r.set_finish_reason(to_proto(outcome.reason));
+    // A repeated message field costs its tag (1 byte), the length varint and the payload.
+    const size_t size = r.ByteSizeLong();
+    const size_t added = 1 + google::protobuf::io::CodedOutputStream::VarintSize64(size) + size;
+    if (out.empty() || (bytes + added > max_bytes && bytes > 0)) {
+      out.emplace_back();
+      bytes = 0;
+    }
+    *out.back().add_results() = std::move(r);
+    bytes += added;
+  }
+  return out;
+}
 
 GenerationServiceImpl::GenerationServiceImpl(Scheduler* scheduler, GenerationMetrics* metrics,
                                              int64_t max_samples_per_request,
@@ -71,17 +98,8 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
       return finish(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the client"));
     }
     std::vector<SampleOutcome> ready = job.take(kPollInterval);
-    if (!ready.empty()) {
-      v1::GenerateResponse response;
-      for (SampleOutcome& outcome : ready) {
-        v1::SampleResult* r = response.add_results();
-        r->set_sample_id(std::move(outcome.sample_id));
-        r->mutable_tokens()->Add(outcome.tokens.begin(), outcome.tokens.end());
-        r->mutable_logprobs()->Add(outcome.logprobs.begin(), outcome.logprobs.end());
-        r->mutable_routed_experts()->Add(outcome.routing.begin(), outcome.routing.end());
-        r->set_weight_version(outcome.weight_version);
-        r->set_finish_reason(to_proto(outcome.reason));
-      }
+    for (const v1::GenerateResponse& response :
+         result_messages(ready, service::kDataPathMessageBytes)) {
       if (!writer->Write(response)) {
         scheduler_->cancel(job);
         return finish(grpc::Status(grpc::StatusCode::CANCELLED, "client stream closed"));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/service/auth.h"
 #include "fp8rl/v1/generation.grpc.pb.h"
@@ -16,6 +17,13 @@
 #include "services/generation_worker/scheduler.h"
 
 namespace fp8rl::generation {
+
+// Finished samples as Generate stream messages, in order, each message at most `max_bytes` when
+// encoded (docs/design.md "Message sizes": long mixture-of-experts samples carry megabytes of
+// routing record): as many samples per message as fit, one per message when a sample alone is
+// larger (the channel limit then refuses it). The outcomes are moved from.
+std::vector<v1::GenerateResponse> result_messages(std::vector<SampleOutcome>& ready,
+                                                  size_t max_bytes);
 
 class GenerationServiceImpl final : public v1::GenerationService::Service {
  public:

@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   }
 
   service::GrpcServerOptions grpc_options;
+  grpc_options.max_message_bytes = service::kDataPathMessageBytes;
   grpc_options.address = service::listen_address(config.service, config.service.grpc_port);
   grpc_options.credentials = security->grpc_credentials;
   absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc = service::GrpcServer::start(

@@ -102,6 +102,7 @@ int run(const std::vector<std::string>& args) {
   service_impl.require_tokens(security->cluster_tokens);
 
   service::GrpcServerOptions grpc_options;
+  grpc_options.max_message_bytes = service::kDataPathMessageBytes;
   grpc_options.address = service::listen_address(config->service, config->service.grpc_port);
   grpc_options.credentials = security->grpc_credentials;
   absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc = service::GrpcServer::start(

@@ -434,7 +434,12 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
 // One JSON line per sequence of the step, in request order:
 //   {"sequence": i, "gen": [...], "prev": [...]}
 // over the sequence's loss tokens; the first line is {"job": id, "step": N, "version": v}
-// (v = the policy version after the update). Written atomically, so a reader never sees half.
+// (v = the policy version after the update). Mixture-of-experts policies add to the first line
+// "moe": {"replay", "sparse_layers", "top_k", "num_experts"} and to each sequence line
+// "gen_experts" (the generation's routing record as sent) and "router_experts" (the router's own
+// top-k of every token in the prev-logprobs forward), both [tokens, sparse layers, top_k]
+// flattened: what scripts/recompute_moe_metrics.py recomputes the MoE step metrics from.
+// Written atomically, so a reader never sees half.
 absl::Status Trainer::write_logprob_log(const std::string& job_id, int64_t step,
                                         const train::GrpoResult& result) const {
   if (options_.logprob_log_dir.empty()) return absl::OkStatus();
@@ -449,14 +454,24 @@ absl::Status Trainer::write_logprob_log(const std::string& job_id, int64_t step,
   std::filesystem::create_directories(dir, ec);
   if (ec)
     return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
-  std::string out =
-      nlohmann::json{{"job", job_id}, {"step", step}, {"version", learner_->version()}}.dump();
+  nlohmann::json head{{"job", job_id}, {"step", step}, {"version", learner_->version()}};
+  if (result.moe.present) {
+    const model::ModelConfig& config = learner_->policy().config();
+    head["moe"] = {{"replay", result.moe.replay},
+                   {"sparse_layers", config.num_sparse_layers()},
+                   {"top_k", config.moe.num_experts_per_tok},
+                   {"num_experts", config.moe.num_experts}};
+  }
+  std::string out = head.dump();
   out += '\n';
   for (size_t i = 0; i < result.logprobs.size(); ++i) {
-    out +=
-        nlohmann::json{
-            {"sequence", i}, {"gen", result.logprobs[i].gen}, {"prev", result.logprobs[i].prev}}
-            .dump();
+    const train::GrpoResult::SequenceLogprobs& seq = result.logprobs[i];
+    nlohmann::json line{{"sequence", i}, {"gen", seq.gen}, {"prev", seq.prev}};
+    if (result.moe.present) {
+      line["gen_experts"] = seq.gen_routing;
+      line["router_experts"] = seq.router_routing;
+    }
+    out += line.dump();
     out += '\n';
   }
   return write_file_atomic((dir / absl::StrCat("step-", step, ".jsonl")).string(), out);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include "common/service/grpc_server.h"
 #include "fp8rl/v1/generation.grpc.pb.h"
 #include "fp8rl/v1/worker_registry.grpc.pb.h"
+#include "services/generation_worker/generation_service.h"
 #include "services/weight_sync/client.h"
 #include "services/weight_sync/weight_sync_service.h"
 #include "tests/unit/generation_worker/test_util.h"
@@ -667,6 +669,44 @@ TEST_F(GenerationWorkerTest, MetricsShowDeltaVersionsAndInstalls) {
   EXPECT_EQ(metric_value(text, "fp8rl_generation_weight_receive_buffer_bytes"),
             static_cast<double>(buffer.buffer_bytes))
       << text;
+}
+
+// Long mixture-of-experts samples: three 4.5 MB routing records (each over gRPC's 4 MB default)
+// go out in order, as many per message as the byte budget allows, every message within it
+// (or a lone sample), and decode to the records sent.
+TEST(ResultMessages, SplitsFinishedSamplesUnderTheByteBudget) {
+  std::vector<std::vector<int32_t>> records(3);
+  std::vector<SampleOutcome> ready(3);
+  for (size_t i = 0; i < ready.size(); ++i) {
+    ready[i].sample_id = absl::StrCat("s", i);
+    ready[i].tokens = {5, 6, 7};
+    ready[i].logprobs = {-0.5f, -1.5f};
+    for (int32_t v = 0; v < 3'000'000; ++v) records[i].push_back((v * 37 + int32_t(i)) % 256);
+    ready[i].routing = records[i];
+  }
+  auto check = [&](size_t budget, size_t want_messages) {
+    std::vector<SampleOutcome> copy = ready;
+    const std::vector<v1::GenerateResponse> out = result_messages(copy, budget);
+    ASSERT_EQ(out.size(), want_messages) << budget;
+    size_t next = 0;
+    for (const v1::GenerateResponse& m : out) {
+      EXPECT_TRUE(m.ByteSizeLong() <= budget || m.results_size() == 1) << m.ByteSizeLong();
+      EXPECT_GT(m.ByteSizeLong(), size_t{4} << 20);
+      v1::GenerateResponse decoded;
+      ASSERT_TRUE(decoded.ParseFromString(m.SerializeAsString()));
+      for (const v1::SampleResult& r : decoded.results()) {
+        ASSERT_LT(next, records.size());
+        EXPECT_EQ(r.sample_id(), absl::StrCat("s", next));
+        EXPECT_TRUE(std::equal(r.routed_experts().begin(), r.routed_experts().end(),
+                               records[next].begin(), records[next].end()));
+        ++next;
+      }
+    }
+    EXPECT_EQ(next, records.size());
+  };
+  check(service::kDataPathMessageBytes, 1);  // all three in one message
+  check(size_t{8} << 20, 3);                 // ~4.3 MiB each: one per message
+  check(size_t{1} << 20, 3);                 // each alone over the budget: still sent, alone
 }
 
 TEST(WeightPathRecorder, CountsGrowthAndTakesAShrinkAsANewBaseline) {

@@ -435,6 +435,32 @@ TEST(LearnerMoe, RoutingReplayStatsAndErrors) {
   EXPECT_TRUE(r->moe.replay);
   EXPECT_EQ(r->moe.routed_tokens, expected_tokens);
   EXPECT_GT(r->moe.differ_tokens, expected_tokens / 2);
+  // What the logprob log carries (docs/metrics.md): per sequence the record as sent and the
+  // router's own choice for every token; under replay the latter is not the record, and the
+  // tokens where they differ as sets are the step's differ_tokens.
+  ASSERT_EQ(r->logprobs.size(), swapped.size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < swapped.size(); ++i) {
+    EXPECT_EQ(r->logprobs[i].gen_routing, swapped[i].routing);
+    ASSERT_EQ(r->logprobs[i].router_routing.size(),
+              swapped[i].tokens.size() * static_cast<size_t>(width));
+    for (size_t t = 0; t * width < swapped[i].routing.size(); ++t) {
+      bool d = false;
+      for (int64_t j = 0; j < width; j += 2) {
+        const int32_t* g = swapped[i].routing.data() + t * width + j;
+        const int32_t* c = r->logprobs[i].router_routing.data() + t * width + j;
+        d |= !((g[0] == c[0] && g[1] == c[1]) || (g[0] == c[1] && g[1] == c[0]));
+      }
+      differ += d ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(differ, r->moe.differ_tokens);
+  // Without replay, from the generation's own routing: the router chose exactly the record.
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const GrpoResult::SequenceLogprobs& l = same->logprobs[i];
+    ASSERT_EQ(l.router_routing.size(), batch[i].tokens.size() * static_cast<size_t>(width));
+    EXPECT_TRUE(std::equal(l.gen_routing.begin(), l.gen_routing.end(), l.router_routing.begin()));
+  }
 
   std::vector<Sequence> bad = batch;
   bad[2].routing[1] = 9;

@@ -14,11 +14,13 @@
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "common/service/grpc_server.h"
 #include "common/service/metrics.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
+#include "model/rng.h"
 #include "services/trainer_worker/trainer_config.h"
 #include "services/weight_sync/client.h"
 #include "services/weight_sync/weight_sync_metrics.h"
@@ -184,6 +186,94 @@ TEST(TrainerServiceTest, TrainAndPublishThroughWeightSync) {
     EXPECT_EQ(std::system(cmd.c_str()), 0) << text;
   }
   sync.begin_shutdown();
+}
+
+// A mixture-of-experts train batch whose routing record is over gRPC's 4 MB default (a long
+// sample of a many-layer, many-expert model) crosses the wire with the data-path message limit
+// and trains: the MoE statistics cover every recorded token.
+TEST(TrainerServiceTest, RoutingRecordOverFourMegabytesTrains) {
+  testing::RecordingPublisher publisher;
+  Trainer trainer({}, &publisher, nullptr);
+  TrainerServiceImpl impl(&trainer);
+  service::GrpcServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.max_message_bytes = service::kDataPathMessageBytes;  // as services/trainer_worker/main.cc
+  auto server = service::GrpcServer::start(options, {&impl});
+  ASSERT_TRUE(server.ok()) << server.status();
+  grpc::ChannelArguments args;
+  service::set_data_path_message_limits(&args);
+  auto stub = v1::TrainerService::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string((*server)->port()), grpc::InsecureChannelCredentials(), args));
+
+  // 4 sparse layers x top-64 of 256 experts: 256 ids (about 400 encoded bytes) per token. The
+  // experts are 1 wide so the step stays cheap; the record's size is what is under test.
+  model::ModelConfig c = testing::tiny_config();
+  c.model_type = "qwen3_moe";
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.num_hidden_layers = 4;
+  c.max_position_embeddings = 1024;
+  c.moe.num_experts = 256;
+  c.moe.num_experts_per_tok = 64;
+  c.moe.moe_intermediate_size = 1;
+  c.moe.norm_topk_prob = true;
+  v1::InitPolicyRequest init =
+      testing::init_request(v1::WEIGHT_FORMAT_BF16, v1::WEIGHT_FORMAT_BF16);
+  init.mutable_model()->mutable_init()->set_model_config_json(model::model_config_to_json(c));
+  {
+    grpc::ClientContext ctx;
+    v1::InitPolicyResponse resp;
+    grpc::Status s = stub->InitPolicy(&ctx, init, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  constexpr int kSequences = 26, kTokens = 512, kPrompt = 500, kWidth = 4 * 64;
+  v1::TrainStepRequest step;
+  step.set_job_id("job-1");
+  step.set_step(1);
+  step.mutable_algorithm()->set_clip_eps(0.2);
+  step.mutable_algorithm()->set_is_rule(v1::IS_RULE_NONE);
+  step.mutable_algorithm()->set_minibatches(1);
+  step.mutable_algorithm()->set_routing_replay(true);
+  model::Rng rng(41);
+  std::vector<int32_t> experts(256);
+  for (int i = 0; i < kSequences; ++i) {
+    v1::TrainSequence* seq = step.add_batch();
+    for (int t = 0; t < kTokens; ++t) {
+      seq->add_tokens(static_cast<int32_t>(rng.next() % testing::kVocab));
+    }
+    seq->set_prompt_length(kPrompt);
+    seq->set_advantage(i % 2 == 0 ? 1.0f : -1.0f);
+    for (int t = kPrompt; t < kTokens; ++t) {
+      seq->add_gen_logprobs(static_cast<float>(-0.5 - 3.5 * rng.uniform()));
+    }
+    // Every token generation fed (all but the last), each layer: 64 distinct random experts.
+    for (int t = 0; t < kTokens - 1; ++t) {
+      for (int layer = 0; layer < 4; ++layer) {
+        std::iota(experts.begin(), experts.end(), 0);
+        for (int j = 0; j < 64; ++j) {
+          std::swap(experts[j], experts[j + rng.next() % (256 - j)]);
+          seq->add_routed_experts(experts[j]);
+        }
+      }
+    }
+  }
+  ASSERT_GT(step.ByteSizeLong(), size_t{4} << 20);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 300s);
+  v1::TrainStepResponse resp;
+  grpc::Status s = stub->TrainStep(&ctx, step, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(resp.has_moe());
+  EXPECT_TRUE(resp.moe().routing_replay());
+  EXPECT_EQ(resp.moe().routed_tokens(), kSequences * (kTokens - 1));
+  // Random records against a real router: most tokens' router choice differs somewhere.
+  EXPECT_GT(resp.moe().routing_differ_tokens(), resp.moe().routed_tokens() / 2);
+  ASSERT_EQ(resp.moe().expert_tokens_size(), 4 * 256);
+  int64_t slots = 0;
+  for (int64_t n : resp.moe().expert_tokens()) slots += n;
+  EXPECT_EQ(slots, int64_t{kSequences} * kTokens * kWidth);
+  EXPECT_EQ(resp.version(), 1);
 }
 
 TEST(TrainerServiceTest, HealthStatusAndMetricsAnswerWhileACallRuns) {
