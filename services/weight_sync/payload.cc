@@ -207,9 +207,11 @@ void PayloadAssembler::reset() {
   crc_upto_ = 0;
 }
 
-absl::Status PayloadAssembler::begin(v1::VersionManifest manifest) {
+absl::Status PayloadAssembler::begin(v1::VersionManifest manifest, std::string buffer) {
   reset();
   if (absl::Status s = validate_manifest(manifest, max_version_bytes_); !s.ok()) return s;
+  payload_ = std::move(buffer);
+  payload_.clear();
   try {
     payload_.reserve(manifest.total_bytes());
   } catch (const std::bad_alloc&) {

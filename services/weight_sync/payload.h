@@ -67,8 +67,9 @@ class PayloadAssembler {
   explicit PayloadAssembler(uint64_t max_version_bytes = kDefaultMaxVersionBytes)
       : max_version_bytes_(max_version_bytes) {}
 
-  // Starts a version (validate_manifest first). Discards any unfinished one.
-  absl::Status begin(v1::VersionManifest manifest);
+  // Starts a version (validate_manifest first). Discards any unfinished one. The payload is
+  // received into `buffer` (cleared first; pass a reused one, PayloadPool, to keep its pages).
+  absl::Status begin(v1::VersionManifest manifest, std::string buffer = {});
   // begin() that writes the payload straight into `target` (a caller's buffer, e.g. the inactive
   // half of a generation worker's double buffer) instead of a string of its own; the same checks
   // apply as chunks land, and finish() then returns an empty `payload` (the verified bytes are
