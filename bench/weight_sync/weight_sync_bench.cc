@@ -19,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/service/crc32c.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
 #include "common/service/metrics.h"
@@ -68,13 +69,18 @@ struct Options {
   // trivial); the push path (upload, fan-out, receive, install) on its own, for profiling it and
   // comparing its variants side by side.
   bool no_train = false;
+  // > 0: alternate between the previous push path ("old": CRC-32C from tables, a fresh payload
+  // buffer per upload, chunks parsed into a message then copied) and the current one ("new")
+  // every `ab_block` versions, in one run under the same load; medians per path over the
+  // versions that are not the first of their block (that one inherits the other path's buffers).
+  int ab_block = 0;
 };
 
 void usage() {
   std::fprintf(stderr,
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
-               "[--compare-kv] [--upload-only] [--generate] [--no-train]\n");
+               "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
@@ -96,6 +102,7 @@ bool parse(int argc, char** argv, Options* o) {
                  : a == "--batch"    ? &o->batch
                  : a == "--prompt"   ? &o->prompt
                  : a == "--response" ? &o->response
+                 : a == "--ab"       ? &o->ab_block
                                      : nullptr;
     if (a == "--model") {
       o->model = v;
@@ -158,6 +165,14 @@ double max_relative_difference(const model::KvScales& a, const model::KvScales& 
     worst = std::max(worst, std::abs(static_cast<double>(a.v[i]) - b.v[i]) / b.v[i]);
   }
   return worst;
+}
+
+// --ab: the current push path (`current`) or the previous one, on the service and every worker.
+void set_push_path(bool current, weight_sync::WeightSyncServiceImpl& sync,
+                   const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers) {
+  service::crc32c_use_hardware(current);
+  sync.payload_pool().set_max_spares(current ? 1 : 0);
+  for (const auto& w : workers) w->subscriber().set_zero_copy_receive(current);
 }
 
 // The rollouts of one step: every sequence's prompt generated to o.response new tokens on the
@@ -256,8 +271,14 @@ int run(const Options& o) {
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   std::vector<Row> rows;
+  std::vector<int> row_path;  // --ab: 0 old, 1 new, -1 first of a block
   for (int v = 1; v <= o.versions; ++v) {
     Row r;
+    if (o.ab_block > 0) {
+      const bool old_path = (v - 1) / o.ab_block % 2 == 0;
+      set_push_path(!old_path, sync, workers);
+      row_path.push_back((v - 1) % o.ab_block == 0 ? -1 : old_path ? 0 : 1);
+    }
     train::GrpoRequest step;
     step.batch = random_batch(o, vocab, static_cast<uint64_t>(v));
     step.loss.clip_eps = 0.2;
@@ -323,8 +344,32 @@ int run(const Options& o) {
       }
     }
     r.sync = seconds_since(start);
-    print_row(absl::StrCat(v), r, static_cast<int>(workers.size()));
+    const std::string label =
+        o.ab_block == 0 ? absl::StrCat(v)
+                        : absl::StrCat(v, (v - 1) / o.ab_block % 2 == 0 ? " old" : " new");
+    print_row(label, r, static_cast<int>(workers.size()));
     rows.push_back(r);
+  }
+  if (o.ab_block > 0) {
+    for (int path : {0, 1}) {
+      std::vector<Row> picked;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (row_path[i] == path) picked.push_back(rows[i]);
+      }
+      if (picked.empty()) continue;
+      auto med = [&](double Row::*field) {
+        std::vector<double> v;
+        for (const Row& r : picked) v.push_back(r.*field);
+        return median(v);
+      };
+      Row m;
+      m.mb = rows.back().mb;
+      for (double Row::*f : {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize,
+                             &Row::serialize, &Row::upload, &Row::upload_cpu, &Row::sync}) {
+        m.*f = med(f);
+      }
+      print_row(path == 0 ? "med old" : "med new", m, static_cast<int>(workers.size()));
+    }
   }
   // Median over the versions after the first (the first pays for warm-up: allocation, channels).
   const size_t first = rows.size() > 1 ? 1 : 0;
