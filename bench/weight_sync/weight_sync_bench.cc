@@ -137,6 +137,7 @@ struct Row {
   double step = 0, calibrate = 0, quantize = 0, serialize = 0, upload = 0, sync = 0;
   double mb = 0;
   double upload_cpu = 0;                  // process CPU seconds during the upload
+  double sync_cpu = 0;                    // process CPU seconds during publish -> all hold it
   double old_calibrate = 0, kv_diff = 0;  // --compare-kv
   double publish() const { return calibrate + quantize + serialize + upload + sync; }
 };
@@ -150,11 +151,11 @@ void print_row(const std::string& label, const Row& r, int workers) {
   const double share = r.publish() / (r.rollout + r.step + r.publish());
   const double copy = workers > 0 ? r.mb / r.sync : 0.0;
   std::printf(
-      "%-8s %8.1f %8.3f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% %9.3f "
-      "%8.4f\n",
+      "%-8s %8.1f %8.3f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% "
+      "%9.3f %8.4f\n",
       label.c_str(), r.mb, r.rollout, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload,
-      r.upload_cpu, r.sync, copy, workers * copy, r.publish(), 100.0 * share, r.old_calibrate,
-      r.kv_diff);
+      r.upload_cpu, r.sync, r.sync_cpu, copy, workers * copy, r.publish(), 100.0 * share,
+      r.old_calibrate, r.kv_diff);
 }
 
 // Largest |a - b| / b over the layers of both K and V scales.
@@ -264,9 +265,10 @@ int run(const Options& o) {
               o.upload_only ? ", upload only"
               : o.no_train  ? ", no training step"
                             : "");
-  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s\n", "version", "MB",
-              "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s", "sync_s",
-              "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s", "kv_diff");
+  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s\n", "version",
+              "MB", "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s",
+              "sync_s", "sync_cpu", "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s",
+              "kv_diff");
   // One channel for every upload, as the trainer's publisher caches its channel per address.
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -337,6 +339,7 @@ int run(const Options& o) {
     r.upload_cpu = process_cpu_seconds() - cpu0;
     l.set_published(v);
     start = Clock::now();
+    const double sync_cpu0 = process_cpu_seconds();
     for (auto& w : workers) {
       if (!w->subscriber().wait_for_version(v, std::chrono::minutes(10))) {
         std::fprintf(stderr, "%s did not receive version %d\n", w->name().c_str(), v);
@@ -344,6 +347,7 @@ int run(const Options& o) {
       }
     }
     r.sync = seconds_since(start);
+    r.sync_cpu = process_cpu_seconds() - sync_cpu0;
     const std::string label =
         o.ab_block == 0 ? absl::StrCat(v)
                         : absl::StrCat(v, (v - 1) / o.ab_block % 2 == 0 ? " old" : " new");
@@ -364,8 +368,9 @@ int run(const Options& o) {
       };
       Row m;
       m.mb = rows.back().mb;
-      for (double Row::*f : {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize,
-                             &Row::serialize, &Row::upload, &Row::upload_cpu, &Row::sync}) {
+      for (double Row::*f :
+           {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize,
+            &Row::upload, &Row::upload_cpu, &Row::sync, &Row::sync_cpu}) {
         m.*f = med(f);
       }
       print_row(path == 0 ? "med old" : "med new", m, static_cast<int>(workers.size()));
@@ -382,7 +387,7 @@ int run(const Options& o) {
   m.mb = rows.back().mb;
   for (double Row::*f :
        {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize, &Row::upload,
-        &Row::upload_cpu, &Row::sync, &Row::old_calibrate, &Row::kv_diff}) {
+        &Row::upload_cpu, &Row::sync, &Row::sync_cpu, &Row::old_calibrate, &Row::kv_diff}) {
     m.*f = med(f);
   }
   print_row("median", m, static_cast<int>(workers.size()));
