@@ -72,7 +72,8 @@ struct Options {
   // > 0: alternate between the previous push path ("old": CRC-32C from tables, a fresh payload
   // buffer per upload, chunks parsed into a message then copied) and the current one ("new")
   // every `ab_block` versions, in one run under the same load; medians per path over the
-  // versions that are not the first of their block (that one inherits the other path's buffers).
+  // versions that are not the first of their block (that one inherits the other path's buffers)
+  // nor 1-2 (they build the worker's slots).
   int ab_block = 0;
 };
 
@@ -279,7 +280,8 @@ int run(const Options& o) {
     if (o.ab_block > 0) {
       const bool old_path = (v - 1) / o.ab_block % 2 == 0;
       set_push_path(!old_path, sync, workers);
-      row_path.push_back((v - 1) % o.ab_block == 0 ? -1 : old_path ? 0 : 1);
+      // Versions 1-2 build the worker's two slots; the first of a block inherits buffers.
+      row_path.push_back(v <= 2 || (v - 1) % o.ab_block == 0 ? -1 : old_path ? 0 : 1);
     }
     train::GrpoRequest step;
     step.batch = random_batch(o, vocab, static_cast<uint64_t>(v));
