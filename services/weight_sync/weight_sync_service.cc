@@ -274,7 +274,11 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
   if (request->accept_delta() && request->delta_base_version() > 0) {
     base = store_.get(request->delta_base_version());
   }
-  // The last push, timed until this worker's ack (version 0: none pending).
+  // The last push, timed until this worker's ack (version 0: none pending). The first
+  // kUntimedPushes pushes of a stream are not timed: a freshly started worker builds its two
+  // weight slots while installing them, which would bias the first estimates.
+  constexpr int kUntimedPushes = 2;
+  int pushes = 0;
   struct Pending {
     int64_t version = 0;
     PushKind kind = PushKind::kFull;
@@ -331,8 +335,10 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
                    : grpc::Status(grpc::StatusCode::CANCELLED, "subscriber stream closed");
       break;
     }
-    pending = {next->version(), delta != nullptr ? PushKind::kDelta : PushKind::kFull, start_ms,
-               next->payload.size()};
+    if (++pushes > kUntimedPushes) {
+      pending = {next->version(), delta != nullptr ? PushKind::kDelta : PushKind::kFull, start_ms,
+                 next->payload.size()};
+    }
     held = next->version();
     // The next delta's base is this version once the worker acknowledged it (a worker serves
     // only what it acknowledged); otherwise the next version goes out in full.

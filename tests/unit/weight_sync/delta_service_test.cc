@@ -340,8 +340,8 @@ TEST(DeltaPush, MeasuredChoiceSendsFullWhenDeltasReachTheWorkerLater) {
   });
   self = &sub;
   ASSERT_TRUE(sub.start().ok());
-  // Versions 1..11, contents cycling through three trained versions.
-  const int kVersions = 3 + PushChooser::kReprobeAfter;
+  // Versions 1..12, contents cycling through three trained versions.
+  const int kVersions = 4 + PushChooser::kReprobeAfter;
   for (int v = 1; v <= kVersions; ++v) {
     model::WeightSet set = sets[(v - 1) % 3];
     set.version = v;
@@ -350,15 +350,16 @@ TEST(DeltaPush, MeasuredChoiceSendsFullWhenDeltasReachTheWorkerLater) {
     ASSERT_TRUE(acked(server, "gen-slow", v)) << v;
   }
   sub.stop();
-  // v1 full (no base yet; timed like every push), v2 delta (probe: none measured), v3..v10 full
-  // (cheaper), v11 delta (re-probe after kReprobeAfter fulls in a row).
+  // The first two pushes of a stream are not timed. v1 full (no base yet), v2 and v3 deltas
+  // (probes: no delta measured), v4 full (probe: no full measured), v5..v11 full (cheaper), v12
+  // delta (re-probe after kReprobeAfter fulls in a row).
   WeightSyncMetrics& m = server.metrics();
-  EXPECT_EQ(sub.stats().versions_from_delta, 2);
+  EXPECT_EQ(sub.stats().versions_from_delta, 3);
   EXPECT_EQ(sub.stats().delta_fallbacks, 0);
-  EXPECT_EQ(counter(server, m.pushes, "delta"), 2);
-  EXPECT_EQ(counter(server, m.pushes, "full"), kVersions - 2);
-  EXPECT_EQ(counter(server, m.push_probes, "delta"), 2);
-  EXPECT_EQ(counter(server, m.push_probes, "full"), 0);
+  EXPECT_EQ(counter(server, m.pushes, "delta"), 3);
+  EXPECT_EQ(counter(server, m.pushes, "full"), kVersions - 3);
+  EXPECT_EQ(counter(server, m.push_probes, "delta"), 3);
+  EXPECT_EQ(counter(server, m.push_probes, "full"), 1);
   EXPECT_GT(m.push_cost_seconds->with({"delta"}).value(), 0.9);
   EXPECT_LT(m.push_cost_seconds->with({"full"}).value(),
             m.push_cost_seconds->with({"delta"}).value());
