@@ -140,6 +140,7 @@ struct Row {
   double upload_cpu = 0;                  // process CPU seconds during the upload
   double sync_cpu = 0;                    // process CPU seconds during publish -> all hold it
   double old_calibrate = 0, kv_diff = 0;  // --compare-kv
+  int delta_pushes = 0, pushes = 0;       // of this version, to the workers (deltas column)
   double publish() const { return calibrate + quantize + serialize + upload + sync; }
 };
 
@@ -153,10 +154,10 @@ void print_row(const std::string& label, const Row& r, int workers) {
   const double copy = workers > 0 ? r.mb / r.sync : 0.0;
   std::printf(
       "%-8s %8.1f %8.3f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% "
-      "%9.3f %8.4f\n",
+      "%9.3f %8.4f %3d/%d\n",
       label.c_str(), r.mb, r.rollout, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload,
       r.upload_cpu, r.sync, r.sync_cpu, copy, workers * copy, r.publish(), 100.0 * share,
-      r.old_calibrate, r.kv_diff);
+      r.old_calibrate, r.kv_diff, r.delta_pushes, r.pushes);
 }
 
 // Largest |a - b| / b over the layers of both K and V scales.
@@ -266,10 +267,10 @@ int run(const Options& o) {
               o.upload_only ? ", upload only"
               : o.no_train  ? ", no training step"
                             : "");
-  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s\n", "version",
-              "MB", "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s",
-              "sync_s", "sync_cpu", "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s",
-              "kv_diff");
+  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s %s\n",
+              "version", "MB", "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s",
+              "up_cpu_s", "sync_s", "sync_cpu", "copy_MB/s", "all_MB/s", "publ_s", "share",
+              "oldcal_s", "kv_diff", "deltas");
   // One channel for every upload, as the trainer's publisher caches its channel per address.
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -329,6 +330,9 @@ int run(const Options& o) {
     if (!weight_sync::build_manifest(e->weights, v1::WEIGHT_FORMAT_FP8).ok()) return 1;
     r.serialize = seconds_since(start);
     // upload() builds the manifest again: the upload time below includes that CRC pass.
+    // Pushes of this version are counted from before its upload (the push starts as it is stored).
+    const double deltas0 = metrics->pushes->with({"delta"}).value();
+    const double fulls0 = metrics->pushes->with({"full"}).value();
     start = Clock::now();
     const double cpu0 = process_cpu_seconds();
     absl::StatusOr<v1::UploadVersionResponse> up =
@@ -350,6 +354,9 @@ int run(const Options& o) {
     }
     r.sync = seconds_since(start);
     r.sync_cpu = process_cpu_seconds() - sync_cpu0;
+    // The service counts a push after its last chunk went out, before the worker installs it.
+    r.delta_pushes = static_cast<int>(metrics->pushes->with({"delta"}).value() - deltas0);
+    r.pushes = r.delta_pushes + static_cast<int>(metrics->pushes->with({"full"}).value() - fulls0);
     const std::string label =
         o.ab_block == 0 ? absl::StrCat(v)
                         : absl::StrCat(v, (v - 1) / o.ab_block % 2 == 0 ? " old" : " new");
