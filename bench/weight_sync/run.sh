@@ -4,7 +4,10 @@
 # Usage: bench/weight_sync/run.sh [models...]   (default: small llama-10m llama-100m)
 # Env: WORKERS="1 4", VERSIONS=3, BATCH=4, PROMPT=16, RESPONSE=48, BUILD_DIR=build, DELTA=1 to
 # pass --delta (weight sync pushes deltas to workers that hold the base), COMPARE_KV=0 to skip timing the old
-# extra calibration pass (oldcal_s, kv_diff columns).
+# extra calibration pass (oldcal_s, kv_diff columns), GENERATE=1 to start each step with rollouts on
+# the workers (--generate: the share is then that of a whole GRPO step), NO_TRAIN=1 for the push
+# path alone (--no-train), AB=N to alternate the previous and the current push path every N versions
+# (--ab N, medians per path).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -33,6 +36,9 @@ wait "$IPERF_PID" 2>/dev/null || true
 FLAGS=()
 [ "${DELTA:-0}" = 1 ] && FLAGS+=(--delta)
 [ "${COMPARE_KV:-1}" = 1 ] && FLAGS+=(--compare-kv)
+[ "${GENERATE:-0}" = 1 ] && FLAGS+=(--generate)
+[ "${NO_TRAIN:-0}" = 1 ] && FLAGS+=(--no-train)
+[ -n "${AB:-}" ] && FLAGS+=(--ab "$AB")
 for m in "${MODELS[@]}"; do
   for w in ${WORKERS:-1 4}; do
     "$BENCH" --model "configs/models/$m.json" --workers "$w" --versions "${VERSIONS:-3}" \

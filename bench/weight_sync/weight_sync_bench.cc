@@ -4,8 +4,9 @@
 // uploads it to a WeightSyncServiceImpl on a gRPC server, and N GenerationWorkers (each with its
 // own subscriber, install path and scheduler) receive and install it. Prints one row per version
 // and the median over the versions after the first, plus the share of publish + sync in a step
-// (rollouts excluded, so the share is an upper bound). bench/weight_sync/run.sh runs it for the
-// models of docs/perf.md next to iperf3 on the same loopback.
+// (with --generate the step starts with rollouts on the workers, so it is a whole GRPO step;
+// without, rollouts are excluded and the share is an upper bound). bench/weight_sync/run.sh runs it
+// for the models of docs/perf.md next to iperf3 on the same loopback.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/service/crc32c.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
 #include "common/service/metrics.h"
@@ -59,20 +61,39 @@ struct Options {
   bool compare_kv = false;
   // Only export and upload (no workers, no training step): the upload's MB/s on its own.
   bool upload_only = false;
+  // Each step starts with rollouts: the batch's prompts are generated to `response` new tokens on
+  // the workers (samples spread over them, temperature 1) with the version they hold, so the
+  // share column is that of a whole GRPO step (rollouts + step + publish + sync).
+  bool generate = false;
+  // No training step: every version republishes the initial weights (same bytes, so deltas are
+  // trivial); the push path (upload, fan-out, receive, install) on its own, for profiling it and
+  // comparing its variants side by side.
+  bool no_train = false;
+  // > 0: alternate between the previous push path ("old": CRC-32C from tables, a fresh payload
+  // buffer per upload, chunks parsed into a message then copied) and the current one ("new")
+  // every `ab_block` versions, in one run under the same load; medians per path over the
+  // versions that are not the first of their block (that one inherits the other path's buffers)
+  // nor 1-2 (they build the worker's slots).
+  int ab_block = 0;
 };
 
 void usage() {
   std::fprintf(stderr,
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
-               "[--compare-kv] [--upload-only]\n");
+               "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--delta" || a == "--compare-kv" || a == "--upload-only") {
-      (a == "--delta" ? o->delta : a == "--compare-kv" ? o->compare_kv : o->upload_only) = true;
+    if (a == "--delta" || a == "--compare-kv" || a == "--upload-only" || a == "--generate" ||
+        a == "--no-train") {
+      (a == "--delta"        ? o->delta
+       : a == "--compare-kv" ? o->compare_kv
+       : a == "--generate"   ? o->generate
+       : a == "--no-train"   ? o->no_train
+                             : o->upload_only) = true;
       continue;
     }
     if (i + 1 >= argc) return false;
@@ -82,6 +103,7 @@ bool parse(int argc, char** argv, Options* o) {
                  : a == "--batch"    ? &o->batch
                  : a == "--prompt"   ? &o->prompt
                  : a == "--response" ? &o->response
+                 : a == "--ab"       ? &o->ab_block
                                      : nullptr;
     if (a == "--model") {
       o->model = v;
@@ -112,10 +134,13 @@ std::vector<train::Sequence> random_batch(const Options& o, int64_t vocab, uint6
 }
 
 struct Row {
+  double rollout = 0;  // --generate: the step's samples generated on the workers
   double step = 0, calibrate = 0, quantize = 0, serialize = 0, upload = 0, sync = 0;
   double mb = 0;
   double upload_cpu = 0;                  // process CPU seconds during the upload
+  double sync_cpu = 0;                    // process CPU seconds during publish -> all hold it
   double old_calibrate = 0, kv_diff = 0;  // --compare-kv
+  int delta_pushes = 0, pushes = 0;       // of this version, to the workers (deltas column)
   double publish() const { return calibrate + quantize + serialize + upload + sync; }
 };
 
@@ -125,14 +150,14 @@ double median(std::vector<double> v) {
 }
 
 void print_row(const std::string& label, const Row& r, int workers) {
-  const double share = r.publish() / (r.step + r.publish());
+  const double share = r.publish() / (r.rollout + r.step + r.publish());
   const double copy = workers > 0 ? r.mb / r.sync : 0.0;
   std::printf(
-      "%-8s %8.1f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% %9.3f "
-      "%8.4f\n",
-      label.c_str(), r.mb, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload,
-      r.upload_cpu, r.sync, copy, workers * copy, r.publish(), 100.0 * share, r.old_calibrate,
-      r.kv_diff);
+      "%-8s %8.1f %8.3f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% "
+      "%9.3f %8.4f %3d/%d\n",
+      label.c_str(), r.mb, r.rollout, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload,
+      r.upload_cpu, r.sync, r.sync_cpu, copy, workers * copy, r.publish(), 100.0 * share,
+      r.old_calibrate, r.kv_diff, r.delta_pushes, r.pushes);
 }
 
 // Largest |a - b| / b over the layers of both K and V scales.
@@ -143,6 +168,49 @@ double max_relative_difference(const model::KvScales& a, const model::KvScales& 
     worst = std::max(worst, std::abs(static_cast<double>(a.v[i]) - b.v[i]) / b.v[i]);
   }
   return worst;
+}
+
+// --ab: the current push path (`current`) or the previous one, on the service and every worker.
+void set_push_path(bool current, weight_sync::WeightSyncServiceImpl& sync,
+                   const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers) {
+  service::crc32c_use_hardware(current);
+  sync.payload_pool().set_max_spares(current ? 1 : 0);
+  for (const auto& w : workers) w->subscriber().set_zero_copy_receive(current);
+}
+
+// The rollouts of one step: every sequence's prompt generated to o.response new tokens on the
+// workers (sample i on worker i % workers) at version >= `version`; seconds until the last sample.
+absl::StatusOr<double> generate_rollouts(
+    const Options& o, const std::vector<train::Sequence>& batch, int64_t version,
+    const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers) {
+  const auto start = Clock::now();
+  std::vector<std::vector<generation::SampleSpec>> per_worker(workers.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    generation::SampleSpec s;
+    s.sample_id = absl::StrCat(i);
+    s.prompt.assign(batch[i].tokens.begin(), batch[i].tokens.begin() + o.prompt);
+    s.params.temperature = 1.0f;
+    s.params.max_new_tokens = o.response;
+    s.params.seed = static_cast<uint64_t>(version * 1000 + static_cast<int64_t>(i));
+    per_worker[i % workers.size()].push_back(std::move(s));
+  }
+  std::vector<std::pair<std::shared_ptr<generation::GenerationRequest>, size_t>> requests;
+  for (size_t w = 0; w < workers.size(); ++w) {
+    if (per_worker[w].empty()) continue;
+    const size_t n = per_worker[w].size();
+    absl::StatusOr<std::shared_ptr<generation::GenerationRequest>> r =
+        workers[w]->scheduler().submit(std::move(per_worker[w]), version);
+    if (!r.ok()) return r.status();
+    requests.emplace_back(std::move(*r), n);
+  }
+  for (auto& [request, n] : requests) {
+    size_t got = 0;
+    while (got < n) {
+      got += request->take(std::chrono::milliseconds(100)).size();
+      if (!request->status().ok()) return request->status();
+    }
+  }
+  return seconds_since(start);
 }
 
 int run(const Options& o) {
@@ -195,22 +263,42 @@ int run(const Options& o) {
   std::printf("model %s (%lld params), %d worker(s), batch %d x (%d + %d) tokens, FP8, %s%s\n",
               o.model.c_str(), static_cast<long long>(l.policy().num_params()),
               static_cast<int>(workers.size()), o.batch, o.prompt, o.response,
-              o.delta ? "deltas on" : "full versions", o.upload_only ? ", upload only" : "");
-  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s\n", "version", "MB",
-              "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s", "sync_s",
-              "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s", "kv_diff");
+              o.delta ? "deltas on" : "full versions",
+              o.upload_only ? ", upload only"
+              : o.no_train  ? ", no training step"
+                            : "");
+  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s %s\n",
+              "version", "MB", "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s",
+              "up_cpu_s", "sync_s", "sync_cpu", "copy_MB/s", "all_MB/s", "publ_s", "share",
+              "oldcal_s", "kv_diff", "deltas");
   // One channel for every upload, as the trainer's publisher caches its channel per address.
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   std::vector<Row> rows;
+  std::vector<int> row_path;  // --ab: 0 old, 1 new, -1 first of a block
   for (int v = 1; v <= o.versions; ++v) {
     Row r;
+    if (o.ab_block > 0) {
+      const bool old_path = (v - 1) / o.ab_block % 2 == 0;
+      set_push_path(!old_path, sync, workers);
+      // Versions 1-2 build the worker's two slots; the first of a block inherits buffers.
+      row_path.push_back(v <= 2 || (v - 1) % o.ab_block == 0 ? -1 : old_path ? 0 : 1);
+    }
     train::GrpoRequest step;
     step.batch = random_batch(o, vocab, static_cast<uint64_t>(v));
     step.loss.clip_eps = 0.2;
+    if (o.generate && v > 1 && !workers.empty()) {
+      // Rollouts with the version published after the previous step (the first step has none).
+      absl::StatusOr<double> rollout = generate_rollouts(o, step.batch, v - 1, workers);
+      if (!rollout.ok()) {
+        std::fprintf(stderr, "rollouts: %s\n", rollout.status().ToString().c_str());
+        return 1;
+      }
+      r.rollout = *rollout;
+    }
     auto start = Clock::now();
     if (absl::StatusOr<train::GrpoResult> g =
-            o.upload_only ? train::GrpoResult{} : l.grpo_update(step);
+            o.upload_only || o.no_train ? train::GrpoResult{} : l.grpo_update(step);
         !g.ok()) {
       std::fprintf(stderr, "grpo_update: %s\n", g.status().ToString().c_str());
       return 1;
@@ -242,6 +330,9 @@ int run(const Options& o) {
     if (!weight_sync::build_manifest(e->weights, v1::WEIGHT_FORMAT_FP8).ok()) return 1;
     r.serialize = seconds_since(start);
     // upload() builds the manifest again: the upload time below includes that CRC pass.
+    // Pushes of this version are counted from before its upload (the push starts as it is stored).
+    const double deltas0 = metrics->pushes->with({"delta"}).value();
+    const double fulls0 = metrics->pushes->with({"full"}).value();
     start = Clock::now();
     const double cpu0 = process_cpu_seconds();
     absl::StatusOr<v1::UploadVersionResponse> up =
@@ -254,6 +345,7 @@ int run(const Options& o) {
     r.upload_cpu = process_cpu_seconds() - cpu0;
     l.set_published(v);
     start = Clock::now();
+    const double sync_cpu0 = process_cpu_seconds();
     for (auto& w : workers) {
       if (!w->subscriber().wait_for_version(v, std::chrono::minutes(10))) {
         std::fprintf(stderr, "%s did not receive version %d\n", w->name().c_str(), v);
@@ -261,8 +353,37 @@ int run(const Options& o) {
       }
     }
     r.sync = seconds_since(start);
-    print_row(absl::StrCat(v), r, static_cast<int>(workers.size()));
+    r.sync_cpu = process_cpu_seconds() - sync_cpu0;
+    // The service counts a push after its last chunk went out, before the worker installs it.
+    r.delta_pushes = static_cast<int>(metrics->pushes->with({"delta"}).value() - deltas0);
+    r.pushes = r.delta_pushes + static_cast<int>(metrics->pushes->with({"full"}).value() - fulls0);
+    const std::string label =
+        o.ab_block == 0 ? absl::StrCat(v)
+                        : absl::StrCat(v, (v - 1) / o.ab_block % 2 == 0 ? " old" : " new");
+    print_row(label, r, static_cast<int>(workers.size()));
     rows.push_back(r);
+  }
+  if (o.ab_block > 0) {
+    for (int path : {0, 1}) {
+      std::vector<Row> picked;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (row_path[i] == path) picked.push_back(rows[i]);
+      }
+      if (picked.empty()) continue;
+      auto med = [&](double Row::*field) {
+        std::vector<double> v;
+        for (const Row& r : picked) v.push_back(r.*field);
+        return median(v);
+      };
+      Row m;
+      m.mb = rows.back().mb;
+      for (double Row::*f :
+           {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize,
+            &Row::upload, &Row::upload_cpu, &Row::sync, &Row::sync_cpu}) {
+        m.*f = med(f);
+      }
+      print_row(path == 0 ? "med old" : "med new", m, static_cast<int>(workers.size()));
+    }
   }
   // Median over the versions after the first (the first pays for warm-up: allocation, channels).
   const size_t first = rows.size() > 1 ? 1 : 0;
@@ -273,8 +394,9 @@ int run(const Options& o) {
   };
   Row m;
   m.mb = rows.back().mb;
-  for (double Row::*f : {&Row::step, &Row::calibrate, &Row::quantize, &Row::serialize, &Row::upload,
-                         &Row::upload_cpu, &Row::sync, &Row::old_calibrate, &Row::kv_diff}) {
+  for (double Row::*f :
+       {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize, &Row::upload,
+        &Row::upload_cpu, &Row::sync, &Row::sync_cpu, &Row::old_calibrate, &Row::kv_diff}) {
     m.*f = med(f);
   }
   print_row("median", m, static_cast<int>(workers.size()));

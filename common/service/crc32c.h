@@ -16,4 +16,14 @@ inline uint32_t crc32c(std::string_view bytes, uint32_t crc = 0) {
   return crc32c(bytes.data(), bytes.size(), crc);
 }
 
+// The two implementations crc32c() picks from, for tests and benchmarks: the portable
+// slicing-by-8 tables, and the SSE4.2 crc32 instruction (crc32c_hardware falls back to the tables
+// when crc32c_hardware_available() is false, so it is always safe to call).
+uint32_t crc32c_software(const void* data, size_t size, uint32_t crc = 0);
+uint32_t crc32c_hardware(const void* data, size_t size, uint32_t crc = 0);
+bool crc32c_hardware_available();
+// crc32c() uses the instruction when available and `on` (the default), else the tables; for
+// benchmarks that compare the two in one run.
+void crc32c_use_hardware(bool on);
+
 }  // namespace fp8rl::service

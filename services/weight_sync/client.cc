@@ -1,6 +1,10 @@
 // Weight upload and the reconnecting, verifying subscriber (see client.h).
 #include "services/weight_sync/client.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
 #include <algorithm>
 #include <chrono>
 #include <random>
@@ -14,6 +18,44 @@ namespace fp8rl::weight_sync {
 namespace {
 
 constexpr std::string_view kComponent = "weight-sync-client";
+
+// The Subscribe method, called with raw ByteBuffer responses (see read_message).
+constexpr char kSubscribeMethod[] = "/fp8rl.v1.WeightSyncService/Subscribe";
+
+// Wire tags (field number << 3 | wire type) of proto/fp8rl/v1/weight_sync.proto.
+constexpr uint32_t kResponseChunkTag = (2 << 3) | 2;  // SubscribeResponse.chunk, length-delimited
+constexpr uint32_t kChunkVersionTag = (1 << 3) | 0;   // WeightChunk.version, varint
+constexpr uint32_t kChunkOffsetTag = (2 << 3) | 0;    // WeightChunk.offset, varint
+constexpr uint32_t kChunkDataTag = (3 << 3) | 2;      // WeightChunk.data, length-delimited
+
+// The header of a WeightChunk read from `in` up to its data field, which `in` is left at:
+// version, offset and the data's size. False when the message is anything else (another field,
+// an unexpected order, a malformed varint): the caller then parses it as a message.
+struct ChunkHeader {
+  int64_t version = 0;
+  uint64_t offset = 0;
+  uint32_t size = 0;
+};
+bool read_chunk_header(google::protobuf::io::CodedInputStream* in, ChunkHeader* h) {
+  if (in->ReadTag() != kResponseChunkTag) return false;
+  uint32_t length = 0;
+  if (!in->ReadVarint32(&length)) return false;
+  in->PushLimit(static_cast<int>(length));
+  uint32_t tag = in->ReadTag();
+  uint64_t value = 0;
+  if (tag == kChunkVersionTag) {
+    if (!in->ReadVarint64(&value)) return false;
+    h->version = static_cast<int64_t>(value);
+    tag = in->ReadTag();
+  }
+  if (tag == kChunkOffsetTag) {
+    if (!in->ReadVarint64(&h->offset)) return false;
+    tag = in->ReadTag();
+  }
+  if (tag != kChunkDataTag || !in->ReadVarint32(&h->size)) return false;
+  // The data must be the chunk's last field and fill it exactly.
+  return in->BytesUntilLimit() == static_cast<int>(h->size);
+}
 
 }  // namespace
 
@@ -188,16 +230,70 @@ bool WeightSubscriber::stream_once() {
   want_full_ = false;
   DeltaReceiver delta(options_.max_version_bytes);
   bool abandoned = false;  // a delta failed: the stream is cancelled, remaining messages dropped
-  std::unique_ptr<grpc::ClientReaderInterface<v1::SubscribeResponse>> reader =
-      stub_->Subscribe(&context, request);
+  // Responses arrive as raw gRPC byte buffers: a chunk of a version received in place is copied
+  // from them straight into the receive buffer (zero-copy receive); every other message is
+  // parsed as a SubscribeResponse.
+  const grpc::internal::RpcMethod method(kSubscribeMethod,
+                                         grpc::internal::RpcMethod::SERVER_STREAMING, channel_);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                    &context, request));
   PayloadAssembler assembler(options_.max_version_bytes);
   int64_t skipping = 0;      // a rejected version whose remaining chunks are dropped
   std::span<char> in_place;  // receiver_.target of the version being received
   bool received = false;
   v1::SubscribeResponse message;
-  while (reader->Read(&message)) {
+  grpc::ByteBuffer buffer;
+  // A complete version goes to the receiver (or is rejected).
+  auto finish_if_complete = [&] {
+    if (!assembler.complete()) return;
+    const int64_t number = assembler.version();
+    absl::StatusOr<AssembledVersion> version = assembler.finish();
+    if (version.ok() && !handler_) {
+      deliver_in_place(version->manifest, in_place.first(version->manifest.total_bytes()));
+    } else if (version.ok()) {
+      deliver(std::move(*version));
+    } else {
+      reject(number, version.status());
+    }
+  };
+  while (reader->Read(&buffer)) {
     received = true;
     if (abandoned) continue;
+    // Zero-copy receive: a chunk of the version being received in place lands in its buffer
+    // straight from gRPC's slices (one copy, verified as add() does).
+    if (zero_copy_.load() && !handler_ && assembler.active() && !delta.active()) {
+      grpc::ProtoBufferReader stream(&buffer);
+      google::protobuf::io::CodedInputStream in(&stream);
+      ChunkHeader h;
+      if (read_chunk_header(&in, &h)) {
+        if (skipping != 0 && h.version == skipping) continue;
+        const int64_t version = assembler.version();
+        absl::StatusOr<char*> at = assembler.chunk_target(h.version, h.offset, h.size);
+        absl::Status s = at.status();
+        if (s.ok() && !in.ReadRaw(*at, static_cast<int>(h.size))) {
+          assembler.reset();
+          s = absl::DataLossError(absl::StrCat("chunk at offset ", h.offset, " of version ",
+                                               h.version, ": message shorter than its data"));
+        }
+        if (s.ok()) s = assembler.commit_chunk();
+        if (!s.ok()) {
+          reject(version, s);
+          skipping = version;
+          continue;
+        }
+        finish_if_complete();
+        continue;
+      }
+    }
+    {
+      grpc::ProtoBufferReader stream(&buffer);
+      if (!message.ParseFromZeroCopyStream(&stream)) {
+        service::log_warn(kComponent, "unparseable subscribe message dropped",
+                          {{"worker", options_.worker_id}});
+        continue;
+      }
+    }
     if (message.has_delta()) {
       skipping = 0;
       assembler.reset();
@@ -304,17 +400,7 @@ bool WeightSubscriber::stream_once() {
     } else {
       continue;  // an empty message carries nothing
     }
-    if (assembler.complete()) {
-      const int64_t number = assembler.version();
-      absl::StatusOr<AssembledVersion> version = assembler.finish();
-      if (version.ok() && !handler_) {
-        deliver_in_place(version->manifest, in_place.first(version->manifest.total_bytes()));
-      } else if (version.ok()) {
-        deliver(std::move(*version));
-      } else {
-        reject(number, version.status());
-      }
-    }
+    finish_if_complete();
   }
   const grpc::Status status = reader->Finish();
   bool stopping = false;

@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -109,6 +110,11 @@ class WeightSubscriber {
   };
   Stats stats() const;
 
+  // With an InPlaceReceiver: copy each chunk of a full version straight from gRPC's receive
+  // buffers into the target (on, the default), or parse it into a message first and copy from
+  // there (the previous path; benchmarks compare the two). Takes effect from the next message.
+  void set_zero_copy_receive(bool on) { zero_copy_.store(on); }
+
  private:
   void run();
   // One Subscribe call until it ends; true when it delivered at least one message.
@@ -149,6 +155,7 @@ class WeightSubscriber {
   // none or !accept_delta), and whether the next stream must ask for full versions.
   AssembledVersion base_;
   bool want_full_ = false;
+  std::atomic<bool> zero_copy_{true};
 };
 
 }  // namespace fp8rl::weight_sync

@@ -116,7 +116,11 @@ int run(const std::vector<std::string>& args) {
                      {"metrics_port", absl::StrCat(*http_port)},
                      {"coordinator", config->registers() ? config->service.coordinator : "(none)"},
                      {"keep_versions", absl::StrCat(config->sync.keep_versions)},
-                     {"deltas", config->sync.deltas ? "on" : "off"},
+                     {"deltas", !config->sync.deltas ? "off"
+                                : config->sync.delta_choice ==
+                                        weight_sync::WeightSyncOptions::DeltaChoice::kAlways
+                                    ? "always"
+                                    : "on"},
                      {"delta_max_fraction", absl::StrCat(config->sync.delta_max_fraction)},
                      {"delta_zstd_level", absl::StrCat(config->sync.delta_zstd_level)}});
 

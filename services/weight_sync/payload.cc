@@ -202,14 +202,17 @@ void PayloadAssembler::reset() {
   payload_ = std::string();
   target_ = {};
   received_ = 0;
+  landing_ = 0;
   next_tensor_ = 0;
   crc_ = 0;
   crc_upto_ = 0;
 }
 
-absl::Status PayloadAssembler::begin(v1::VersionManifest manifest) {
+absl::Status PayloadAssembler::begin(v1::VersionManifest manifest, std::string buffer) {
   reset();
   if (absl::Status s = validate_manifest(manifest, max_version_bytes_); !s.ok()) return s;
+  payload_ = std::move(buffer);
+  payload_.clear();
   try {
     payload_.reserve(manifest.total_bytes());
   } catch (const std::bad_alloc&) {
@@ -236,36 +239,60 @@ absl::Status PayloadAssembler::begin_into(v1::VersionManifest manifest, std::spa
   return check_finished_tensors();
 }
 
-absl::Status PayloadAssembler::add(const v1::WeightChunk& chunk) {
+absl::Status PayloadAssembler::check_chunk(int64_t version, uint64_t offset, uint64_t size) {
   if (!active_) {
     return absl::InvalidArgumentError("chunk before a manifest (the first message is a manifest)");
   }
   absl::Status error;
-  if (chunk.version() != manifest_.version()) {
+  if (version != manifest_.version()) {
     error = absl::InvalidArgumentError(absl::StrCat(
-        "chunk.version: ", chunk.version(), " but the manifest is version ", manifest_.version()));
-  } else if (chunk.offset() > received_) {
-    error = absl::InvalidArgumentError(absl::StrCat("chunk.offset: gap: chunk starts at ",
-                                                    chunk.offset(), " but ", received_,
-                                                    " bytes were received"));
-  } else if (chunk.offset() < received_) {
-    error = absl::InvalidArgumentError(absl::StrCat("chunk.offset: overlap: chunk starts at ",
-                                                    chunk.offset(), " but ", received_,
-                                                    " bytes were received"));
-  } else if (chunk.data().empty()) {
+        "chunk.version: ", version, " but the manifest is version ", manifest_.version()));
+  } else if (offset > received_) {
+    error = absl::InvalidArgumentError(absl::StrCat("chunk.offset: gap: chunk starts at ", offset,
+                                                    " but ", received_, " bytes were received"));
+  } else if (offset < received_) {
+    error =
+        absl::InvalidArgumentError(absl::StrCat("chunk.offset: overlap: chunk starts at ", offset,
+                                                " but ", received_, " bytes were received"));
+  } else if (size == 0) {
+    error = absl::InvalidArgumentError(absl::StrCat("chunk.data: empty chunk at offset ", offset));
+  } else if (size > kMaxChunkBytes) {
     error = absl::InvalidArgumentError(
-        absl::StrCat("chunk.data: empty chunk at offset ", chunk.offset()));
-  } else if (chunk.data().size() > kMaxChunkBytes) {
+        absl::StrCat("chunk.data: ", size, " bytes, more than the limit of ", kMaxChunkBytes));
+  } else if (size > manifest_.total_bytes() - received_) {
     error = absl::InvalidArgumentError(absl::StrCat(
-        "chunk.data: ", chunk.data().size(), " bytes, more than the limit of ", kMaxChunkBytes));
-  } else if (chunk.data().size() > manifest_.total_bytes() - received_) {
-    error = absl::InvalidArgumentError(
-        absl::StrCat("chunk.data: runs past total_bytes: ", received_ + chunk.data().size(), " > ",
-                     manifest_.total_bytes()));
+        "chunk.data: runs past total_bytes: ", received_ + size, " > ", manifest_.total_bytes()));
   }
-  if (!error.ok()) {
+  if (!error.ok()) reset();
+  return error;
+}
+
+absl::StatusOr<char*> PayloadAssembler::chunk_target(int64_t version, uint64_t offset,
+                                                     uint64_t size) {
+  if (active_ && target_.empty()) {
+    return absl::FailedPreconditionError("chunk_target: the version was not begun with begin_into");
+  }
+  if (absl::Status s = check_chunk(version, offset, size); !s.ok()) return s;
+  landing_ = size;
+  return target_.data() + received_;
+}
+
+absl::Status PayloadAssembler::commit_chunk() {
+  if (!active_ || landing_ == 0) {
+    return absl::FailedPreconditionError("commit_chunk: no chunk_target in progress");
+  }
+  received_ += landing_;
+  landing_ = 0;
+  if (absl::Status s = check_finished_tensors(); !s.ok()) {
     reset();
-    return error;
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PayloadAssembler::add(const v1::WeightChunk& chunk) {
+  if (absl::Status s = check_chunk(chunk.version(), chunk.offset(), chunk.data().size()); !s.ok()) {
+    return s;
   }
   if (target_.empty()) {
     payload_.append(chunk.data());

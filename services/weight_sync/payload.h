@@ -67,8 +67,9 @@ class PayloadAssembler {
   explicit PayloadAssembler(uint64_t max_version_bytes = kDefaultMaxVersionBytes)
       : max_version_bytes_(max_version_bytes) {}
 
-  // Starts a version (validate_manifest first). Discards any unfinished one.
-  absl::Status begin(v1::VersionManifest manifest);
+  // Starts a version (validate_manifest first). Discards any unfinished one. The payload is
+  // received into `buffer` (cleared first; pass a reused one, PayloadPool, to keep its pages).
+  absl::Status begin(v1::VersionManifest manifest, std::string buffer = {});
   // begin() that writes the payload straight into `target` (a caller's buffer, e.g. the inactive
   // half of a generation worker's double buffer) instead of a string of its own; the same checks
   // apply as chunks land, and finish() then returns an empty `payload` (the verified bytes are
@@ -77,6 +78,13 @@ class PayloadAssembler {
   // when `target` is smaller.
   absl::Status begin_into(v1::VersionManifest manifest, std::span<char> target);
   absl::Status add(const v1::WeightChunk& chunk);
+  // add() without a WeightChunk message, for a receiver that copies a chunk's bytes straight from
+  // the transport (WeightSubscriber's zero-copy receive): checks the chunk's header as add() does
+  // and returns where its `size` bytes go in begin_into()'s target; the caller writes exactly
+  // those bytes there, then calls commit_chunk(), which verifies what landed as add() does.
+  // FailedPrecondition when not begun with begin_into(); errors as add() otherwise.
+  absl::StatusOr<char*> chunk_target(int64_t version, uint64_t offset, uint64_t size);
+  absl::Status commit_chunk();
   // The finished version; DataLoss naming received vs expected bytes when incomplete.
   absl::StatusOr<AssembledVersion> finish();
   void reset();
@@ -91,6 +99,8 @@ class PayloadAssembler {
   const char* bytes() const { return target_.empty() ? payload_.data() : target_.data(); }
   // Checks every tensor whose bytes are all in, advancing next_tensor_.
   absl::Status check_finished_tensors();
+  // The ordering and size rules of a chunk (see the class comment); resets on an error.
+  absl::Status check_chunk(int64_t version, uint64_t offset, uint64_t size);
 
   uint64_t max_version_bytes_;
   bool active_ = false;
@@ -98,6 +108,7 @@ class PayloadAssembler {
   std::string payload_;     // the payload, unless begun with begin_into()
   std::span<char> target_;  // begin_into()'s buffer (empty otherwise)
   uint64_t received_ = 0;
+  uint64_t landing_ = 0;   // chunk_target()'s size, until commit_chunk()
   int next_tensor_ = 0;    // first tensor whose checksum is not yet verified
   uint32_t crc_ = 0;       // running CRC-32C of next_tensor_'s bytes received so far
   uint64_t crc_upto_ = 0;  // payload offset up to which crc_ has consumed bytes

@@ -43,12 +43,17 @@ bool strip_empty_coordinator(std::vector<std::string>* args) {
   return disabled;
 }
 
-// --deltas: "on" or "off" (YAML's true / false spelled as strings are accepted too).
-absl::StatusOr<bool> parse_deltas(const service::ServiceOptions& options) {
+// --deltas: "on" (the measured choice per worker), "always" (a delta whenever one is possible)
+// or "off" (YAML's true / false spelled as strings are accepted too).
+absl::StatusOr<std::pair<bool, WeightSyncOptions::DeltaChoice>> parse_deltas(
+    const service::ServiceOptions& options) {
+  using Choice = WeightSyncOptions::DeltaChoice;
   const std::string text = service::extra_string(options, "deltas");
-  if (text == "on" || text == "true") return true;
-  if (text == "off" || text == "false") return false;
-  return absl::InvalidArgumentError(absl::StrCat("--deltas: must be on or off, got '", text, "'"));
+  if (text == "on" || text == "true") return std::make_pair(true, Choice::kMeasured);
+  if (text == "always") return std::make_pair(true, Choice::kAlways);
+  if (text == "off" || text == "false") return std::make_pair(false, Choice::kMeasured);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--deltas: must be on, always or off, got '", text, "'"));
 }
 
 // --delta-max-fraction: a number in (0, 1].
@@ -110,7 +115,8 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
   absl::StatusOr<int64_t> max_bytes =
       service::extra_int_in_range(config.service, "max_version_bytes", 1, int64_t{1} << 40);
   if (!max_bytes.ok()) return max_bytes.status();
-  absl::StatusOr<bool> deltas = parse_deltas(config.service);
+  absl::StatusOr<std::pair<bool, WeightSyncOptions::DeltaChoice>> deltas =
+      parse_deltas(config.service);
   if (!deltas.ok()) return deltas.status();
   absl::StatusOr<double> fraction = parse_delta_max_fraction(config.service);
   if (!fraction.ok()) return fraction.status();
@@ -120,7 +126,8 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
   config.sync.keep_versions = static_cast<int>(*keep);
   config.sync.chunk_bytes = static_cast<uint64_t>(*chunk);
   config.sync.max_version_bytes = static_cast<uint64_t>(*max_bytes);
-  config.sync.deltas = *deltas;
+  config.sync.deltas = deltas->first;
+  config.sync.delta_choice = deltas->second;
   config.sync.delta_max_fraction = *fraction;
   config.sync.delta_zstd_level = static_cast<int>(*zstd_level);
   FP8RL_RETURN_IF_ERROR(validate_options(config.sync));

@@ -1,6 +1,6 @@
 // Command-line and YAML configuration of fp8rl-weight-sync: the common service options
 // (common/service/options.h) plus --metrics-port, --keep-versions, --chunk-bytes,
-// --max-version-bytes and the FP8 delta settings --deltas on|off, --delta-max-fraction F and
+// --max-version-bytes and the FP8 delta settings --deltas on|always|off, --delta-max-fraction F and
 // --delta-zstd-level N, resolved into the values main() wires together. --coordinator and
 // --advertise-host say where the service registers (as WEIGHT_SYNC) and what address it gives.
 #pragma once
@@ -32,12 +32,13 @@ struct WeightSyncConfig {
   bool registers() const { return !service.coordinator.empty(); }
 };
 
-// Defaults of every flag (gRPC 50052, metrics 9402, keep 2 versions, deltas on, a delta is sent
-// when at most 0.9 of the full version, zstd level 1).
+// Defaults of every flag (gRPC 50052, metrics 9402, keep 2 versions, deltas on: full or delta
+// per worker by measured cost, a delta only when at most 0.9 of the full version, zstd level 1).
 service::ServiceOptions default_weight_sync_service_options();
 
 // Parses the arguments after the program name (--config FILE first, flags override). Errors name
-// the flag: "--keep-versions: must be in [1, 64], got 0", "--deltas: must be on or off, got 'x'",
+// the flag: "--keep-versions: must be in [1, 64], got 0", "--deltas: must be on, always or off, got
+// 'x'",
 // "--delta-max-fraction: must be in (0, 1], got 0", "--delta-zstd-level: must be in [1, 19],
 // got 22". --metrics-port is the documented name
 // of the HTTP port; --http-port (common to every service) is accepted as an alias. An empty

@@ -62,6 +62,17 @@ absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> WeightSyncMetrics::create(
                                "Time to encode one delta (XOR with the base, zstd).", {},
                                service::default_seconds_buckets()),
        &m->delta_encode_seconds);
+  take(registry->add_gauge("fp8rl_weight_sync_push_cost_seconds",
+                           "Seconds from the start of the last push of each kind to the worker's "
+                           "ack, scaled to the latest version's full size; the cheaper kind is "
+                           "pushed.",
+                           {"kind"}),
+       &m->push_cost_seconds);
+  take(registry->add_counter("fp8rl_weight_sync_push_probes_total",
+                             "Pushes of the kind that was not the cheaper one by the measurements, "
+                             "sent to measure it (first delta, periodic re-probe).",
+                             {"kind"}),
+       &m->push_probes);
   if (!status.ok()) return status;
   // Both results exist from the start, so a scrape before the first upload shows them.
   m->uploads->with({"accepted"});
@@ -70,6 +81,8 @@ absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> WeightSyncMetrics::create(
     m->pushes->with({kind});
     m->pushed_bytes->with({kind});
     m->version_wire_bytes->with({kind});
+    m->push_cost_seconds->with({kind});
+    m->push_probes->with({kind});
   }
   m->delta_compression_ratio->get();
   m->subscribers->get();

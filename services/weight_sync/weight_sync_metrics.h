@@ -29,6 +29,9 @@ struct WeightSyncMetrics {
   service::GaugeFamily* version_wire_bytes = nullptr;       // {kind}: latest version's wire size
   service::GaugeFamily* delta_compression_ratio = nullptr;  // full / delta bytes, latest
   service::HistogramFamily* delta_encode_seconds = nullptr;  // one encode per (base, target)
+  // The per-worker choice of full or delta (push_choice.h).
+  service::GaugeFamily* push_cost_seconds = nullptr;  // {kind}: last measured push -> ack
+  service::CounterFamily* push_probes = nullptr;      // {kind}: pushes sent to measure a kind
 };
 
 }  // namespace fp8rl::weight_sync

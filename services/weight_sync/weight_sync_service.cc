@@ -48,7 +48,10 @@ absl::Status validate_options(const WeightSyncOptions& options) {
 }
 
 WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSyncMetrics* metrics)
-    : options_(std::move(options)), metrics_(metrics), store_(options_.keep_versions) {}
+    : options_(std::move(options)),
+      metrics_(metrics),
+      pool_(std::make_shared<PayloadPool>(options_.reuse_payload_buffers ? 1 : 0)),
+      store_(options_.keep_versions) {}
 
 grpc::Status WeightSyncServiceImpl::reject_upload(const absl::Status& status, int64_t version) {
   rejected_.fetch_add(1);
@@ -85,7 +88,10 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
                                  " is not newer than the latest stored version ", latest)),
                              version);
       }
-      if (absl::Status s = assembler.begin(std::move(*request.mutable_manifest())); !s.ok()) {
+      const uint64_t total = request.manifest().total_bytes();
+      if (absl::Status s =
+              assembler.begin(std::move(*request.mutable_manifest()), pool_->take(total));
+          !s.ok()) {
         return reject_upload(s, version);
       }
       have_manifest = true;
@@ -110,7 +116,12 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
   absl::StatusOr<AssembledVersion> assembled = assembler.finish();
   if (!assembled.ok()) return reject_upload(assembled.status(), version);
 
-  auto stored = std::make_shared<StoredVersion>();
+  // Once the store evicted it and the last stream sending it let go, its buffer goes back to
+  // the pool for a later upload.
+  std::shared_ptr<StoredVersion> stored(new StoredVersion, [pool = pool_](StoredVersion* v) {
+    pool->give(std::move(v->payload));
+    delete v;
+  });
   stored->manifest = std::move(assembled->manifest);
   stored->payload = std::move(assembled->payload);
   stored->arrived = std::chrono::steady_clock::now();
@@ -221,10 +232,14 @@ std::shared_ptr<const EncodedDelta> WeightSyncServiceImpl::delta_for(const Store
 }
 
 int64_t WeightSyncServiceImpl::acked_version(const std::string& worker) const {
+  return acked(worker).first;
+}
+
+std::pair<int64_t, int64_t> WeightSyncServiceImpl::acked(const std::string& worker) const {
   for (const WorkerState& w : workers_.snapshot()) {
-    if (w.worker_id == worker) return w.version;
+    if (w.worker_id == worker) return {w.version, w.acked_unix_ms};
   }
-  return 0;
+  return {0, 0};
 }
 
 void WeightSyncServiceImpl::record_push_latency(std::optional<double> seconds) {
@@ -259,6 +274,18 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
   if (request->accept_delta() && request->delta_base_version() > 0) {
     base = store_.get(request->delta_base_version());
   }
+  // The last push, timed until this worker's ack (version 0: none pending). The first
+  // kUntimedPushes pushes of a stream are not timed: a freshly started worker builds its two
+  // weight slots while installing them, which would bias the first estimates.
+  constexpr int kUntimedPushes = 2;
+  int pushes = 0;
+  struct Pending {
+    int64_t version = 0;
+    PushKind kind = PushKind::kFull;
+    int64_t start_unix_ms = 0;
+    uint64_t full_bytes = 0;
+  } pending;
+  PushChooser chooser;
   while (!context->IsCancelled()) {
     StoredVersionPtr next = store_.wait_newer(held, options_.poll_interval);
     if (shutting_down_.load()) {
@@ -266,10 +293,32 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
       break;
     }
     if (next == nullptr) continue;
+    const auto [acked_number, acked_ms] = acked(worker);
+    if (pending.version != 0 && acked_number == pending.version) {
+      chooser.observed(pending.kind, 1e-3 * static_cast<double>(acked_ms - pending.start_unix_ms),
+                       pending.full_bytes);
+    }
+    pending = {};
+    const int64_t start_ms = unix_ms_now();
     std::shared_ptr<const EncodedDelta> delta;
     if (options_.deltas && base != nullptr && base->manifest.format() == next->manifest.format() &&
-        acked_version(worker) == base->version()) {
-      delta = delta_for(*base, *next);
+        acked_number == base->version()) {
+      PushChooser::Choice choice{PushKind::kDelta, false};
+      if (options_.delta_choice == WeightSyncOptions::DeltaChoice::kMeasured) {
+        choice = chooser.choose();
+      }
+      if (choice.kind == PushKind::kDelta) delta = delta_for(*base, *next);
+      if (choice.probe) {
+        metrics_->push_probes->with({choice.kind == PushKind::kDelta ? "delta" : "full"}).inc();
+      }
+      // Scaled to this version's size, the cost each kind would have now.
+      const double full_bytes = static_cast<double>(next->payload.size());
+      for (PushKind k : {PushKind::kFull, PushKind::kDelta}) {
+        if (std::optional<double> e = chooser.seconds_per_byte(k)) {
+          metrics_->push_cost_seconds->with({k == PushKind::kDelta ? "delta" : "full"})
+              .set(*e * full_bytes);
+        }
+      }
     }
     const bool sent = delta != nullptr ? send_delta(*delta, context, writer)
                                        : send_version(*next, context, writer);
@@ -285,6 +334,10 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
                    ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "weight sync is shutting down")
                    : grpc::Status(grpc::StatusCode::CANCELLED, "subscriber stream closed");
       break;
+    }
+    if (++pushes > kUntimedPushes) {
+      pending = {next->version(), delta != nullptr ? PushKind::kDelta : PushKind::kFull, start_ms,
+                 next->payload.size()};
     }
     held = next->version();
     // The next delta's base is this version once the worker acknowledged it (a worker serves

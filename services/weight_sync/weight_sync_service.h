@@ -19,6 +19,8 @@
 #include "fp8rl/v1/weight_sync.grpc.pb.h"
 #include "services/weight_sync/delta.h"
 #include "services/weight_sync/payload.h"
+#include "services/weight_sync/payload_pool.h"
+#include "services/weight_sync/push_choice.h"
 #include "services/weight_sync/version_store.h"
 #include "services/weight_sync/weight_sync_metrics.h"
 #include "services/weight_sync/worker_table.h"
@@ -35,8 +37,15 @@ struct WeightSyncOptions {
   // delta_max_fraction of the full payload (only to workers that subscribe with accept_delta): a
   // delta that saves little is not worth the worker's decode time.
   bool deltas = true;
+  // With deltas: push the kind that measurably reached each worker sooner (push_choice.h), or a
+  // delta every time one is possible (the earlier rule, kept for tests and comparisons).
+  enum class DeltaChoice { kMeasured, kAlways };
+  DeltaChoice delta_choice = DeltaChoice::kMeasured;
   double delta_max_fraction = 0.9;                // in (0, 1]
   int delta_zstd_level = kDefaultDeltaZstdLevel;  // in [1, 19]
+  // Receive each upload into the payload buffer of a version the store evicted (payload_pool.h),
+  // at the cost of holding one extra version's bytes while idle.
+  bool reuse_payload_buffers = true;
 };
 
 // InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
@@ -71,6 +80,9 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   const VersionStore& store() const { return store_; }
   const WorkerTable& workers() const { return workers_; }
   uint64_t rejected_uploads() const { return rejected_.load(); }
+  // Buffers of evicted versions that uploads are received into (set_max_spares(0) turns reuse
+  // off, for benchmarks).
+  PayloadPool& payload_pool() { return *pool_; }
 
  private:
   grpc::Status reject_upload(const absl::Status& status, int64_t version);
@@ -86,11 +98,15 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   std::shared_ptr<const EncodedDelta> delta_for(const StoredVersion& base,
                                                 const StoredVersion& target);
   void record_push_latency(std::optional<double> seconds);
-  // The version `worker` last acknowledged with ok (0 when none).
+  // The version `worker` last acknowledged with ok (0 when none) and when (Unix ms).
   int64_t acked_version(const std::string& worker) const;
+  std::pair<int64_t, int64_t> acked(const std::string& worker) const;
 
   const WeightSyncOptions options_;
   WeightSyncMetrics* metrics_;
+  // Before store_: evicted versions hand their buffers back to it (shared by their deleters, so
+  // a version outliving the service is still safe to free).
+  std::shared_ptr<PayloadPool> pool_;
   VersionStore store_;
   WorkerTable workers_;
   std::atomic<uint64_t> rejected_{0};

@@ -323,6 +323,48 @@ TEST(DeltaPush, ACorruptedDeltaMakesTheWorkerFetchTheFullVersion) {
   server->shutdown(std::chrono::milliseconds(500));
 }
 
+// The default, measured choice: the first delta is a probe; when this worker's delta pushes take
+// far longer (its handler sleeps 1 s after each rebuilt delta, as a slow decoder would) the next
+// versions go in full, until a re-probe after PushChooser::kReprobeAfter fulls in a row.
+TEST(DeltaPush, MeasuredChoiceSendsFullWhenDeltasReachTheWorkerLater) {
+  const auto& sets = fp8_versions();
+  WeightSyncOptions options = testing::fast_options();
+  options.delta_choice = WeightSyncOptions::DeltaChoice::kMeasured;
+  testing::TestServer server(options);
+  std::atomic<int64_t> deltas_seen{0};
+  WeightSubscriber* self = nullptr;
+  WeightSubscriber sub(server.channel(), fast_subscriber("gen-slow"), [&](model::WeightSet) {
+    const int64_t from_delta = self->stats().versions_from_delta;
+    if (from_delta > deltas_seen.exchange(from_delta)) std::this_thread::sleep_for(1s);
+    return absl::OkStatus();
+  });
+  self = &sub;
+  ASSERT_TRUE(sub.start().ok());
+  // Versions 1..12, contents cycling through three trained versions.
+  const int kVersions = 4 + PushChooser::kReprobeAfter;
+  for (int v = 1; v <= kVersions; ++v) {
+    model::WeightSet set = sets[(v - 1) % 3];
+    set.version = v;
+    ASSERT_TRUE(upload(server.stub(), set, v1::WEIGHT_FORMAT_FP8).ok());
+    ASSERT_TRUE(sub.wait_for_version(v, 20s)) << v;
+    ASSERT_TRUE(acked(server, "gen-slow", v)) << v;
+  }
+  sub.stop();
+  // The first two pushes of a stream are not timed. v1 full (no base yet), v2 and v3 deltas
+  // (probes: no delta measured), v4 full (probe: no full measured), v5..v11 full (cheaper), v12
+  // delta (re-probe after kReprobeAfter fulls in a row).
+  WeightSyncMetrics& m = server.metrics();
+  EXPECT_EQ(sub.stats().versions_from_delta, 3);
+  EXPECT_EQ(sub.stats().delta_fallbacks, 0);
+  EXPECT_EQ(counter(server, m.pushes, "delta"), 3);
+  EXPECT_EQ(counter(server, m.pushes, "full"), kVersions - 3);
+  EXPECT_EQ(counter(server, m.push_probes, "delta"), 3);
+  EXPECT_EQ(counter(server, m.push_probes, "full"), 1);
+  EXPECT_GT(m.push_cost_seconds->with({"delta"}).value(), 0.9);
+  EXPECT_LT(m.push_cost_seconds->with({"full"}).value(),
+            m.push_cost_seconds->with({"delta"}).value());
+}
+
 TEST(DeltaPush, OptionsAreChecked) {
   WeightSyncOptions o;
   ASSERT_TRUE(validate_options(o).ok());

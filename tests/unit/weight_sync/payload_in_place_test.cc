@@ -3,6 +3,7 @@
 // into that buffer (what a generation worker installs from without copying the payload).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,50 @@ TEST(InPlace, CorruptionIsDataLossNamingTheTensorAsItLands) {
   EXPECT_NE(error.message().find("model.embed_tokens.weight"), std::string::npos) << error;
   EXPECT_EQ(failed_at, 1u);  // detected when the tensor's last byte landed
   EXPECT_FALSE(a.active());
+}
+
+// chunk_target / commit_chunk, the zero-copy receive's add(): the same checks, bytes written by
+// the caller where it says.
+TEST(InPlace, ChunkTargetChecksTheHeaderAndCommitVerifies) {
+  const model::WeightSet set = random_fp8_set(4, 44);
+  v1::VersionManifest manifest = build_manifest(set, v1::WEIGHT_FORMAT_FP8).value();
+  std::string payload;
+  for (const auto& t : set.tensors) payload.append(t.bytes.begin(), t.bytes.end());
+  std::vector<char> target(payload.size());
+  PayloadAssembler assembler;
+  // Only for begin_into: a string-backed version refuses.
+  ASSERT_TRUE(assembler.begin(manifest).ok());
+  EXPECT_EQ(assembler.chunk_target(4, 0, 10).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(assembler.begin_into(manifest, std::span<char>(target)).ok());
+  EXPECT_EQ(assembler.commit_chunk().code(), absl::StatusCode::kFailedPrecondition);
+  const uint64_t half = payload.size() / 2;
+  absl::StatusOr<char*> at = assembler.chunk_target(4, 0, half);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, target.data());
+  std::memcpy(*at, payload.data(), half);
+  ASSERT_TRUE(assembler.commit_chunk().ok());
+  // A gap is refused before anything is written; the assembler is reset.
+  EXPECT_NE(std::string(assembler.chunk_target(4, half + 1, 5).status().message())
+                .find("chunk.offset: gap"),
+            std::string::npos);
+  EXPECT_FALSE(assembler.active());
+  // A corrupted byte written through chunk_target is DataLoss at commit.
+  ASSERT_TRUE(assembler.begin_into(manifest, std::span<char>(target)).ok());
+  at = assembler.chunk_target(4, 0, payload.size());
+  ASSERT_TRUE(at.ok());
+  std::memcpy(*at, payload.data(), payload.size());
+  (*at)[payload.size() - 3] ^= 0x01;
+  const absl::Status bad = assembler.commit_chunk();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+  // The same bytes intact complete the version.
+  ASSERT_TRUE(assembler.begin_into(manifest, std::span<char>(target)).ok());
+  at = assembler.chunk_target(4, 0, payload.size());
+  ASSERT_TRUE(at.ok());
+  std::memcpy(*at, payload.data(), payload.size());
+  ASSERT_TRUE(assembler.commit_chunk().ok());
+  EXPECT_TRUE(assembler.complete());
+  EXPECT_TRUE(assembler.finish().ok());
 }
 
 TEST(InPlace, TargetTooSmallIsResourceExhausted) {

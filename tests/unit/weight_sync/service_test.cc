@@ -415,7 +415,7 @@ TEST(WeightSyncService, MetricsAreExactlyTheDocumentedNamesAndPassPromtool) {
   ASSERT_TRUE(upload(server.stub(), random_bf16_set(1, 1000), v1::WEIGHT_FORMAT_BF16).ok());
   const std::string text = server.registry().render();
   const std::set<std::string> documented = documented_names();
-  ASSERT_EQ(documented.size(), 13u);
+  ASSERT_EQ(documented.size(), 15u);
   std::set<std::string> exported;
   const std::regex type_line(R"(^# TYPE (fp8rl_weight_sync_[a-z0-9_]+) )");
   std::istringstream in(text);

@@ -197,6 +197,7 @@ TEST(Config, DeltaFlags) {
   const WeightSyncOptions defaults;
   EXPECT_EQ(c->sync.deltas, defaults.deltas);
   EXPECT_TRUE(c->sync.deltas);
+  EXPECT_EQ(c->sync.delta_choice, WeightSyncOptions::DeltaChoice::kMeasured);
   EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, defaults.delta_max_fraction);
   EXPECT_EQ(c->sync.delta_zstd_level, kDefaultDeltaZstdLevel);
 
@@ -213,6 +214,12 @@ TEST(Config, DeltaFlags) {
   EXPECT_TRUE(c->sync.deltas);
   EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, 1.0);
   EXPECT_EQ(c->sync.delta_zstd_level, 1);
+  EXPECT_EQ(c->sync.delta_choice, WeightSyncOptions::DeltaChoice::kMeasured);
+
+  c = parse_weight_sync_config({"--deltas", "always"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->sync.deltas);
+  EXPECT_EQ(c->sync.delta_choice, WeightSyncOptions::DeltaChoice::kAlways);
 
   // YAML keys in snake_case; a flag overrides the file.
   const std::string path = ::testing::TempDir() + "/weight_sync_delta_config_test.yaml";
@@ -236,7 +243,7 @@ TEST(Config, BadValuesNameTheFlag) {
       {{"--metrics-port", "9600", "--http-port", "9700"}, "--metrics-port: 9600 disagrees"},
       {{"--grpc-port", "-3"}, "--grpc-port"},
       {{"--bogus", "1"}, "--bogus: unknown flag"},
-      {{"--deltas", "maybe"}, "--deltas: must be on or off, got 'maybe'"},
+      {{"--deltas", "maybe"}, "--deltas: must be on, always or off, got 'maybe'"},
       {{"--deltas", ""}, "--deltas"},
       {{"--delta-max-fraction", "0"}, "--delta-max-fraction: must be in (0, 1], got 0"},
       {{"--delta-max-fraction", "1.5"}, "--delta-max-fraction: must be in (0, 1], got 1.5"},

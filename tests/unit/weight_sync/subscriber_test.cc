@@ -126,6 +126,72 @@ TEST(WeightSubscriber, RejectsACorruptVersionAndLoadsTheNextGoodOne) {
   EXPECT_EQ(sub.held_version(), 2);
 }
 
+// The in-place receive, over its zero-copy chunk path (chunks copied from gRPC's buffers straight
+// into the target) and over the message path: a corrupted chunk and a chunk leaving a gap each
+// reject their version (acked with the reason), and the next good version lands bit for bit.
+TEST(WeightSubscriber, InPlaceReceiveRejectsCorruptAndGappedChunksOnBothPaths) {
+  for (bool zero_copy : {true, false}) {
+    SCOPED_TRACE(zero_copy ? "zero-copy receive" : "message path");
+    const model::WeightSet a = random_fp8_set(1, 61);
+    const model::WeightSet b = random_fp8_set(2, 62);
+    const model::WeightSet c = random_fp8_set(3, 63);
+    ScriptedService service;
+    std::vector<v1::SubscribeResponse> stream =
+        stream_messages<v1::SubscribeResponse>(a, v1::WEIGHT_FORMAT_FP8);
+    ASSERT_GT(stream.size(), 4u);
+    (*stream[4].mutable_chunk()->mutable_data())[777] ^= 0x40;
+    std::vector<v1::SubscribeResponse> gapped =
+        stream_messages<v1::SubscribeResponse>(b, v1::WEIGHT_FORMAT_FP8);
+    ASSERT_GT(gapped.size(), 3u);
+    gapped[3].mutable_chunk()->set_offset(gapped[3].chunk().offset() + 1);
+    for (auto& m : gapped) stream.push_back(std::move(m));
+    for (auto& m : stream_messages<v1::SubscribeResponse>(c, v1::WEIGHT_FORMAT_FP8)) {
+      stream.push_back(std::move(m));
+    }
+    service.script = {stream};
+    ScriptedServer server(&service);
+
+    std::mutex mu;
+    std::vector<char> buffers[2];
+    int next = 0;
+    std::vector<std::pair<int64_t, std::string>> installed;
+    InPlaceReceiver receiver;
+    receiver.target = [&](const v1::VersionManifest& m) -> absl::StatusOr<std::span<char>> {
+      std::lock_guard<std::mutex> lock(mu);
+      std::vector<char>& buffer = buffers[next];
+      next = 1 - next;
+      buffer.assign(m.total_bytes(), 0);
+      return std::span<char>(buffer);
+    };
+    receiver.install = [&](const v1::VersionManifest& m, std::span<const char> payload) {
+      std::lock_guard<std::mutex> lock(mu);
+      installed.emplace_back(m.version(), std::string(payload.begin(), payload.end()));
+      return absl::OkStatus();
+    };
+    WeightSubscriber sub(server.channel, fast_subscriber("gen-z"), receiver);
+    sub.set_zero_copy_receive(zero_copy);
+    ASSERT_TRUE(sub.start().ok());
+    ASSERT_TRUE(sub.wait_for_version(3, 10s));
+    ASSERT_TRUE(wait_until([&] { return service.acks().size() == 3; }));
+    sub.stop();
+
+    ASSERT_EQ(installed.size(), 1u);
+    EXPECT_EQ(installed[0].first, 3);
+    std::string want;
+    for (const auto& t : c.tensors) want.append(t.bytes.begin(), t.bytes.end());
+    EXPECT_TRUE(installed[0].second == want);
+    const auto acks = service.acks();
+    EXPECT_EQ(acks[0].version(), 1);
+    EXPECT_FALSE(acks[0].ok());
+    EXPECT_NE(acks[0].error().find("crc32c mismatch"), std::string::npos) << acks[0].error();
+    EXPECT_EQ(acks[1].version(), 2);
+    EXPECT_FALSE(acks[1].ok());
+    EXPECT_NE(acks[1].error().find("chunk.offset: gap"), std::string::npos) << acks[1].error();
+    EXPECT_EQ(acks[2].version(), 3);
+    EXPECT_TRUE(acks[2].ok());
+  }
+}
+
 TEST(WeightSubscriber, HandlerFailureIsAcknowledgedAsARejection) {
   ScriptedService service;
   service.script = {

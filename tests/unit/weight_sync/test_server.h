@@ -39,6 +39,9 @@ inline WeightSyncOptions fast_options(int keep = 2) {
   WeightSyncOptions o;
   o.keep_versions = keep;
   o.poll_interval = std::chrono::milliseconds(20);
+  // A delta whenever one is possible, so tests can count them; the measured choice is tested
+  // on its own (DeltaPush.MeasuredChoice...).
+  o.delta_choice = WeightSyncOptions::DeltaChoice::kAlways;
   return o;
 }
 
