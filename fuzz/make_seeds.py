@@ -10,7 +10,9 @@ without it those seeds are skipped. Deterministic; its output is committed.
 """
 import json
 import pathlib
+import shutil
 import struct
+import subprocess
 
 import yaml
 
@@ -289,8 +291,53 @@ def binary_seeds():
                   for o in range(0, len(target_payload), size)]
         write_bytes("weight_sync_delta", f"fp8_raw_delta_chunks_{len(parts) - 2}",
                     join_parts(parts))
+    # The same delta with every tensor but the scalar XOR_ZSTD-encoded as services/weight_sync/
+    # delta.cc does it (XOR with the base, byte planes, one zstd frame), so the fuzzer starts
+    # inside the zstd and plane code; needs the zstd command (skipped without it).
+    if shutil.which("zstd") is None:
+        print("make_seeds: no zstd command, skipping the XOR_ZSTD delta seed")
+        return
+    sizes = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
+    base_at, offset = {}, 0
+    for name, _, _, data in base:
+        base_at[name] = offset
+        offset += len(data)
+    entries, frames, offset = b"", b"", 0
+    for name, dtype, _, data in target:
+        old = base[[t[0] for t in base].index(name)][3]
+        if len(data) <= 4:
+            entry = field_varint(1, 1) + field_varint(2, offset) + field_varint(3, len(data))
+            frame = data
+        else:
+            es, n = sizes[dtype], len(data) // sizes[dtype]
+            planes = bytes(data[i * es + b] ^ old[i * es + b] for b in range(es) for i in range(n))
+            frame = subprocess.run(["zstd", "-q", "-c", "-19", "--no-check"], input=planes,
+                                   stdout=subprocess.PIPE, check=True).stdout
+            entry = (field_varint(1, 2) + field_varint(2, offset) + field_varint(3, len(frame)) +
+                     field_varint(4, base_at[name]))
+        entries += field_bytes(4, entry)
+        frames += frame
+        offset += len(frame)
+    delta = (field_varint(1, 3) + field_varint(2, len(base_payload)) +
+             field_bytes(3, manifest(4, True, target)) + entries + field_varint(5, offset))
+    parts = [delta, base_payload, chunk(4, 0, frames)]
+    write_bytes("weight_sync_delta", "fp8_xor_zstd_delta_chunks_1", join_parts(parts))
+
+
+def binary_regressions():
+    """Inputs that once broke a weight-sync parser (fuzz/regressions/<target>/), replayed by
+    fuzz.replay.<target>; not seeds (the fuzzer needs no help to find them again)."""
+    d = ROOT / "fuzz" / "regressions" / "weight_sync_payload"
+    d.mkdir(parents=True, exist_ok=True)
+    # An empty FP8 weight [2^63 - 1, 0] with an empty scale tensor: the block-count arithmetic
+    # overflowed int64 (UBSan) before dims above the version limit were refused.
+    huge = (1 << 63) - 1
+    tensors = small_set(True, 0) + [("x.weight", "F8_E4M3", [huge, 0], b""),
+                                    ("x.weight_scale_inv", "F32", [huge // 128 + 1, 0], b"")]
+    (d / "fp8_empty_huge_dim").write_bytes(join_parts([manifest(3, True, tensors)]))
 
 
 if __name__ == "__main__":
     main()
     binary_seeds()
+    binary_regressions()

@@ -69,7 +69,9 @@ absl::Status RlLoop::run_async_steps(JobRun& run, RolloutQueue& queue) {
   for (int64_t step = run.start_step + 1; step <= steps; ++step) {
     const auto step_start = Clock::now();
     rl::StepMetrics row;
-    row.async.emplace();
+    // Not async.emplace(): clang 14 (the sanitizer builds) rejects default-constructing a nested
+    // struct with member initializers inside std::optional.
+    row.async = rl::StepMetrics::Async{};
     if (absl::Status s = check_cancelled(); !s.ok()) return s;
     // Steps 1-2: the rollout the producer made ahead (or is finishing), within the bound.
     set_phase("rl", step - 1, steps, "rollout");

@@ -27,14 +27,21 @@ std::string where(int index, const v1::TensorManifestEntry& t) {
   return absl::StrCat("manifest.tensors[", index, "] (", t.name(), ")");
 }
 
-// numel * element size, or an error when a dim is negative or the product overflows.
+// numel * element size, or an error when a dim is negative, larger than the version limit or
+// the product overflows. The dim limit matters for empty tensors ([2^63 - 1, 0] is 0 bytes):
+// without it, later shape arithmetic (FP8 block counts, numel in int64) would overflow.
 absl::StatusOr<uint64_t> expected_bytes(const v1::TensorManifestEntry& t, int64_t elem_size,
-                                        int index) {
+                                        int index, uint64_t max_version_bytes) {
   uint64_t bytes = static_cast<uint64_t>(elem_size);
   for (int64_t d : t.shape()) {
     if (d < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(where(index, t), ".shape: negative dimension ", d));
+    }
+    if (static_cast<uint64_t>(d) > max_version_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(where(index, t), ".shape: dimension ", d,
+                                                     " exceeds the version limit of ",
+                                                     max_version_bytes, " bytes"));
     }
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
       return absl::InvalidArgumentError(
@@ -123,7 +130,7 @@ absl::Status validate_manifest(const v1::VersionManifest& manifest, uint64_t max
       return absl::InvalidArgumentError(
           absl::StrCat(where(i, t), ".dtype: F8_E4M3 in a WEIGHT_FORMAT_BF16 version"));
     }
-    absl::StatusOr<uint64_t> want = expected_bytes(t, dtype_size(*dtype), i);
+    absl::StatusOr<uint64_t> want = expected_bytes(t, dtype_size(*dtype), i, max_version_bytes);
     if (!want.ok()) return want.status();
     if (t.byte_size() != *want) {
       return absl::InvalidArgumentError(absl::StrCat(where(i, t), ".byte_size: ", t.byte_size(),

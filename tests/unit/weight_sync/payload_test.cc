@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 #include "common/service/crc32c.h"
@@ -121,6 +122,29 @@ TEST(Manifest, ValidationNamesTheBadField) {
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find(c.expect), std::string::npos) << s;
+  }
+  // An empty FP8 weight with a huge dim (and its empty scale tensor): 0 bytes, but the block
+  // count (rows + 127) / 128 overflowed int64 (found by UBSan); a dim over the limit is refused.
+  {
+    v1::VersionManifest m = good;
+    const int64_t huge = std::numeric_limits<int64_t>::max();
+    v1::TensorManifestEntry* w = m.add_tensors();
+    w->set_name("extra.weight");
+    w->set_dtype("F8_E4M3");
+    w->add_shape(huge);
+    w->add_shape(0);
+    w->set_offset(m.total_bytes());
+    v1::TensorManifestEntry* s = m.add_tensors();
+    s->set_name("extra.weight_scale_inv");
+    s->set_dtype("F32");
+    s->add_shape(huge / 128 + 1);
+    s->add_shape(0);
+    s->set_offset(m.total_bytes());
+    const absl::Status st = validate_manifest(m);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("(extra.weight).shape: dimension 9223372036854775807 exceeds"),
+              std::string::npos)
+        << st;
   }
   // The size limit is checked before anything is allocated.
   const absl::Status too_big = validate_manifest(good, good.total_bytes() - 1);
