@@ -36,7 +36,7 @@
 #include "model/sampler.h"
 #include "services/generation_worker/generation_metrics.h"
 #include "services/generation_worker/kv_block_budget.h"
-#include "services/generation_worker/step_generator.h"
+#include "model/step_generator.h"
 #include "services/generation_worker/weight_loader.h"
 
 namespace fp8rl::generation {

@@ -1,15 +1,20 @@
 // `fp8rl generate`: batched sampling from a checkpoint with the KV-cache engine the generation
 // worker uses, printing the generated tokens and the logprob each was sampled with.
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "model/generator.h"
+#include "model/inference_backend.h"
 #include "model/model.h"
+#include "model/step_generator.h"
 #include "model/token_jsonl.h"
 #include "tools/fp8rl/args.h"
 #include "tools/fp8rl/command.h"
@@ -19,6 +24,35 @@ namespace fp8rl::cli {
 namespace {
 
 constexpr char kName[] = "generate";
+constexpr int64_t kStepTokens = 2048;  // rows per forward (model::Generator's default)
+
+// Runs every prompt through `gen` (model::Generator on the CPU, generation::BackendGenerator on
+// CUDA) and stores the results in prompt order. A prompt is admitted when the generator has room:
+// a backend's KV pool answers ResourceExhausted while its blocks are taken, and the prompt waits
+// for running samples to finish; a prompt that does not fit an idle generator is an error naming
+// its line. Sample i uses random stream i, as before, so the tokens do not depend on admission.
+template <typename Gen, typename Lines>
+absl::Status generate_all(Gen& gen, const Lines& lines, const model::SamplingParams& sp,
+                          const std::string& in, std::vector<model::GenerationResult>* results) {
+  results->assign(lines.rows.size(), model::GenerationResult{});
+  std::unordered_map<int64_t, size_t> index_of;
+  size_t next = 0;
+  while (true) {
+    while (next < lines.rows.size()) {
+      absl::StatusOr<int64_t> id = gen.add(lines.rows[next], sp, next);
+      if (!id.ok()) {
+        if (id.status().code() == absl::StatusCode::kResourceExhausted && !gen.idle()) break;
+        return absl::Status(id.status().code(),
+                            absl::StrCat(in, ":", lines.line[next], ": ", id.status().message()));
+      }
+      index_of[*id] = next++;
+    }
+    for (auto& r : gen.take_finished()) (*results)[index_of.at(r.id)] = std::move(r);
+    if (gen.idle() && next == lines.rows.size()) return absl::OkStatus();
+    if (gen.idle()) continue;  // room again: admit the next prompts
+    if (absl::Status s = gen.step(); !s.ok()) return s;
+  }
+}
 
 }  // namespace
 
@@ -89,10 +123,12 @@ int generate_main(const std::vector<std::string>& argv) {
     }
     sp.stop_tokens.push_back(id);
   }
-  // model::Generator runs on the CPU model only; until it runs over an InferenceBackend, generate
-  // has no CUDA path and auto stays on the CPU.
-  absl::StatusOr<CliDevice> device =
-      resolve_device_flags(*args, kName, command_probe("fp8rl generate has no CUDA path yet"));
+  // cuda: generation::BackendGenerator over the CUDA inference backend (the generation worker's
+  // loop on --device cuda), offered only when this build has the backend; cpu: model::Generator.
+  absl::StatusOr<CliDevice> device = resolve_device_flags(
+      *args, kName,
+      command_probe(model::cuda_backend_available() ? std::string()
+                                                    : model::cuda_backend_unavailable_reason()));
   if (!device.ok()) return failure(kName, std::string(device.status().message()));
   auto lines = model::read_token_jsonl(v[2], "prompt_tokens");
   if (!lines.ok()) return failure(kName, std::string(lines.status().message()));
@@ -102,19 +138,24 @@ int generate_main(const std::vector<std::string>& argv) {
   if (auto s = model::validate_sampling_params(sp, m->config().vocab_size); !s.ok()) {
     return usage_error(kName, absl::StrCat("--", s.message()));
   }
-  model::Generator gen(m);
-  for (size_t i = 0; i < lines->rows.size(); ++i) {
-    auto id = gen.add(lines->rows[i], sp, i);
-    if (!id.ok()) {
-      return failure(kName, absl::StrCat(v[2], ":", lines->line[i], ": ", id.status().message()));
+  std::vector<model::GenerationResult> results;
+  absl::Status generated;
+  if (device->selection.device == model::Device::kCuda) {
+    model::BackendOptions options;
+    options.memory_budget_bytes = device->gpu_memory_budget_bytes;
+    options.max_step_tokens = kStepTokens;
+    for (const auto& row : lines->rows) {
+      options.max_step_tokens = std::max(options.max_step_tokens, static_cast<int64_t>(row.size()));
     }
+    auto made = model::make_cuda_backend(m, options);
+    if (!made.ok()) return failure(kName, std::string(made.status().message()));
+    generation::BackendGenerator gen(std::move(*made), options.max_step_tokens);
+    generated = generate_all(gen, *lines, sp, v[2], &results);
+  } else {
+    model::Generator gen(m, kStepTokens);
+    generated = generate_all(gen, *lines, sp, v[2], &results);
   }
-  std::vector<model::GenerationResult> results(lines->rows.size());
-  while (true) {
-    for (auto& r : gen.take_finished()) results[r.id] = std::move(r);
-    if (gen.idle()) break;
-    if (auto s = gen.step(); !s.ok()) return failure(kName, std::string(s.message()));
-  }
+  if (!generated.ok()) return failure(kName, std::string(generated.message()));
   std::string text;
   for (const auto& r : results) {
     nlohmann::json j;

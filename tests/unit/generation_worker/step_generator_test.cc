@@ -1,7 +1,7 @@
 // BackendGenerator (the scheduler's loop over an InferenceBackend, the one --device cuda runs)
 // checked on the CPU backend: the same tokens and logprobs, bit for bit, as model::generate and
 // model::Generator, with continuous batching, stop tokens, cancellation and the row limit.
-#include "services/generation_worker/step_generator.h"
+#include "model/step_generator.h"
 
 #include <gtest/gtest.h>
 

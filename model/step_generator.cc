@@ -1,6 +1,6 @@
 // The scheduler's generation loops on the CPU model and over an InferenceBackend (see
 // step_generator.h).
-#include "services/generation_worker/step_generator.h"
+#include "model/step_generator.h"
 
 #include <algorithm>
 #include <utility>
