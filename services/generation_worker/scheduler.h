@@ -34,9 +34,9 @@
 #include "model/device.h"
 #include "model/generator.h"
 #include "model/sampler.h"
+#include "model/step_generator.h"
 #include "services/generation_worker/generation_metrics.h"
 #include "services/generation_worker/kv_block_budget.h"
-#include "model/step_generator.h"
 #include "services/generation_worker/weight_loader.h"
 
 namespace fp8rl::generation {
