@@ -478,13 +478,16 @@ absl::StatusOr<TokenValues> CudaTrainStep::forward(const Model& model, const Tok
   tables_ = *std::move(t);
   opts_ = opts;
   const int64_t need = train_buffer_floats(model.config(), tables_.rows, opts_);
-  if (need > storage_floats_) {
-    auto s = ops_->allocate(need);
-    if (!s.ok()) return s.status();
-    storage_ = *s;
-    storage_floats_ = need;
+  if (static_cast<size_t>(need) * sizeof(float) > storage_.bytes()) {
+    // Drain the stream before the old buffers go; the new ones start zeroed (finite padding rows).
+    if (absl::Status s = ops_->synchronize(); !s.ok()) return s;
+    storage_ = kc::DeviceBuffer();
+    auto b = kc::DeviceBuffer::allocate(static_cast<size_t>(need) * sizeof(float));
+    if (!b.ok()) return b.status();
+    storage_ = *std::move(b);
+    if (absl::Status s = ops_->zero(storage_.as<float>(), need); !s.ok()) return s;
   }
-  buffers_ = carve_train_buffers(model.config(), tables_.rows, opts_, storage_);
+  buffers_ = carve_train_buffers(model.config(), tables_.rows, opts_, storage_.as<float>());
   return train_forward(model.config(), model.policy(), model.layout(), *ops_, buffers_, tables_,
                        opts_);
 }

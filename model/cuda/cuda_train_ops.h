@@ -61,8 +61,7 @@ class CudaTrainStep {
   std::unique_ptr<CudaTrainOps> ops_;
   float* grads_ = nullptr;
   int64_t num_params_ = 0;
-  float* storage_ = nullptr;
-  int64_t storage_floats_ = 0;
+  kernels::cuda::DeviceBuffer storage_;  // the step's buffers, grown as batches grow
   TrainStepOptions opts_;
   TrainTables tables_;
   TrainBuffers buffers_;
