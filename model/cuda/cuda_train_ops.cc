@@ -331,6 +331,7 @@ absl::Status CudaTrainOpsImpl::load_tables(const TrainTables& t) {
   }
   const size_t bytes = all.size() * 4;
   if (tables_.bytes() < bytes) {
+    FP8RL_TRY(kc::synchronize(stream_));  // queued kernels may still read the old tables
     auto b = kc::DeviceBuffer::allocate(bytes);
     if (!b.ok()) return b.status();
     tables_ = *std::move(b);
