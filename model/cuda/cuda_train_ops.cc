@@ -93,6 +93,15 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
   }
 
   absl::Status upload_weights(const Model& m) override;
+  absl::Status refresh_from_device(const float* master) override;
+  absl::Status set_kv_scales(const KvScales& scales) override {
+    if (static_cast<int64_t>(scales.k.size()) != config_.num_hidden_layers ||
+        static_cast<int64_t>(scales.v.size()) != config_.num_hidden_layers) {
+      return absl::InvalidArgumentError("set_kv_scales: one k and one v scale per layer");
+    }
+    kv_scales_ = scales;
+    return absl::OkStatus();
+  }
   absl::StatusOr<float*> allocate(int64_t floats) override {
     auto b = kc::DeviceBuffer::allocate(static_cast<size_t>(std::max<int64_t>(floats, 1)) * 4);
     if (!b.ok()) return b.status();
@@ -318,6 +327,49 @@ absl::Status CudaTrainOpsImpl::upload_weights(const Model& m) {
   }
   kv_scales_ = m.kv_scales();
   return kc::synchronize(stream_);
+}
+
+absl::Status CudaTrainOpsImpl::refresh_from_device(const float* master) {
+  if (master == nullptr) return absl::InvalidArgumentError("refresh_from_device: master is null");
+  const bool rb = policy_.bf16_activations();
+  auto derive = [&](DeviceTrainLinear& d, int64_t offset) -> absl::Status {
+    const float* src = master + offset;
+    const int64_t n = d.out * d.in;
+    switch (d.kind) {
+      case LinearKind::kFp8Lt:
+        FP8RL_TRY(kc::quantize(src, d.out, d.in, ScalingMode::kBlock128x128,
+                               {.pow2_scales = policy_.pow2_scales}, d.fp8.data(),
+                               d.fp8.scale_inv(), stream_));
+        return kc::transpose_blocks(d.fp8.view(), d.fp8_t, stream_);
+      case LinearKind::kBf16Lt:
+        // W and W^T ([in, out]: the transpose of W's rows = out, cols = in, ld = out).
+        FP8RL_TRY(kc::to_bf16_bits(src, n, d.bf16.as<uint16_t>(), stream_));
+        return kc::transpose_pad(src, d.out, d.in, d.out, nullptr, d.bf16_t.as<uint16_t>(),
+                                 stream_);
+      case LinearKind::kF64Acc:
+        FP8RL_TRY(copy(d.dense.as<float>(), src, n));
+        return d.precision == Precision::kF32 ? absl::OkStatus()
+                                              : cuda::round_bf16(d.dense.as<float>(), n, stream_);
+    }
+    return absl::OkStatus();
+  };
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const LayerOffsets& lo = layout_.layer(l);
+    const std::array<int64_t, 7> offsets = {lo.q, lo.k, lo.v, lo.o, lo.gate, lo.up, lo.down};
+    for (int64_t j = 0; j < 7; ++j) FP8RL_TRY(derive(linears_[l][j], offsets[j]));
+  }
+  FP8RL_TRY(derive(head_, layout_.lm_head()));  // the embedding's values when tied
+  // Embedding table: bf16 values when activations are bf16 (Model::refresh), else fp32.
+  const int64_t table = config_.vocab_size * config_.hidden_size;
+  FP8RL_TRY(copy(embed_.as<float>(), master + layout_.embed(), table));
+  if (rb) FP8RL_TRY(cuda::round_bf16(embed_.as<float>(), table, stream_));
+  for (const ParamInfo& info : layout_.params()) {
+    if (info.kind != ParamKind::kNorm && info.kind != ParamKind::kBias) continue;
+    float* dst = small_.at(info.offset).as<float>();
+    FP8RL_TRY(copy(dst, master + info.offset, info.numel));
+    if (rb) FP8RL_TRY(cuda::round_bf16(dst, info.numel, stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaTrainOpsImpl::load_tables(const TrainTables& t) {

@@ -38,6 +38,13 @@ class CudaTrainOps : public TrainOps {
   static absl::StatusOr<std::unique_ptr<CudaTrainOps>> Create(const Model& model);
   // Copies the model's current weights (after Model::refresh()) and KV scales to the device.
   virtual absl::Status upload_weights(const Model& model) = 0;
+  // Re-derives every working copy on the device from fp32 master weights already there (device
+  // pointer, ParamLayout order, e.g. DeviceTrainState::master() after an optimizer step), as
+  // Model::refresh() does on the host: FP8 linears re-quantized in 128x128 blocks (bit-exact with
+  // kernels::quantize) plus their block transposes, BF16 linears, embedding, lm_head, norms and
+  // biases rounded to bf16 where the policy rounds them, fp32 ones copied. No host copy involved.
+  virtual absl::Status refresh_from_device(const float* master) = 0;
+  virtual absl::Status set_kv_scales(const KvScales& scales) = 0;
   // Zeroed device memory of `floats` floats owned by these ops (alive as long as they are).
   virtual absl::StatusOr<float*> allocate(int64_t floats) = 0;
   virtual kernels::cuda::Stream stream() const = 0;
