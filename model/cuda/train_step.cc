@@ -74,29 +74,41 @@ TrainBuffers carve(const ModelConfig& c, int64_t rows, const TrainStepOptions& o
   b.rows = rows;
   b.padded_rows = train_padded_rows(rows);
   b.head_chunk = opts.head_chunk;
+  b.recompute_layers = opts.recompute_layers;
   const int64_t r = b.padded_rows, h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(),
                 f = c.intermediate_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   b.layers.resize(c.num_hidden_layers);
-  for (TrainLayerBuffers& l : b.layers) {
-    l.x = cv.take(r * h);
-    l.inv1 = cv.take(r);
-    l.h1 = cv.take(r * h);
-    l.q = cv.take(r * qd);
-    l.k = cv.take(r * kvd);
-    l.v = cv.take(r * kvd);
-    l.o = cv.take(r * qd);
-    l.x2 = cv.take(r * h);
-    l.inv2 = cv.take(r);
-    l.h2 = cv.take(r * h);
-    l.g = cv.take(r * f);
-    l.u = cv.take(r * f);
-    l.act = cv.take(r * f);
-    if (c.qk_norm()) {
-      l.q_raw = cv.take(r * qd);
-      l.k_raw = cv.take(r * kvd);
-      l.inv_q = cv.take(r * nh);
-      l.inv_k = cv.take(r * nkv);
+  // With recompute_layers every layer keeps only its input x; the rest is one shared set that the
+  // forward overwrites layer by layer and the backward refills by recomputing the layer.
+  TrainLayerBuffers shared;
+  for (size_t l = 0; l < b.layers.size(); ++l) {
+    TrainLayerBuffers& a = b.layers[l];
+    a.x = cv.take(r * h);
+    if (opts.recompute_layers && l > 0) {
+      float* x = a.x;
+      a = shared;
+      a.x = x;
+      continue;
     }
+    a.inv1 = cv.take(r);
+    a.h1 = cv.take(r * h);
+    a.q = cv.take(r * qd);
+    a.k = cv.take(r * kvd);
+    a.v = cv.take(r * kvd);
+    a.o = cv.take(r * qd);
+    a.x2 = cv.take(r * h);
+    a.inv2 = cv.take(r);
+    a.h2 = cv.take(r * h);
+    a.g = cv.take(r * f);
+    a.u = cv.take(r * f);
+    a.act = cv.take(r * f);
+    if (c.qk_norm()) {
+      a.q_raw = cv.take(r * qd);
+      a.k_raw = cv.take(r * kvd);
+      a.inv_q = cv.take(r * nh);
+      a.inv_k = cv.take(r * nkv);
+    }
+    shared = a;
   }
   b.x = cv.take(r * h);
   b.inv_final = cv.take(r);
@@ -136,10 +148,61 @@ absl::Status check_step(const ModelConfig& config, const TrainBuffers& b, const 
         absl::StrCat("head_chunk: must be >= 1, got ", opts.head_chunk));
   }
   if (b.rows != t.rows || b.head_chunk != opts.head_chunk ||
+      b.recompute_layers != opts.recompute_layers ||
       static_cast<int64_t>(b.layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("training step: buffers carved for ", b.rows,
                                                    " rows, the tables have ", t.rows));
   }
+  return absl::OkStatus();
+}
+
+// Decoder layer l on the running hidden state x [rows, h] in place, saving its activations in
+// `a` (a.x: the layer's input). Model::layer_forward's sequence of operations.
+absl::Status layer_forward(const ModelConfig& config, const PrecisionPolicy& policy,
+                           const ParamLayout& layout, TrainOps& ops, const TrainTables& t,
+                           int64_t l, const TrainLayerBuffers& a, float* x,
+                           KvCalibrator* calibrator) {
+  const int64_t m = t.rows, h = config.hidden_size, qd = config.q_dim(),
+                f = config.intermediate_size, hd = config.head_dim, nh = config.num_attention_heads,
+                nkv = config.num_key_value_heads;
+  const bool rb = policy.bf16_activations();
+  auto bias = [&](int64_t off) { return off >= 0 ? ops.small(off) : nullptr; };
+  const LayerOffsets& lo = layout.layer(l);
+  // h1 = input_norm(x) (x saved: the layer's input).
+  if (a.x != x) FP8RL_STEP(ops.copy(a.x, x, m * h));
+  FP8RL_STEP(ops.rmsnorm(x, ops.small(lo.input_norm), m, h, rb, a.h1, a.inv1));
+  // q, k, v = projections of h1 (Qwen2: with bias).
+  float* q_lin = config.qk_norm() ? a.q_raw : a.q;
+  float* k_lin = config.qk_norm() ? a.k_raw : a.k;
+  FP8RL_STEP(ops.linear(l, 0, a.h1, m, bias(lo.q_bias), q_lin));
+  FP8RL_STEP(ops.linear(l, 1, a.h1, m, bias(lo.k_bias), k_lin));
+  FP8RL_STEP(ops.linear(l, 2, a.h1, m, bias(lo.v_bias), a.v));
+  if (config.qk_norm()) {
+    // Qwen3: q [m, nh, hd], k [m, nkv, hd] <- RMSNorm of each head (q_raw, k_raw saved).
+    FP8RL_STEP(ops.rmsnorm(a.q_raw, ops.small(lo.q_norm), m * nh, hd, rb, a.q, a.inv_q));
+    FP8RL_STEP(ops.rmsnorm(a.k_raw, ops.small(lo.k_norm), m * nkv, hd, rb, a.k, a.inv_k));
+  }
+  FP8RL_STEP(ops.rope(nh, rb, false, a.q));
+  FP8RL_STEP(ops.rope(nkv, rb, false, a.k));
+  if (calibrator != nullptr) {
+    std::vector<float> k_amax(t.n_seq), v_amax(t.n_seq);
+    FP8RL_STEP(ops.seq_amax(a.k, a.v, k_amax.data(), v_amax.data()));
+    for (int64_t s = 0; s < t.n_seq; ++s) calibrator->record(l, k_amax[s], v_amax[s]);
+  }
+  // K/V through the cache format, as generation will read them (straight-through backward).
+  if (policy.train_kv_fake_quant) FP8RL_STEP(ops.kv_fake_quant(l, a.k, a.v));
+  FP8RL_STEP(ops.attention(a.q, a.k, a.v, a.o));
+  if (rb) FP8RL_STEP(ops.round_bf16(a.o, m * qd));
+  // x2 = x + o_proj(o); h2 = post_norm(x2).
+  FP8RL_STEP(ops.linear(l, 3, a.o, m, nullptr, a.x2));
+  FP8RL_STEP(ops.add(a.x2, a.x, m * h, rb));
+  FP8RL_STEP(ops.rmsnorm(a.x2, ops.small(lo.post_norm), m, h, rb, a.h2, a.inv2));
+  // x = x2 + down(silu(gate(h2)) * up(h2)).
+  FP8RL_STEP(ops.linear(l, 4, a.h2, m, nullptr, a.g));
+  FP8RL_STEP(ops.linear(l, 5, a.h2, m, nullptr, a.u));
+  FP8RL_STEP(ops.swiglu(a.g, a.u, m * f, rb, a.act));
+  FP8RL_STEP(ops.linear(l, 6, a.act, m, nullptr, x));
+  FP8RL_STEP(ops.add(x, a.x2, m * h, rb));
   return absl::OkStatus();
 }
 
@@ -162,53 +225,13 @@ absl::StatusOr<TokenValues> train_forward(const ModelConfig& config, const Preci
                                           const TrainBuffers& b, const TrainTables& t,
                                           const TrainStepOptions& opts) {
   FP8RL_STEP(check_step(config, b, t, opts));
-  const int64_t m = t.rows, h = config.hidden_size, qd = config.q_dim(), kvd = config.kv_dim(),
-                f = config.intermediate_size, hd = config.head_dim, nh = config.num_attention_heads,
-                nkv = config.num_key_value_heads;
+  const int64_t m = t.rows, h = config.hidden_size;
   const bool rb = policy.bf16_activations();
   FP8RL_STEP(ops.load_tables(t));
   FP8RL_STEP(ops.embed(b.x));
-  auto bias = [&](int64_t off) { return off >= 0 ? ops.small(off) : nullptr; };
-  std::vector<float> k_amax(t.n_seq), v_amax(t.n_seq);
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    const LayerOffsets& lo = layout.layer(l);
-    const TrainLayerBuffers& a = b.layers[l];
-    // h1 = input_norm(x) (x saved: the layer's input).
-    FP8RL_STEP(ops.copy(a.x, b.x, m * h));
-    FP8RL_STEP(ops.rmsnorm(b.x, ops.small(lo.input_norm), m, h, rb, a.h1, a.inv1));
-    // q, k, v = projections of h1 (Qwen2: with bias).
-    float* q_lin = config.qk_norm() ? a.q_raw : a.q;
-    float* k_lin = config.qk_norm() ? a.k_raw : a.k;
-    FP8RL_STEP(ops.linear(l, 0, a.h1, m, bias(lo.q_bias), q_lin));
-    FP8RL_STEP(ops.linear(l, 1, a.h1, m, bias(lo.k_bias), k_lin));
-    FP8RL_STEP(ops.linear(l, 2, a.h1, m, bias(lo.v_bias), a.v));
-    if (config.qk_norm()) {
-      // Qwen3: q [m, nh, hd], k [m, nkv, hd] <- RMSNorm of each head (q_raw, k_raw saved).
-      FP8RL_STEP(ops.rmsnorm(a.q_raw, ops.small(lo.q_norm), m * nh, hd, rb, a.q, a.inv_q));
-      FP8RL_STEP(ops.rmsnorm(a.k_raw, ops.small(lo.k_norm), m * nkv, hd, rb, a.k, a.inv_k));
-    }
-    FP8RL_STEP(ops.rope(nh, rb, false, a.q));
-    FP8RL_STEP(ops.rope(nkv, rb, false, a.k));
-    if (opts.calibrator != nullptr) {
-      FP8RL_STEP(ops.seq_amax(a.k, a.v, k_amax.data(), v_amax.data()));
-      for (int64_t s = 0; s < t.n_seq; ++s) opts.calibrator->record(l, k_amax[s], v_amax[s]);
-    }
-    // K/V through the cache format, as generation will read them (straight-through backward).
-    if (policy.train_kv_fake_quant) FP8RL_STEP(ops.kv_fake_quant(l, a.k, a.v));
-    FP8RL_STEP(ops.attention(a.q, a.k, a.v, a.o));
-    if (rb) FP8RL_STEP(ops.round_bf16(a.o, m * qd));
-    // x2 = x + o_proj(o); h2 = post_norm(x2).
-    FP8RL_STEP(ops.linear(l, 3, a.o, m, nullptr, a.x2));
-    FP8RL_STEP(ops.add(a.x2, a.x, m * h, rb));
-    FP8RL_STEP(ops.rmsnorm(a.x2, ops.small(lo.post_norm), m, h, rb, a.h2, a.inv2));
-    // x = x2 + down(silu(gate(h2)) * up(h2)).
-    FP8RL_STEP(ops.linear(l, 4, a.h2, m, nullptr, a.g));
-    FP8RL_STEP(ops.linear(l, 5, a.h2, m, nullptr, a.u));
-    FP8RL_STEP(ops.swiglu(a.g, a.u, m * f, rb, a.act));
-    FP8RL_STEP(ops.linear(l, 6, a.act, m, nullptr, b.x));
-    FP8RL_STEP(ops.add(b.x, a.x2, m * h, rb));
+    FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, b.layers[l], b.x, opts.calibrator));
   }
-  (void)kvd;
   // h_final = final_norm(x); x stays as x_final.
   FP8RL_STEP(ops.rmsnorm(b.x, ops.small(layout.final_norm()), m, h, rb, b.h_final, b.inv_final));
   // Logprobs of each next token, lm_head in chunks of rows within a sequence.
@@ -294,6 +317,13 @@ absl::Status train_backward(const ModelConfig& config, const PrecisionPolicy& po
   for (int64_t l = config.num_hidden_layers - 1; l >= 0; --l) {
     const LayerOffsets& lo = layout.layer(l);
     const TrainLayerBuffers& a = b.layers[l];
+    if (opts.recompute_layers) {
+      // Refill the shared activations by running layer l again from its saved input (the same
+      // operations on the same values give the same activations); b.x, x_final's buffer, is free
+      // once the final norm's backward has run.
+      FP8RL_STEP(ops.copy(b.x, a.x, m * h));
+      FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, a, b.x, nullptr));
+    }
     // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
     FP8RL_STEP(ops.linear_backward(l, 6, a.act, b.dx, m, b.dact, grads + lo.down, nullptr));
     FP8RL_STEP(ops.swiglu_backward(a.g, a.u, b.dact, m * f, b.dg, b.du));

@@ -137,6 +137,10 @@ struct TrainStepOptions {
   // When set, records per layer the K (after RoPE) and V amax of each sequence (Model::forward's
   // TrainForwardOptions::calibrator).
   KvCalibrator* calibrator = nullptr;
+  // Activation recomputation per layer: the forward keeps only each layer's input (plus one
+  // shared set of a layer's activations) and the backward re-runs each layer before its backward
+  // (one more layer forward per layer; same values, so same gradients bit for bit).
+  bool recompute_layers = false;
 };
 
 // What the forward saves for the backward, per layer ([rows, width] each, rows padded).
@@ -152,6 +156,8 @@ struct TrainLayerBuffers {
 // padded (train_padded_rows) so FP8 GEMM operands can be read in whole 8-row groups.
 struct TrainBuffers {
   int64_t rows = 0, padded_rows = 0, head_chunk = 0;
+  bool recompute_layers = false;
+  // Per layer; with recompute_layers only `x` is the layer's own, the rest is shared by all.
   std::vector<TrainLayerBuffers> layers;
   float* x = nullptr;          // running hidden state [rows, h]; after the forward: x_final
   float* inv_final = nullptr;  // [rows]

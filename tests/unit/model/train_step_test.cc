@@ -48,7 +48,8 @@ class TrainStepMirrorTest : public ::testing::TestWithParam<Case> {};
 // Three packed sequences (lengths 9, 2 and 71: the last spans two lm_head chunks), random
 // weights, random non-zero dL/dlogp except one all-zero sequence (its lm_head chunk is skipped),
 // gradients accumulated into a random non-zero array: logprobs, calibration records and gradients
-// equal Model::forward / Model::backward's bit for bit.
+// equal Model::forward / Model::backward's bit for bit, with and without activation
+// recomputation per layer.
 TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
   const Case c = GetParam();
   constexpr int64_t kVocab = 160;
@@ -124,6 +125,18 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
     }
     EXPECT_GT(moved, 0.0) << info.name << " got no gradient";
   }
+  // Activation recomputation per layer: fewer saved floats, the same logprobs and gradients.
+  HostTrainStep re;
+  const TrainStepOptions re_opts{.temperature = temperature, .recompute_layers = true};
+  auto re_lp = re.forward(model, batch, re_opts);
+  ASSERT_TRUE(re_lp.ok()) << re_lp.status();
+  EXPECT_EQ(*re_lp, *got);
+  EXPECT_LT(train_buffer_floats(config, step.tables.rows, re_opts),
+            train_buffer_floats(config, step.tables.rows, step.opts));
+  std::vector<float> re_grads = init;
+  ASSERT_TRUE(re.backward(model, dlogp, re_grads.data()).ok());
+  ASSERT_EQ(0, std::memcmp(re_grads.data(), ref_grads.data(), n * sizeof(float)))
+      << "recompute_layers changed a gradient";
   // on_final: from the final norm down to 0, decreasing.
   ASSERT_FALSE(finals.empty());
   EXPECT_EQ(finals.front(), model.layout().final_norm());
