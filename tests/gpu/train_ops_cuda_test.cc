@@ -404,6 +404,18 @@ TEST_P(TrainOpsCudaTest, WholeStepMatchesModelBackward) {
   ASSERT_TRUE(model->backward(ctx, dlogp, ref_grads.data()).ok());
   FP8RL_ASSERT_OK((*step)->backward(*model, dlogp));
   FP8RL_ASSERT_OK((*step)->download_grads(&grads));
+  // Activation recomputation on the device: the same numbers bit for bit.
+  auto re = CudaTrainStep::Create(*model);
+  ASSERT_TRUE(re.ok()) << re.status();
+  auto re_lp =
+      (*re)->forward(*model, batch, {.temperature = temperature, .recompute_layers = true});
+  ASSERT_TRUE(re_lp.ok()) << re_lp.status();
+  for (size_t s = 0; s < batch.size(); ++s)
+    expect_bits((*re_lp)[s], (*got)[s], "recompute logprobs");
+  std::vector<float> re_grads;
+  FP8RL_ASSERT_OK((*re)->backward(*model, dlogp));
+  FP8RL_ASSERT_OK((*re)->download_grads(&re_grads));
+  expect_bits(re_grads, grads, "recompute gradients");
   for (const ParamInfo& info : model->layout().params()) {
     const std::vector<float> a(grads.begin() + info.offset,
                                grads.begin() + info.offset + info.numel),
