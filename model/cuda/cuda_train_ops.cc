@@ -547,9 +547,16 @@ absl::StatusOr<TokenValues> CudaTrainStep::forward(const Model& model, const Tok
 
 absl::Status CudaTrainStep::backward(const Model& model, const TokenValues& dlogp,
                                      const Model::GradientsFinal& on_final) {
+  return backward_into(model, dlogp, grads_, on_final);
+}
+
+absl::Status CudaTrainStep::backward_into(const Model& model, const TokenValues& dlogp,
+                                          float* device_grads,
+                                          const Model::GradientsFinal& on_final) {
   if (buffers_.layers.empty()) return absl::FailedPreconditionError("backward: no forward ran");
+  if (device_grads == nullptr) return absl::InvalidArgumentError("backward: grads is null");
   return train_backward(model.config(), model.policy(), model.layout(), *ops_, buffers_, tables_,
-                        dlogp, grads_, opts_, on_final);
+                        dlogp, device_grads, opts_, on_final);
 }
 
 absl::Status CudaTrainStep::zero_grads() { return ops_->zero(grads_, num_params_); }

@@ -59,6 +59,10 @@ class CudaTrainStep {
                                       const TrainStepOptions& opts);
   absl::Status backward(const Model& model, const TokenValues& dlogp,
                         const Model::GradientsFinal& on_final = {});
+  // The same into another device gradient array of num_params floats (e.g. the device
+  // optimizer's DeviceTrainState::grads()).
+  absl::Status backward_into(const Model& model, const TokenValues& dlogp, float* device_grads,
+                             const Model::GradientsFinal& on_final = {});
   float* grads() const { return grads_; }  // device
   absl::Status zero_grads();
   absl::Status download_grads(std::vector<float>* out);
