@@ -47,7 +47,7 @@ class TrainDevice {
 
   // Zero-filled bytes owned by the device object (freed with it), 256-byte aligned.
   // ResourceExhausted naming `what` when the memory is not there.
-  virtual absl::StatusOr<void*> allocate(int64_t bytes, std::string_view what) = 0;
+  virtual absl::StatusOr<void*> allocate(int64_t bytes, const std::string& what) = 0;
   virtual absl::Status fill_zero(void* dst, int64_t bytes) = 0;
   virtual absl::Status upload(void* dst, const void* host_src, int64_t bytes) = 0;
   virtual absl::Status download(void* host_dst, const void* src, int64_t bytes) const = 0;
@@ -90,13 +90,16 @@ absl::StatusOr<std::unique_ptr<TrainDevice>> make_cuda_train_device(CUstream_st*
 
 // Bytes the state holds on the device for a model (what the trainer's memory plan adds up).
 struct TrainStateBytes {
-  int64_t master = 0;       // fp32 params
-  int64_t grads = 0;        // fp32
-  int64_t moments = 0;      // fp32 m and v
-  int64_t fp8_weights = 0;  // codes + scales of the FP8 linears (and their transposes if kept)
-  int64_t bf16_copy = 0;    // TrainStateOptions::keep_bf16_copy
-  int64_t kv_records = 0;   // the amax record buffer
-  int64_t total() const { return master + grads + moments + fp8_weights + bf16_copy + kv_records; }
+  int64_t master = 0;          // fp32 params
+  int64_t grads = 0;           // fp32
+  int64_t moments = 0;         // fp32 m and v
+  int64_t fp8_weights = 0;     // codes + scales of the FP8 linears (and their transposes if kept)
+  int64_t bf16_copy = 0;       // TrainStateOptions::keep_bf16_copy
+  int64_t kv_records = 0;      // the amax record buffer
+  int64_t export_scratch = 0;  // one tensor's bf16 bits / fresh FP8 codes + scales at export
+  int64_t total() const {
+    return master + grads + moments + fp8_weights + bf16_copy + kv_records + export_scratch;
+  }
 };
 
 struct TrainStateOptions {
@@ -234,6 +237,10 @@ class DeviceTrainState {
   // KV records on the device: [capacity][layers][2] (k, v) amaxes; records [0, kv_used_) taken.
   float* kv_records_ = nullptr;
   int64_t kv_used_ = 0;
+  // Export scratch: bf16 bits of one tensor, and the codes + scales of one fresh quantization.
+  uint16_t* bf16_scratch_ = nullptr;
+  uint8_t* fp8_scratch_codes_ = nullptr;
+  float* fp8_scratch_scales_ = nullptr;
   KvCalibrator calibrator_;
   KvScales kv_scales_;
 };
