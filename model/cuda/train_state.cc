@@ -319,6 +319,24 @@ absl::Status DeviceTrainState::record_kv_amax(int64_t record, int64_t layer, con
   return device_->amax_into(v, v_count, slot + 1);
 }
 
+absl::Status DeviceTrainState::record_kv_amax_rows(int64_t first, int64_t layer, const float* k,
+                                                   const float* v, int64_t kv_dim,
+                                                   std::span<const int64_t> row0, int64_t rows) {
+  for (size_t s = 0; s < row0.size(); ++s) {
+    const int64_t r0 = row0[s], r1 = s + 1 < row0.size() ? row0[s + 1] : rows;
+    if (r0 < 0 || r1 < r0 || r1 > rows) {
+      return absl::InvalidArgumentError(absl::StrCat("kv records: sequence ", s, " rows [", r0,
+                                                     ", ", r1, ") outside [0, ", rows, ")"));
+    }
+    if (auto st = record_kv_amax(first + static_cast<int64_t>(s), layer, k + r0 * kv_dim,
+                                 (r1 - r0) * kv_dim, v + r0 * kv_dim, (r1 - r0) * kv_dim);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DeviceTrainState::flush_kv_records() {
   if (kv_used_ == 0) return absl::OkStatus();
   const int64_t n_layers = config_.num_hidden_layers;

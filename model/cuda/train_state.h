@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -182,6 +183,10 @@ class DeviceTrainState {
   // out of range.
   absl::Status record_kv_amax(int64_t record, int64_t layer, const float* k, int64_t k_count,
                               const float* v, int64_t v_count);
+  // All sequences of one forward for one layer: k and v are [rows, kv_dim] (device), sequence s
+  // is rows [row0[s], row0[s + 1]) (the last one up to `rows`) and goes to record first + s.
+  absl::Status record_kv_amax_rows(int64_t first, int64_t layer, const float* k, const float* v,
+                                   int64_t kv_dim, std::span<const int64_t> row0, int64_t rows);
   // Moves the device records (2 floats per layer per record) into kv_calibrator() and clears them.
   absl::Status flush_kv_records();
   // The host calibrator (records of earlier flushes): scales() gives p99.9 x 1.05 / 448.

@@ -201,12 +201,18 @@ TEST(TrainState, KvRecordsEqualTheTrainingForwardsCalibrator) {
     ASSERT_TRUE(first.ok()) << first.status();
     const int64_t m = static_cast<int64_t>(ctx.pos.size());
     for (int64_t l = 0; l < n_layers; ++l) {
-      for (size_t s = 0; s < batch.size(); ++s) {
-        const int64_t r0 = ctx.row0[s], r1 = s + 1 < batch.size() ? ctx.row0[s + 1] : m;
-        // Host memory is the mirror's device memory.
-        ASSERT_TRUE(st.record_kv_amax(*first + static_cast<int64_t>(s), l,
-                                      ctx.layers[l].k.data() + r0 * kvd, (r1 - r0) * kvd,
-                                      ctx.layers[l].v.data() + r0 * kvd, (r1 - r0) * kvd)
+      // Host memory is the mirror's device memory.
+      if (call == 0) {  // one sequence at a time
+        for (size_t s = 0; s < batch.size(); ++s) {
+          const int64_t r0 = ctx.row0[s], r1 = s + 1 < batch.size() ? ctx.row0[s + 1] : m;
+          ASSERT_TRUE(st.record_kv_amax(*first + static_cast<int64_t>(s), l,
+                                        ctx.layers[l].k.data() + r0 * kvd, (r1 - r0) * kvd,
+                                        ctx.layers[l].v.data() + r0 * kvd, (r1 - r0) * kvd)
+                          .ok());
+        }
+      } else {  // the whole batch
+        ASSERT_TRUE(st.record_kv_amax_rows(*first, l, ctx.layers[l].k.data(),
+                                           ctx.layers[l].v.data(), kvd, ctx.row0, m)
                         .ok());
       }
     }
@@ -317,6 +323,9 @@ TEST(TrainState, ErrorsNameTheProblem) {
   ASSERT_TRUE(s.begin_kv_records(1).ok());
   EXPECT_TRUE(s.record_kv_amax(0, 0, x, 2, x, 2).ok());
   EXPECT_FALSE(s.record_kv_amax(0, 3, x, 2, x, 2).ok());  // layer out of range
+  const std::vector<int64_t> row0 = {0, 3};  // the second sequence starts past the 2 rows
+  EXPECT_EQ(s.record_kv_amax_rows(0, 0, x, x, 1, row0, 2).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(s.set_kv_scales({{1.0f, 0.0f, 1.0f}, {1.0f, 1.0f, 1.0f}}).ok());
   EXPECT_FALSE(s.set_kv_scales({{1.0f}, {1.0f}}).ok());
   EXPECT_EQ(s.set_lr(-1).code(), absl::StatusCode::kInvalidArgument);
@@ -330,8 +339,8 @@ TEST(TrainState, ErrorsNameTheProblem) {
 TEST(TrainState, MemoryPlanCountsWhatIsHeld) {
   const ModelConfig c = small_config();
   const int64_t n = ParamLayout(c).total();
-  const TrainStateBytes fp8 =
-      plan_train_state_bytes(c, {.linear = Precision::kFP8}, {.adamw = {}, .keep_transposed = true});
+  const TrainStateBytes fp8 = plan_train_state_bytes(c, {.linear = Precision::kFP8},
+                                                     {.adamw = {}, .keep_transposed = true});
   const TrainStateBytes bf16 = plan_train_state_bytes(c, {.linear = Precision::kBF16}, {});
   EXPECT_GE(fp8.master, 4 * n);
   EXPECT_EQ(fp8.master, fp8.grads);
