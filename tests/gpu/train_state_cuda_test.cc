@@ -15,7 +15,7 @@
 #include "model/cuda/train_state.h"
 #include "model/optimizer.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/unit/model/model_test_util.h"
+#include "tests/unit/model/train_state_test_util.h"
 
 namespace fp8rl::model::gpu {
 namespace {
@@ -23,22 +23,8 @@ namespace {
 namespace kc = kernels::cuda;
 using kc::testing::same_float;
 
-const AdamWConfig kAdamW{.lr = 3e-3,
-                         .weight_decay = 0.1,
-                         .max_grad_norm = 0.5,
-                         .warmup_steps = 2,
-                         .schedule = LrSchedule::kCosine,
-                         .total_steps = 10,
-                         .min_lr_ratio = 0.1};
-
-std::vector<float> random_grads(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> e(-10, -4);
-  std::vector<float> g(n);
-  for (float& x : g) x = std::ldexp(normal(gen), e(gen)) + 1e-12f;
-  return g;
-}
+const AdamWConfig& kAdamW = testing::kTrainStateAdamW;
+using testing::random_grads;
 
 // Relative bound on |norm_gpu - norm_cpu| / norm_cpu for n non-negative exact terms summed in two
 // orders (kernels/cuda/optim_cuda.h), plus the final sqrt roundings.
@@ -54,7 +40,7 @@ TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
   FP8RL_REQUIRE_SM90();
   const PrecisionPolicy policy{
       .linear = Precision::kFP8, .kv_cache = Precision::kFP8, .bf16_first_layers = 1};
-  auto made = Model::Init(testing::make_config(97, 160, 272, 3, 5, 1, false, true), policy, 11);
+  auto made = Model::Init(testing::train_state_config(), policy, 11);
   ASSERT_TRUE(made.ok());
   Model& cpu = **made;
   testing::randomize(cpu, 5);

@@ -16,33 +16,15 @@
 
 #include "model/model.h"
 #include "model/optimizer.h"
-#include "model_test_util.h"
+#include "tests/unit/model/train_state_test_util.h"
 
 namespace fp8rl::model::gpu {
 namespace {
 
-// Hidden 160 and intermediate 272: linears with full and partial 128x128 blocks in both dims.
-ModelConfig small_config(bool tied = false) {
-  return testing::make_config(97, 160, 272, 3, 5, 1, tied, /*qwen2=*/true);
-}
+ModelConfig small_config(bool tied = false) { return testing::train_state_config(tied); }
 
-const AdamWConfig kAdamW{.lr = 3e-3,
-                         .weight_decay = 0.1,
-                         .max_grad_norm = 0.5,
-                         .warmup_steps = 2,
-                         .schedule = LrSchedule::kCosine,
-                         .total_steps = 10,
-                         .min_lr_ratio = 0.1};
-
-// Non-zero gradients over many magnitudes, different for each step.
-std::vector<float> random_grads(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> e(-10, -4);
-  std::vector<float> g(n);
-  for (float& x : g) x = std::ldexp(normal(gen), e(gen)) + 1e-12f;
-  return g;
-}
+const AdamWConfig& kAdamW = testing::kTrainStateAdamW;
+using testing::random_grads;
 
 bool same_bits(const std::vector<float>& a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
