@@ -119,8 +119,10 @@ TrainStateBytes plan_train_state_bytes(const ModelConfig& config, const Precisio
 
 // ---- State --------------------------------------------------------------------------------------
 
-// The FP8 working copy of one linear, in the device's memory and scale layout (on CUDA
-// view() is a kernels::cuda::Fp8DeviceView: pass codes/scales with kBlock128x128).
+// The FP8 working copy of one linear W [rows, cols] (E4M3 codes, row-major) in the device's
+// memory and scale layout: on CUDA, kernels::cuda::Fp8DeviceView{rows, cols, kBlock128x128,
+// codes, scales} is the GEMM operand (and {cols, rows, kBlock128x128, t_codes, t_scales} the
+// transpose).
 struct Fp8Weight {
   int64_t param = -1;  // index into layout().params()
   int64_t rows = 0, cols = 0;

@@ -318,6 +318,20 @@ TEST(TrainState, ErrorsNameTheProblem) {
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Without an sm_90 device (or without CUDA in the build) asking for the CUDA device is a clear
+// error, never a crash; with one it is a working device.
+TEST(TrainState, CudaDeviceIsAnErrorWithoutAGpu) {
+  auto dev = make_cuda_train_device();
+  if (dev.ok()) {
+    EXPECT_EQ((*dev)->name(), "cuda");
+    return;
+  }
+  EXPECT_TRUE(dev.status().code() == absl::StatusCode::kFailedPrecondition ||
+              dev.status().code() == absl::StatusCode::kUnimplemented)
+      << dev.status();
+  EXPECT_FALSE(dev.status().message().empty());
+}
+
 TEST(TrainState, MemoryPlanCountsWhatIsHeld) {
   const ModelConfig c = small_config();
   const int64_t n = ParamLayout(c).total();
