@@ -221,6 +221,11 @@ TEST(TrainState, AmaxSkipsNanAndKeepsInf) {
   const std::vector<float> y = {-std::numeric_limits<float>::infinity()};
   ASSERT_TRUE(dev->amax_into(y.data(), 1, &slot).ok());
   EXPECT_TRUE(std::isinf(slot));
+  // bf16 bits: 0xC0A0 = -5, 0x7FC0 = NaN (skipped), 0x3F80 = 1.
+  const std::vector<uint16_t> b = {0x3F80, 0xC0A0, 0x7FC0};
+  float slot2 = 0;
+  ASSERT_TRUE(dev->amax_into_bf16(b.data(), 3, &slot2).ok());
+  EXPECT_EQ(slot2, 5.0f);
 }
 
 // A checkpoint written by either trainer loads in the other, and both continue identically.
