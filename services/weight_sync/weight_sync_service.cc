@@ -2,14 +2,132 @@
 // weight_sync_service.h).
 #include "services/weight_sync/weight_sync_service.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <grpcpp/impl/codegen/method_handler.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
 #include <algorithm>
+#include <cstring>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
 
 namespace fp8rl::weight_sync {
+
+// Where a Subscribe stream's messages go.
+class PushSink {
+ public:
+  virtual ~PushSink() = default;
+  // False when the stream broke.
+  virtual bool write(const v1::SubscribeResponse& message) = 0;
+  // A WeightChunk of `version` at `offset` holding `data`, which `owner` keeps alive.
+  virtual bool write_chunk(int64_t version, uint64_t offset, std::string_view data,
+                           const std::shared_ptr<const void>& owner) = 0;
+};
+
 namespace {
+
+// Index of Subscribe among the service's methods (the order of proto/fp8rl/v1/weight_sync.proto,
+// the index the generated WithSplitStreamingMethod_Subscribe uses).
+constexpr int kSubscribeMethodIndex = 1;
+
+// Wire tags (field number << 3 | wire type) of proto/fp8rl/v1/weight_sync.proto.
+constexpr uint32_t kResponseChunkTag = (2 << 3) | 2;  // SubscribeResponse.chunk, length-delimited
+constexpr uint32_t kChunkVersionTag = (1 << 3) | 0;   // WeightChunk.version, varint
+constexpr uint32_t kChunkOffsetTag = (2 << 3) | 0;    // WeightChunk.offset, varint
+constexpr uint32_t kChunkDataTag = (3 << 3) | 2;      // WeightChunk.data, length-delimited
+
+// A chunk copied into a reused SubscribeResponse, as the service always sent them before.
+bool write_copied_chunk(int64_t version, uint64_t offset, std::string_view data,
+                        v1::SubscribeResponse* message,
+                        const std::function<bool(const v1::SubscribeResponse&)>& write) {
+  v1::WeightChunk* chunk = message->mutable_chunk();
+  chunk->set_version(version);
+  chunk->set_offset(offset);
+  chunk->set_data(data.data(), data.size());
+  return write(*message);
+}
+
+// The generated Subscribe's writer (reached only when the method is called in process).
+class MessageSink final : public PushSink {
+ public:
+  explicit MessageSink(grpc::ServerWriter<v1::SubscribeResponse>* writer) : writer_(writer) {}
+  bool write(const v1::SubscribeResponse& message) override { return writer_->Write(message); }
+  bool write_chunk(int64_t version, uint64_t offset, std::string_view data,
+                   const std::shared_ptr<const void>& /*owner*/) override {
+    return write_copied_chunk(version, offset, data, &chunk_,
+                              [this](const v1::SubscribeResponse& m) { return write(m); });
+  }
+
+ private:
+  grpc::ServerWriter<v1::SubscribeResponse>* writer_;
+  v1::SubscribeResponse chunk_;
+};
+
+// The registered handler's stream of raw ByteBuffers. With *zero_copy a chunk is two slices: its
+// encoded header (tags, version, offset, data length; a few bytes) and a slice over the stored
+// bytes that holds a reference to their owner until gRPC has written them, so the payload is
+// neither copied into a message nor serialized again.
+class ByteBufferSink final : public PushSink {
+ public:
+  ByteBufferSink(grpc::ServerSplitStreamer<v1::SubscribeRequest, grpc::ByteBuffer>* stream,
+                 const std::atomic<bool>* zero_copy)
+      : stream_(stream), zero_copy_(zero_copy) {}
+
+  bool write(const v1::SubscribeResponse& message) override {
+    grpc::ByteBuffer buffer;
+    bool own = false;
+    if (!grpc::SerializationTraits<v1::SubscribeResponse>::Serialize(message, &buffer, &own).ok()) {
+      return false;
+    }
+    return stream_->Write(buffer);
+  }
+
+  bool write_chunk(int64_t version, uint64_t offset, std::string_view data,
+                   const std::shared_ptr<const void>& owner) override {
+    if (!zero_copy_->load()) {
+      return write_copied_chunk(version, offset, data, &chunk_,
+                                [this](const v1::SubscribeResponse& m) { return write(m); });
+    }
+    using google::protobuf::io::CodedOutputStream;
+    // WeightChunk's fields up to the data's bytes, then SubscribeResponse's chunk tag and length
+    // in front of them.
+    uint8_t fields[40];
+    uint8_t* f = fields;
+    f = CodedOutputStream::WriteTagToArray(kChunkVersionTag, f);
+    f = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(version), f);
+    f = CodedOutputStream::WriteTagToArray(kChunkOffsetTag, f);
+    f = CodedOutputStream::WriteVarint64ToArray(offset, f);
+    f = CodedOutputStream::WriteTagToArray(kChunkDataTag, f);
+    f = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(data.size()), f);
+    const uint64_t chunk_length = static_cast<uint64_t>(f - fields) + data.size();
+    uint8_t header[64];
+    uint8_t* h = header;
+    h = CodedOutputStream::WriteTagToArray(kResponseChunkTag, h);
+    h = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(chunk_length), h);
+    std::memcpy(h, fields, static_cast<size_t>(f - fields));
+    h += f - fields;
+    grpc::Slice slices[2] = {
+        grpc::Slice(header, static_cast<size_t>(h - header)),
+        // gRPC only reads a slice it sends; the owner reference is dropped when it is done.
+        grpc::Slice(const_cast<char*>(data.data()), data.size(), &release_owner,
+                    new std::shared_ptr<const void>(owner))};
+    const grpc::ByteBuffer buffer(slices, 2);
+    return stream_->Write(buffer);
+  }
+
+ private:
+  static void release_owner(void* owner) {
+    delete static_cast<std::shared_ptr<const void>*>(owner);
+  }
+
+  grpc::ServerSplitStreamer<v1::SubscribeRequest, grpc::ByteBuffer>* stream_;
+  const std::atomic<bool>* zero_copy_;  // read per chunk, so a switch reaches open streams
+  v1::SubscribeResponse chunk_;
+};
 
 constexpr std::string_view kComponent = "weight-sync";
 
@@ -51,7 +169,22 @@ WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSy
     : options_(std::move(options)),
       metrics_(metrics),
       pool_(std::make_shared<PayloadPool>(options_.reuse_payload_buffers ? 1 : 0)),
-      store_(options_.keep_versions) {}
+      store_(options_.keep_versions) {
+  // Subscribe is served by a handler that writes raw ByteBuffers (the bytes on the wire are the
+  // same SubscribeResponse messages), so chunks can be sent as slices over the stored version.
+  MarkMethodStreamed(
+      kSubscribeMethodIndex,
+      new grpc::internal::SplitServerStreamingHandler<v1::SubscribeRequest, grpc::ByteBuffer>(
+          [this](grpc::ServerContext* context,
+                 grpc::ServerSplitStreamer<v1::SubscribeRequest, grpc::ByteBuffer>* stream) {
+            v1::SubscribeRequest request;
+            if (!stream->Read(&request)) {
+              return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no SubscribeRequest");
+            }
+            ByteBufferSink sink(stream, &zero_copy_send_);
+            return subscribe(context, request, sink);
+          }));
+}
 
 grpc::Status WeightSyncServiceImpl::reject_upload(const absl::Status& status, int64_t version) {
   rejected_.fetch_add(1);
@@ -149,42 +282,32 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
   return grpc::Status::OK;
 }
 
-bool WeightSyncServiceImpl::send_version(const StoredVersion& version, grpc::ServerContext* context,
-                                         grpc::ServerWriter<v1::SubscribeResponse>* writer) {
-  v1::SubscribeResponse message;
-  *message.mutable_manifest() = version.manifest;
-  if (!writer->Write(message)) return false;
-  const std::string& payload = version.payload;
+bool WeightSyncServiceImpl::send_chunks(int64_t version, std::string_view payload,
+                                        std::shared_ptr<const void> owner,
+                                        grpc::ServerContext* context, PushSink& sink) {
   for (uint64_t offset = 0; offset < payload.size(); offset += options_.chunk_bytes) {
     if (context->IsCancelled() || shutting_down_.load()) return false;
     const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, payload.size() - offset);
-    v1::WeightChunk* chunk = message.mutable_chunk();
-    chunk->set_version(version.version());
-    chunk->set_offset(offset);
-    chunk->set_data(payload.data() + offset, n);
-    if (!writer->Write(message)) return false;
+    if (!sink.write_chunk(version, offset, payload.substr(offset, n), owner)) return false;
     metrics_->sent_bytes->get().inc(static_cast<double>(n));
   }
   return true;
 }
 
-bool WeightSyncServiceImpl::send_delta(const EncodedDelta& delta, grpc::ServerContext* context,
-                                       grpc::ServerWriter<v1::SubscribeResponse>* writer) {
+bool WeightSyncServiceImpl::send_version(const StoredVersionPtr& version,
+                                         grpc::ServerContext* context, PushSink& sink) {
   v1::SubscribeResponse message;
-  *message.mutable_delta() = delta.manifest;
-  if (!writer->Write(message)) return false;
-  const std::string& payload = delta.payload;
-  for (uint64_t offset = 0; offset < payload.size(); offset += options_.chunk_bytes) {
-    if (context->IsCancelled() || shutting_down_.load()) return false;
-    const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, payload.size() - offset);
-    v1::WeightChunk* chunk = message.mutable_chunk();
-    chunk->set_version(delta.manifest.target().version());
-    chunk->set_offset(offset);
-    chunk->set_data(payload.data() + offset, n);
-    if (!writer->Write(message)) return false;
-    metrics_->sent_bytes->get().inc(static_cast<double>(n));
-  }
-  return true;
+  *message.mutable_manifest() = version->manifest;
+  if (!sink.write(message)) return false;
+  return send_chunks(version->version(), version->payload, version, context, sink);
+}
+
+bool WeightSyncServiceImpl::send_delta(const std::shared_ptr<const EncodedDelta>& delta,
+                                       grpc::ServerContext* context, PushSink& sink) {
+  v1::SubscribeResponse message;
+  *message.mutable_delta() = delta->manifest;
+  if (!sink.write(message)) return false;
+  return send_chunks(delta->manifest.target().version(), delta->payload, delta, context, sink);
 }
 
 std::shared_ptr<const EncodedDelta> WeightSyncServiceImpl::delta_for(const StoredVersion& base,
@@ -249,6 +372,14 @@ void WeightSyncServiceImpl::record_push_latency(std::optional<double> seconds) {
 grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
                                               const v1::SubscribeRequest* request,
                                               grpc::ServerWriter<v1::SubscribeResponse>* writer) {
+  MessageSink sink(writer);
+  return subscribe(context, *request, sink);
+}
+
+grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
+                                              const v1::SubscribeRequest& request_ref,
+                                              PushSink& sink) {
+  const v1::SubscribeRequest* request = &request_ref;
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   const std::string& worker = request->worker_id();
   if (worker.empty()) {
@@ -320,8 +451,8 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
         }
       }
     }
-    const bool sent = delta != nullptr ? send_delta(*delta, context, writer)
-                                       : send_version(*next, context, writer);
+    const bool sent =
+        delta != nullptr ? send_delta(delta, context, sink) : send_version(next, context, sink);
     if (sent) {
       const std::string_view kind = delta != nullptr ? "delta" : "full";
       metrics_->pushes->with({std::string(kind)}).inc();

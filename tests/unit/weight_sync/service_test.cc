@@ -131,6 +131,54 @@ TEST(WeightSyncService, UploadThenSubscribeDeliversTheIdenticalWeightSet) {
   EXPECT_EQ(metric(text, "fp8rl_weight_sync_worker_version{worker=\"gen-0\"}"), 1);
 }
 
+// Chunks go out as gRPC slices over the stored version's bytes (zero-copy send) or, switched off,
+// copied into messages as before. A client reading plain SubscribeResponse messages sees the same
+// chunks either way (a version and offsets of several varint bytes, the first offset 0), and
+// they cover the stored payload in order.
+TEST(WeightSyncService, ZeroCopyChunksParseAsTheSameMessages) {
+  WeightSyncOptions options = testing::fast_options();
+  options.chunk_bytes = 1000;
+  TestServer server(options);
+  const model::WeightSet set = random_fp8_set(300, 17);
+  ASSERT_TRUE(upload(server.stub(), set, v1::WEIGHT_FORMAT_FP8).ok());
+  const StoredVersionPtr stored = server.service().store().get(300);
+  ASSERT_NE(stored, nullptr);
+  ASSERT_GT(stored->payload.size(), 20 * options.chunk_bytes);
+
+  auto receive = [&](bool zero_copy) {
+    server.service().set_zero_copy_send(zero_copy);
+    grpc::ClientContext context;
+    v1::SubscribeRequest request;
+    request.set_worker_id(zero_copy ? "zero-copy" : "copied");
+    auto reader = server.stub()->Subscribe(&context, request);
+    std::vector<v1::WeightChunk> chunks;
+    v1::SubscribeResponse response;
+    EXPECT_TRUE(reader->Read(&response));
+    EXPECT_TRUE(response.has_manifest());
+    EXPECT_EQ(response.manifest().version(), 300);
+    uint64_t got = 0;
+    while (got < stored->payload.size() && reader->Read(&response)) {
+      EXPECT_TRUE(response.has_chunk());
+      got += response.chunk().data().size();
+      chunks.push_back(response.chunk());
+    }
+    context.TryCancel();
+    reader->Finish();
+    return chunks;
+  };
+  const std::vector<v1::WeightChunk> zero_copy = receive(true);
+  const std::vector<v1::WeightChunk> copied = receive(false);
+  ASSERT_EQ(zero_copy.size(), copied.size());
+  std::string joined;
+  for (size_t i = 0; i < zero_copy.size(); ++i) {
+    EXPECT_EQ(zero_copy[i].version(), 300);
+    EXPECT_EQ(zero_copy[i].offset(), joined.size());
+    EXPECT_EQ(zero_copy[i].SerializeAsString(), copied[i].SerializeAsString()) << "chunk " << i;
+    joined += zero_copy[i].data();
+  }
+  EXPECT_TRUE(joined == stored->payload);
+}
+
 // The upload fills each chunk straight from the tensors: chunks that end inside a tensor, span
 // several tensors, or hold the whole payload all arrive intact (the service checks every tensor's
 // CRC-32C, so an accepted upload is byte-exact).
