@@ -5,11 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/parallel.h"
 #include "kernels/formats.h"
 #include "model/model.h"
 
@@ -17,29 +15,18 @@ namespace fp8rl::model {
 namespace {
 
 constexpr int64_t kBlock = 16384;  // values converted per block (bounds the scratch)
-// Elements per parallel chunk of the conversions below (large: the work per element is tiny).
-constexpr int64_t kParallelGrain = int64_t{1} << 18;
 // Largest dimension of a linear weight accepted from a version; keeps every count below
 // (rows * cols, the block scale grid) far from int64 overflow.
 constexpr int64_t kMaxDim = int64_t{1} << 31;
 
 bool is_e4m3_nan(uint8_t code) { return (code & 0x7F) == 0x7F; }
 
-// Calls fn(i0, i1) over [0, n) in parallel chunks on the shared pool; the first error wins.
+// Calls fn(0, n). Kept serial: splitting these loops over the shared pool (common/parallel.h)
+// measured no faster on the 2-core VM under load (docs/perf.md "Weight sync", 2026-12-03) and
+// would queue behind (and delay) the serving slot's GEMMs, which use the same pool.
 template <typename Fn>
-absl::Status parallel_checked(int64_t n, const Fn& fn) {
-  std::mutex mu;
-  absl::Status first;
-  parallel_for(
-      n,
-      [&](int64_t i0, int64_t i1) {
-        absl::Status s = fn(i0, i1);
-        if (s.ok()) return;
-        std::lock_guard<std::mutex> lock(mu);
-        if (first.ok()) first = std::move(s);
-      },
-      kParallelGrain);
-  return first;
+absl::Status checked_range(int64_t n, const Fn& fn) {
+  return fn(int64_t{0}, n);
 }
 
 absl::Status non_finite(const std::string& what, const TensorView& t) {
@@ -48,12 +35,12 @@ absl::Status non_finite(const std::string& what, const TensorView& t) {
 }
 
 // Calls store(i, r) for every element of the BF16 tensor `t` with its value r rounded to bf16
-// (what for_each_block + round_bf16 give, without the fp32 scratch), in parallel.
+// (what for_each_block + round_bf16 give, without the fp32 scratch).
 template <typename Store>
 absl::Status for_each_bf16(const TensorView& t, const std::string& what, const Store& store) {
   const int64_t numel = static_cast<int64_t>(t.bytes.size()) / 2;
   const uint8_t* p = t.bytes.data();
-  return parallel_checked(numel, [&](int64_t i0, int64_t i1) {
+  return checked_range(numel, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       uint16_t b;
       std::memcpy(&b, p + 2 * i, 2);
@@ -154,17 +141,17 @@ absl::Status copy_fp8(const TensorView& t, const TensorView& s, const std::strin
   // One pass over the received codes: each piece is copied, then checked while it is in cache.
   const uint8_t* src = t.bytes.data();
   uint8_t* dst = q->data.data();
-  if (auto st = parallel_checked(static_cast<int64_t>(t.bytes.size()),
-                                 [&](int64_t i0, int64_t i1) {
-                                   for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
-                                     const int64_t b1 = std::min(i1, b0 + kBlock);
-                                     std::memcpy(dst + b0, src + b0, b1 - b0);
-                                     bool nan = false;
-                                     for (int64_t i = b0; i < b1; ++i) nan |= is_e4m3_nan(dst[i]);
-                                     if (nan) return non_finite(what, t);
-                                   }
-                                   return absl::OkStatus();
-                                 });
+  if (auto st = checked_range(static_cast<int64_t>(t.bytes.size()),
+                              [&](int64_t i0, int64_t i1) {
+                                for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
+                                  const int64_t b1 = std::min(i1, b0 + kBlock);
+                                  std::memcpy(dst + b0, src + b0, b1 - b0);
+                                  bool nan = false;
+                                  for (int64_t i = b0; i < b1; ++i) nan |= is_e4m3_nan(dst[i]);
+                                  if (nan) return non_finite(what, t);
+                                }
+                                return absl::OkStatus();
+                              });
       !st.ok()) {
     return st;
   }
@@ -185,7 +172,7 @@ absl::Status for_each_dequantized(const TensorView& t, const TensorView& s, cons
   const int64_t scale_cols = (cols - 1) / 128 + 1;
   const uint8_t* codes = t.bytes.data();
   const uint8_t* scales = s.bytes.data();
-  return parallel_checked(t.shape[0] * cols, [&](int64_t i0, int64_t i1) {
+  return checked_range(t.shape[0] * cols, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const uint8_t c = codes[i];
       if (is_e4m3_nan(c)) return non_finite(what, t);

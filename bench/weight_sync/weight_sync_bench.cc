@@ -75,9 +75,10 @@ struct Options {
   // versions that are not the first of their block (that one inherits the other path's buffers)
   // nor 1-2 (they build the worker's slots).
   int ab_block = 0;
-  // What --ab switches: "all" (the previous push path above, plus chunks copied into messages
-  // on the service's send) or "send" (only the service's send: chunks as slices over the stored
-  // version vs copied into a SubscribeResponse that gRPC serializes).
+  // What --ab switches: "all" (the previous push path above, plus the service's two message
+  // copies below) or "service" (only those: upload chunks copied from gRPC's slices straight into
+  // the payload vs parsed into a message and appended; pushed chunks sent as slices over the
+  // stored version vs copied into a SubscribeResponse that gRPC serializes).
   std::string ab_what = "all";
 };
 
@@ -86,7 +87,7 @@ void usage() {
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
                "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK] "
-               "[--ab-what all|send]\n");
+               "[--ab-what all|service]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
@@ -113,8 +114,8 @@ bool parse(int argc, char** argv, Options* o) {
     if (a == "--model") {
       o->model = v;
     } else if (a == "--ab-what") {
-      if (v != "all" && v != "send") {
-        std::fprintf(stderr, "--ab-what: expected all or send, got '%s'\n", v.c_str());
+      if (v != "all" && v != "service") {
+        std::fprintf(stderr, "--ab-what: expected all or service, got '%s'\n", v.c_str());
         return false;
       }
       o->ab_what = v;
@@ -185,7 +186,8 @@ double max_relative_difference(const model::KvScales& a, const model::KvScales& 
 void set_push_path(bool current, const std::string& what, weight_sync::WeightSyncServiceImpl& sync,
                    const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers) {
   sync.set_zero_copy_send(current);
-  if (what == "send") return;
+  sync.set_zero_copy_receive(current);
+  if (what == "service") return;
   service::crc32c_use_hardware(current);
   sync.payload_pool().set_max_spares(current ? 1 : 0);
   for (const auto& w : workers) w->subscriber().set_zero_copy_receive(current);

@@ -5,15 +5,18 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/impl/codegen/method_handler.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
+#include "services/weight_sync/chunk_wire.h"
 
 namespace fp8rl::weight_sync {
 
@@ -30,15 +33,11 @@ class PushSink {
 
 namespace {
 
-// Index of Subscribe among the service's methods (the order of proto/fp8rl/v1/weight_sync.proto,
-// the index the generated WithSplitStreamingMethod_Subscribe uses).
+// Indices of UploadVersion and Subscribe among the service's methods (the order of
+// proto/fp8rl/v1/weight_sync.proto, the index the generated WithSplitStreamingMethod_Subscribe
+// uses).
+constexpr int kUploadMethodIndex = 0;
 constexpr int kSubscribeMethodIndex = 1;
-
-// Wire tags (field number << 3 | wire type) of proto/fp8rl/v1/weight_sync.proto.
-constexpr uint32_t kResponseChunkTag = (2 << 3) | 2;  // SubscribeResponse.chunk, length-delimited
-constexpr uint32_t kChunkVersionTag = (1 << 3) | 0;   // WeightChunk.version, varint
-constexpr uint32_t kChunkOffsetTag = (2 << 3) | 0;    // WeightChunk.offset, varint
-constexpr uint32_t kChunkDataTag = (3 << 3) | 2;      // WeightChunk.data, length-delimited
 
 // A chunk copied into a reused SubscribeResponse, as the service always sent them before.
 bool write_copied_chunk(int64_t version, uint64_t offset, std::string_view data,
@@ -92,26 +91,11 @@ class ByteBufferSink final : public PushSink {
       return write_copied_chunk(version, offset, data, &chunk_,
                                 [this](const v1::SubscribeResponse& m) { return write(m); });
     }
-    using google::protobuf::io::CodedOutputStream;
-    // WeightChunk's fields up to the data's bytes, then SubscribeResponse's chunk tag and length
-    // in front of them.
-    uint8_t fields[40];
-    uint8_t* f = fields;
-    f = CodedOutputStream::WriteTagToArray(kChunkVersionTag, f);
-    f = CodedOutputStream::WriteVarint64ToArray(static_cast<uint64_t>(version), f);
-    f = CodedOutputStream::WriteTagToArray(kChunkOffsetTag, f);
-    f = CodedOutputStream::WriteVarint64ToArray(offset, f);
-    f = CodedOutputStream::WriteTagToArray(kChunkDataTag, f);
-    f = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(data.size()), f);
-    const uint64_t chunk_length = static_cast<uint64_t>(f - fields) + data.size();
-    uint8_t header[64];
-    uint8_t* h = header;
-    h = CodedOutputStream::WriteTagToArray(kResponseChunkTag, h);
-    h = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(chunk_length), h);
-    std::memcpy(h, fields, static_cast<size_t>(f - fields));
-    h += f - fields;
+    uint8_t header[kMaxChunkHeaderBytes];
+    const size_t header_size = write_chunk_header(
+        {.version = version, .offset = offset, .size = static_cast<uint32_t>(data.size())}, header);
     grpc::Slice slices[2] = {
-        grpc::Slice(header, static_cast<size_t>(h - header)),
+        grpc::Slice(header, header_size),
         // gRPC only reads a slice it sends; the owner reference is dropped when it is done.
         grpc::Slice(const_cast<char*>(data.data()), data.size(), &release_owner,
                     new std::shared_ptr<const void>(owner))};
@@ -184,6 +168,23 @@ WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSy
             ByteBufferSink sink(stream, &zero_copy_send_);
             return subscribe(context, request, sink);
           }));
+  // UploadVersion likewise reads raw ByteBuffers, so a chunk's data is copied once, from gRPC's
+  // slices into the payload buffer, instead of into a parsed message and then again into the
+  // payload. Served as a bidirectional stream that writes its one response at the end (the same
+  // messages on the wire as the client-streaming call the client makes).
+  MarkMethodStreamed(
+      kUploadMethodIndex,
+      new grpc::internal::BidiStreamingHandler<WeightSyncServiceImpl, grpc::ByteBuffer,
+                                               v1::UploadVersionResponse>(
+          [](WeightSyncServiceImpl* service, grpc::ServerContext* context,
+             grpc::ServerReaderWriter<v1::UploadVersionResponse, grpc::ByteBuffer>* stream) {
+            v1::UploadVersionResponse response;
+            grpc::Status status = service->receive_upload(
+                context, [stream](grpc::ByteBuffer* b) { return stream->Read(b); }, &response);
+            if (status.ok()) stream->Write(response);
+            return status;
+          },
+          this));
 }
 
 grpc::Status WeightSyncServiceImpl::reject_upload(const absl::Status& status, int64_t version) {
@@ -197,6 +198,23 @@ grpc::Status WeightSyncServiceImpl::reject_upload(const absl::Status& status, in
 grpc::Status WeightSyncServiceImpl::UploadVersion(
     grpc::ServerContext* context, grpc::ServerReader<v1::UploadVersionRequest>* reader,
     v1::UploadVersionResponse* response) {
+  // Reached only when called in process (gRPC calls the raw handler registered in the
+  // constructor): each message is serialized again and received as the raw handler does.
+  v1::UploadVersionRequest request;
+  return receive_upload(
+      context,
+      [&](grpc::ByteBuffer* buffer) {
+        if (!reader->Read(&request)) return false;
+        bool own = false;
+        return grpc::SerializationTraits<v1::UploadVersionRequest>::Serialize(request, buffer, &own)
+            .ok();
+      },
+      response);
+}
+
+grpc::Status WeightSyncServiceImpl::receive_upload(
+    grpc::ServerContext* context, const std::function<bool(grpc::ByteBuffer*)>& read,
+    v1::UploadVersionResponse* response) {
   // Only holders of the cluster token publish weights to every generation worker.
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) {
     return reject_upload(service::from_grpc_status(auth), 0);
@@ -206,9 +224,37 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
   }
   PayloadAssembler assembler(options_.max_version_bytes);
   v1::UploadVersionRequest request;
+  grpc::ByteBuffer buffer;
   bool have_manifest = false;
   int64_t version = 0;
-  while (reader->Read(&request)) {
+  // With zero-copy receive, the payload buffer the chunks are copied into straight from gRPC's
+  // slices (PayloadAssembler::begin_into); empty otherwise (the assembler owns the payload).
+  std::string in_place;
+  while (read(&buffer)) {
+    if (have_manifest && !in_place.empty()) {
+      grpc::ProtoBufferReader stream(&buffer);
+      google::protobuf::io::CodedInputStream in(&stream);
+      ChunkHeader h;
+      if (read_chunk_header(&in, &h)) {
+        metrics_->received_bytes->get().inc(static_cast<double>(h.size));
+        absl::StatusOr<char*> at = assembler.chunk_target(h.version, h.offset, h.size);
+        absl::Status s = at.status();
+        if (s.ok() && !in.ReadRaw(*at, static_cast<int>(h.size))) {
+          s = absl::DataLossError(absl::StrCat("chunk at offset ", h.offset, " of version ",
+                                               h.version, ": message shorter than its data"));
+        }
+        if (s.ok()) s = assembler.commit_chunk();
+        if (!s.ok()) return reject_upload(s, version);
+        continue;
+      }
+    }
+    {
+      grpc::ProtoBufferReader stream(&buffer);
+      if (!request.ParseFromZeroCopyStream(&stream)) {
+        return reject_upload(absl::InvalidArgumentError("an upload message that does not parse"),
+                             version);
+      }
+    }
     if (!have_manifest) {
       if (!request.has_manifest()) {
         return reject_upload(
@@ -222,11 +268,17 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
                              version);
       }
       const uint64_t total = request.manifest().total_bytes();
-      if (absl::Status s =
-              assembler.begin(std::move(*request.mutable_manifest()), pool_->take(total));
-          !s.ok()) {
-        return reject_upload(s, version);
+      absl::Status s;
+      // Sized only after the bound check (begin() reports a version that is too large).
+      if (zero_copy_receive_.load() && total > 0 && total <= options_.max_version_bytes) {
+        in_place = pool_->take(total);
+        in_place.resize(total);
+        s = assembler.begin_into(std::move(*request.mutable_manifest()),
+                                 std::span<char>(in_place.data(), in_place.size()));
+      } else {
+        s = assembler.begin(std::move(*request.mutable_manifest()), pool_->take(total));
       }
+      if (!s.ok()) return reject_upload(s, version);
       have_manifest = true;
       continue;
     }
@@ -256,7 +308,7 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
     delete v;
   });
   stored->manifest = std::move(assembled->manifest);
-  stored->payload = std::move(assembled->payload);
+  stored->payload = in_place.empty() ? std::move(assembled->payload) : std::move(in_place);
   stored->arrived = std::chrono::steady_clock::now();
   const uint64_t bytes = stored->payload.size();
   const v1::WeightFormat format = stored->manifest.format();

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -89,9 +90,16 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   // Chunks go out as gRPC slices over the stored version's bytes (true, the default) or, as
   // before, copied into a SubscribeResponse that gRPC then serializes (false: for benchmarks).
   void set_zero_copy_send(bool on) { zero_copy_send_.store(on); }
+  // Upload chunks are copied from gRPC's slices straight into the payload buffer (true, the
+  // default) or parsed into a message first and then appended (false: for benchmarks).
+  void set_zero_copy_receive(bool on) { zero_copy_receive_.store(on); }
 
  private:
   grpc::Status reject_upload(const absl::Status& status, int64_t version);
+  // An upload whose messages `read` yields as raw ByteBuffers (false: the client is done).
+  grpc::Status receive_upload(grpc::ServerContext* context,
+                              const std::function<bool(grpc::ByteBuffer*)>& read,
+                              v1::UploadVersionResponse* response);
   // The Subscribe stream behind both entry points (the registered raw handler, which writes
   // ByteBuffers, and the generated Subscribe override).
   grpc::Status subscribe(grpc::ServerContext* context, const v1::SubscribeRequest& request,
@@ -124,6 +132,7 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   std::atomic<uint64_t> rejected_{0};
   std::atomic<bool> shutting_down_{false};
   std::atomic<bool> zero_copy_send_{true};
+  std::atomic<bool> zero_copy_receive_{true};
   std::shared_ptr<const service::TokenSet> auth_;  // null: open
 
   // One encoding of (base, target): the first stream to ask encodes, the others wait on `once`.

@@ -286,6 +286,41 @@ grpc::Status raw_upload(v1::WeightSyncService::Stub* stub,
   return writer->Finish();
 }
 
+// Upload chunks are copied from gRPC's slices straight into the payload buffer (zero-copy
+// receive) or, switched off, parsed into messages first: the same weights give the same stored
+// bytes either way, and a chunk that breaks a tensor's checksum is rejected on both paths.
+TEST(WeightSyncService, ZeroCopyUploadReceiveStoresTheSameBytes) {
+  WeightSyncOptions options = testing::fast_options(4);
+  TestServer server(options);
+  UploadOptions small_chunks;
+  small_chunks.chunk_bytes = 777;
+  model::WeightSet set = random_fp8_set(1, 23);
+  server.service().set_zero_copy_receive(false);
+  ASSERT_TRUE(upload(server.stub(), set, v1::WEIGHT_FORMAT_FP8, small_chunks).ok());
+  server.service().set_zero_copy_receive(true);
+  set.version = 2;
+  ASSERT_TRUE(upload(server.stub(), set, v1::WEIGHT_FORMAT_FP8, small_chunks).ok());
+  const StoredVersionPtr copied = server.service().store().get(1);
+  const StoredVersionPtr zero_copy = server.service().store().get(2);
+  ASSERT_NE(copied, nullptr);
+  ASSERT_NE(zero_copy, nullptr);
+  EXPECT_GT(zero_copy->payload.size(), 10 * small_chunks.chunk_bytes);
+  EXPECT_TRUE(zero_copy->payload == copied->payload);
+
+  for (bool on : {false, true}) {
+    server.service().set_zero_copy_receive(on);
+    const int64_t version = on ? 4 : 3;
+    auto m = stream_messages<v1::UploadVersionRequest>(random_fp8_set(version, 31),
+                                                       v1::WEIGHT_FORMAT_FP8);
+    ASSERT_GE(m.size(), 3u);
+    (*m[2].mutable_chunk()->mutable_data())[100] ^= 0x01;
+    const grpc::Status s = raw_upload(server.stub(), m);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << on << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find("crc32c mismatch"), std::string::npos) << s.error_message();
+    EXPECT_EQ(server.service().store().get(version), nullptr);
+  }
+}
+
 TEST(WeightSyncService, CorruptOrIncompleteUploadsAreRejectedAndNeverServed) {
   TestServer server;
   Received received;
