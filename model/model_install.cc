@@ -2,6 +2,7 @@
 // Model::ForInference / Model::install; docs/design.md "Installing a weight version in place").
 // Only storage is written here; the forward reads it exactly as it reads a model built by
 // Model::FromWeightView, which is what keeps generation bit-identical between the two.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -14,8 +15,41 @@ namespace fp8rl::model {
 namespace {
 
 constexpr int64_t kBlock = 16384;  // values converted per block (bounds the scratch)
+// Largest dimension of a linear weight accepted from a version; keeps every count below
+// (rows * cols, the block scale grid) far from int64 overflow.
+constexpr int64_t kMaxDim = int64_t{1} << 31;
 
 bool is_e4m3_nan(uint8_t code) { return (code & 0x7F) == 0x7F; }
+
+// Calls fn(0, n). Kept serial: splitting these loops over the shared pool (common/parallel.h)
+// measured no faster on the 2-core VM under load (docs/perf.md "Weight sync", 2026-12-03) and
+// would queue behind (and delay) the serving slot's GEMMs, which use the same pool.
+template <typename Fn>
+absl::Status checked_range(int64_t n, const Fn& fn) {
+  return fn(int64_t{0}, n);
+}
+
+absl::Status non_finite(const std::string& what, const TensorView& t) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": tensor '", t.name, "' holds a non-finite value"));
+}
+
+// Calls store(i, r) for every element of the BF16 tensor `t` with its value r rounded to bf16
+// (what for_each_block + round_bf16 give, without the fp32 scratch).
+template <typename Store>
+absl::Status for_each_bf16(const TensorView& t, const std::string& what, const Store& store) {
+  const int64_t numel = static_cast<int64_t>(t.bytes.size()) / 2;
+  const uint8_t* p = t.bytes.data();
+  return checked_range(numel, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      if ((b & 0x7F80) == 0x7F80) return non_finite(what, t);  // all-ones exponent: inf or NaN
+      store(i, kernels::round_bf16(kernels::bf16_to_float(b)));
+    }
+    return absl::OkStatus();
+  });
+}
 
 // Calls fn(values, i0, n) for consecutive blocks of `t` as fp32 values (F32, BF16 or F16 read
 // directly; F8_E4M3 needs its scales and is handled by the callers).
@@ -67,9 +101,20 @@ absl::StatusOr<const TensorView*> fp8_scales(const WeightView& view, const Tenso
   if (s == nullptr) {
     return absl::NotFoundError(absl::StrCat(what, ": missing tensor '", sname, "'"));
   }
+  if (t.shape.size() != 2 || t.shape[0] < 1 || t.shape[1] < 1 || t.shape[0] > kMaxDim ||
+      t.shape[1] > kMaxDim ||
+      static_cast<uint64_t>(t.bytes.size()) !=
+          static_cast<uint64_t>(t.shape[0]) * static_cast<uint64_t>(t.shape[1])) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": F8_E4M3 tensor '", t.name, "' must be 2-D with dimensions in [1, ",
+                     kMaxDim, "] and one byte per element, got [", absl::StrJoin(t.shape, ","),
+                     "] in ", t.bytes.size(), " bytes"));
+  }
   const int64_t n = t.shape[0], k = t.shape[1];
-  const std::vector<int64_t> want = {(n + 127) / 128, (k + 127) / 128};
-  if (s->dtype != DType::kF32 || s->shape != want) {
+  // ceil(n / 128) without n + 127 (checked bounds above keep every product in range).
+  const std::vector<int64_t> want = {(n - 1) / 128 + 1, (k - 1) / 128 + 1};
+  if (s->dtype != DType::kF32 || s->shape != want ||
+      static_cast<int64_t>(s->bytes.size()) != 4 * want[0] * want[1]) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": '", sname, "' must be F32 [", absl::StrJoin(want, ","), "]"));
   }
@@ -93,28 +138,51 @@ absl::Status copy_fp8(const TensorView& t, const TensorView& s, const std::strin
   q->cols = t.shape[1];
   q->mode = kernels::ScalingMode::kBlock128x128;
   q->data.resize(t.bytes.size());
-  std::memcpy(q->data.data(), t.bytes.data(), t.bytes.size());
-  for (uint8_t c : q->data) {
-    if (is_e4m3_nan(c)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": tensor '", t.name, "' holds a non-finite value"));
-    }
+  // One pass over the received codes: each piece is copied, then checked while it is in cache.
+  const uint8_t* src = t.bytes.data();
+  uint8_t* dst = q->data.data();
+  if (auto st = checked_range(static_cast<int64_t>(t.bytes.size()),
+                              [&](int64_t i0, int64_t i1) {
+                                for (int64_t b0 = i0; b0 < i1; b0 += kBlock) {
+                                  const int64_t b1 = std::min(i1, b0 + kBlock);
+                                  std::memcpy(dst + b0, src + b0, b1 - b0);
+                                  bool nan = false;
+                                  for (int64_t i = b0; i < b1; ++i) nan |= is_e4m3_nan(dst[i]);
+                                  if (nan) return non_finite(what, t);
+                                }
+                                return absl::OkStatus();
+                              });
+      !st.ok()) {
+    return st;
   }
   q->scale_inv.resize(s.bytes.size() / 4);
   std::memcpy(q->scale_inv.data(), s.bytes.data(), s.bytes.size());
   return absl::OkStatus();
 }
 
-// The dequantized values of an F8_E4M3 tensor (only for layers the policy does not run in FP8).
-absl::StatusOr<std::vector<float>> dequantized(const WeightView& view, const TensorView& t,
-                                               const std::string& what) {
-  auto s = fp8_scales(view, t, what);
-  if (!s.ok()) return s.status();
-  kernels::Fp8Matrix q;
-  if (auto st = copy_fp8(t, **s, what, &q); !st.ok()) return st;
-  std::vector<float> out(q.rows * q.cols);
-  kernels::dequantize(q, out.data());
-  return out;
+// Calls store(i, v) with the dequantized value v of every element of the F8_E4M3 tensor `t`
+// (block scales `s`), read straight from the version's bytes: the values kernels::dequantize
+// gives, without an Fp8Matrix copy or an fp32 temporary (only for layers the policy does not run
+// in FP8).
+template <typename Store>
+absl::Status for_each_dequantized(const TensorView& t, const TensorView& s, const std::string& what,
+                                  const Store& store) {
+  const float* table = kernels::e4m3_decode_table();
+  const int64_t cols = t.shape[1];
+  const int64_t scale_cols = (cols - 1) / 128 + 1;
+  const uint8_t* codes = t.bytes.data();
+  const uint8_t* scales = s.bytes.data();
+  return checked_range(t.shape[0] * cols, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint8_t c = codes[i];
+      if (is_e4m3_nan(c)) return non_finite(what, t);
+      const int64_t r = i / cols, col = i % cols;
+      float scale;
+      std::memcpy(&scale, scales + 4 * ((r / 128) * scale_cols + col / 128), 4);
+      store(i, table[c] * scale);
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace
@@ -170,12 +238,14 @@ absl::Status Model::install_linear(const WeightView& view, const TensorView& t, 
   w.q = {};
   w.exact.resize(numel);
   if (t.dtype == DType::kF8E4M3) {
-    auto values = dequantized(view, t, what);
-    if (!values.ok()) return values.status();
-    for (int64_t i = 0; i < numel; ++i) {
-      w.exact[i] = static_cast<double>(kernels::round_bf16((*values)[i]));
-    }
-    return absl::OkStatus();
+    auto s = fp8_scales(view, t, what);
+    if (!s.ok()) return s.status();
+    return for_each_dequantized(t, **s, what, [&](int64_t i, float v) {
+      w.exact[i] = static_cast<double>(kernels::round_bf16(v));
+    });
+  }
+  if (t.dtype == DType::kBF16) {
+    return for_each_bf16(t, what, [&](int64_t i, float r) { w.exact[i] = static_cast<double>(r); });
   }
   return for_each_block(t, what, [&](const float* v, int64_t i0, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
@@ -253,6 +323,18 @@ absl::Status Model::install(const WeightView& view) {
           w.exact.resize(p.numel);
         } else {
           w.exact = {};
+        }
+        if (t->dtype == DType::kBF16) {
+          // The usual case: bf16 on the wire, converted straight into both operands.
+          if (auto s = for_each_bf16(*t, what,
+                                     [&](int64_t i, float r) {
+                                       if (lookup) w.bf16[i] = r;
+                                       if (head) w.exact[i] = static_cast<double>(r);
+                                     });
+              !s.ok()) {
+            return s;
+          }
+          break;
         }
         if (auto s = for_each_block(*t, what,
                                     [&](const float* v, int64_t i0, int64_t n) {

@@ -7,7 +7,8 @@
 # extra calibration pass (oldcal_s, kv_diff columns), GENERATE=1 to start each step with rollouts on
 # the workers (--generate: the share is then that of a whole GRPO step), NO_TRAIN=1 for the push
 # path alone (--no-train), AB=N to alternate the previous and the current push path every N versions
-# (--ab N, medians per path).
+# (--ab N, medians per path), AB_WHAT=service to switch only the weight-sync service's message copies
+# (--ab-what service).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -39,6 +40,7 @@ FLAGS=()
 [ "${GENERATE:-0}" = 1 ] && FLAGS+=(--generate)
 [ "${NO_TRAIN:-0}" = 1 ] && FLAGS+=(--no-train)
 [ -n "${AB:-}" ] && FLAGS+=(--ab "$AB")
+[ -n "${AB_WHAT:-}" ] && FLAGS+=(--ab-what "$AB_WHAT")
 for m in "${MODELS[@]}"; do
   for w in ${WORKERS:-1 4}; do
     "$BENCH" --model "configs/models/$m.json" --workers "$w" --versions "${VERSIONS:-3}" \

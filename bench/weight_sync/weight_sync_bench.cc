@@ -75,13 +75,19 @@ struct Options {
   // versions that are not the first of their block (that one inherits the other path's buffers)
   // nor 1-2 (they build the worker's slots).
   int ab_block = 0;
+  // What --ab switches: "all" (the previous push path above, plus the service's two message
+  // copies below) or "service" (only those: upload chunks copied from gRPC's slices straight into
+  // the payload vs parsed into a message and appended; pushed chunks sent as slices over the
+  // stored version vs copied into a SubscribeResponse that gRPC serializes).
+  std::string ab_what = "all";
 };
 
 void usage() {
   std::fprintf(stderr,
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
-               "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK]\n");
+               "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK] "
+               "[--ab-what all|service]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
@@ -107,6 +113,12 @@ bool parse(int argc, char** argv, Options* o) {
                                      : nullptr;
     if (a == "--model") {
       o->model = v;
+    } else if (a == "--ab-what") {
+      if (v != "all" && v != "service") {
+        std::fprintf(stderr, "--ab-what: expected all or service, got '%s'\n", v.c_str());
+        return false;
+      }
+      o->ab_what = v;
     } else if (field == nullptr || !absl::SimpleAtoi(v, field) || *field < 1) {
       std::fprintf(stderr, "%s: expected a positive integer, got '%s'\n", a.c_str(), v.c_str());
       return false;
@@ -171,8 +183,11 @@ double max_relative_difference(const model::KvScales& a, const model::KvScales& 
 }
 
 // --ab: the current push path (`current`) or the previous one, on the service and every worker.
-void set_push_path(bool current, weight_sync::WeightSyncServiceImpl& sync,
+void set_push_path(bool current, const std::string& what, weight_sync::WeightSyncServiceImpl& sync,
                    const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers) {
+  sync.set_zero_copy_send(current);
+  sync.set_zero_copy_receive(current);
+  if (what == "service") return;
   service::crc32c_use_hardware(current);
   sync.payload_pool().set_max_spares(current ? 1 : 0);
   for (const auto& w : workers) w->subscriber().set_zero_copy_receive(current);
@@ -280,7 +295,7 @@ int run(const Options& o) {
     Row r;
     if (o.ab_block > 0) {
       const bool old_path = (v - 1) / o.ab_block % 2 == 0;
-      set_push_path(!old_path, sync, workers);
+      set_push_path(!old_path, o.ab_what, sync, workers);
       // Versions 1-2 build the worker's two slots; the first of a block inherits buffers.
       row_path.push_back(v <= 2 || (v - 1) % o.ab_block == 0 ? -1 : old_path ? 0 : 1);
     }

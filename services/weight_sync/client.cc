@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
+#include "services/weight_sync/chunk_wire.h"
 
 namespace fp8rl::weight_sync {
 namespace {
@@ -21,41 +22,6 @@ constexpr std::string_view kComponent = "weight-sync-client";
 
 // The Subscribe method, called with raw ByteBuffer responses (see read_message).
 constexpr char kSubscribeMethod[] = "/fp8rl.v1.WeightSyncService/Subscribe";
-
-// Wire tags (field number << 3 | wire type) of proto/fp8rl/v1/weight_sync.proto.
-constexpr uint32_t kResponseChunkTag = (2 << 3) | 2;  // SubscribeResponse.chunk, length-delimited
-constexpr uint32_t kChunkVersionTag = (1 << 3) | 0;   // WeightChunk.version, varint
-constexpr uint32_t kChunkOffsetTag = (2 << 3) | 0;    // WeightChunk.offset, varint
-constexpr uint32_t kChunkDataTag = (3 << 3) | 2;      // WeightChunk.data, length-delimited
-
-// The header of a WeightChunk read from `in` up to its data field, which `in` is left at:
-// version, offset and the data's size. False when the message is anything else (another field,
-// an unexpected order, a malformed varint): the caller then parses it as a message.
-struct ChunkHeader {
-  int64_t version = 0;
-  uint64_t offset = 0;
-  uint32_t size = 0;
-};
-bool read_chunk_header(google::protobuf::io::CodedInputStream* in, ChunkHeader* h) {
-  if (in->ReadTag() != kResponseChunkTag) return false;
-  uint32_t length = 0;
-  if (!in->ReadVarint32(&length)) return false;
-  in->PushLimit(static_cast<int>(length));
-  uint32_t tag = in->ReadTag();
-  uint64_t value = 0;
-  if (tag == kChunkVersionTag) {
-    if (!in->ReadVarint64(&value)) return false;
-    h->version = static_cast<int64_t>(value);
-    tag = in->ReadTag();
-  }
-  if (tag == kChunkOffsetTag) {
-    if (!in->ReadVarint64(&h->offset)) return false;
-    tag = in->ReadTag();
-  }
-  if (tag != kChunkDataTag || !in->ReadVarint32(&h->size)) return false;
-  // The data must be the chunk's last field and fill it exactly.
-  return in->BytesUntilLimit() == static_cast<int>(h->size);
-}
 
 }  // namespace
 

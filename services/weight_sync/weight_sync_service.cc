@@ -2,14 +2,116 @@
 // weight_sync_service.h).
 #include "services/weight_sync/weight_sync_service.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <grpcpp/impl/codegen/method_handler.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/slice.h>
+
 #include <algorithm>
+#include <cstring>
+#include <functional>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
+#include "services/weight_sync/chunk_wire.h"
 
 namespace fp8rl::weight_sync {
+
+// Where a Subscribe stream's messages go.
+class PushSink {
+ public:
+  virtual ~PushSink() = default;
+  // False when the stream broke.
+  virtual bool write(const v1::SubscribeResponse& message) = 0;
+  // A WeightChunk of `version` at `offset` holding `data`, which `owner` keeps alive.
+  virtual bool write_chunk(int64_t version, uint64_t offset, std::string_view data,
+                           const std::shared_ptr<const void>& owner) = 0;
+};
+
 namespace {
+
+// Indices of UploadVersion and Subscribe among the service's methods (the order of
+// proto/fp8rl/v1/weight_sync.proto, the index the generated WithSplitStreamingMethod_Subscribe
+// uses).
+constexpr int kUploadMethodIndex = 0;
+constexpr int kSubscribeMethodIndex = 1;
+
+// A chunk copied into a reused SubscribeResponse, as the service always sent them before.
+bool write_copied_chunk(int64_t version, uint64_t offset, std::string_view data,
+                        v1::SubscribeResponse* message,
+                        const std::function<bool(const v1::SubscribeResponse&)>& write) {
+  v1::WeightChunk* chunk = message->mutable_chunk();
+  chunk->set_version(version);
+  chunk->set_offset(offset);
+  chunk->set_data(data.data(), data.size());
+  return write(*message);
+}
+
+// The generated Subscribe's writer (reached only when the method is called in process).
+class MessageSink final : public PushSink {
+ public:
+  explicit MessageSink(grpc::ServerWriter<v1::SubscribeResponse>* writer) : writer_(writer) {}
+  bool write(const v1::SubscribeResponse& message) override { return writer_->Write(message); }
+  bool write_chunk(int64_t version, uint64_t offset, std::string_view data,
+                   const std::shared_ptr<const void>& /*owner*/) override {
+    return write_copied_chunk(version, offset, data, &chunk_,
+                              [this](const v1::SubscribeResponse& m) { return write(m); });
+  }
+
+ private:
+  grpc::ServerWriter<v1::SubscribeResponse>* writer_;
+  v1::SubscribeResponse chunk_;
+};
+
+// The registered handler's stream of raw ByteBuffers. With *zero_copy a chunk is two slices: its
+// encoded header (tags, version, offset, data length; a few bytes) and a slice over the stored
+// bytes that holds a reference to their owner until gRPC has written them, so the payload is
+// neither copied into a message nor serialized again.
+class ByteBufferSink final : public PushSink {
+ public:
+  ByteBufferSink(grpc::ServerSplitStreamer<v1::SubscribeRequest, grpc::ByteBuffer>* stream,
+                 const std::atomic<bool>* zero_copy)
+      : stream_(stream), zero_copy_(zero_copy) {}
+
+  bool write(const v1::SubscribeResponse& message) override {
+    grpc::ByteBuffer buffer;
+    bool own = false;
+    if (!grpc::SerializationTraits<v1::SubscribeResponse>::Serialize(message, &buffer, &own).ok()) {
+      return false;
+    }
+    return stream_->Write(buffer);
+  }
+
+  bool write_chunk(int64_t version, uint64_t offset, std::string_view data,
+                   const std::shared_ptr<const void>& owner) override {
+    if (!zero_copy_->load()) {
+      return write_copied_chunk(version, offset, data, &chunk_,
+                                [this](const v1::SubscribeResponse& m) { return write(m); });
+    }
+    uint8_t header[kMaxChunkHeaderBytes];
+    const size_t header_size = write_chunk_header(
+        {.version = version, .offset = offset, .size = static_cast<uint32_t>(data.size())}, header);
+    grpc::Slice slices[2] = {
+        grpc::Slice(header, header_size),
+        // gRPC only reads a slice it sends; the owner reference is dropped when it is done.
+        grpc::Slice(const_cast<char*>(data.data()), data.size(), &release_owner,
+                    new std::shared_ptr<const void>(owner))};
+    const grpc::ByteBuffer buffer(slices, 2);
+    return stream_->Write(buffer);
+  }
+
+ private:
+  static void release_owner(void* owner) {
+    delete static_cast<std::shared_ptr<const void>*>(owner);
+  }
+
+  grpc::ServerSplitStreamer<v1::SubscribeRequest, grpc::ByteBuffer>* stream_;
+  const std::atomic<bool>* zero_copy_;  // read per chunk, so a switch reaches open streams
+  v1::SubscribeResponse chunk_;
+};
 
 constexpr std::string_view kComponent = "weight-sync";
 
@@ -51,7 +153,39 @@ WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSy
     : options_(std::move(options)),
       metrics_(metrics),
       pool_(std::make_shared<PayloadPool>(options_.reuse_payload_buffers ? 1 : 0)),
-      store_(options_.keep_versions) {}
+      store_(options_.keep_versions) {
+  // Subscribe is served by a handler that writes raw ByteBuffers (the bytes on the wire are the
+  // same SubscribeResponse messages), so chunks can be sent as slices over the stored version.
+  MarkMethodStreamed(
+      kSubscribeMethodIndex,
+      new grpc::internal::SplitServerStreamingHandler<v1::SubscribeRequest, grpc::ByteBuffer>(
+          [this](grpc::ServerContext* context,
+                 grpc::ServerSplitStreamer<v1::SubscribeRequest, grpc::ByteBuffer>* stream) {
+            v1::SubscribeRequest request;
+            if (!stream->Read(&request)) {
+              return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no SubscribeRequest");
+            }
+            ByteBufferSink sink(stream, &zero_copy_send_);
+            return subscribe(context, request, sink);
+          }));
+  // UploadVersion likewise reads raw ByteBuffers, so a chunk's data is copied once, from gRPC's
+  // slices into the payload buffer, instead of into a parsed message and then again into the
+  // payload. Served as a bidirectional stream that writes its one response at the end (the same
+  // messages on the wire as the client-streaming call the client makes).
+  MarkMethodStreamed(
+      kUploadMethodIndex,
+      new grpc::internal::BidiStreamingHandler<WeightSyncServiceImpl, grpc::ByteBuffer,
+                                               v1::UploadVersionResponse>(
+          [](WeightSyncServiceImpl* service, grpc::ServerContext* context,
+             grpc::ServerReaderWriter<v1::UploadVersionResponse, grpc::ByteBuffer>* stream) {
+            v1::UploadVersionResponse response;
+            grpc::Status status = service->receive_upload(
+                context, [stream](grpc::ByteBuffer* b) { return stream->Read(b); }, &response);
+            if (status.ok()) stream->Write(response);
+            return status;
+          },
+          this));
+}
 
 grpc::Status WeightSyncServiceImpl::reject_upload(const absl::Status& status, int64_t version) {
   rejected_.fetch_add(1);
@@ -64,6 +198,23 @@ grpc::Status WeightSyncServiceImpl::reject_upload(const absl::Status& status, in
 grpc::Status WeightSyncServiceImpl::UploadVersion(
     grpc::ServerContext* context, grpc::ServerReader<v1::UploadVersionRequest>* reader,
     v1::UploadVersionResponse* response) {
+  // Reached only when called in process (gRPC calls the raw handler registered in the
+  // constructor): each message is serialized again and received as the raw handler does.
+  v1::UploadVersionRequest request;
+  return receive_upload(
+      context,
+      [&](grpc::ByteBuffer* buffer) {
+        if (!reader->Read(&request)) return false;
+        bool own = false;
+        return grpc::SerializationTraits<v1::UploadVersionRequest>::Serialize(request, buffer, &own)
+            .ok();
+      },
+      response);
+}
+
+grpc::Status WeightSyncServiceImpl::receive_upload(
+    grpc::ServerContext* context, const std::function<bool(grpc::ByteBuffer*)>& read,
+    v1::UploadVersionResponse* response) {
   // Only holders of the cluster token publish weights to every generation worker.
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) {
     return reject_upload(service::from_grpc_status(auth), 0);
@@ -73,9 +224,37 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
   }
   PayloadAssembler assembler(options_.max_version_bytes);
   v1::UploadVersionRequest request;
+  grpc::ByteBuffer buffer;
   bool have_manifest = false;
   int64_t version = 0;
-  while (reader->Read(&request)) {
+  // With zero-copy receive, the payload buffer the chunks are copied into straight from gRPC's
+  // slices (PayloadAssembler::begin_into); empty otherwise (the assembler owns the payload).
+  std::string in_place;
+  while (read(&buffer)) {
+    if (have_manifest && !in_place.empty()) {
+      grpc::ProtoBufferReader stream(&buffer);
+      google::protobuf::io::CodedInputStream in(&stream);
+      ChunkHeader h;
+      if (read_chunk_header(&in, &h)) {
+        metrics_->received_bytes->get().inc(static_cast<double>(h.size));
+        absl::StatusOr<char*> at = assembler.chunk_target(h.version, h.offset, h.size);
+        absl::Status s = at.status();
+        if (s.ok() && !in.ReadRaw(*at, static_cast<int>(h.size))) {
+          s = absl::DataLossError(absl::StrCat("chunk at offset ", h.offset, " of version ",
+                                               h.version, ": message shorter than its data"));
+        }
+        if (s.ok()) s = assembler.commit_chunk();
+        if (!s.ok()) return reject_upload(s, version);
+        continue;
+      }
+    }
+    {
+      grpc::ProtoBufferReader stream(&buffer);
+      if (!request.ParseFromZeroCopyStream(&stream)) {
+        return reject_upload(absl::InvalidArgumentError("an upload message that does not parse"),
+                             version);
+      }
+    }
     if (!have_manifest) {
       if (!request.has_manifest()) {
         return reject_upload(
@@ -89,11 +268,17 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
                              version);
       }
       const uint64_t total = request.manifest().total_bytes();
-      if (absl::Status s =
-              assembler.begin(std::move(*request.mutable_manifest()), pool_->take(total));
-          !s.ok()) {
-        return reject_upload(s, version);
+      absl::Status s;
+      // Sized only after the bound check (begin() reports a version that is too large).
+      if (zero_copy_receive_.load() && total > 0 && total <= options_.max_version_bytes) {
+        in_place = pool_->take(total);
+        in_place.resize(total);
+        s = assembler.begin_into(std::move(*request.mutable_manifest()),
+                                 std::span<char>(in_place.data(), in_place.size()));
+      } else {
+        s = assembler.begin(std::move(*request.mutable_manifest()), pool_->take(total));
       }
+      if (!s.ok()) return reject_upload(s, version);
       have_manifest = true;
       continue;
     }
@@ -123,7 +308,7 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
     delete v;
   });
   stored->manifest = std::move(assembled->manifest);
-  stored->payload = std::move(assembled->payload);
+  stored->payload = in_place.empty() ? std::move(assembled->payload) : std::move(in_place);
   stored->arrived = std::chrono::steady_clock::now();
   const uint64_t bytes = stored->payload.size();
   const v1::WeightFormat format = stored->manifest.format();
@@ -149,42 +334,32 @@ grpc::Status WeightSyncServiceImpl::UploadVersion(
   return grpc::Status::OK;
 }
 
-bool WeightSyncServiceImpl::send_version(const StoredVersion& version, grpc::ServerContext* context,
-                                         grpc::ServerWriter<v1::SubscribeResponse>* writer) {
-  v1::SubscribeResponse message;
-  *message.mutable_manifest() = version.manifest;
-  if (!writer->Write(message)) return false;
-  const std::string& payload = version.payload;
+bool WeightSyncServiceImpl::send_chunks(int64_t version, std::string_view payload,
+                                        std::shared_ptr<const void> owner,
+                                        grpc::ServerContext* context, PushSink& sink) {
   for (uint64_t offset = 0; offset < payload.size(); offset += options_.chunk_bytes) {
     if (context->IsCancelled() || shutting_down_.load()) return false;
     const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, payload.size() - offset);
-    v1::WeightChunk* chunk = message.mutable_chunk();
-    chunk->set_version(version.version());
-    chunk->set_offset(offset);
-    chunk->set_data(payload.data() + offset, n);
-    if (!writer->Write(message)) return false;
+    if (!sink.write_chunk(version, offset, payload.substr(offset, n), owner)) return false;
     metrics_->sent_bytes->get().inc(static_cast<double>(n));
   }
   return true;
 }
 
-bool WeightSyncServiceImpl::send_delta(const EncodedDelta& delta, grpc::ServerContext* context,
-                                       grpc::ServerWriter<v1::SubscribeResponse>* writer) {
+bool WeightSyncServiceImpl::send_version(const StoredVersionPtr& version,
+                                         grpc::ServerContext* context, PushSink& sink) {
   v1::SubscribeResponse message;
-  *message.mutable_delta() = delta.manifest;
-  if (!writer->Write(message)) return false;
-  const std::string& payload = delta.payload;
-  for (uint64_t offset = 0; offset < payload.size(); offset += options_.chunk_bytes) {
-    if (context->IsCancelled() || shutting_down_.load()) return false;
-    const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, payload.size() - offset);
-    v1::WeightChunk* chunk = message.mutable_chunk();
-    chunk->set_version(delta.manifest.target().version());
-    chunk->set_offset(offset);
-    chunk->set_data(payload.data() + offset, n);
-    if (!writer->Write(message)) return false;
-    metrics_->sent_bytes->get().inc(static_cast<double>(n));
-  }
-  return true;
+  *message.mutable_manifest() = version->manifest;
+  if (!sink.write(message)) return false;
+  return send_chunks(version->version(), version->payload, version, context, sink);
+}
+
+bool WeightSyncServiceImpl::send_delta(const std::shared_ptr<const EncodedDelta>& delta,
+                                       grpc::ServerContext* context, PushSink& sink) {
+  v1::SubscribeResponse message;
+  *message.mutable_delta() = delta->manifest;
+  if (!sink.write(message)) return false;
+  return send_chunks(delta->manifest.target().version(), delta->payload, delta, context, sink);
 }
 
 std::shared_ptr<const EncodedDelta> WeightSyncServiceImpl::delta_for(const StoredVersion& base,
@@ -249,6 +424,14 @@ void WeightSyncServiceImpl::record_push_latency(std::optional<double> seconds) {
 grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
                                               const v1::SubscribeRequest* request,
                                               grpc::ServerWriter<v1::SubscribeResponse>* writer) {
+  MessageSink sink(writer);
+  return subscribe(context, *request, sink);
+}
+
+grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
+                                              const v1::SubscribeRequest& request_ref,
+                                              PushSink& sink) {
+  const v1::SubscribeRequest* request = &request_ref;
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
   const std::string& worker = request->worker_id();
   if (worker.empty()) {
@@ -320,8 +503,8 @@ grpc::Status WeightSyncServiceImpl::Subscribe(grpc::ServerContext* context,
         }
       }
     }
-    const bool sent = delta != nullptr ? send_delta(*delta, context, writer)
-                                       : send_version(*next, context, writer);
+    const bool sent =
+        delta != nullptr ? send_delta(delta, context, sink) : send_version(next, context, sink);
     if (sent) {
       const std::string_view kind = delta != nullptr ? "delta" : "full";
       metrics_->pushes->with({std::string(kind)}).inc();

@@ -9,10 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "common/service/auth.h"
@@ -26,6 +28,8 @@
 #include "services/weight_sync/worker_table.h"
 
 namespace fp8rl::weight_sync {
+
+class PushSink;  // where a Subscribe stream's messages go (weight_sync_service.cc)
 
 struct WeightSyncOptions {
   int keep_versions = 2;                                 // versions kept in memory (>= 1)
@@ -83,15 +87,31 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   // Buffers of evicted versions that uploads are received into (set_max_spares(0) turns reuse
   // off, for benchmarks).
   PayloadPool& payload_pool() { return *pool_; }
+  // Chunks go out as gRPC slices over the stored version's bytes (true, the default) or, as
+  // before, copied into a SubscribeResponse that gRPC then serializes (false: for benchmarks).
+  void set_zero_copy_send(bool on) { zero_copy_send_.store(on); }
+  // Upload chunks are copied from gRPC's slices straight into the payload buffer (true, the
+  // default) or parsed into a message first and then appended (false: for benchmarks).
+  void set_zero_copy_receive(bool on) { zero_copy_receive_.store(on); }
 
  private:
   grpc::Status reject_upload(const absl::Status& status, int64_t version);
+  // An upload whose messages `read` yields as raw ByteBuffers (false: the client is done).
+  grpc::Status receive_upload(grpc::ServerContext* context,
+                              const std::function<bool(grpc::ByteBuffer*)>& read,
+                              v1::UploadVersionResponse* response);
+  // The Subscribe stream behind both entry points (the registered raw handler, which writes
+  // ByteBuffers, and the generated Subscribe override).
+  grpc::Status subscribe(grpc::ServerContext* context, const v1::SubscribeRequest& request,
+                         PushSink& sink);
   // Streams one version (manifest, then chunks); false when the stream broke or shutdown began.
-  bool send_version(const StoredVersion& version, grpc::ServerContext* context,
-                    grpc::ServerWriter<v1::SubscribeResponse>* writer);
+  bool send_version(const StoredVersionPtr& version, grpc::ServerContext* context, PushSink& sink);
   // Streams an encoded delta (delta manifest, then chunks of its payload); false as above.
-  bool send_delta(const EncodedDelta& delta, grpc::ServerContext* context,
-                  grpc::ServerWriter<v1::SubscribeResponse>* writer);
+  bool send_delta(const std::shared_ptr<const EncodedDelta>& delta, grpc::ServerContext* context,
+                  PushSink& sink);
+  // Streams `payload` (kept alive by `owner`) as chunks of `version`; false as above.
+  bool send_chunks(int64_t version, std::string_view payload, std::shared_ptr<const void> owner,
+                   grpc::ServerContext* context, PushSink& sink);
   // The delta of `target` against `base` when it is at most delta_max_fraction of the full
   // version (nullptr otherwise, or when encoding failed). Encoded once per pair and shared by every
   // stream.
@@ -111,6 +131,8 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   WorkerTable workers_;
   std::atomic<uint64_t> rejected_{0};
   std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> zero_copy_send_{true};
+  std::atomic<bool> zero_copy_receive_{true};
   std::shared_ptr<const service::TokenSet> auth_;  // null: open
 
   // One encoding of (base, target): the first stream to ask encodes, the others wait on `once`.

@@ -217,6 +217,28 @@ TEST(ModelInstallTest, ErrorsNameTheTensor) {
     EXPECT_NE(s.message().find(w + "_scale_inv"), std::string::npos) << s;
   }
   {
+    // A non-finite code in a layer the policy runs in bf16 (layer 0: dequantized at install)
+    // and an infinite bf16 value in the embedding (converted straight from the wire).
+    const std::string w0 = "model.layers.0.self_attn.q_proj.weight";
+    const std::string e = "model.embed_tokens.weight";
+    for (const std::string& name : {w0, e}) {
+      WeightSet set = good;
+      for (auto& t : set.tensors) {
+        if (t.name != name) continue;
+        if (name == w0) {
+          t.bytes[t.bytes.size() - 3] = kernels::kE4M3NaN;
+        } else {
+          const uint16_t inf = 0x7F80;
+          std::memcpy(t.bytes.data() + 2 * 1001, &inf, 2);
+        }
+      }
+      const absl::Status s = install(set);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+      EXPECT_NE(s.message().find(name), std::string::npos) << s;
+      EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s;
+    }
+  }
+  {
     const ModelConfig other = make_config(97, 160, 192, 4, 4, 2, /*tied=*/false);
     const WeightSet set = version_of(other, c.policy, 9, c.format, 5);
     // A version of another shape: the embedding has 97 rows where the model has 98.

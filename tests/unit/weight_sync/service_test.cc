@@ -131,6 +131,54 @@ TEST(WeightSyncService, UploadThenSubscribeDeliversTheIdenticalWeightSet) {
   EXPECT_EQ(metric(text, "fp8rl_weight_sync_worker_version{worker=\"gen-0\"}"), 1);
 }
 
+// Chunks go out as gRPC slices over the stored version's bytes (zero-copy send) or, switched off,
+// copied into messages as before. A client reading plain SubscribeResponse messages sees the same
+// chunks either way (a version and offsets of several varint bytes, the first offset 0), and
+// they cover the stored payload in order.
+TEST(WeightSyncService, ZeroCopyChunksParseAsTheSameMessages) {
+  WeightSyncOptions options = testing::fast_options();
+  options.chunk_bytes = 1000;
+  TestServer server(options);
+  const model::WeightSet set = random_fp8_set(300, 17);
+  ASSERT_TRUE(upload(server.stub(), set, v1::WEIGHT_FORMAT_FP8).ok());
+  const StoredVersionPtr stored = server.service().store().get(300);
+  ASSERT_NE(stored, nullptr);
+  ASSERT_GT(stored->payload.size(), 20 * options.chunk_bytes);
+
+  auto receive = [&](bool zero_copy) {
+    server.service().set_zero_copy_send(zero_copy);
+    grpc::ClientContext context;
+    v1::SubscribeRequest request;
+    request.set_worker_id(zero_copy ? "zero-copy" : "copied");
+    auto reader = server.stub()->Subscribe(&context, request);
+    std::vector<v1::WeightChunk> chunks;
+    v1::SubscribeResponse response;
+    EXPECT_TRUE(reader->Read(&response));
+    EXPECT_TRUE(response.has_manifest());
+    EXPECT_EQ(response.manifest().version(), 300);
+    uint64_t got = 0;
+    while (got < stored->payload.size() && reader->Read(&response)) {
+      EXPECT_TRUE(response.has_chunk());
+      got += response.chunk().data().size();
+      chunks.push_back(response.chunk());
+    }
+    context.TryCancel();
+    reader->Finish();
+    return chunks;
+  };
+  const std::vector<v1::WeightChunk> zero_copy = receive(true);
+  const std::vector<v1::WeightChunk> copied = receive(false);
+  ASSERT_EQ(zero_copy.size(), copied.size());
+  std::string joined;
+  for (size_t i = 0; i < zero_copy.size(); ++i) {
+    EXPECT_EQ(zero_copy[i].version(), 300);
+    EXPECT_EQ(zero_copy[i].offset(), joined.size());
+    EXPECT_EQ(zero_copy[i].SerializeAsString(), copied[i].SerializeAsString()) << "chunk " << i;
+    joined += zero_copy[i].data();
+  }
+  EXPECT_TRUE(joined == stored->payload);
+}
+
 // The upload fills each chunk straight from the tensors: chunks that end inside a tensor, span
 // several tensors, or hold the whole payload all arrive intact (the service checks every tensor's
 // CRC-32C, so an accepted upload is byte-exact).
@@ -236,6 +284,41 @@ grpc::Status raw_upload(v1::WeightSyncService::Stub* stub,
   }
   writer->WritesDone();
   return writer->Finish();
+}
+
+// Upload chunks are copied from gRPC's slices straight into the payload buffer (zero-copy
+// receive) or, switched off, parsed into messages first: the same weights give the same stored
+// bytes either way, and a chunk that breaks a tensor's checksum is rejected on both paths.
+TEST(WeightSyncService, ZeroCopyUploadReceiveStoresTheSameBytes) {
+  WeightSyncOptions options = testing::fast_options(4);
+  TestServer server(options);
+  UploadOptions small_chunks;
+  small_chunks.chunk_bytes = 777;
+  model::WeightSet set = random_fp8_set(1, 23);
+  server.service().set_zero_copy_receive(false);
+  ASSERT_TRUE(upload(server.stub(), set, v1::WEIGHT_FORMAT_FP8, small_chunks).ok());
+  server.service().set_zero_copy_receive(true);
+  set.version = 2;
+  ASSERT_TRUE(upload(server.stub(), set, v1::WEIGHT_FORMAT_FP8, small_chunks).ok());
+  const StoredVersionPtr copied = server.service().store().get(1);
+  const StoredVersionPtr zero_copy = server.service().store().get(2);
+  ASSERT_NE(copied, nullptr);
+  ASSERT_NE(zero_copy, nullptr);
+  EXPECT_GT(zero_copy->payload.size(), 10 * small_chunks.chunk_bytes);
+  EXPECT_TRUE(zero_copy->payload == copied->payload);
+
+  for (bool on : {false, true}) {
+    server.service().set_zero_copy_receive(on);
+    const int64_t version = on ? 4 : 3;
+    auto m = stream_messages<v1::UploadVersionRequest>(random_fp8_set(version, 31),
+                                                       v1::WEIGHT_FORMAT_FP8);
+    ASSERT_GE(m.size(), 3u);
+    (*m[2].mutable_chunk()->mutable_data())[100] ^= 0x01;
+    const grpc::Status s = raw_upload(server.stub(), m);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << on << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find("crc32c mismatch"), std::string::npos) << s.error_message();
+    EXPECT_EQ(server.service().store().get(version), nullptr);
+  }
 }
 
 TEST(WeightSyncService, CorruptOrIncompleteUploadsAreRejectedAndNeverServed) {
