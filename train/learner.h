@@ -29,6 +29,7 @@
 #include "train/batch.h"
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
+#include "train/train_backend.h"
 
 namespace fp8rl::train {
 
@@ -52,6 +53,12 @@ struct InitRequest {
   // Sequences to calibrate the KV scales on until the first update provides data (the initial
   // publish, before any rollout). May be empty.
   std::vector<Sequence> calibration;
+  // Where the policy trains (train/train_backend.h; cuda is FAILED_PRECONDITION until the CUDA
+  // training backend exists) and its device memory budget (0: unchecked).
+  model::Device device = model::Device::kCpu;
+  int64_t memory_budget_bytes = 0;
+  // Activation recomputation of the training forwards (the gradients are the same).
+  Recompute recompute = Recompute::kNone;
 };
 
 struct GrpoRequest {
@@ -159,6 +166,9 @@ class Learner {
   Learner(std::string job_id, PrecisionConfig precision, std::unique_ptr<model::Model> model,
           std::unique_ptr<model::Model> reference, std::unique_ptr<model::AdamW> optimizer,
           int64_t version, int64_t published_version);
+  // The policy on `backend` (any device).
+  Learner(std::string job_id, PrecisionConfig precision, std::unique_ptr<TrainBackend> backend,
+          std::unique_ptr<model::Model> reference, int64_t version, int64_t published_version);
 
   // Response logprobs of `seqs` under the policy (or the reference), one vector per sequence.
   absl::StatusOr<std::vector<std::vector<float>>> logprobs(std::span<const Sequence> seqs,
@@ -199,9 +209,14 @@ class Learner {
   const PrecisionConfig& precision() const { return precision_; }
   int64_t version() const { return version_; }
   int64_t published_version() const { return published_version_; }
-  const model::Model& policy() const { return *model_; }
+  // The policy as the host describes it (TrainBackend::host_model: on the CPU backend, the model
+  // that trains).
+  const model::Model& policy() const { return backend_->host_model(); }
   const model::Model* reference() const { return reference_.get(); }
-  const model::AdamW& optimizer() const { return *optimizer_; }
+  const TrainBackend& backend() const { return *backend_; }
+  TrainBackend& backend() { return *backend_; }
+  int64_t optimizer_steps() const { return backend_->optimizer_steps(); }
+  const model::AdamWConfig& optimizer_config() const { return backend_->optimizer_config(); }
   // K/V amax samples (sequences) the next export calibrates on: the last update's, 0 before any.
   int64_t kv_calibration_records() const { return kv_records_ ? kv_records_->num_records() : 0; }
 
@@ -236,9 +251,8 @@ class Learner {
 
   std::string job_id_;
   PrecisionConfig precision_;
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Model> reference_;
-  std::unique_ptr<model::AdamW> optimizer_;
+  std::unique_ptr<TrainBackend> backend_;    // the policy, its optimizer state and device
+  std::unique_ptr<model::Model> reference_;  // frozen, on the host
   int64_t version_ = 0;
   int64_t published_version_ = 0;
   // K/V amax records of the last update's forward (null before any update).

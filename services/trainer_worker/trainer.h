@@ -97,7 +97,7 @@ class Trainer {
 
   // The held policy (nullptr before InitPolicy). Not synchronized: tests only, between calls.
   const model::Model* policy() const { return learner_ ? &learner_->policy() : nullptr; }
-  const model::AdamW* optimizer() const { return learner_ ? &learner_->optimizer() : nullptr; }
+  int64_t optimizer_steps() const { return learner_ ? learner_->optimizer_steps() : 0; }
   const train::Learner* learner() const { return learner_.get(); }
   // The WeightSet of the last successful publish (tests).
   const model::WeightSet& last_published() const { return last_published_; }
