@@ -103,8 +103,8 @@ absl::StatusOr<SavedCheckpoint> save_checkpoint(const Learner& learner, const st
   return SavedCheckpoint{dir.string(), folder_bytes(dir.string()), learner.version()};
 }
 
-absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir, model::Device device,
-                                                 int64_t memory_budget_bytes) {
+absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
+                                                 const TrainPlacement& placement) {
   absl::StatusOr<nlohmann::json> state = read_state(dir, /*required=*/true);
   if (!state.ok()) return state.status();
   const std::string what = absl::StrCat(dir, "/", kTrainerStateFile, ": ");
@@ -138,9 +138,12 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir, model::
 
   absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Load(dir, policy);
   if (!model.ok()) return model.status();
+  absl::StatusOr<MemoryPlan> plan = plan_for((*model)->config(), precision, placement);
+  if (!plan.ok()) return plan.status();
   absl::StatusOr<std::unique_ptr<TrainBackend>> backend =
-      make_train_backend(device, std::move(*model), adamw, memory_budget_bytes);
-  if (!backend.ok()) return backend.status();
+      make_train_backend(placement.device, std::move(*model), adamw, placement.memory_budget_bytes);
+  if (!backend.ok()) return prefixed(backend.status(), "device: ");
+  (*backend)->set_recompute(placement.recompute);
   if (has_optimizer) {
     if (auto s = (*backend)->load_optimizer_state(dir + "/" + kOptimizerStateFile); !s.ok()) {
       return s;
@@ -156,6 +159,7 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir, model::
   LoadedCheckpoint out;
   out.learner = std::make_unique<Learner>(job_id, precision, std::move(*backend),
                                           std::move(reference), version, published);
+  out.learner->set_memory_plan(std::move(*plan));
   out.optimizer_restored = has_optimizer;
   return out;
 }

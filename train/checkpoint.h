@@ -32,11 +32,10 @@ struct LoadedCheckpoint {
   bool optimizer_restored = false;
 };
 // Reads a folder written by save_checkpoint (by any backend: the master weights and AdamW state
-// are stored in one layout) into a learner on `device` (train/train_backend.h
-// make_train_backend); errors name the file and key.
+// are stored in one layout) into a learner placed by `placement` (its memory plan checked before
+// the backend allocates); errors name the file and key.
 absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
-                                                 model::Device device = model::Device::kCpu,
-                                                 int64_t memory_budget_bytes = 0);
+                                                 const TrainPlacement& placement = {});
 
 // The "version" of the folder's trainer_state.json; 0 when the folder has none (a plain model
 // checkpoint).

@@ -127,6 +127,26 @@ absl::Status validate_precision(const PrecisionConfig& p, std::string_view where
   return absl::OkStatus();
 }
 
+absl::StatusOr<MemoryPlan> plan_for(const model::ModelConfig& config,
+                                    const PrecisionConfig& precision,
+                                    const TrainPlacement& placement) {
+  if (placement.max_step_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_step_tokens: must be >= 1, got ", placement.max_step_tokens));
+  }
+  MemoryPlanInput in;
+  in.config = config;
+  in.policy = precision.training_policy();
+  in.step_tokens = placement.max_step_tokens;
+  in.kv_cache_tokens =
+      placement.kv_cache_tokens > 0 ? placement.kv_cache_tokens : placement.max_step_tokens;
+  in.recompute_layers = placement.recompute == Recompute::kLayers;
+  absl::StatusOr<MemoryPlan> plan = plan_training_memory(in);
+  if (!plan.ok()) return plan.status();
+  if (auto s = check_memory_plan(*plan, placement.memory_budget_bytes); !s.ok()) return s;
+  return plan;
+}
+
 absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& request) {
   if (request.job_id.empty()) return absl::InvalidArgumentError("job_id: required");
   if (auto s = validate_precision(request.precision, "precision"); !s.ok()) return s;
@@ -171,13 +191,18 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
     }
     calibration.push_back(tokens);
   }
-  absl::StatusOr<std::unique_ptr<TrainBackend>> backend = make_train_backend(
-      request.device, std::move(model), request.adamw, request.memory_budget_bytes);
+  // The plan is checked before the backend allocates anything on its device.
+  const TrainPlacement& place = request.placement;
+  absl::StatusOr<MemoryPlan> plan = plan_for(model->config(), request.precision, place);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::unique_ptr<TrainBackend>> backend =
+      make_train_backend(place.device, std::move(model), request.adamw, place.memory_budget_bytes);
   if (!backend.ok()) return prefixed(backend.status(), "device: ");
-  (*backend)->set_recompute(request.recompute);
+  (*backend)->set_recompute(place.recompute);
   auto learner = std::make_unique<Learner>(request.job_id, request.precision, std::move(*backend),
                                            std::move(reference), version, version);
   learner->calibration_ = std::move(calibration);
+  learner->memory_plan_ = std::move(*plan);
   return learner;
 }
 

@@ -29,6 +29,7 @@
 #include "train/batch.h"
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
+#include "train/memory_plan.h"
 #include "train/train_backend.h"
 
 namespace fp8rl::train {
@@ -39,6 +40,20 @@ inline constexpr double kKvCalibrationPercentile = 99.9;
 inline constexpr double kKvCalibrationMargin = 1.05;
 // Passes over a GRPO batch accepted in one update.
 inline constexpr int64_t kMaxEpochs = 64;
+
+// Where and how a policy trains (the trainer worker's --device, --gpu-memory-fraction,
+// --recompute and --max-step-tokens).
+struct TrainPlacement {
+  // train/train_backend.h; cuda is FAILED_PRECONDITION until the CUDA training backend exists.
+  model::Device device = model::Device::kCpu;
+  int64_t memory_budget_bytes = 0;  // device memory the backend may take (0: unchecked)
+  // Activation recomputation of the training forwards (the gradients are the same).
+  Recompute recompute = Recompute::kNone;
+  // The step shape the memory plan budgets for (train/memory_plan.h): tokens of the largest
+  // forward, and tokens whose K/V a step's generation caches (0: the same as max_step_tokens).
+  int64_t max_step_tokens = 16384;
+  int64_t kv_cache_tokens = 0;
+};
 
 struct InitRequest {
   std::string job_id;
@@ -53,13 +68,14 @@ struct InitRequest {
   // Sequences to calibrate the KV scales on until the first update provides data (the initial
   // publish, before any rollout). May be empty.
   std::vector<Sequence> calibration;
-  // Where the policy trains (train/train_backend.h; cuda is FAILED_PRECONDITION until the CUDA
-  // training backend exists) and its device memory budget (0: unchecked).
-  model::Device device = model::Device::kCpu;
-  int64_t memory_budget_bytes = 0;
-  // Activation recomputation of the training forwards (the gradients are the same).
-  Recompute recompute = Recompute::kNone;
+  TrainPlacement placement;
 };
+
+// The memory plan of a policy `config` trained in `precision` under `placement`:
+// RESOURCE_EXHAUSTED when placement.memory_budget_bytes > 0 and the plan exceeds it.
+absl::StatusOr<MemoryPlan> plan_for(const model::ModelConfig& config,
+                                    const PrecisionConfig& precision,
+                                    const TrainPlacement& placement);
 
 struct GrpoRequest {
   std::vector<Sequence> batch;  // gen_logprobs required
@@ -216,6 +232,9 @@ class Learner {
   const TrainBackend& backend() const { return *backend_; }
   TrainBackend& backend() { return *backend_; }
   int64_t optimizer_steps() const { return backend_->optimizer_steps(); }
+  // The memory plan computed when the policy was created (before the backend allocated).
+  const MemoryPlan& memory_plan() const { return memory_plan_; }
+  void set_memory_plan(MemoryPlan plan) { memory_plan_ = std::move(plan); }
   const model::AdamWConfig& optimizer_config() const { return backend_->optimizer_config(); }
   // K/V amax samples (sequences) the next export calibrates on: the last update's, 0 before any.
   int64_t kv_calibration_records() const { return kv_records_ ? kv_records_->num_records() : 0; }
@@ -253,6 +272,7 @@ class Learner {
   PrecisionConfig precision_;
   std::unique_ptr<TrainBackend> backend_;    // the policy, its optimizer state and device
   std::unique_ptr<model::Model> reference_;  // frozen, on the host
+  MemoryPlan memory_plan_;
   int64_t version_ = 0;
   int64_t published_version_ = 0;
   // K/V amax records of the last update's forward (null before any update).
