@@ -273,8 +273,8 @@ int run(const std::vector<std::string>& args) {
     }
     const double step = r.t.total();
     std::printf(
-        "| %s | %lld | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.2f | "
-        "%.1f%% |\n",
+        "| %s | %lld | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.2f | "
+        "%.2f%% |\n",
         r.name.c_str(), static_cast<long long>(r.steps), r.t.generate, r.t.logprobs,
         r.t.forward_backward, r.t.optimizer, r.t.requantize, r.t.calibrate, r.t.export_weights,
         r.t.install, step, bf16_step > 0 ? bf16_step / step : 0.0,
