@@ -1,0 +1,81 @@
+// The CUDA implementation of the training step's ops (model/cuda/train_step.h): the training
+// forward and backward of a dense decoder on one GPU, one CUDA stream. Linears run in the
+// policy's training GEMM formats:
+//   FP8 layers  cuBLASLt block-scaled E4M3 (kernels/cuda/fp8_cuda.h): fprop X . W^T with 1x128
+//               activation tiles x 128x128 weight blocks; dgrad dY . W with 1x128 dY tiles x the
+//               transposed 128x128 blocks (exact block transpose, no requantization); wgrad
+//               dY^T . X with both operands tiled 1x128 along the tokens (transposed on the
+//               device, tokens zero-padded to 16), accumulated into the fp32 gradient; every
+//               gradient operand quantized in 1x128 tiles.
+//   BF16 layers cuBLASLt BF16 with fp32 accumulation (dY and the wgrad operands rounded to bf16:
+//   and lm_head the recipe's BF16 GEMMs; the CPU reference keeps dY in fp32 there).
+//   fp32        a float64-accumulated GEMM (also the fallback for BF16 shapes cuBLASLt refuses).
+// Everything else runs the kernels of kernels/cuda (decoder_cuda.h forward, train_cuda.h
+// backward). Weights are uploaded from a host Model (its working copies: FP8 codes + block scales
+// and their transposed blocks, bf16 values, fp32 masters, norms, biases, embedding, RoPE tables,
+// KV scales); the device optimizer (helper-owned model/cuda/train_state.*) can re-upload them
+// with upload_weights() after an update.
+//
+// Never run on a GPU yet: tests/gpu/train_ops_cuda_test.cc compares every op with the host ops
+// and a whole forward + backward with Model::backward when an sm_90 device is present; the step
+// it runs is tested on the CPU through HostTrainOps (tests/unit/model/train_step_test.cc).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/fp8_cuda.h"
+#include "model/cuda/train_step.h"
+#include "model/model.h"
+
+namespace fp8rl::model::gpu {
+
+class CudaTrainOps : public TrainOps {
+ public:
+  // Needs an sm_90 device (FailedPrecondition otherwise), a dense model (FailedPrecondition for
+  // MoE) and FP8 linears whose in/out are multiples of 16 (FailedPrecondition naming the layer).
+  static absl::StatusOr<std::unique_ptr<CudaTrainOps>> Create(const Model& model);
+  // Copies the model's current weights (after Model::refresh()) and KV scales to the device.
+  virtual absl::Status upload_weights(const Model& model) = 0;
+  // Re-derives every working copy on the device from fp32 master weights already there (device
+  // pointer, ParamLayout order, e.g. DeviceTrainState::master() after an optimizer step), as
+  // Model::refresh() does on the host: FP8 linears re-quantized in 128x128 blocks (bit-exact with
+  // kernels::quantize) plus their block transposes, BF16 linears, embedding, lm_head, norms and
+  // biases rounded to bf16 where the policy rounds them, fp32 ones copied. No host copy involved.
+  virtual absl::Status refresh_from_device(const float* master) = 0;
+  virtual absl::Status set_kv_scales(const KvScales& scales) = 0;
+  // Zeroed device memory of `floats` floats owned by these ops (alive as long as they are).
+  virtual absl::StatusOr<float*> allocate(int64_t floats) = 0;
+  virtual kernels::cuda::Stream stream() const = 0;
+};
+
+// One micro-batch on the device: tables, buffers (grown as batches grow) and a device gradient
+// array of num_params floats in ParamLayout order, accumulated over backward() calls.
+class CudaTrainStep {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaTrainStep>> Create(const Model& model);
+  absl::StatusOr<TokenValues> forward(const Model& model, const TokenBatch& batch,
+                                      const TrainStepOptions& opts);
+  absl::Status backward(const Model& model, const TokenValues& dlogp,
+                        const Model::GradientsFinal& on_final = {});
+  // The same into another device gradient array of num_params floats (e.g. the device
+  // optimizer's DeviceTrainState::grads()).
+  absl::Status backward_into(const Model& model, const TokenValues& dlogp, float* device_grads,
+                             const Model::GradientsFinal& on_final = {});
+  float* grads() const { return grads_; }  // device
+  absl::Status zero_grads();
+  absl::Status download_grads(std::vector<float>* out);
+  CudaTrainOps& ops() { return *ops_; }
+
+ private:
+  std::unique_ptr<CudaTrainOps> ops_;
+  float* grads_ = nullptr;
+  int64_t num_params_ = 0;
+  kernels::cuda::DeviceBuffer storage_;  // the step's buffers, grown as batches grow
+  TrainStepOptions opts_;
+  TrainTables tables_;
+  TrainBuffers buffers_;
+};
+
+}  // namespace fp8rl::model::gpu

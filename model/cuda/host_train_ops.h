@@ -1,0 +1,77 @@
+// The CPU mirror of the CUDA training ops: train_forward / train_backward (model/cuda/
+// train_step.h) over host memory with kernels/cpu (the CPU reference of every CUDA kernel) and
+// model/linear.h's fprop/dgrad/wgrad on the model's own weights. Tests run it against
+// Model::forward / Model::backward to check the step's orchestration, rounding points and backward
+// math without a GPU; on the device CudaTrainOps (model/cuda/cuda_train_ops.h) replaces it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/cuda/train_step.h"
+#include "model/model.h"
+
+namespace fp8rl::model::gpu {
+
+class HostTrainOps final : public TrainOps {
+ public:
+  explicit HostTrainOps(const Model& model) : model_(model) {}
+
+  absl::Status load_tables(const TrainTables& t) override;
+  absl::Status embed(float* x) override;
+  absl::Status rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, bool rb, float* y,
+                       float* inv) override;
+  absl::Status rope(int64_t heads, bool rb, bool inverse, float* x) override;
+  absl::Status linear(int64_t layer, int64_t j, const float* x, int64_t rows, const float* bias,
+                      float* y) override;
+  absl::Status seq_amax(const float* k, const float* v, float* k_amax_host,
+                        float* v_amax_host) override;
+  absl::Status kv_fake_quant(int64_t layer, float* k, float* v) override;
+  absl::Status attention(const float* q, const float* k, const float* v, float* o) override;
+  absl::Status swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) override;
+  absl::Status add(float* y, const float* x, int64_t n, bool rb) override;
+  absl::Status round_bf16(float* x, int64_t n) override;
+  absl::Status log_softmax(const float* z, int64_t row0, int64_t rows, float inv_t, float* lse,
+                           float* logprob) override;
+  absl::Status head_dlogits(float* z, int64_t row0, int64_t rows, float inv_t, const float* lse,
+                            const float* dlogp) override;
+  absl::Status linear_backward(int64_t layer, int64_t j, const float* x, const float* dy,
+                               int64_t rows, float* dx, float* dw, float* db) override;
+  absl::Status rmsnorm_backward(const float* x, const float* g, const float* inv, const float* dy,
+                                int64_t rows, int64_t h, float* dx, float* dg) override;
+  absl::Status attention_backward(const float* q, const float* k, const float* v, const float* dout,
+                                  float* dq, float* dk, float* dv) override;
+  absl::Status swiglu_backward(const float* g, const float* u, const float* dact, int64_t n,
+                               float* dg, float* du) override;
+  absl::Status embed_backward(const float* dx, float* dembed) override;
+  absl::Status copy(float* dst, const float* src, int64_t n) override;
+  absl::Status zero(float* x, int64_t n) override;
+  absl::Status to_host(float* dst_host, const float* src, int64_t n) override;
+  absl::Status from_host(float* dst, const float* src_host, int64_t n) override;
+  absl::Status synchronize() override { return absl::OkStatus(); }
+  const float* small(int64_t offset) const override { return model_.norm_or_bias(offset); }
+
+ private:
+  const LinearWeight& weight(int64_t layer, int64_t j) const;
+
+  const Model& model_;
+  const TrainTables* t_ = nullptr;
+  std::vector<float> stats_;  // attention backward statistics
+};
+
+// A host training step: tables, buffers and HostTrainOps for one micro-batch (tests, and the
+// shape the device trainer follows with CudaTrainOps).
+struct HostTrainStep {
+  absl::StatusOr<TokenValues> forward(const Model& model, const TokenBatch& batch,
+                                      const TrainStepOptions& opts);
+  absl::Status backward(const Model& model, const TokenValues& dlogp, float* grads);
+
+  TrainStepOptions opts;
+  TrainTables tables;
+  std::vector<float> storage;
+  TrainBuffers buffers;
+  std::unique_ptr<HostTrainOps> ops;
+};
+
+}  // namespace fp8rl::model::gpu

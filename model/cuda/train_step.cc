@@ -1,0 +1,372 @@
+// The training step of model/cuda/train_step.h: the tables, the buffer layout, and the forward and
+// backward sequences of Model::forward / Model::backward (model/model_forward.cc) over TrainOps.
+#include "model/cuda/train_step.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace fp8rl::model::gpu {
+
+#define FP8RL_STEP(expr)                               \
+  do {                                                 \
+    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
+  } while (0)
+
+absl::StatusOr<TrainTables> build_train_tables(const TokenBatch& batch, const ModelConfig& config) {
+  if (batch.empty()) return absl::InvalidArgumentError("batch: no sequences");
+  TrainTables t;
+  t.n_seq = static_cast<int64_t>(batch.size());
+  t.seq_start.push_back(0);
+  for (int64_t s = 0; s < t.n_seq; ++s) {
+    const std::vector<int32_t>& seq = batch[s];
+    if (seq.empty())
+      return absl::InvalidArgumentError(absl::StrCat("batch: sequence ", s, " is empty"));
+    for (size_t i = 0; i < seq.size(); ++i) {
+      if (seq[i] < 0 || seq[i] >= config.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("batch: sequence ", s, ": token id ", seq[i],
+                                                       " at index ", i, " is out of range [0, ",
+                                                       config.vocab_size, ")"));
+      }
+    }
+    if (static_cast<int64_t>(seq.size()) > config.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch: sequence ", s, ": sequence of ", seq.size(),
+          " tokens exceeds max_position_embeddings (", config.max_position_embeddings, ")"));
+    }
+    for (size_t i = 0; i < seq.size(); ++i) {
+      t.tokens.push_back(seq[i]);
+      t.pos.push_back(static_cast<int32_t>(i));
+      t.row_seq.push_back(static_cast<int32_t>(s));
+      t.targets.push_back(i + 1 < seq.size() ? seq[i + 1] : -1);
+    }
+    t.seq_start.push_back(static_cast<int32_t>(t.tokens.size()));
+  }
+  t.rows = static_cast<int64_t>(t.tokens.size());
+  return t;
+}
+
+int64_t train_padded_rows(int64_t rows) { return (rows + 15) / 16 * 16 + 16; }
+
+namespace {
+
+constexpr int64_t kAlignFloats = 64;  // 256 bytes
+
+// Hands out aligned slices of one allocation (base == nullptr: counts only).
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* take(int64_t n) {
+    float* p = base_ ? base_ + used_ : nullptr;
+    used_ += (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    return p;
+  }
+  int64_t used() const { return used_; }
+
+ private:
+  float* base_;
+  int64_t used_ = 0;
+};
+
+TrainBuffers carve(const ModelConfig& c, int64_t rows, const TrainStepOptions& opts, Carver& cv) {
+  TrainBuffers b;
+  b.rows = rows;
+  b.padded_rows = train_padded_rows(rows);
+  b.head_chunk = opts.head_chunk;
+  b.recompute_layers = opts.recompute_layers;
+  const int64_t r = b.padded_rows, h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(),
+                f = c.intermediate_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  b.layers.resize(c.num_hidden_layers);
+  // With recompute_layers every layer keeps only its input x; the rest is one shared set that the
+  // forward overwrites layer by layer and the backward refills by recomputing the layer.
+  TrainLayerBuffers shared;
+  for (size_t l = 0; l < b.layers.size(); ++l) {
+    TrainLayerBuffers& a = b.layers[l];
+    a.x = cv.take(r * h);
+    if (opts.recompute_layers && l > 0) {
+      float* x = a.x;
+      a = shared;
+      a.x = x;
+      continue;
+    }
+    a.inv1 = cv.take(r);
+    a.h1 = cv.take(r * h);
+    a.q = cv.take(r * qd);
+    a.k = cv.take(r * kvd);
+    a.v = cv.take(r * kvd);
+    a.o = cv.take(r * qd);
+    a.x2 = cv.take(r * h);
+    a.inv2 = cv.take(r);
+    a.h2 = cv.take(r * h);
+    a.g = cv.take(r * f);
+    a.u = cv.take(r * f);
+    a.act = cv.take(r * f);
+    if (c.qk_norm()) {
+      a.q_raw = cv.take(r * qd);
+      a.k_raw = cv.take(r * kvd);
+      a.inv_q = cv.take(r * nh);
+      a.inv_k = cv.take(r * nkv);
+    }
+    shared = a;
+  }
+  b.x = cv.take(r * h);
+  b.inv_final = cv.take(r);
+  b.h_final = cv.take(r * h);
+  b.lse = cv.take(r);
+  b.logprob = cv.take(r);
+  b.dlogp = cv.take(r);
+  b.logits = cv.take((opts.head_chunk + 16) * c.vocab_size);
+  const int64_t wide = std::max({h, qd, f});
+  b.dx = cv.take(r * h);
+  b.dh = cv.take(r * h);
+  b.tmp = cv.take(r * wide);
+  b.dq = cv.take(r * qd);
+  b.dk = cv.take(r * kvd);
+  b.dv = cv.take(r * kvd);
+  b.dout = cv.take(r * qd);
+  b.dact = cv.take(r * f);
+  b.dg = cv.take(r * f);
+  b.du = cv.take(r * f);
+  return b;
+}
+
+absl::Status check_step(const ModelConfig& config, const TrainBuffers& b, const TrainTables& t,
+                        const TrainStepOptions& opts) {
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (config.sparse_layer(l)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "training step: MoE not supported on this path (layer ", l, " is a mixture of experts)"));
+    }
+  }
+  if (!(opts.temperature > 0) || !std::isfinite(opts.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature: must be > 0, got ", opts.temperature));
+  }
+  if (opts.head_chunk < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_chunk: must be >= 1, got ", opts.head_chunk));
+  }
+  if (b.rows != t.rows || b.head_chunk != opts.head_chunk ||
+      b.recompute_layers != opts.recompute_layers ||
+      static_cast<int64_t>(b.layers.size()) != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("training step: buffers carved for ", b.rows,
+                                                   " rows, the tables have ", t.rows));
+  }
+  return absl::OkStatus();
+}
+
+// Decoder layer l on the running hidden state x [rows, h] in place, saving its activations in
+// `a` (a.x: the layer's input). Model::layer_forward's sequence of operations.
+absl::Status layer_forward(const ModelConfig& config, const PrecisionPolicy& policy,
+                           const ParamLayout& layout, TrainOps& ops, const TrainTables& t,
+                           int64_t l, const TrainLayerBuffers& a, float* x,
+                           KvCalibrator* calibrator) {
+  const int64_t m = t.rows, h = config.hidden_size, qd = config.q_dim(),
+                f = config.intermediate_size, hd = config.head_dim, nh = config.num_attention_heads,
+                nkv = config.num_key_value_heads;
+  const bool rb = policy.bf16_activations();
+  auto bias = [&](int64_t off) { return off >= 0 ? ops.small(off) : nullptr; };
+  const LayerOffsets& lo = layout.layer(l);
+  // h1 = input_norm(x) (x saved: the layer's input).
+  if (a.x != x) FP8RL_STEP(ops.copy(a.x, x, m * h));
+  FP8RL_STEP(ops.rmsnorm(x, ops.small(lo.input_norm), m, h, rb, a.h1, a.inv1));
+  // q, k, v = projections of h1 (Qwen2: with bias).
+  float* q_lin = config.qk_norm() ? a.q_raw : a.q;
+  float* k_lin = config.qk_norm() ? a.k_raw : a.k;
+  FP8RL_STEP(ops.linear(l, 0, a.h1, m, bias(lo.q_bias), q_lin));
+  FP8RL_STEP(ops.linear(l, 1, a.h1, m, bias(lo.k_bias), k_lin));
+  FP8RL_STEP(ops.linear(l, 2, a.h1, m, bias(lo.v_bias), a.v));
+  if (config.qk_norm()) {
+    // Qwen3: q [m, nh, hd], k [m, nkv, hd] <- RMSNorm of each head (q_raw, k_raw saved).
+    FP8RL_STEP(ops.rmsnorm(a.q_raw, ops.small(lo.q_norm), m * nh, hd, rb, a.q, a.inv_q));
+    FP8RL_STEP(ops.rmsnorm(a.k_raw, ops.small(lo.k_norm), m * nkv, hd, rb, a.k, a.inv_k));
+  }
+  FP8RL_STEP(ops.rope(nh, rb, false, a.q));
+  FP8RL_STEP(ops.rope(nkv, rb, false, a.k));
+  if (calibrator != nullptr) {
+    std::vector<float> k_amax(t.n_seq), v_amax(t.n_seq);
+    FP8RL_STEP(ops.seq_amax(a.k, a.v, k_amax.data(), v_amax.data()));
+    for (int64_t s = 0; s < t.n_seq; ++s) calibrator->record(l, k_amax[s], v_amax[s]);
+  }
+  // K/V through the cache format, as generation will read them (straight-through backward).
+  if (policy.train_kv_fake_quant) FP8RL_STEP(ops.kv_fake_quant(l, a.k, a.v));
+  FP8RL_STEP(ops.attention(a.q, a.k, a.v, a.o));
+  if (rb) FP8RL_STEP(ops.round_bf16(a.o, m * qd));
+  // x2 = x + o_proj(o); h2 = post_norm(x2).
+  FP8RL_STEP(ops.linear(l, 3, a.o, m, nullptr, a.x2));
+  FP8RL_STEP(ops.add(a.x2, a.x, m * h, rb));
+  FP8RL_STEP(ops.rmsnorm(a.x2, ops.small(lo.post_norm), m, h, rb, a.h2, a.inv2));
+  // x = x2 + down(silu(gate(h2)) * up(h2)).
+  FP8RL_STEP(ops.linear(l, 4, a.h2, m, nullptr, a.g));
+  FP8RL_STEP(ops.linear(l, 5, a.h2, m, nullptr, a.u));
+  FP8RL_STEP(ops.swiglu(a.g, a.u, m * f, rb, a.act));
+  FP8RL_STEP(ops.linear(l, 6, a.act, m, nullptr, x));
+  FP8RL_STEP(ops.add(x, a.x2, m * h, rb));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t train_buffer_floats(const ModelConfig& config, int64_t rows, const TrainStepOptions& opts) {
+  Carver cv(nullptr);
+  carve(config, rows, opts, cv);
+  return cv.used();
+}
+
+TrainBuffers carve_train_buffers(const ModelConfig& config, int64_t rows,
+                                 const TrainStepOptions& opts, float* base) {
+  Carver cv(base);
+  return carve(config, rows, opts, cv);
+}
+
+absl::StatusOr<TokenValues> train_forward(const ModelConfig& config, const PrecisionPolicy& policy,
+                                          const ParamLayout& layout, TrainOps& ops,
+                                          const TrainBuffers& b, const TrainTables& t,
+                                          const TrainStepOptions& opts) {
+  FP8RL_STEP(check_step(config, b, t, opts));
+  const int64_t m = t.rows, h = config.hidden_size;
+  const bool rb = policy.bf16_activations();
+  FP8RL_STEP(ops.load_tables(t));
+  FP8RL_STEP(ops.embed(b.x));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, b.layers[l], b.x, opts.calibrator));
+  }
+  // h_final = final_norm(x); x stays as x_final.
+  FP8RL_STEP(ops.rmsnorm(b.x, ops.small(layout.final_norm()), m, h, rb, b.h_final, b.inv_final));
+  // Logprobs of each next token, lm_head in chunks of rows within a sequence.
+  const float inv_t = 1.0f / opts.temperature;
+  for (int64_t s = 0; s < t.n_seq; ++s) {
+    const int64_t r0 = t.seq_start[s], len = t.seq_start[s + 1] - r0;
+    for (int64_t i0 = 0; i0 < len - 1; i0 += opts.head_chunk) {
+      const int64_t rows = std::min(opts.head_chunk, len - 1 - i0), row = r0 + i0;
+      FP8RL_STEP(ops.linear(-1, 0, b.h_final + row * h, rows, nullptr, b.logits));
+      FP8RL_STEP(ops.log_softmax(b.logits, row, rows, inv_t, b.lse + row, b.logprob + row));
+    }
+  }
+  std::vector<float> lp(m);
+  FP8RL_STEP(ops.to_host(lp.data(), b.logprob, m));
+  TokenValues out(t.n_seq);
+  for (int64_t s = 0; s < t.n_seq; ++s) {
+    out[s].assign(lp.begin() + t.seq_start[s], lp.begin() + t.seq_start[s + 1] - 1);
+  }
+  return out;
+}
+
+absl::Status train_backward(const ModelConfig& config, const PrecisionPolicy& policy,
+                            const ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
+                            const TrainTables& t, const TokenValues& dlogp, float* grads,
+                            const TrainStepOptions& opts, const Model::GradientsFinal& on_final) {
+  FP8RL_STEP(check_step(config, b, t, opts));
+  if (static_cast<int64_t>(dlogp.size()) != t.n_seq) {
+    return absl::InvalidArgumentError(absl::StrCat("backward: dlogp has ", dlogp.size(),
+                                                   " sequences, the forward had ", t.n_seq));
+  }
+  const int64_t m = t.rows, h = config.hidden_size, qd = config.q_dim(), kvd = config.kv_dim(),
+                f = config.intermediate_size, hd = config.head_dim, nh = config.num_attention_heads,
+                nkv = config.num_key_value_heads;
+  std::vector<float> flat(m, 0.0f);
+  for (int64_t s = 0; s < t.n_seq; ++s) {
+    const int64_t len = t.seq_start[s + 1] - t.seq_start[s];
+    if (static_cast<int64_t>(dlogp[s].size()) + 1 != len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backward: dlogp[", s, "] has ", dlogp[s].size(), " values, expected ", len - 1));
+    }
+    for (int64_t i = 0; i + 1 < len; ++i) {
+      if (!std::isfinite(dlogp[s][i])) {
+        return absl::InvalidArgumentError(absl::StrCat("backward: dlogp[", s, "] not finite"));
+      }
+      flat[t.seq_start[s] + i] = dlogp[s][i];
+    }
+  }
+  (void)policy;
+  FP8RL_STEP(ops.load_tables(t));
+  FP8RL_STEP(ops.from_host(b.dlogp, flat.data(), m));
+  const float inv_t = 1.0f / opts.temperature;
+
+  // lm_head: dlogits = dlogp * (onehot - softmax(z/T)) / T, logits recomputed per chunk; chunks
+  // whose dlogp are all zero contribute nothing and are skipped.
+  FP8RL_STEP(ops.zero(b.dx, m * h));
+  for (int64_t s = 0; s < t.n_seq; ++s) {
+    const int64_t r0 = t.seq_start[s], len = t.seq_start[s + 1] - r0;
+    for (int64_t i0 = 0; i0 < len - 1; i0 += opts.head_chunk) {
+      const int64_t rows = std::min(opts.head_chunk, len - 1 - i0), row = r0 + i0;
+      bool any = false;
+      for (int64_t r = 0; r < rows; ++r) any |= flat[row + r] != 0.0f;
+      if (!any) continue;
+      const float* hs = b.h_final + row * h;
+      FP8RL_STEP(ops.linear(-1, 0, hs, rows, nullptr, b.logits));
+      FP8RL_STEP(ops.head_dlogits(b.logits, row, rows, inv_t, b.lse + row, b.dlogp + row));
+      FP8RL_STEP(
+          ops.linear_backward(-1, 0, hs, b.logits, rows, b.tmp, grads + layout.lm_head(), nullptr));
+      FP8RL_STEP(ops.add(b.dx + row * h, b.tmp, rows * h, false));
+    }
+  }
+  // Final norm: dx becomes the gradient at the last layer's output (b.x holds x_final).
+  FP8RL_STEP(ops.rmsnorm_backward(b.x, ops.small(layout.final_norm()), b.inv_final, b.dx, m, h,
+                                  b.tmp, grads + layout.final_norm()));
+  FP8RL_STEP(ops.copy(b.dx, b.tmp, m * h));
+  auto final_from = [&](int64_t from) -> absl::Status {
+    if (!on_final) return absl::OkStatus();
+    FP8RL_STEP(ops.synchronize());
+    on_final(from);
+    return absl::OkStatus();
+  };
+  FP8RL_STEP(final_from(layout.final_norm()));
+
+  for (int64_t l = config.num_hidden_layers - 1; l >= 0; --l) {
+    const LayerOffsets& lo = layout.layer(l);
+    const TrainLayerBuffers& a = b.layers[l];
+    if (opts.recompute_layers) {
+      // Refill the shared activations by running layer l again from its saved input (the same
+      // operations on the same values give the same activations); b.x, x_final's buffer, is free
+      // once the final norm's backward has run.
+      FP8RL_STEP(ops.copy(b.x, a.x, m * h));
+      FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, a, b.x, nullptr));
+    }
+    // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
+    FP8RL_STEP(ops.linear_backward(l, 6, a.act, b.dx, m, b.dact, grads + lo.down, nullptr));
+    FP8RL_STEP(ops.swiglu_backward(a.g, a.u, b.dact, m * f, b.dg, b.du));
+    FP8RL_STEP(ops.linear_backward(l, 4, a.h2, b.dg, m, b.dh, grads + lo.gate, nullptr));
+    FP8RL_STEP(ops.linear_backward(l, 5, a.h2, b.du, m, b.tmp, grads + lo.up, nullptr));
+    FP8RL_STEP(ops.add(b.dh, b.tmp, m * h, false));
+    // h2 = post_norm(x2); dx += d x2 through the norm (dx is now d x2).
+    FP8RL_STEP(ops.rmsnorm_backward(a.x2, ops.small(lo.post_norm), a.inv2, b.dh, m, h, b.tmp,
+                                    grads + lo.post_norm));
+    FP8RL_STEP(ops.add(b.dx, b.tmp, m * h, false));
+    // Attention: x2 = x + o_proj(attn(q, k, v)).
+    FP8RL_STEP(ops.linear_backward(l, 3, a.o, b.dx, m, b.dout, grads + lo.o, nullptr));
+    FP8RL_STEP(ops.attention_backward(a.q, a.k, a.v, b.dout, b.dq, b.dk, b.dv));
+    // K/V rounding is straight-through; undo the rotation.
+    FP8RL_STEP(ops.rope(nh, false, true, b.dq));
+    FP8RL_STEP(ops.rope(nkv, false, true, b.dk));
+    if (config.qk_norm()) {
+      // q = q_norm(q_raw), k = k_norm(k_raw) per head.
+      FP8RL_STEP(ops.rmsnorm_backward(a.q_raw, ops.small(lo.q_norm), a.inv_q, b.dq, m * nh, hd,
+                                      b.tmp, grads + lo.q_norm));
+      FP8RL_STEP(ops.copy(b.dq, b.tmp, m * qd));
+      FP8RL_STEP(ops.rmsnorm_backward(a.k_raw, ops.small(lo.k_norm), a.inv_k, b.dk, m * nkv, hd,
+                                      b.tmp, grads + lo.k_norm));
+      FP8RL_STEP(ops.copy(b.dk, b.tmp, m * kvd));
+    }
+    auto gbias = [&](int64_t off) { return off >= 0 ? grads + off : nullptr; };
+    FP8RL_STEP(ops.linear_backward(l, 0, a.h1, b.dq, m, b.dh, grads + lo.q, gbias(lo.q_bias)));
+    FP8RL_STEP(ops.linear_backward(l, 1, a.h1, b.dk, m, b.tmp, grads + lo.k, gbias(lo.k_bias)));
+    FP8RL_STEP(ops.add(b.dh, b.tmp, m * h, false));
+    FP8RL_STEP(ops.linear_backward(l, 2, a.h1, b.dv, m, b.tmp, grads + lo.v, gbias(lo.v_bias)));
+    FP8RL_STEP(ops.add(b.dh, b.tmp, m * h, false));
+    // h1 = input_norm(x): dx is now d x (the layer's input).
+    FP8RL_STEP(ops.rmsnorm_backward(a.x, ops.small(lo.input_norm), a.inv1, b.dh, m, h, b.tmp,
+                                    grads + lo.input_norm));
+    FP8RL_STEP(ops.add(b.dx, b.tmp, m * h, false));
+    FP8RL_STEP(final_from(lo.input_norm));  // layer l's first parameter
+  }
+  // Embedding rows in row order (repeated tokens add into the same row).
+  FP8RL_STEP(ops.embed_backward(b.dx, grads + layout.embed()));
+  FP8RL_STEP(final_from(0));
+  return absl::OkStatus();
+}
+
+#undef FP8RL_STEP
+
+}  // namespace fp8rl::model::gpu

@@ -1,0 +1,214 @@
+// The training step of the device trainer (model/cuda/train_step.h) without a GPU: the step over
+// its CPU mirror (HostTrainOps: kernels/cpu + model/linear.h) against the reference training
+// engine (Model::forward / Model::backward), per precision policy, with the KV fake-quantization
+// on and off, over several packed sequences. The mirror runs the same operations in the same
+// order as the reference, so logprobs, KV calibration records and every gradient must be equal
+// bit for bit.
+#include "model/cuda/train_step.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/cuda/host_train_ops.h"
+#include "model/rng.h"
+#include "tests/unit/model/model_test_util.h"
+
+namespace fp8rl::model::gpu {
+namespace {
+
+struct Case {
+  Precision linear;
+  KvCacheDtype kv;
+  bool kv_fake_quant;
+  int arch;            // 0: Llama (tied embedding), 1: Qwen2 (q/k/v bias), 2: Qwen3 (q/k norm)
+  bool mixed = false;  // FP8 recipe with layer 0 kept in bf16 and power-of-two scales
+};
+
+std::string case_name(const Case& c) {
+  static const char* kArch[] = {"llama", "qwen2", "qwen3"};
+  return std::string(precision_name(c.linear)) + "_kv_" + std::string(precision_name(c.kv)) +
+         (c.kv_fake_quant ? "_fq_" : "_nofq_") + kArch[c.arch] + (c.mixed ? "_mixed" : "");
+}
+
+ModelConfig config_for(int arch, int64_t vocab) {
+  switch (arch) {
+    case 1:
+      return testing::make_config(vocab, 128, 256, 2, 4, 2, false, /*qwen2=*/true);
+    case 2:
+      return testing::make_qwen3_config(vocab, 128, 256, 2, 4, 2, 48, false);
+    default:
+      return testing::make_config(vocab, 128, 256, 2, 4, 1, true);
+  }
+}
+
+class TrainStepMirrorTest : public ::testing::TestWithParam<Case> {};
+
+// Three packed sequences (lengths 9, 2 and 71: the last spans two lm_head chunks), random
+// weights, random non-zero dL/dlogp except one all-zero sequence (its lm_head chunk is skipped),
+// gradients accumulated into a random non-zero array: logprobs, calibration records and gradients
+// equal Model::forward / Model::backward's bit for bit, with and without activation
+// recomputation per layer.
+TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
+  const Case c = GetParam();
+  constexpr int64_t kVocab = 160;
+  PrecisionPolicy policy;
+  policy.linear = c.linear;
+  policy.kv_cache = c.kv;
+  policy.train_kv_fake_quant = c.kv_fake_quant;
+  if (c.mixed) {
+    policy.bf16_first_layers = 1;
+    policy.pow2_scales = true;
+  }
+  const ModelConfig config = config_for(c.arch, kVocab);
+  auto made = Model::Init(config, policy, 5, 0.05f);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Model& model = **made;
+  testing::randomize(model, 11);
+  if (c.kv == KvCacheDtype::kFP8) {
+    KvScales s = model.kv_scales();
+    for (auto& k : s.k) k = 0.03f;
+    for (auto& v : s.v) v = 0.02f;
+    ASSERT_TRUE(model.set_kv_scales(s).ok());
+  }
+  Rng rng(3);
+  TokenBatch batch;
+  for (int64_t n : {9, 2, 71}) batch.push_back(testing::random_tokens(rng, n, kVocab));
+  const float temperature = 0.7f;
+
+  KvCalibrator ref_cal(config.num_hidden_layers), cal(config.num_hidden_layers);
+  ForwardContext ctx;
+  auto ref = model.forward(batch, {.temperature = temperature, .calibrator = &ref_cal}, &ctx);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  HostTrainStep step;
+  auto got = step.forward(model, batch, {.temperature = temperature, .calibrator = &cal});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), ref->size());
+  double lp_norm = 0;
+  for (size_t s = 0; s < ref->size(); ++s) {
+    ASSERT_EQ((*got)[s].size(), (*ref)[s].size());
+    for (size_t i = 0; i < (*ref)[s].size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>((*got)[s][i]), std::bit_cast<uint32_t>((*ref)[s][i]))
+          << "sequence " << s << " token " << i << ": " << (*got)[s][i] << " vs " << (*ref)[s][i];
+      lp_norm += std::fabs((*ref)[s][i]);
+    }
+  }
+  ASSERT_GT(lp_norm, 0.0);
+  EXPECT_EQ(cal.k_records(), ref_cal.k_records());
+  EXPECT_EQ(cal.v_records(), ref_cal.v_records());
+  EXPECT_EQ(cal.num_records(), 3);
+
+  TokenValues dlogp(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s) {
+    dlogp[s].resize(batch[s].size() - 1);
+    for (float& v : dlogp[s]) v = s == 1 ? 0.0f : static_cast<float>(rng.normal());
+  }
+  const int64_t n = model.num_params();
+  std::vector<float> init(n);
+  for (float& v : init) v = static_cast<float>(1e-3 * rng.normal());
+  std::vector<float> ref_grads = init, grads = init;
+  ASSERT_TRUE(model.backward(ctx, dlogp, ref_grads.data()).ok());
+  std::vector<int64_t> finals;
+  ASSERT_TRUE(train_backward(config, policy, model.layout(), *step.ops, step.buffers, step.tables,
+                             dlogp, grads.data(), step.opts,
+                             [&](int64_t from) { finals.push_back(from); })
+                  .ok());
+  // Every parameter tensor received a gradient, and each equals the reference's bit for bit.
+  for (const ParamInfo& info : model.layout().params()) {
+    double moved = 0;
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const int64_t at = info.offset + i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(grads[at]), std::bit_cast<uint32_t>(ref_grads[at]))
+          << info.name << "[" << i << "]: " << grads[at] << " vs " << ref_grads[at];
+      moved += std::fabs(ref_grads[at] - init[at]);
+    }
+    EXPECT_GT(moved, 0.0) << info.name << " got no gradient";
+  }
+  // Activation recomputation per layer: fewer saved floats, the same logprobs and gradients.
+  HostTrainStep re;
+  const TrainStepOptions re_opts{.temperature = temperature, .recompute_layers = true};
+  auto re_lp = re.forward(model, batch, re_opts);
+  ASSERT_TRUE(re_lp.ok()) << re_lp.status();
+  EXPECT_EQ(*re_lp, *got);
+  EXPECT_LT(train_buffer_floats(config, step.tables.rows, re_opts),
+            train_buffer_floats(config, step.tables.rows, step.opts));
+  std::vector<float> re_grads = init;
+  ASSERT_TRUE(re.backward(model, dlogp, re_grads.data()).ok());
+  ASSERT_EQ(0, std::memcmp(re_grads.data(), ref_grads.data(), n * sizeof(float)))
+      << "recompute_layers changed a gradient";
+  // on_final: from the final norm down to 0, decreasing.
+  ASSERT_FALSE(finals.empty());
+  EXPECT_EQ(finals.front(), model.layout().final_norm());
+  EXPECT_EQ(finals.back(), 0);
+  for (size_t i = 1; i < finals.size(); ++i) EXPECT_LT(finals[i], finals[i - 1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, TrainStepMirrorTest,
+                         ::testing::Values(Case{Precision::kF32, KvCacheDtype::kF32, true, 0},
+                                           Case{Precision::kF32, KvCacheDtype::kFP8, true, 2},
+                                           Case{Precision::kF32, KvCacheDtype::kFP8, false, 1},
+                                           Case{Precision::kBF16, KvCacheDtype::kBF16, true, 1},
+                                           Case{Precision::kBF16, KvCacheDtype::kFP8, true, 0},
+                                           Case{Precision::kBF16, KvCacheDtype::kFP8, false, 2},
+                                           Case{Precision::kFP8, KvCacheDtype::kFP8, true, 0},
+                                           Case{Precision::kFP8, KvCacheDtype::kFP8, false, 1},
+                                           Case{Precision::kFP8, KvCacheDtype::kBF16, true, 2},
+                                           Case{Precision::kFP8, KvCacheDtype::kFP8, true, 2,
+                                                true}),
+                         [](const auto& info) { return case_name(info.param); });
+
+TEST(TrainStep, TablesAndBadInput) {
+  const ModelConfig config = config_for(0, 50);
+  auto t = build_train_tables({{1, 2, 3}, {4}, {5, 6}}, config);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->rows, 6);
+  EXPECT_EQ(t->seq_start, (std::vector<int32_t>{0, 3, 4, 6}));
+  EXPECT_EQ(t->pos, (std::vector<int32_t>{0, 1, 2, 0, 0, 1}));
+  EXPECT_EQ(t->row_seq, (std::vector<int32_t>{0, 0, 0, 1, 2, 2}));
+  EXPECT_EQ(t->targets, (std::vector<int32_t>{2, 3, -1, -1, 6, -1}));
+  absl::Status s = build_train_tables({{1}, {2, 50}}, config).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("sequence 1: token id 50 at index 1"), std::string::npos) << s;
+  EXPECT_NE(build_train_tables({{1}, {}}, config).status().message().find("sequence 1 is empty"),
+            std::string::npos);
+  EXPECT_FALSE(build_train_tables({}, config).ok());
+  // Buffers: padded rows, aligned, and counted exactly as carved.
+  const TrainStepOptions opts;
+  EXPECT_EQ(train_padded_rows(6), 32);
+  const int64_t floats = train_buffer_floats(config, 6, opts);
+  std::vector<float> base(floats);
+  const TrainBuffers b = carve_train_buffers(config, 6, opts, base.data());
+  EXPECT_EQ(b.padded_rows, 32);
+  EXPECT_EQ((b.layers[1].act - base.data()) % 64, 0);
+  EXPECT_LE(b.du + 32 * config.intermediate_size, base.data() + floats);
+}
+
+TEST(TrainStep, RefusesMoeBadTemperatureAndBadDlogp) {
+  PrecisionPolicy policy;
+  const ModelConfig moe =
+      testing::make_qwen3_moe_config(64, 64, 128, 1, 2, 1, 32, false, 4, 2, 32, true);
+  auto m = Model::Init(moe, policy, 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  HostTrainStep step;
+  auto r = step.forward(**m, {{1, 2, 3}}, {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("MoE"), std::string::npos) << r.status();
+
+  auto d = Model::Init(config_for(0, 50), policy, 1);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(step.forward(**d, {{1, 2, 3}}, {.temperature = 0.0f}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(step.forward(**d, {{1, 2, 3}, {4, 5}}, {}).ok());
+  std::vector<float> grads((*d)->num_params(), 0.0f);
+  absl::Status s = step.backward(**d, {{0.5f, 1.0f}}, grads.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("dlogp has 1 sequences"), std::string::npos) << s;
+  s = step.backward(**d, {{0.5f}, {1.0f}}, grads.data());
+  EXPECT_NE(s.message().find("dlogp[0] has 1 values, expected 2"), std::string::npos) << s;
+  s = step.backward(**d, {{0.5f, NAN}, {1.0f}}, grads.data());
+  EXPECT_NE(s.message().find("dlogp[0] not finite"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace fp8rl::model::gpu
