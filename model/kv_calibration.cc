@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
 
 namespace fp8rl::model {
@@ -18,6 +19,22 @@ float percentile_of(std::vector<float> values, double percentile) {
   const size_t hi = std::min(lo + 1, values.size() - 1);
   const double frac = rank - lo;
   return static_cast<float>(values[lo] + (values[hi] - values[lo]) * frac);
+}
+
+absl::Status validate_kv_scales(const KvScales& scales, int64_t num_layers) {
+  const size_t n = static_cast<size_t>(num_layers);
+  if (scales.k.size() != n || scales.v.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("kv scales: expected ", n, " per tensor, got ",
+                                                   scales.k.size(), " and ", scales.v.size()));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!(scales.k[i] > 0) || !(scales.v[i] > 0) || !std::isfinite(scales.k[i]) ||
+        !std::isfinite(scales.v[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv scales: layer ", i, ": scales must be positive and finite"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void KvCalibrator::record(int64_t layer, float k_amax, float v_amax) {

@@ -13,12 +13,18 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace fp8rl::model {
 
 struct KvScales {
   std::vector<float> k;  // per layer
   std::vector<float> v;
 };
+
+// OK when `scales` has num_layers k and v scales, each positive and finite; otherwise
+// InvalidArgument "kv scales: ..." naming the count or the layer.
+absl::Status validate_kv_scales(const KvScales& scales, int64_t num_layers);
 
 class KvCalibrator {
  public:

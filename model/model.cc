@@ -186,18 +186,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Init(const ModelConfig& config,
 }
 
 absl::Status Model::set_kv_scales(const KvScales& scales) {
-  const size_t n = static_cast<size_t>(config_.num_hidden_layers);
-  if (scales.k.size() != n || scales.v.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat("kv scales: expected ", n, " per tensor, got ",
-                                                   scales.k.size(), " and ", scales.v.size()));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (!(scales.k[i] > 0) || !(scales.v[i] > 0) || !std::isfinite(scales.k[i]) ||
-        !std::isfinite(scales.v[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("kv scales: layer ", i, ": scales must be positive and finite"));
-    }
-  }
+  if (auto s = validate_kv_scales(scales, config_.num_hidden_layers); !s.ok()) return s;
   kv_scales_ = scales;
   return absl::OkStatus();
 }

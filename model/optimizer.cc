@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "common/safetensors.h"
+#include "kernels/device_math/adamw.h"
 
 namespace fp8rl::model {
 
@@ -37,15 +38,19 @@ absl::Status validate_adamw_config(const AdamWConfig& c) {
   return absl::OkStatus();
 }
 
+bool adamw_decays(ParamKind kind) {
+  return kind == ParamKind::kLinear || kind == ParamKind::kEmbedding ||
+         kind == ParamKind::kLmHead || kind == ParamKind::kRouter;
+}
+
 AdamW::AdamW(const Model& model, const AdamWConfig& config) : config_(config) {
   const int64_t n = model.num_params();
   m_.assign(n, 0.0f);
   v_.assign(n, 0.0f);
   decay_.assign(n, 0);
   for (const ParamInfo& p : model.layout().params()) {
-    const bool matrix = p.kind == ParamKind::kLinear || p.kind == ParamKind::kEmbedding ||
-                        p.kind == ParamKind::kLmHead || p.kind == ParamKind::kRouter;
-    std::fill(decay_.begin() + p.offset, decay_.begin() + p.offset + p.numel, matrix ? 1 : 0);
+    std::fill(decay_.begin() + p.offset, decay_.begin() + p.offset + p.numel,
+              adamw_decays(p.kind) ? 1 : 0);
   }
 }
 
@@ -57,8 +62,7 @@ absl::Status AdamW::set_lr(double lr) {
   return absl::OkStatus();
 }
 
-double AdamW::lr_at(int64_t step) const {
-  const AdamWConfig& c = config_;
+double adamw_lr_at(const AdamWConfig& c, int64_t step) {
   if (c.warmup_steps > 0 && step < c.warmup_steps) {
     return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
   }
@@ -68,6 +72,8 @@ double AdamW::lr_at(int64_t step) const {
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * t));
   return c.lr * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * cosine);
 }
+
+double AdamW::lr_at(int64_t step) const { return adamw_lr_at(config_, step); }
 
 absl::StatusOr<OptimizerStepStats> AdamW::step(Model& model, float* grads, float grad_scale) {
   const int64_t n = model.num_params();
@@ -84,82 +90,98 @@ absl::StatusOr<OptimizerStepStats> AdamW::step(Model& model, float* grads, float
   if (!std::isfinite(stats.grad_norm)) {
     return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");
   }
-  float clip = 1.0f;
-  if (config_.max_grad_norm > 0 && stats.grad_norm > config_.max_grad_norm) {
-    clip = static_cast<float>(config_.max_grad_norm / (stats.grad_norm + 1e-6));
-    stats.clipped = true;
-  }
+  const float clip = kernels::dm::clip_factor(stats.grad_norm, config_.max_grad_norm);
+  stats.clipped = kernels::dm::clip_applies(stats.grad_norm, config_.max_grad_norm);
   stats.lr = lr_at(step_);
   ++step_;
   stats.step = step_;
-  const double b1 = config_.beta1, b2 = config_.beta2;
-  const double c1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-  const double c2 = 1.0 - std::pow(b2, static_cast<double>(step_));
-  const float lr = static_cast<float>(stats.lr), wd = static_cast<float>(config_.weight_decay),
-              eps = static_cast<float>(config_.eps);
-  const float step_size = static_cast<float>(stats.lr / c1);
-  const float inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(c2));
+  const kernels::dm::AdamWCoeffs coeffs = kernels::dm::adamw_coeffs(
+      stats.lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_);
   float* p = model.params().data();
   for (int64_t i = 0; i < n; ++i) {
     const float g = grads[i] * clip;
     grads[i] = g;
-    m_[i] = static_cast<float>(b1) * m_[i] + static_cast<float>(1 - b1) * g;
-    v_[i] = static_cast<float>(b2) * v_[i] + static_cast<float>(1 - b2) * g * g;
-    if (decay_[i]) p[i] -= lr * wd * p[i];
-    p[i] -= step_size * m_[i] / (std::sqrt(v_[i]) * inv_sqrt_c2 + eps);
+    kernels::dm::adamw_update(g, decay_[i] != 0, coeffs, p[i], m_[i], v_[i]);
   }
   model.refresh();
   return stats;
 }
 
-absl::Status AdamW::save_state(const std::string& path) const {
+absl::Status save_adamw_state(const std::string& path, const std::vector<float>& m,
+                              const std::vector<float>& v, int64_t step) {
+  if (m.size() != v.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": exp_avg has ", m.size(), " values, exp_avg_sq ", v.size()));
+  }
   SafetensorsWriter w;
-  const int64_t n = static_cast<int64_t>(m_.size());
-  if (auto s = w.add_f32("adamw.exp_avg", {n}, m_); !s.ok()) return s;
-  if (auto s = w.add_f32("adamw.exp_avg_sq", {n}, v_); !s.ok()) return s;
-  w.set_metadata("step", absl::StrCat(step_));
+  const int64_t n = static_cast<int64_t>(m.size());
+  if (auto s = w.add_f32("adamw.exp_avg", {n}, m); !s.ok()) return s;
+  if (auto s = w.add_f32("adamw.exp_avg_sq", {n}, v); !s.ok()) return s;
+  w.set_metadata("step", absl::StrCat(step));
   return w.write(path);
 }
 
-absl::Status AdamW::load_state(const std::string& path) {
+absl::StatusOr<AdamWState> load_adamw_state(const std::string& path, int64_t num_params) {
   auto f = SafetensorsFile::Open(path);
   if (!f.ok()) return f.status();
   auto m = f->read_f32("adamw.exp_avg");
   if (!m.ok()) return m.status();
   auto v = f->read_f32("adamw.exp_avg_sq");
   if (!v.ok()) return v.status();
-  if (m->size() != m_.size() || v->size() != v_.size()) {
+  if (static_cast<int64_t>(m->size()) != num_params ||
+      static_cast<int64_t>(v->size()) != num_params) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": optimizer state has ", m->size(),
-                                                   " values, the model has ", m_.size()));
+                                                   " values, the model has ", num_params));
   }
   auto it = f->metadata().find("step");
-  int64_t step = 0;
-  if (it == f->metadata().end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
+  AdamWState state;
+  if (it == f->metadata().end() || !absl::SimpleAtoi(it->second, &state.step) || state.step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": missing or bad 'step' metadata"));
   }
-  m_ = std::move(*m);
-  v_ = std::move(*v);
-  step_ = step;
+  state.m = std::move(*m);
+  state.v = std::move(*v);
+  return state;
+}
+
+absl::Status AdamW::save_state(const std::string& path) const {
+  return save_adamw_state(path, m_, v_, step_);
+}
+
+absl::Status AdamW::load_state(const std::string& path) {
+  auto state = load_adamw_state(path, static_cast<int64_t>(m_.size()));
+  if (!state.ok()) return state.status();
+  m_ = std::move(state->m);
+  v_ = std::move(state->v);
+  step_ = state->step;
   return absl::OkStatus();
+}
+
+absl::Status write_training_checkpoint(
+    const std::string& dir, const WeightSet& f32_weights,
+    const std::function<absl::Status(const std::string& path)>& save_optimizer_state) {
+  // The optimizer file is staged beside the folder, then copied into the new folder.
+  const std::string staged = temp_path_for(dir + ".optimizer.safetensors");
+  if (auto s = save_optimizer_state(staged); !s.ok()) return s;
+  absl::Status st = write_dir_atomic(dir, [&](const std::string& tmp) -> absl::Status {
+    SafetensorsWriter writer;
+    if (auto s = add_to_writer(f32_weights, &writer); !s.ok()) return s;
+    writer.set_metadata("format", "pt");
+    if (auto s = write_file_atomic(tmp + "/config.json", f32_weights.config_json); !s.ok()) {
+      return s;
+    }
+    if (auto s = writer.write(tmp + "/model.safetensors"); !s.ok()) return s;
+    return copy_file(staged, tmp + "/optimizer.safetensors");
+  });
+  remove_all_quietly(staged);
+  return st;
 }
 
 absl::Status save_training_checkpoint(const std::string& dir, const Model& model,
                                       const AdamW& optimizer) {
   auto set = model.export_weights(WeightFormat::kF32);
   if (!set.ok()) return set.status();
-  // The optimizer file is staged beside the folder, then copied into the new folder.
-  const std::string staged = temp_path_for(dir + ".optimizer.safetensors");
-  if (auto s = optimizer.save_state(staged); !s.ok()) return s;
-  absl::Status st = write_dir_atomic(dir, [&](const std::string& tmp) -> absl::Status {
-    SafetensorsWriter writer;
-    if (auto s = add_to_writer(*set, &writer); !s.ok()) return s;
-    writer.set_metadata("format", "pt");
-    if (auto s = write_file_atomic(tmp + "/config.json", set->config_json); !s.ok()) return s;
-    if (auto s = writer.write(tmp + "/model.safetensors"); !s.ok()) return s;
-    return copy_file(staged, tmp + "/optimizer.safetensors");
-  });
-  remove_all_quietly(staged);
-  return st;
+  return write_training_checkpoint(
+      dir, *set, [&](const std::string& path) { return optimizer.save_state(path); });
 }
 
 absl::StatusOr<std::unique_ptr<Model>> load_training_checkpoint(const std::string& dir,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ struct AdamWConfig {
   double min_lr_ratio = 0.0;
 };
 absl::Status validate_adamw_config(const AdamWConfig& config);  // errors name the field
+// Learning rate of 0-based step `step` under `config`'s warmup and schedule (AdamW::lr_at).
+double adamw_lr_at(const AdamWConfig& config, int64_t step);
+// Whether weight decay applies to a parameter of this kind: matrices (linear, embedding, lm_head,
+// router), not norms or biases.
+bool adamw_decays(ParamKind kind);
 
 struct OptimizerStepStats {
   int64_t step = 0;  // steps taken, this one included
@@ -66,10 +72,27 @@ class AdamW {
   int64_t step_ = 0;
 };
 
+// The optimizer state file (AdamW::save_state's format, shared by the CPU and the device trainer):
+// F32 tensors "adamw.exp_avg" and "adamw.exp_avg_sq" [num_params] in ParamLayout order and the
+// metadata "step" (steps taken).
+struct AdamWState {
+  std::vector<float> m, v;
+  int64_t step = 0;
+};
+absl::Status save_adamw_state(const std::string& path, const std::vector<float>& m,
+                              const std::vector<float>& v, int64_t step);
+// InvalidArgument when the sizes differ from num_params or "step" is missing or negative.
+absl::StatusOr<AdamWState> load_adamw_state(const std::string& path, int64_t num_params);
+
 // A training checkpoint: the HF folder (F32 weights + k/v scales) with optimizer.safetensors,
 // written atomically.
 absl::Status save_training_checkpoint(const std::string& dir, const Model& model,
                                       const AdamW& optimizer);
+// The same folder from weights already exported (WeightFormat::kF32) and a function that writes
+// the optimizer state file to a given path (the device trainer passes its own).
+absl::Status write_training_checkpoint(
+    const std::string& dir, const WeightSet& f32_weights,
+    const std::function<absl::Status(const std::string& path)>& save_optimizer_state);
 // Loads the weights into a new model and the optimizer state into `optimizer` (built for a model
 // of the same config).
 absl::StatusOr<std::unique_ptr<Model>> load_training_checkpoint(const std::string& dir,

@@ -121,6 +121,7 @@ row configure ok "sm_90a (-gencode arch=compute_90a,code=sm_90a)"
 TARGETS=(fp8rl_device_math_test fp8rl_gpu_kernels_test fp8rl_gpu_model_test fp8rl-bench-gemm-gpu
   fp8rl-bench-decode-gpu)
 TARGETS+=(fp8rl_gpu_train_test)  # the training step on the device (model/cuda/cuda_train_ops.h)
+TARGETS+=(fp8rl_gpu_train_state_test)  # the trainer's device state (model/cuda/train_state.h)
 # with_pack: gtest_discover_tests runs each test binary right after linking it.
 with_pack timeout "$(remaining)" cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}" \
   >"$LOG_DIR/build.txt" 2>&1
@@ -166,6 +167,8 @@ with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_kernels_test" >"$LOG_DIR/gpu_te
 # derived bars go to the summary.
 with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_model_test" >"$LOG_DIR/gpu_model_test.txt" 2>&1 || failed=1
 cat "$LOG_DIR/gpu_model_test.txt" >>"$LOG_DIR/gpu_tests.txt"
+# The trainer's optimizer, re-quantization, calibration and export on the device vs the CPU trainer.
+with_pack timeout "$(remaining)" "$BIN/fp8rl_gpu_train_state_test" >>"$LOG_DIR/gpu_tests.txt" 2>&1 || failed=1
 grep -E '^\[[a-z0-9_]+\] |^budget ' "$LOG_DIR/gpu_model_test.txt" >>"$LOG_DIR/summary.txt"
 # The training step's kernels, GEMMs and a whole forward + backward vs the CPU; measured calc_diff
 # next to each derived bar goes to train_test.txt.

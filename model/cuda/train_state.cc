@@ -1,0 +1,470 @@
+// DeviceTrainState: the optimizer step, re-quantization, KV calibration records, export and
+// checkpoints written once over TrainDevice primitives (device or host memory).
+#include "model/cuda/train_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace fp8rl::model::gpu {
+namespace {
+
+constexpr int64_t kAlign = 256;
+int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Scales of a 128x128-block matrix in the CUDA GEMM layout (kernels/cuda/fp8_cuda.h: block
+// columns padded to a multiple of 4), the larger of the two layouts, for the memory plan.
+int64_t block128_gemm_scale_count(int64_t rows, int64_t cols) {
+  const int64_t kb = kernels::ceil_div(cols, kernels::kBlock);
+  return kernels::ceil_div(rows, kernels::kBlock) * kernels::ceil_div(kb, 4) * 4;
+}
+
+std::string kv_scale_name(int64_t layer, char kv) {
+  return absl::StrCat("model.layers.", layer, ".self_attn.", std::string(1, kv), "_scale");
+}
+
+std::vector<uint8_t> f32_bytes(const float* x, int64_t n) {
+  std::vector<uint8_t> out(n * 4);
+  std::memcpy(out.data(), x, n * 4);
+  return out;
+}
+
+// Whether Model::export_weights(kFP8) writes parameter p as F8_E4M3 codes + scales.
+bool exports_fp8(const ParamInfo& p, const PrecisionPolicy& policy, int64_t n_layers) {
+  return p.kind == ParamKind::kLinear && policy.layer_linear(p.layer, n_layers) != Precision::kBF16;
+}
+// Whether the policy runs parameter p as an FP8 linear (it then has a working copy on the device).
+bool runs_fp8(const ParamInfo& p, const PrecisionPolicy& policy, int64_t n_layers) {
+  return p.kind == ParamKind::kLinear && policy.layer_linear(p.layer, n_layers) == Precision::kFP8;
+}
+
+// The FP8 codes the model holds for the linear at `offset` when it is a dense decoder linear
+// (q k v o gate up down); nullptr for experts and anything the model does not run in FP8.
+const kernels::Fp8Matrix* model_fp8_copy(const Model& model, int64_t offset) {
+  const float* master = model.params().data() + offset;
+  for (int64_t l = 0; l < model.config().num_hidden_layers; ++l) {
+    for (int64_t j = 0; j < 7; ++j) {
+      const LinearWeight& w = model.layer_linear(l, j);
+      if (w.master == master && w.precision == Precision::kFP8 &&
+          w.q.mode == kernels::ScalingMode::kBlock128x128) {
+        return &w.q;
+      }
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TrainStateBytes plan_train_state_bytes(const ModelConfig& config, const PrecisionPolicy& policy,
+                                       const TrainStateOptions& options) {
+  const ParamLayout layout(config);
+  const int64_t n = layout.total();
+  const int64_t n_layers = config.num_hidden_layers;
+  TrainStateBytes b;
+  b.master = aligned(4 * n);
+  b.grads = aligned(4 * n);
+  b.moments = 2 * aligned(4 * n);
+  int64_t bf16_max = 0, fresh_max = 0;
+  for (const ParamInfo& p : layout.params()) {
+    const int64_t scales = block128_gemm_scale_count(p.shape[0], p.numel / p.shape[0]);
+    if (runs_fp8(p, policy, n_layers)) {
+      const int64_t one = aligned(p.numel) + aligned(4 * scales);
+      b.fp8_weights += options.keep_transposed ? 2 * one : one;
+    } else if (exports_fp8(p, policy, n_layers)) {
+      fresh_max = std::max(fresh_max, aligned(p.numel) + aligned(4 * scales));
+    } else {
+      bf16_max = std::max(bf16_max, aligned(2 * p.numel));
+    }
+  }
+  if (options.keep_bf16_copy) b.bf16_copy = aligned(2 * n);
+  b.kv_records = aligned(4 * options.kv_record_capacity * n_layers * 2);
+  b.export_scratch = bf16_max + fresh_max;
+  return b;
+}
+
+DeviceTrainState::DeviceTrainState(const Model& model, const TrainStateOptions& options,
+                                   std::unique_ptr<TrainDevice> device)
+    : config_(model.config()),
+      policy_(model.policy()),
+      layout_(model.config()),
+      options_(options),
+      device_(std::move(device)),
+      calibrator_(model.config().num_hidden_layers) {}
+
+absl::StatusOr<std::unique_ptr<DeviceTrainState>> DeviceTrainState::Create(
+    const Model& model, const TrainStateOptions& options, std::unique_ptr<TrainDevice> device) {
+  if (auto s = validate_adamw_config(options.adamw); !s.ok()) return s;
+  if (model.inference_only()) {
+    return absl::InvalidArgumentError(
+        "train state: an inference-only model holds no fp32 master to train");
+  }
+  if (options.kv_record_capacity < 1) {
+    return absl::InvalidArgumentError("kv_record_capacity: must be >= 1");
+  }
+  if (device == nullptr) return absl::InvalidArgumentError("train state: no device");
+  std::unique_ptr<DeviceTrainState> state(new DeviceTrainState(model, options, std::move(device)));
+  if (auto s = state->init(model); !s.ok()) return s;
+  return state;
+}
+
+absl::Status DeviceTrainState::init(const Model& model) {
+  TrainDevice& dev = *device_;
+  const int64_t n = num_params();
+  const int64_t n_layers = config_.num_hidden_layers;
+  bytes_ = plan_train_state_bytes(config_, policy_, options_);
+  auto alloc_f32 = [&](float** out, int64_t count, const std::string& what) -> absl::Status {
+    auto p = dev.allocate(4 * std::max<int64_t>(count, 1), what);
+    if (!p.ok()) return p.status();
+    *out = static_cast<float*>(*p);
+    return absl::OkStatus();
+  };
+  if (auto s = alloc_f32(&master_, n, "master weights"); !s.ok()) return s;
+  if (auto s = alloc_f32(&grads_, n, "gradients"); !s.ok()) return s;
+  if (auto s = alloc_f32(&m_, n, "AdamW exp_avg"); !s.ok()) return s;
+  if (auto s = alloc_f32(&v_, n, "AdamW exp_avg_sq"); !s.ok()) return s;
+  if (auto s = dev.upload(master_, model.params().data(), 4 * n); !s.ok()) return s;
+
+  // Weight-decay runs over the flat buffer (parameters are laid out in order, back to back).
+  for (const ParamInfo& p : layout_.params()) {
+    const bool decay = adamw_decays(p.kind);
+    if (!runs_.empty() && runs_.back().decay == decay &&
+        runs_.back().offset + runs_.back().count == p.offset) {
+      runs_.back().count += p.numel;
+    } else {
+      runs_.push_back({p.offset, p.numel, decay});
+    }
+  }
+
+  // FP8 working copies: the model's own codes where it has them (pinned FP8 checkpoint codes
+  // included), a fresh quantization of the master otherwise.
+  const std::vector<ParamInfo>& params = layout_.params();
+  fp8_index_.assign(params.size(), -1);
+  int64_t bf16_max = 0, fresh_max_codes = 0, fresh_max_scales = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    const int64_t rows = p.shape[0], cols = p.numel / p.shape[0];
+    if (!runs_fp8(p, policy_, n_layers)) {
+      if (exports_fp8(p, policy_, n_layers)) {
+        fresh_max_codes = std::max(fresh_max_codes, p.numel);
+        fresh_max_scales = std::max(fresh_max_scales, dev.block_scale_count(rows, cols));
+      } else {
+        bf16_max = std::max(bf16_max, p.numel);
+      }
+      continue;
+    }
+    Fp8Weight w;
+    w.param = static_cast<int64_t>(i);
+    w.rows = rows;
+    w.cols = cols;
+    const int64_t scales = dev.block_scale_count(rows, cols);
+    auto codes = dev.allocate(p.numel, p.name);
+    if (!codes.ok()) return codes.status();
+    if (auto s = alloc_f32(&w.scales, scales, p.name + "_scale_inv"); !s.ok()) return s;
+    w.codes = static_cast<uint8_t*>(*codes);
+    if (options_.keep_transposed) {
+      auto t = dev.allocate(p.numel, p.name + " (transposed)");
+      if (!t.ok()) return t.status();
+      w.t_codes = static_cast<uint8_t*>(*t);
+      if (auto s = alloc_f32(&w.t_scales, dev.block_scale_count(cols, rows),
+                             p.name + "_scale_inv (transposed)");
+          !s.ok()) {
+        return s;
+      }
+    }
+    const kernels::Fp8Matrix* held = model_fp8_copy(model, p.offset);
+    absl::Status st = held != nullptr && held->rows == rows && held->cols == cols
+                          ? dev.upload_block128(*held, w.codes, w.scales)
+                          : dev.quantize_block128(master_ + p.offset, rows, cols,
+                                                  policy_.pow2_scales, w.codes, w.scales);
+    if (!st.ok()) return st;
+    if (w.t_codes != nullptr) {
+      if (auto s = dev.transpose_block128(w.codes, w.scales, rows, cols, w.t_codes, w.t_scales);
+          !s.ok()) {
+        return s;
+      }
+    }
+    fp8_index_[i] = static_cast<int64_t>(fp8_.size());
+    fp8_.push_back(w);
+  }
+  if (options_.keep_bf16_copy) {
+    auto b = dev.allocate(2 * n, "bf16 copy");
+    if (!b.ok()) return b.status();
+    bf16_ = static_cast<uint16_t*>(*b);
+    if (auto s = dev.round_bf16(master_, n, bf16_); !s.ok()) return s;
+  }
+  if (auto s = alloc_f32(&kv_records_, options_.kv_record_capacity * n_layers * 2, "KV records");
+      !s.ok()) {
+    return s;
+  }
+  if (bf16_max > 0) {
+    auto b = dev.allocate(2 * bf16_max, "export scratch (bf16)");
+    if (!b.ok()) return b.status();
+    bf16_scratch_ = static_cast<uint16_t*>(*b);
+  }
+  if (fresh_max_codes > 0) {
+    auto c = dev.allocate(fresh_max_codes, "export scratch (fp8 codes)");
+    if (!c.ok()) return c.status();
+    fp8_scratch_codes_ = static_cast<uint8_t*>(*c);
+    if (auto s = alloc_f32(&fp8_scratch_scales_, fresh_max_scales, "export scratch (fp8 scales)");
+        !s.ok()) {
+      return s;
+    }
+  }
+  kv_scales_ = model.kv_scales();
+  return dev.synchronize();
+}
+
+const Fp8Weight* DeviceTrainState::fp8_weight(int64_t param) const {
+  if (param < 0 || param >= static_cast<int64_t>(fp8_index_.size()) || fp8_index_[param] < 0) {
+    return nullptr;
+  }
+  return &fp8_[fp8_index_[param]];
+}
+
+absl::Status DeviceTrainState::zero_grads() { return device_->fill_zero(grads_, 4 * num_params()); }
+
+absl::Status DeviceTrainState::set_lr(double lr) {
+  if (!std::isfinite(lr) || !(lr > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("lr: must be finite and > 0, got ", lr));
+  }
+  options_.adamw.lr = lr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OptimizerStepStats> DeviceTrainState::step(float grad_scale) {
+  const AdamWConfig& c = options_.adamw;
+  auto sq = device_->scale_and_sum_squares(grads_, num_params(), grad_scale);
+  if (!sq.ok()) return sq.status();
+  OptimizerStepStats stats;
+  stats.grad_norm = std::sqrt(*sq);
+  if (!std::isfinite(stats.grad_norm)) {
+    return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");
+  }
+  const float clip = kernels::dm::clip_factor(stats.grad_norm, c.max_grad_norm);
+  stats.clipped = kernels::dm::clip_applies(stats.grad_norm, c.max_grad_norm);
+  stats.lr = lr_at(step_);
+  const kernels::dm::AdamWCoeffs coeffs =
+      kernels::dm::adamw_coeffs(stats.lr, c.beta1, c.beta2, c.eps, c.weight_decay, step_ + 1);
+  for (const DecayRun& r : runs_) {
+    if (auto s = device_->adamw(master_ + r.offset, m_ + r.offset, v_ + r.offset, grads_ + r.offset,
+                                r.count, clip, r.decay, coeffs);
+        !s.ok()) {
+      return s;
+    }
+  }
+  ++step_;
+  stats.step = step_;
+  if (auto s = requantize(); !s.ok()) return s;
+  return stats;
+}
+
+absl::Status DeviceTrainState::requantize() {
+  TrainDevice& dev = *device_;
+  for (const Fp8Weight& w : fp8_) {
+    const int64_t offset = layout_.params()[w.param].offset;
+    if (auto s = dev.quantize_block128(master_ + offset, w.rows, w.cols, policy_.pow2_scales,
+                                       w.codes, w.scales);
+        !s.ok()) {
+      return s;
+    }
+    if (w.t_codes != nullptr) {
+      if (auto s = dev.transpose_block128(w.codes, w.scales, w.rows, w.cols, w.t_codes, w.t_scales);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  if (bf16_ != nullptr) return dev.round_bf16(master_, num_params(), bf16_);
+  return absl::OkStatus();
+}
+
+// ---- KV calibration
+// ------------------------------------------------------------------------------
+
+absl::StatusOr<int64_t> DeviceTrainState::begin_kv_records(int64_t n) {
+  if (n < 1 || n > options_.kv_record_capacity) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv records: ", n, " records asked, capacity ", options_.kv_record_capacity));
+  }
+  if (kv_used_ + n > options_.kv_record_capacity) {
+    if (auto s = flush_kv_records(); !s.ok()) return s;
+  }
+  const int64_t first = kv_used_;
+  const int64_t per_record = config_.num_hidden_layers * 2;
+  if (auto s = device_->fill_zero(kv_records_ + first * per_record, 4 * n * per_record); !s.ok()) {
+    return s;
+  }
+  kv_used_ += n;
+  return first;
+}
+
+absl::Status DeviceTrainState::record_kv_amax(int64_t record, int64_t layer, const float* k,
+                                              int64_t k_count, const float* v, int64_t v_count) {
+  if (record < 0 || record >= kv_used_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv records: record ", record, " was not reserved (", kv_used_, " are)"));
+  }
+  if (layer < 0 || layer >= config_.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv records: layer ", layer, " out of range [0, ", config_.num_hidden_layers, ")"));
+  }
+  if (k_count < 0 || v_count < 0) {
+    return absl::InvalidArgumentError("kv records: negative element count");
+  }
+  float* slot = kv_records_ + (record * config_.num_hidden_layers + layer) * 2;
+  if (auto s = device_->amax_into(k, k_count, slot); !s.ok()) return s;
+  return device_->amax_into(v, v_count, slot + 1);
+}
+
+absl::Status DeviceTrainState::record_kv_amax_rows(int64_t first, int64_t layer, const float* k,
+                                                   const float* v, int64_t kv_dim,
+                                                   std::span<const int64_t> row0, int64_t rows) {
+  for (size_t s = 0; s < row0.size(); ++s) {
+    const int64_t r0 = row0[s], r1 = s + 1 < row0.size() ? row0[s + 1] : rows;
+    if (r0 < 0 || r1 < r0 || r1 > rows) {
+      return absl::InvalidArgumentError(absl::StrCat("kv records: sequence ", s, " rows [", r0,
+                                                     ", ", r1, ") outside [0, ", rows, ")"));
+    }
+    if (auto st = record_kv_amax(first + static_cast<int64_t>(s), layer, k + r0 * kv_dim,
+                                 (r1 - r0) * kv_dim, v + r0 * kv_dim, (r1 - r0) * kv_dim);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceTrainState::flush_kv_records() {
+  if (kv_used_ == 0) return absl::OkStatus();
+  const int64_t n_layers = config_.num_hidden_layers;
+  std::vector<float> host(kv_used_ * n_layers * 2);
+  if (auto s = device_->download(host.data(), kv_records_, 4 * static_cast<int64_t>(host.size()));
+      !s.ok()) {
+    return s;
+  }
+  for (int64_t r = 0; r < kv_used_; ++r) {
+    for (int64_t l = 0; l < n_layers; ++l) {
+      calibrator_.record(l, host[(r * n_layers + l) * 2], host[(r * n_layers + l) * 2 + 1]);
+    }
+  }
+  kv_used_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceTrainState::set_kv_scales(const KvScales& scales) {
+  if (auto s = validate_kv_scales(scales, config_.num_hidden_layers); !s.ok()) return s;
+  kv_scales_ = scales;
+  return absl::OkStatus();
+}
+
+// ---- Export ------------------------------------------------------------------------------------
+
+absl::StatusOr<WeightSet> DeviceTrainState::export_fp8(int64_t version) const {
+  TrainDevice& dev = *device_;
+  const int64_t n_layers = config_.num_hidden_layers;
+  WeightSet out;
+  out.version = version;
+  out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/true);
+  const std::vector<ParamInfo>& params = layout_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    if (exports_fp8(p, policy_, n_layers)) {
+      const int64_t rows = p.shape[0], cols = p.numel / p.shape[0];
+      absl::StatusOr<kernels::Fp8Matrix> q;
+      if (const Fp8Weight* w = fp8_weight(static_cast<int64_t>(i))) {
+        q = dev.download_block128(w->codes, w->scales, rows, cols);
+      } else {
+        // A linear this policy does not run in FP8 (an fp32 policy): quantized for the payload.
+        if (auto s = dev.quantize_block128(master_ + p.offset, rows, cols, policy_.pow2_scales,
+                                           fp8_scratch_codes_, fp8_scratch_scales_);
+            !s.ok()) {
+          return s;
+        }
+        q = dev.download_block128(fp8_scratch_codes_, fp8_scratch_scales_, rows, cols);
+      }
+      if (!q.ok()) return q.status();
+      out.tensors.push_back({p.name, DType::kF8E4M3, p.shape, std::move(q->data)});
+      out.tensors.push_back(
+          {p.name + "_scale_inv",
+           DType::kF32,
+           {q->scale_rows(), q->scale_cols()},
+           f32_bytes(q->scale_inv.data(), static_cast<int64_t>(q->scale_inv.size()))});
+    } else {
+      if (auto s = dev.round_bf16(master_ + p.offset, p.numel, bf16_scratch_); !s.ok()) return s;
+      NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
+      if (auto s = dev.download(t.bytes.data(), bf16_scratch_, 2 * p.numel); !s.ok()) return s;
+      out.tensors.push_back(std::move(t));
+    }
+  }
+  for (int64_t l = 0; l < n_layers; ++l) {
+    out.tensors.push_back({kv_scale_name(l, 'k'), DType::kF32, {}, f32_bytes(&kv_scales_.k[l], 1)});
+    out.tensors.push_back({kv_scale_name(l, 'v'), DType::kF32, {}, f32_bytes(&kv_scales_.v[l], 1)});
+  }
+  return out;
+}
+
+absl::StatusOr<WeightSet> DeviceTrainState::export_f32(int64_t version) const {
+  WeightSet out;
+  out.version = version;
+  out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/false);
+  for (const ParamInfo& p : layout_.params()) {
+    NamedTensor t{p.name, DType::kF32, p.shape, std::vector<uint8_t>(4 * p.numel)};
+    if (auto s = device_->download(t.bytes.data(), master_ + p.offset, 4 * p.numel); !s.ok()) {
+      return s;
+    }
+    out.tensors.push_back(std::move(t));
+  }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    out.tensors.push_back({kv_scale_name(l, 'k'), DType::kF32, {}, f32_bytes(&kv_scales_.k[l], 1)});
+    out.tensors.push_back({kv_scale_name(l, 'v'), DType::kF32, {}, f32_bytes(&kv_scales_.v[l], 1)});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> DeviceTrainState::download(const float* device_buffer) const {
+  std::vector<float> out(num_params());
+  if (auto s = device_->download(out.data(), device_buffer, 4 * num_params()); !s.ok()) return s;
+  return out;
+}
+
+// ---- Checkpoints -------------------------------------------------------------------------------
+
+absl::Status DeviceTrainState::save_optimizer_state(const std::string& path) const {
+  auto m = download(m_);
+  if (!m.ok()) return m.status();
+  auto v = download(v_);
+  if (!v.ok()) return v.status();
+  return save_adamw_state(path, *m, *v, step_);
+}
+
+absl::Status DeviceTrainState::load_optimizer_state(const std::string& path) {
+  auto state = load_adamw_state(path, num_params());
+  if (!state.ok()) return state.status();
+  if (auto s = device_->upload(m_, state->m.data(), 4 * num_params()); !s.ok()) return s;
+  if (auto s = device_->upload(v_, state->v.data(), 4 * num_params()); !s.ok()) return s;
+  step_ = state->step;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceTrainState::save_checkpoint(const std::string& dir) const {
+  auto set = export_f32();
+  if (!set.ok()) return set.status();
+  return write_training_checkpoint(
+      dir, *set, [&](const std::string& path) { return save_optimizer_state(path); });
+}
+
+absl::StatusOr<std::unique_ptr<DeviceTrainState>> DeviceTrainState::LoadCheckpoint(
+    const std::string& dir, const PrecisionPolicy& policy, const TrainStateOptions& options,
+    std::unique_ptr<TrainDevice> device) {
+  auto model = Model::Load(dir, policy);
+  if (!model.ok()) return model.status();
+  auto state = Create(**model, options, std::move(device));
+  if (!state.ok()) return state.status();
+  if (auto s = (*state)->load_optimizer_state(dir + "/optimizer.safetensors"); !s.ok()) return s;
+  return state;
+}
+
+}  // namespace fp8rl::model::gpu

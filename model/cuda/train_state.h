@@ -1,0 +1,253 @@
+// The trainer's state on the device (docs/design.md "Optimizer, re-quantization and calibration
+// on the device"): fp32 master weights, gradients and AdamW moments in ParamLayout order, the
+// 128x128-block FP8 working copy of every linear the policy runs in FP8, KV-scale calibration
+// from per-layer per-call amaxes, export of a publishable weight set (FP8 codes + scales and BF16
+// tensors only), and optimizer checkpoints in the CPU trainer's format.
+//
+// The logic is written once over TrainDevice, a small set of memory and arithmetic primitives:
+// the CUDA device (make_cuda_train_device, kernels/cuda/optim_cuda.h) or host memory
+// (make_host_train_device, the CPU mirror that lets every host-side path be tested on machines
+// without a GPU against model::AdamW, Model::refresh and Model::export_weights).
+//
+// Plain C++ (no CUDA headers): built and tested in every build; the CUDA device exists only in a
+// build with CUDA (make_cuda_train_device answers Unimplemented otherwise).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/device_math/adamw.h"
+#include "kernels/quantize.h"
+#include "model/kv_calibration.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+
+struct CUstream_st;
+
+namespace fp8rl::model::gpu {
+
+// ---- Primitives ---------------------------------------------------------------------------------
+
+// Memory and element-wise arithmetic of one device. Every pointer argument lives in this device's
+// memory (allocate()); calls are ordered (one stream) and the ones that return host values wait
+// for the work before them. FP8 block scales are kept in the device's own layout
+// (block_scale_count floats): the CUDA GEMM layout (kernels/cuda/fp8_cuda.h, kBlock128x128) on
+// CUDA, the CPU layout (kernels/quantize.h) on the host.
+class TrainDevice {
+ public:
+  virtual ~TrainDevice() = default;
+  virtual std::string_view name() const = 0;  // "cuda" | "host"
+  // The CUDA stream everything runs on (nullptr on the host).
+  virtual CUstream_st* stream() const = 0;
+
+  // Zero-filled bytes owned by the device object (freed with it), 256-byte aligned.
+  // ResourceExhausted naming `what` when the memory is not there.
+  virtual absl::StatusOr<void*> allocate(int64_t bytes, const std::string& what) = 0;
+  virtual absl::Status fill_zero(void* dst, int64_t bytes) = 0;
+  virtual absl::Status upload(void* dst, const void* host_src, int64_t bytes) = 0;
+  virtual absl::Status download(void* host_dst, const void* src, int64_t bytes) const = 0;
+
+  // g[i] *= scale for i < n, then the sum of g[i]^2 in double. The CUDA order is fixed by n
+  // alone (deterministic); it is not the CPU's sequential order (kernels/cuda/optim_cuda.h).
+  virtual absl::StatusOr<double> scale_and_sum_squares(float* g, int64_t n, float scale) = 0;
+  // For i < n: g[i] *= clip (left clipped, as model::AdamW leaves them), then
+  // kernels::dm::adamw_update(g[i], decay, c, p[i], m[i], v[i]).
+  virtual absl::Status adamw(float* p, float* m, float* v, float* g, int64_t n, float clip,
+                             bool decay, const kernels::dm::AdamWCoeffs& c) = 0;
+  // 128x128-block FP8 quantization of x [rows, cols] (bit-exact with kernels::quantize).
+  virtual int64_t block_scale_count(int64_t rows, int64_t cols) const = 0;
+  virtual absl::Status quantize_block128(const float* x, int64_t rows, int64_t cols, bool pow2,
+                                         uint8_t* codes, float* scales) = 0;
+  // The exact transpose (kernels::transpose_blocks): t_codes [cols, rows] and its scales.
+  virtual absl::Status transpose_block128(const uint8_t* codes, const float* scales, int64_t rows,
+                                          int64_t cols, uint8_t* t_codes, float* t_scales) = 0;
+  // Moves one 128x128-block matrix between the host (CPU layout) and this device.
+  virtual absl::Status upload_block128(const kernels::Fp8Matrix& host, uint8_t* codes,
+                                       float* scales) = 0;
+  virtual absl::StatusOr<kernels::Fp8Matrix> download_block128(const uint8_t* codes,
+                                                               const float* scales, int64_t rows,
+                                                               int64_t cols) const = 0;
+  // out[i] = bf16 bits of x[i] (round to nearest even, kernels::dm::float_to_bf16).
+  virtual absl::Status round_bf16(const float* x, int64_t n, uint16_t* out) const = 0;
+  // *slot = max(*slot, |x[i]| for i < n), NaN skipped and +-inf kept: the amax the CPU forward
+  // records (model_forward.cc amax_of). *slot must hold a value >= 0.
+  virtual absl::Status amax_into(const float* x, int64_t n, float* slot) = 0;
+  virtual absl::Status synchronize() const = 0;
+};
+
+// The CPU mirror: host memory, the shared kernels::dm arithmetic and kernels::quantize.
+std::unique_ptr<TrainDevice> make_host_train_device();
+// The current CUDA device on `stream` (nullptr: the legacy default stream). FailedPrecondition
+// without an sm_90 device; Unimplemented in a build without CUDA.
+absl::StatusOr<std::unique_ptr<TrainDevice>> make_cuda_train_device(CUstream_st* stream = nullptr);
+
+// ---- Memory plan ----------------------------------------------------------------------------
+
+// Bytes the state holds on the device for a model (what the trainer's memory plan adds up).
+struct TrainStateBytes {
+  int64_t master = 0;          // fp32 params
+  int64_t grads = 0;           // fp32
+  int64_t moments = 0;         // fp32 m and v
+  int64_t fp8_weights = 0;     // codes + scales of the FP8 linears (and their transposes if kept)
+  int64_t bf16_copy = 0;       // TrainStateOptions::keep_bf16_copy
+  int64_t kv_records = 0;      // the amax record buffer
+  int64_t export_scratch = 0;  // one tensor's bf16 bits / fresh FP8 codes + scales at export
+  int64_t total() const {
+    return master + grads + moments + fp8_weights + bf16_copy + kv_records + export_scratch;
+  }
+};
+
+struct TrainStateOptions {
+  AdamWConfig adamw;
+  // Keep a bf16 copy of every parameter (bf16_params()), refreshed after each step, for a forward
+  // that reads BF16 weights.
+  bool keep_bf16_copy = false;
+  // Keep the transposed blocks of every FP8 weight (the dgrad operand W^T), refreshed with them.
+  bool keep_transposed = false;
+  // Per-layer K/V amax records held on the device before they are moved to the host calibrator.
+  int64_t kv_record_capacity = 1024;
+};
+
+TrainStateBytes plan_train_state_bytes(const ModelConfig& config, const PrecisionPolicy& policy,
+                                       const TrainStateOptions& options);
+
+// ---- State --------------------------------------------------------------------------------------
+
+// The FP8 working copy of one linear, in the device's memory and scale layout (on CUDA
+// view() is a kernels::cuda::Fp8DeviceView: pass codes/scales with kBlock128x128).
+struct Fp8Weight {
+  int64_t param = -1;  // index into layout().params()
+  int64_t rows = 0, cols = 0;
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  uint8_t* t_codes = nullptr;  // keep_transposed only: W^T [cols, rows]
+  float* t_scales = nullptr;
+};
+
+class DeviceTrainState {
+ public:
+  // Uploads the model's fp32 master, zero moments, zero gradients, its KV scales, and the FP8
+  // working copy of every linear the policy runs in FP8 exactly as the model holds it (codes
+  // pinned from an FP8 checkpoint stay as they are until the first step, as with the CPU model).
+  // InvalidArgument for a bad AdamW config (naming the field) or an inference-only model;
+  // ResourceExhausted when the device memory is not there.
+  static absl::StatusOr<std::unique_ptr<DeviceTrainState>> Create(
+      const Model& model, const TrainStateOptions& options, std::unique_ptr<TrainDevice> device);
+
+  const ModelConfig& config() const { return config_; }
+  const PrecisionPolicy& policy() const { return policy_; }
+  const ParamLayout& layout() const { return layout_; }
+  int64_t num_params() const { return layout_.total(); }
+  TrainDevice& device() const { return *device_; }
+  TrainStateBytes bytes() const { return bytes_; }
+
+  // Device buffers, [num_params()] in layout() order. The backward accumulates into grads().
+  float* master() const { return master_; }
+  float* grads() const { return grads_; }
+  const float* exp_avg() const { return m_; }
+  const float* exp_avg_sq() const { return v_; }
+  // keep_bf16_copy only (nullptr otherwise): bf16 bits of master(), as of the last step/load.
+  const uint16_t* bf16_params() const { return bf16_; }
+  absl::Status zero_grads();
+
+  // The FP8 working copies, in layout order; fp8_weight(param) is nullptr for a parameter that
+  // is not an FP8 linear under the policy.
+  const std::vector<Fp8Weight>& fp8_weights() const { return fp8_; }
+  const Fp8Weight* fp8_weight(int64_t param) const;
+
+  // model::AdamW::step on the device: grads() * grad_scale is the gradient; global-norm clipping,
+  // AdamW with the same schedule and decay rule, then requantize(). Non-finite gradients fail
+  // (InvalidArgument) without touching master, moments or step count; grads() is left scaled and
+  // clipped.
+  absl::StatusOr<OptimizerStepStats> step(float grad_scale = 1.0f);
+  // Re-derives every FP8 working copy (and the bf16 copy) from master(); step() calls it.
+  absl::Status requantize();
+  double lr_at(int64_t step) const { return adamw_lr_at(options_.adamw, step); }
+  int64_t steps() const { return step_; }
+  const AdamWConfig& adamw_config() const { return options_.adamw; }
+  absl::Status set_lr(double lr);  // as AdamW::set_lr
+
+  // ---- KV calibration: amax per layer per call on the device, the percentile on the host.
+  // Reserves `n` records (one per sequence of the coming forward, as Model::forward records) and
+  // returns the first record index; moves the device records to the host calibrator first when
+  // they would not fit. InvalidArgument when n is not in [1, kv_record_capacity].
+  absl::StatusOr<int64_t> begin_kv_records(int64_t n);
+  // Records into (record, layer) the amax of k[0, k_count) and v[0, v_count) (device pointers:
+  // the rows of one sequence, K after RoPE). InvalidArgument for a record not reserved or a layer
+  // out of range.
+  absl::Status record_kv_amax(int64_t record, int64_t layer, const float* k, int64_t k_count,
+                              const float* v, int64_t v_count);
+  // All sequences of one forward for one layer: k and v are [rows, kv_dim] (device), sequence s
+  // is rows [row0[s], row0[s + 1]) (the last one up to `rows`) and goes to record first + s.
+  absl::Status record_kv_amax_rows(int64_t first, int64_t layer, const float* k, const float* v,
+                                   int64_t kv_dim, std::span<const int64_t> row0, int64_t rows);
+  // Moves the device records (2 floats per layer per record) into kv_calibrator() and clears them.
+  absl::Status flush_kv_records();
+  // The host calibrator (records of earlier flushes): scales() gives p99.9 x 1.05 / 448.
+  KvCalibrator& kv_calibrator() { return calibrator_; }
+  const KvScales& kv_scales() const { return kv_scales_; }
+  absl::Status set_kv_scales(const KvScales& scales);  // as Model::set_kv_scales
+
+  // ---- Export
+  // The publishable weight set, equal to Model::export_weights(WeightFormat::kFP8, version) of a
+  // CPU model holding the same master and KV scales: FP8 linears as their working copy's codes
+  // and scales, other linears the policy does not keep in BF16 freshly quantized on the device,
+  // everything else BF16 rounded on the device. Only codes, scales and bf16 bits cross to the
+  // host.
+  absl::StatusOr<WeightSet> export_fp8(int64_t version = 0) const;
+  // The fp32 master in checkpoint layout (Model::export_weights(kF32)): checkpoints only.
+  absl::StatusOr<WeightSet> export_f32(int64_t version = 0) const;
+  // Host copies (tests, checkpoints).
+  absl::StatusOr<std::vector<float>> download(const float* device_buffer) const;
+
+  // ---- Checkpoints, interchangeable with the CPU trainer's (model/optimizer.h).
+  absl::Status save_optimizer_state(const std::string& path) const;  // AdamW::save_state format
+  absl::Status load_optimizer_state(const std::string& path);
+  // model::save_training_checkpoint's folder (F32 weights + KV scales + optimizer.safetensors).
+  absl::Status save_checkpoint(const std::string& dir) const;
+  // A folder written by either trainer: Model::Load(dir, policy) onto `device`, then the
+  // optimizer state.
+  static absl::StatusOr<std::unique_ptr<DeviceTrainState>> LoadCheckpoint(
+      const std::string& dir, const PrecisionPolicy& policy, const TrainStateOptions& options,
+      std::unique_ptr<TrainDevice> device);
+
+ private:
+  DeviceTrainState(const Model& model, const TrainStateOptions& options,
+                   std::unique_ptr<TrainDevice> device);
+  absl::Status init(const Model& model);
+
+  ModelConfig config_;
+  PrecisionPolicy policy_;
+  ParamLayout layout_;
+  TrainStateOptions options_;
+  std::unique_ptr<TrainDevice> device_;
+  TrainStateBytes bytes_;
+  float *master_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  uint16_t* bf16_ = nullptr;
+  // Runs of consecutive elements with the same weight-decay rule: (offset, count, decay).
+  struct DecayRun {
+    int64_t offset, count;
+    bool decay;
+  };
+  std::vector<DecayRun> runs_;
+  std::vector<Fp8Weight> fp8_;
+  std::vector<int64_t> fp8_index_;  // per param: index into fp8_ or -1
+  int64_t step_ = 0;
+  // KV records on the device: [capacity][layers][2] (k, v) amaxes; records [0, kv_used_) taken.
+  float* kv_records_ = nullptr;
+  int64_t kv_used_ = 0;
+  // Export scratch: bf16 bits of one tensor, and the codes + scales of one fresh quantization.
+  uint16_t* bf16_scratch_ = nullptr;
+  uint8_t* fp8_scratch_codes_ = nullptr;
+  float* fp8_scratch_scales_ = nullptr;
+  KvCalibrator calibrator_;
+  KvScales kv_scales_;
+};
+
+}  // namespace fp8rl::model::gpu
