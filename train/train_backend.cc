@@ -4,6 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#if FP8RL_HAVE_CUDA_TRAIN_BACKEND
+#include "train/cuda_train_backend.h"
+#endif
 
 namespace fp8rl::train {
 namespace {
@@ -103,19 +106,28 @@ std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Mode
   return std::make_unique<CpuTrainBackend>(std::move(model), std::move(optimizer));
 }
 
+#if FP8RL_HAVE_CUDA_TRAIN_BACKEND
+bool cuda_train_backend_available() { return true; }
+std::string cuda_train_backend_unavailable_reason() { return ""; }
+#else
 bool cuda_train_backend_available() { return false; }
-
 std::string cuda_train_backend_unavailable_reason() {
-  return "training on CUDA is not built yet (the trainer's CUDA backend is unfinished; "
-         "use --device cpu)";
+  return "training on CUDA is not built in this binary (built without CUDA; use --device cpu)";
 }
+#endif
 
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_train_backend(
     model::Device device, std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw,
     int64_t memory_budget_bytes) {
-  (void)memory_budget_bytes;  // the CPU backend has no device budget
+  // The budget was checked against the memory plan before this call (Learner::create,
+  // load_checkpoint); the backends allocate what the plan counted.
+  (void)memory_budget_bytes;
   if (device == model::Device::kCuda) {
+#if FP8RL_HAVE_CUDA_TRAIN_BACKEND
+    return make_cuda_train_backend_impl(std::move(model), adamw);
+#else
     return absl::FailedPreconditionError(cuda_train_backend_unavailable_reason());
+#endif
   }
   return make_cpu_train_backend(std::move(model), adamw);
 }

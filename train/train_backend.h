@@ -6,9 +6,10 @@
 // data-parallel collectives, versions) on the host, so one learner drives either backend.
 //   - CPU (make_cpu_train_backend): model::Model + model::AdamW, exactly the engine the learner
 //     ran before this boundary existed (bit-identical updates).
-//   - CUDA (make_cuda_train_backend): not built yet. Asking for it is FAILED_PRECONDITION with
-//     cuda_train_backend_unavailable_reason(), never a silent CPU fallback (docs/design.md
-//     "Training on the GPU").
+//   - CUDA (train/cuda_train_backend.h, built with CUDA, never run on a GPU): the device training
+//     step and the device trainer state (docs/design.md "Training on the GPU"). Without CUDA in
+//     the build, or without an sm_90 device, asking for it is FAILED_PRECONDITION, never a
+//     silent CPU fallback.
 // A backend is not thread-safe: the learner serializes calls.
 #pragma once
 
@@ -111,13 +112,14 @@ std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Mode
 std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Model> model,
                                                      std::unique_ptr<model::AdamW> optimizer);
 
-// Whether this build can train on CUDA, and why not when it cannot.
+// Whether this build has the CUDA training backend, and why not when it does not.
 bool cuda_train_backend_available();
 std::string cuda_train_backend_unavailable_reason();
 
 // A backend on `device` for the policy `model` (the initial master weights, host memory) with
 // `adamw`; `memory_budget_bytes` bounds the device memory on cuda (0: unchecked). cpu: the CPU
-// backend. cuda: FAILED_PRECONDITION "training on CUDA is not built yet (...)" in this build.
+// backend. cuda: the CUDA backend (FAILED_PRECONDITION without CUDA in the build or without an
+// sm_90 device).
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_train_backend(
     model::Device device, std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw,
     int64_t memory_budget_bytes = 0);

@@ -11,6 +11,7 @@
 // Each precision runs one warm-up step (not reported) and then --steps steps, fewer when the time
 // cap is reached (the table says how many ran). Exit: 0 done; 1 an error; 3 the device cannot
 // train (cuda in a build without the CUDA training backend: the reason is printed).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -183,13 +184,18 @@ int run(const std::vector<std::string>& args) {
       p.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(config->vocab_size)));
     }
   }
-  const int64_t step_tokens = o.prompts * o.samples * (o.prompt_tokens + o.new_tokens);
+  // Four optimizer steps per GRPO step (when there are 4 samples): the largest training forward
+  // is a quarter of the batch, which the memory plan budgets for.
+  const int64_t samples = o.prompts * o.samples;
+  const int64_t minibatches = std::min<int64_t>(4, samples);
+  const int64_t step_tokens =
+      (samples + minibatches - 1) / minibatches * (o.prompt_tokens + o.new_tokens);
   std::printf(
       "fp8rl-bench-grpo-step: %s shapes (random weights), device %s, P=%lld prompts x G=%lld "
-      "samples, %lld prompt + %lld new tokens, recompute %s\n",
+      "samples, %lld prompt + %lld new tokens, %lld minibatches, recompute %s\n",
       o.shape.c_str(), where.c_str(), static_cast<long long>(o.prompts),
       static_cast<long long>(o.samples), static_cast<long long>(o.prompt_tokens),
-      static_cast<long long>(o.new_tokens),
+      static_cast<long long>(o.new_tokens), static_cast<long long>(minibatches),
       std::string(train::recompute_name(o.recompute)).c_str());
   const auto bench_start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - bench_start).count(); };
@@ -204,7 +210,7 @@ int run(const std::vector<std::string>& args) {
     init.precision.kv_cache = variant.kv;
     init.adamw.lr = 1e-5;
     init.placement.device = *device;
-    init.placement.memory_budget_bytes = budget;
+    init.placement.memory_budget_bytes = budget - budget / 4;  // generation takes the rest
     init.placement.recompute = o.recompute;
     init.placement.max_step_tokens = step_tokens;
     init.calibration.emplace_back();
@@ -219,6 +225,7 @@ int run(const std::vector<std::string>& args) {
     sc.new_tokens = o.new_tokens;
     sc.generation_device = *device;
     sc.generation_memory_bytes = budget / 4;  // the trainer holds the rest
+    sc.minibatches = minibatches;
     sc.max_step_tokens = std::max<int64_t>(4096, o.prompts * o.samples * o.prompt_tokens);
     auto reward = [](std::span<const int32_t>, std::span<const int32_t> completion) {
       int64_t even = 0;

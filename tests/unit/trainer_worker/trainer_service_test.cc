@@ -318,8 +318,8 @@ TEST(TrainerServiceTest, HealthStatusAndMetricsAnswerWhileACallRuns) {
 }
 
 // --device, --gpu-memory-fraction, --recompute, --max-step-tokens: the generation worker's
-// defaults and one-line errors; cuda resolves through the trainer's probe, which never offers a
-// device while this build cannot train on CUDA (no silent CPU fallback for an explicit cuda).
+// defaults and one-line errors; cuda resolves through the trainer's probe, which offers a device
+// only when this build can train on CUDA (no silent CPU fallback for an explicit cuda).
 TEST(TrainerConfigTest, DeviceFlags) {
   absl::StatusOr<TrainerConfig> c = parse_trainer_config({});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -346,8 +346,9 @@ TEST(TrainerConfigTest, DeviceFlags) {
     EXPECT_NE(c.status().message().find(flag), std::string::npos) << c.status();
   }
 
-  // A visible sm_90 device, as the probe would see it: with the CUDA training backend missing,
-  // auto picks cpu with the reason and cuda fails naming it.
+  // A visible sm_90 device, as the probe would see it: with the CUDA training backend built,
+  // auto and cuda choose it with the --gpu-memory-fraction budget; without it (a build without
+  // CUDA), auto picks cpu with the reason and cuda fails naming it.
   auto probe = [] {
     model::DeviceProbeResult r;
     model::CudaDeviceInfo d;
@@ -363,27 +364,34 @@ TEST(TrainerConfigTest, DeviceFlags) {
     return r;
   };
   absl::StatusOr<model::DeviceSelection> cuda = model::select_device("cuda", probe);
-  ASSERT_FALSE(cuda.ok());
-  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(cuda.status().message().find("training on CUDA is not built yet"), std::string::npos)
-      << cuda.status();
   absl::StatusOr<model::DeviceSelection> automatic = model::select_device("auto", probe);
   ASSERT_TRUE(automatic.ok());
-  EXPECT_EQ(automatic->device, model::Device::kCpu);
   std::string device;
   int64_t budget = -1;
-  apply_device(*automatic, *parse_trainer_config({}), &device, &budget);
-  EXPECT_EQ(device, "cpu");
-  EXPECT_EQ(budget, 0);
-  // The real probe on this machine never yields cuda for training in this build.
+  apply_device(*automatic, *parse_trainer_config({"--gpu-memory-fraction", "0.5"}), &device,
+               &budget);
+  if (train::cuda_train_backend_available()) {
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    EXPECT_EQ(device, "cuda");
+    EXPECT_EQ(budget, int64_t{70} << 30);
+  } else {
+    ASSERT_FALSE(cuda.ok());
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(cuda.status().message().find("built without CUDA"), std::string::npos)
+        << cuda.status();
+    EXPECT_EQ(device, "cpu");
+    EXPECT_EQ(budget, 0);
+  }
+  // This machine has no sm_90 device: the real probe picks cpu.
   absl::StatusOr<model::DeviceSelection> real = model::select_device("auto", trainer_device_probe);
   ASSERT_TRUE(real.ok());
   EXPECT_EQ(real->device, model::Device::kCpu);
 }
 
-// The cuda placement reaches the learner: InitPolicy with the trainer on cuda is the backend's
-// FAILED_PRECONDITION, not a CPU policy.
+// The cuda placement reaches the learner: InitPolicy with the trainer on cuda on a machine without
+// an sm_90 device is the backend's FAILED_PRECONDITION, not a CPU policy.
 TEST(TrainerConfigTest, CudaPlacementFailsInitPolicyClearly) {
+  if (model::probe_cuda_device().device.has_value()) GTEST_SKIP() << "an sm_90 device is visible";
   testing::RecordingPublisher publisher;
   TrainerOptions options;
   options.device = "cuda";
@@ -391,9 +399,7 @@ TEST(TrainerConfigTest, CudaPlacementFailsInitPolicyClearly) {
   Trainer trainer(options, &publisher);
   absl::StatusOr<v1::InitPolicyResponse> r = trainer.init_policy(testing::init_request());
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("training on CUDA is not built yet"), std::string::npos)
-      << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_EQ(trainer.learner(), nullptr);
 }
 
