@@ -99,8 +99,8 @@ std::string temp_dir(const char* what) {
 std::vector<float> updates_of(Precision training, model::Device device, int steps) {
   InitRequest init = init_request(device);
   init.precision.training = training;
-  init.precision.generation = training == Precision::kF32 ? Precision::kBF16 : training;
-  init.precision.kv_cache = training == Precision::kF32 ? Precision::kBF16 : Precision::kFP8;
+  init.precision.generation = training;
+  init.precision.kv_cache = training;
   absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init);
   EXPECT_TRUE(l.ok()) << l.status();
   if (!l.ok()) return {};
@@ -123,14 +123,15 @@ std::vector<float> updates_of(Precision training, model::Device device, int step
 }
 
 // A few optimizer steps on CUDA vs CPU, compared on the parameter change (more sensitive than the
-// parameters). fp32: the device GEMMs accumulate in float64 and the rest is the CPU's arithmetic,
-// so the gradients agree to ~1e-6 relative and AdamW's normalized updates to about that: bar
-// 1e-6. FP8: the first AdamW steps move each element by about lr x sign(gradient); elements whose
-// gradient lies within the FP8 GEMMs' error of 0 (a few percent) may move the other way, each
-// adding ~2 / n to calc_diff: bar 0.1 (loose until a run measures it).
+// parameters). The first AdamW steps move each element by about lr x sign(gradient), whatever the
+// gradient's size; the device GEMMs round differently from the CPU reference (BF16: dY rounded to
+// bf16 for cuBLASLt where the CPU keeps fp32; FP8: another accumulation order), so elements whose
+// gradient lies within that error of 0 (a few percent) may move the other way, each adding about
+// 2 / n to calc_diff: bar 0.1 for both (loose until a run measures it; the services run fp8 and
+// bf16 only, so there is no fp32 case here).
 TEST(CudaTrainBackend, OptimizerStepsMatchTheCpu) {
   FP8RL_REQUIRE_CUDA_TRAINING();
-  for (auto [training, bar] : {std::pair{Precision::kF32, 1e-6}, std::pair{Precision::kFP8, 0.1}}) {
+  for (auto [training, bar] : {std::pair{Precision::kBF16, 0.1}, std::pair{Precision::kFP8, 0.1}}) {
     const std::vector<float> cpu = updates_of(training, model::Device::kCpu, 3);
     const std::vector<float> cuda = updates_of(training, model::Device::kCuda, 3);
     const double diff = kernels::calc_diff(cpu, cuda);
