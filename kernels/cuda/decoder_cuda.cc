@@ -10,31 +10,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/arg_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decoder_launch.h"
 
 namespace fp8rl::kernels::cuda {
 namespace {
 
-constexpr int64_t kMaxElements = int64_t{1} << 40;
-
-absl::Status positive(const char* fn, std::initializer_list<std::pair<const char*, int64_t>> dims) {
-  for (auto [name, v] : dims) {
-    if (v <= 0 || v >= kMaxElements) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(fn, ": ", name, " must be in [1, 2^40), got ", v));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status non_null(const char* fn,
-                      std::initializer_list<std::pair<const char*, const void*>> ptrs) {
-  for (auto [name, p] : ptrs) {
-    if (p == nullptr) return absl::InvalidArgumentError(absl::StrCat(fn, ": ", name, " is null"));
-  }
-  return absl::OkStatus();
-}
+using internal::non_null;
+using internal::positive;
 
 absl::Status heads_ok(const char* fn, int64_t n_heads, int64_t n_kv, int64_t head_dim) {
   if (n_heads % n_kv != 0) {

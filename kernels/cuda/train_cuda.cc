@@ -10,33 +10,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/arg_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/train_launch.h"
 
 namespace fp8rl::kernels::cuda {
-namespace {
-
-constexpr int64_t kMaxElements = int64_t{1} << 40;
-
-absl::Status positive(const char* fn, std::initializer_list<std::pair<const char*, int64_t>> dims) {
-  for (auto [name, v] : dims) {
-    if (v <= 0 || v >= kMaxElements) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(fn, ": ", name, " must be in [1, 2^40), got ", v));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status non_null(const char* fn,
-                      std::initializer_list<std::pair<const char*, const void*>> ptrs) {
-  for (auto [name, p] : ptrs) {
-    if (p == nullptr) return absl::InvalidArgumentError(absl::StrCat(fn, ": ", name, " is null"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
+using internal::non_null;
+using internal::positive;
 
 absl::Status rmsnorm_backward(const float* x, const float* g, const float* inv, const float* dy,
                               int64_t rows, int64_t h, float* dx, float* dg, Stream stream) {

@@ -70,6 +70,16 @@ class Scratch {
   kc::DeviceBuffer buf_;
 };
 
+// cuBLASLt FP8 rules for fprop (K = in), dgrad (K = out) and wgrad (M = out, N = in).
+absl::Status check_fp8_shape(const LinearWeight& w, int64_t layer, int64_t j) {
+  if (w.precision != Precision::kFP8 || (w.in % 16 == 0 && w.out % 16 == 0)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "layer ", layer, " linear ", j,
+      ": FP8 training on CUDA needs in and out multiples of 16, got [", w.out, ", ", w.in, "]"));
+}
+
 class CudaTrainOpsImpl final : public CudaTrainOps {
  public:
   explicit CudaTrainOpsImpl(const Model& model)
@@ -79,9 +89,13 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
   }
 
   absl::Status init(const Model& model) {
+    // What the model asks of the device is checked before the device is touched.
     if (config_.is_moe()) {
       return absl::FailedPreconditionError(
           "CUDA training step: MoE not supported (this model has experts); use --device cpu");
+    }
+    for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      for (int64_t j = 0; j < 7; ++j) FP8RL_TRY(check_fp8_shape(model.layer_linear(l, j), l, j));
     }
     auto dev = kc::require_sm90();
     if (!dev.ok()) return dev.status();

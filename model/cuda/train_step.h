@@ -13,8 +13,9 @@
 //   auto logp = train_forward(config, policy, layout, ops, b, *t, opts);  // host TokenValues
 //   ... the loss gives dL/dlogp per token (same shape as logp) ...
 //   train_backward(config, policy, layout, ops, b, *t, dlogp, grads, opts);  // grads: ops memory
-// Dense models only: a mixture-of-experts layer is FailedPrecondition. Routing replay and the
-// router's load-balancing loss are not supported here.
+// HostTrainStep (host_train_ops.h) and CudaTrainStep (cuda_train_ops.h) wrap these calls for one
+// micro-batch. Dense models only: a mixture-of-experts layer is FailedPrecondition. Routing replay
+// and the router's load-balancing loss are not supported here.
 //
 // Plain C++ (no CUDA headers): built and tested in every build.
 #pragma once

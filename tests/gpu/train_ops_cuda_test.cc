@@ -433,6 +433,28 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{Precision::kFP8, KvCacheDtype::kFP8, true, true}),
     [](const auto& info) { return step_name(info.param); });
 
+// What the model asks of the device is refused before the device is touched (runs everywhere):
+// MoE, and FP8 linears whose widths cuBLASLt's training GEMMs cannot take.
+TEST(TrainOpsCuda, RefusesMoeAndFp8ShapesBeforeTheDevice) {
+  PrecisionPolicy fp8;
+  fp8.linear = Precision::kFP8;
+  auto moe = Model::Init(
+      testing::make_qwen3_moe_config(64, 64, 128, 1, 2, 1, 32, false, 4, 2, 32, true), fp8, 1);
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  absl::Status st = CudaTrainOps::Create(**moe).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("MoE"), std::string::npos) << st;
+  // intermediate 200: gate/up out and down in are not multiples of 16.
+  auto odd = Model::Init(testing::make_config(64, 64, 200, 1, 2, 1, true), fp8, 1);
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  st = CudaTrainOps::Create(**odd).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("layer 0 linear 4: FP8 training on CUDA needs in and out multiples "
+                              "of 16, got [200, 64]"),
+            std::string::npos)
+      << st;
+}
+
 // Without a device the ops refuse to start (the skip path of every test above).
 TEST(TrainOpsCuda, CreateNeedsAnSm90Device) {
   PrecisionPolicy policy;

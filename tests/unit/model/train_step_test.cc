@@ -11,7 +11,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/gemm.h"
+#include "kernels/quantize.h"
 #include "model/cuda/host_train_ops.h"
+#include "model/linear.h"
 #include "model/rng.h"
 #include "tests/unit/model/model_test_util.h"
 
@@ -157,6 +160,40 @@ INSTANTIATE_TEST_SUITE_P(Policies, TrainStepMirrorTest,
                                            Case{Precision::kFP8, KvCacheDtype::kFP8, true, 2,
                                                 true}),
                          [](const auto& info) { return case_name(info.param); });
+
+// The device's FP8 wgrad (model/cuda/cuda_train_ops.h) pads the token dimension of dY^T and X^T
+// with zeros to a multiple of 16 before the 1x128 tiling; on the CPU recipe (model/linear.h) the
+// last tile is a partial one. Zeros change no tile's amax, hence no scale and no code, and add
+// exact zeros to the sums: the padded wgrad equals linear_backward's bit for bit.
+TEST(TrainStep, ZeroPaddedTokensLeaveFp8WgradUnchanged) {
+  const int64_t m = 145, n = 32, k = 48, ld = 160;  // a full tile of 128 tokens and 17 padded to 32
+  Rng rng(9);
+  std::vector<float> x(m * k), dy(m * n), master(n * k);
+  for (float& v : x) v = static_cast<float>(rng.normal());
+  for (float& v : dy) v = static_cast<float>(rng.normal());
+  for (float& v : master) v = static_cast<float>(0.05 * rng.normal());
+  LinearWeight w;
+  prepare_linear(master.data(), n, k, Precision::kFP8, false, &w);
+  std::vector<float> want(n * k, 0.0f), got(n * k, 0.0f);
+  ASSERT_TRUE(linear_backward(w, x.data(), dy.data(), m, nullptr, want.data(), nullptr).ok());
+  // What the device does: transpose with zero padding, 1x128 tiles along the tokens, one GEMM.
+  std::vector<float> dyt(n * ld, 0.0f), xt(k * ld, 0.0f);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) dyt[c * ld + r] = dy[r * n + c];
+    for (int64_t c = 0; c < k; ++c) xt[c * ld + r] = x[r * k + c];
+  }
+  const kernels::Fp8Matrix a =
+      kernels::quantize(dyt.data(), n, ld, kernels::ScalingMode::kTile1x128, {});
+  const kernels::Fp8Matrix b =
+      kernels::quantize(xt.data(), k, ld, kernels::ScalingMode::kTile1x128, {});
+  ASSERT_TRUE(kernels::gemm_fp8(a, b, got.data(), kernels::OutDtype::kF32, true).ok());
+  double norm = 0;
+  for (int64_t i = 0; i < n * k; ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << i;
+    norm += std::fabs(want[i]);
+  }
+  EXPECT_GT(norm, 0.0);
+}
 
 TEST(TrainStep, TablesAndBadInput) {
   const ModelConfig config = config_for(0, 50);
