@@ -56,6 +56,15 @@ absl::Status amax_into(const float* x, int64_t n, float* slot, Stream stream) {
   return absl::OkStatus();
 }
 
+absl::Status amax_into_bf16(const uint16_t* x, int64_t n, float* slot, Stream stream) {
+  if (auto s = check_n("cuda::amax_into_bf16", n); !s.ok()) return s;
+  if (slot == nullptr || (n > 0 && x == nullptr)) {
+    return absl::InvalidArgumentError("cuda::amax_into_bf16: null pointer");
+  }
+  FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_amax_into_bf16(x, n, slot, to_cuda(stream)));
+  return absl::OkStatus();
+}
+
 absl::Status round_bf16(const float* x, int64_t n, uint16_t* out, Stream stream) {
   if (auto s = check_n("cuda::round_bf16", n); !s.ok()) return s;
   if (n > 0 && (x == nullptr || out == nullptr)) {

@@ -39,6 +39,8 @@ absl::Status adamw_step(float* p, float* m, float* v, float* g, int64_t n, float
 // *slot = max(*slot, |x[i]| for i < n), NaN skipped, +-inf kept; *slot must be >= 0 (a zeroed
 // slot). Order-independent (an atomic max), so exact.
 absl::Status amax_into(const float* x, int64_t n, float* slot, Stream stream);
+// The same over bf16 bits (K/V kept as bf16 by a bf16 forward).
+absl::Status amax_into_bf16(const uint16_t* x, int64_t n, float* slot, Stream stream);
 // out[i] = bf16 bits of x[i], round to nearest even.
 absl::Status round_bf16(const float* x, int64_t n, uint16_t* out, Stream stream);
 // transpose_blocks into caller-owned storage: t [w.cols, w.rows] codes and t_scales in the device

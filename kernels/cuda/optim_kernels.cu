@@ -76,13 +76,19 @@ __global__ void adamw_kernel(float* __restrict__ p, float* __restrict__ m, float
 // fmaxf returns the other operand for a NaN, so NaN is skipped as the CPU's std::max does; +-inf
 // is kept. Non-negative floats order as their bit patterns, so an integer atomicMax is the float
 // max and the result does not depend on the order of the blocks.
-__global__ void amax_kernel(const float* __restrict__ x, int64_t n, float* slot) {
+__device__ __forceinline__ float load_f32(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float load_f32(const uint16_t* x, int64_t i) {
+  return dm::bf16_to_float(x[i]);
+}
+
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, float* slot) {
   __shared__ float shared[kThreads];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   float acc = 0.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    acc = fmaxf(acc, fabsf(x[i]));
+    acc = fmaxf(acc, fabsf(load_f32(x, i)));
   }
   shared[threadIdx.x] = acc;
   __syncthreads();
@@ -130,7 +136,13 @@ cudaError_t launch_adamw(float* p, float* m, float* v, float* g, int64_t n, floa
 
 cudaError_t launch_amax_into(const float* x, int64_t n, float* slot, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  amax_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, slot);
+  amax_kernel<float><<<grid_for(n), kThreads, 0, stream>>>(x, n, slot);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_amax_into_bf16(const uint16_t* x, int64_t n, float* slot, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  amax_kernel<uint16_t><<<grid_for(n), kThreads, 0, stream>>>(x, n, slot);
   return cudaGetLastError();
 }
 

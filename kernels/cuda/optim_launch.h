@@ -24,6 +24,8 @@ cudaError_t launch_adamw(float* p, float* m, float* v, float* g, int64_t n, floa
                          dm::AdamWCoeffs c, cudaStream_t stream);
 // *slot = max(*slot, |x[i]|), NaN skipped (atomic max over the bits of non-negative floats).
 cudaError_t launch_amax_into(const float* x, int64_t n, float* slot, cudaStream_t stream);
+// The same over bf16 bits.
+cudaError_t launch_amax_into_bf16(const uint16_t* x, int64_t n, float* slot, cudaStream_t stream);
 // out[i] = bf16 bits of x[i].
 cudaError_t launch_round_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 

@@ -93,6 +93,9 @@ class CudaTrainDevice : public TrainDevice {
   absl::Status amax_into(const float* x, int64_t n, float* slot) override {
     return kc::amax_into(x, n, slot, stream_);
   }
+  absl::Status amax_into_bf16(const uint16_t* x, int64_t n, float* slot) override {
+    return kc::amax_into_bf16(x, n, slot, stream_);
+  }
   absl::Status synchronize() const override { return kc::synchronize(stream_); }
 
  private:

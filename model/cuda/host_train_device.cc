@@ -117,6 +117,12 @@ class HostTrainDevice : public TrainDevice {
     *slot = m;
     return absl::OkStatus();
   }
+  absl::Status amax_into_bf16(const uint16_t* x, int64_t n, float* slot) override {
+    float m = *slot;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(kernels::dm::bf16_to_float(x[i])));
+    *slot = m;
+    return absl::OkStatus();
+  }
   absl::Status synchronize() const override { return absl::OkStatus(); }
 
  private:

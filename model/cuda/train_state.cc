@@ -301,8 +301,8 @@ absl::StatusOr<int64_t> DeviceTrainState::begin_kv_records(int64_t n) {
   return first;
 }
 
-absl::Status DeviceTrainState::record_kv_amax(int64_t record, int64_t layer, const float* k,
-                                              int64_t k_count, const float* v, int64_t v_count) {
+absl::StatusOr<float*> DeviceTrainState::kv_slot(int64_t record, int64_t layer, int64_t k_count,
+                                                 int64_t v_count) const {
   if (record < 0 || record >= kv_used_) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv records: record ", record, " was not reserved (", kv_used_, " are)"));
@@ -314,9 +314,24 @@ absl::Status DeviceTrainState::record_kv_amax(int64_t record, int64_t layer, con
   if (k_count < 0 || v_count < 0) {
     return absl::InvalidArgumentError("kv records: negative element count");
   }
-  float* slot = kv_records_ + (record * config_.num_hidden_layers + layer) * 2;
-  if (auto s = device_->amax_into(k, k_count, slot); !s.ok()) return s;
-  return device_->amax_into(v, v_count, slot + 1);
+  return kv_records_ + (record * config_.num_hidden_layers + layer) * 2;
+}
+
+absl::Status DeviceTrainState::record_kv_amax(int64_t record, int64_t layer, const float* k,
+                                              int64_t k_count, const float* v, int64_t v_count) {
+  auto slot = kv_slot(record, layer, k_count, v_count);
+  if (!slot.ok()) return slot.status();
+  if (auto s = device_->amax_into(k, k_count, *slot); !s.ok()) return s;
+  return device_->amax_into(v, v_count, *slot + 1);
+}
+
+absl::Status DeviceTrainState::record_kv_amax_bf16(int64_t record, int64_t layer, const uint16_t* k,
+                                                   int64_t k_count, const uint16_t* v,
+                                                   int64_t v_count) {
+  auto slot = kv_slot(record, layer, k_count, v_count);
+  if (!slot.ok()) return slot.status();
+  if (auto s = device_->amax_into_bf16(k, k_count, *slot); !s.ok()) return s;
+  return device_->amax_into_bf16(v, v_count, *slot + 1);
 }
 
 absl::Status DeviceTrainState::record_kv_amax_rows(int64_t first, int64_t layer, const float* k,

@@ -78,6 +78,8 @@ class TrainDevice {
   // *slot = max(*slot, |x[i]| for i < n), NaN skipped and +-inf kept: the amax the CPU forward
   // records (model_forward.cc amax_of). *slot must hold a value >= 0.
   virtual absl::Status amax_into(const float* x, int64_t n, float* slot) = 0;
+  // The same over bf16 bits.
+  virtual absl::Status amax_into_bf16(const uint16_t* x, int64_t n, float* slot) = 0;
   virtual absl::Status synchronize() const = 0;
 };
 
@@ -119,8 +121,10 @@ TrainStateBytes plan_train_state_bytes(const ModelConfig& config, const Precisio
 
 // ---- State --------------------------------------------------------------------------------------
 
-// The FP8 working copy of one linear, in the device's memory and scale layout (on CUDA
-// view() is a kernels::cuda::Fp8DeviceView: pass codes/scales with kBlock128x128).
+// The FP8 working copy of one linear W [rows, cols] (E4M3 codes, row-major) in the device's
+// memory and scale layout: on CUDA, kernels::cuda::Fp8DeviceView{rows, cols, kBlock128x128,
+// codes, scales} is the GEMM operand (and {cols, rows, kBlock128x128, t_codes, t_scales} the
+// transpose).
 struct Fp8Weight {
   int64_t param = -1;  // index into layout().params()
   int64_t rows = 0, cols = 0;
@@ -183,6 +187,9 @@ class DeviceTrainState {
   // out of range.
   absl::Status record_kv_amax(int64_t record, int64_t layer, const float* k, int64_t k_count,
                               const float* v, int64_t v_count);
+  // The same with K and V held as bf16 bits (k_count / v_count elements).
+  absl::Status record_kv_amax_bf16(int64_t record, int64_t layer, const uint16_t* k,
+                                   int64_t k_count, const uint16_t* v, int64_t v_count);
   // All sequences of one forward for one layer: k and v are [rows, kv_dim] (device), sequence s
   // is rows [row0[s], row0[s + 1]) (the last one up to `rows`) and goes to record first + s.
   absl::Status record_kv_amax_rows(int64_t first, int64_t layer, const float* k, const float* v,
@@ -221,6 +228,9 @@ class DeviceTrainState {
   DeviceTrainState(const Model& model, const TrainStateOptions& options,
                    std::unique_ptr<TrainDevice> device);
   absl::Status init(const Model& model);
+  // The device slot of (record, layer), after checking both and the counts.
+  absl::StatusOr<float*> kv_slot(int64_t record, int64_t layer, int64_t k_count,
+                                 int64_t v_count) const;
 
   ModelConfig config_;
   PrecisionPolicy policy_;

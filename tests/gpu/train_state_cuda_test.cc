@@ -154,6 +154,27 @@ TEST(TrainStateCuda, KvRecordsEqualTheCpuCalibrator) {
   EXPECT_EQ(s.kv_calibrator().scales().v, want.scales().v);
 }
 
+TEST(OptimCuda, AmaxOfFloatAndBf16EqualsTheHostMirror) {
+  FP8RL_REQUIRE_SM90();
+  const int64_t n = 1'000'003;
+  std::vector<float> x = kc::testing::random_matrix(1, n, 5);
+  x[12345] = std::numeric_limits<float>::quiet_NaN();  // skipped on both
+  std::vector<uint16_t> b(n);
+  for (int64_t i = 0; i < n; ++i) b[i] = kernels::dm::float_to_bf16(x[i]);
+  auto host = make_host_train_device();
+  float want = 0, want_b = 0;
+  ASSERT_TRUE(host->amax_into(x.data(), n, &want).ok());
+  ASSERT_TRUE(host->amax_into_bf16(b.data(), n, &want_b).ok());
+  kc::DeviceBuffer xd = kc::testing::to_device(x), bd = kc::testing::to_device(b);
+  kc::DeviceBuffer slots = kc::testing::to_device(std::vector<float>{0.0f, 0.0f});
+  FP8RL_ASSERT_OK(kc::amax_into(xd.as<float>(), n, slots.as<float>(), nullptr));
+  FP8RL_ASSERT_OK(kc::amax_into_bf16(bd.as<uint16_t>(), n, slots.as<float>() + 1, nullptr));
+  const std::vector<float> got = kc::testing::to_host<float>(slots, 2);
+  EXPECT_EQ(got[0], want);
+  EXPECT_EQ(got[1], want_b);
+  EXPECT_GT(want, 0.0f);
+}
+
 TEST(OptimCuda, SumOfSquaresIsDeterministicAndWithinItsBoundOfTheCpuSum) {
   FP8RL_REQUIRE_SM90();
   const int64_t n = 3'000'017;

@@ -221,6 +221,11 @@ TEST(TrainState, AmaxSkipsNanAndKeepsInf) {
   const std::vector<float> y = {-std::numeric_limits<float>::infinity()};
   ASSERT_TRUE(dev->amax_into(y.data(), 1, &slot).ok());
   EXPECT_TRUE(std::isinf(slot));
+  // bf16 bits: 0xC0A0 = -5, 0x7FC0 = NaN (skipped), 0x3F80 = 1.
+  const std::vector<uint16_t> b = {0x3F80, 0xC0A0, 0x7FC0};
+  float slot2 = 0;
+  ASSERT_TRUE(dev->amax_into_bf16(b.data(), 3, &slot2).ok());
+  EXPECT_EQ(slot2, 5.0f);
 }
 
 // A checkpoint written by either trainer loads in the other, and both continue identically.
@@ -316,6 +321,20 @@ TEST(TrainState, ErrorsNameTheProblem) {
   ASSERT_TRUE(save_adamw_state(dir / "short.safetensors", {1.0f}, {1.0f}, 1).ok());
   auto wrong = s.load_optimizer_state(dir / "short.safetensors");
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Without an sm_90 device (or without CUDA in the build) asking for the CUDA device is a clear
+// error, never a crash; with one it is a working device.
+TEST(TrainState, CudaDeviceIsAnErrorWithoutAGpu) {
+  auto dev = make_cuda_train_device();
+  if (dev.ok()) {
+    EXPECT_EQ((*dev)->name(), "cuda");
+    return;
+  }
+  EXPECT_TRUE(dev.status().code() == absl::StatusCode::kFailedPrecondition ||
+              dev.status().code() == absl::StatusCode::kUnimplemented)
+      << dev.status();
+  EXPECT_FALSE(dev.status().message().empty());
 }
 
 TEST(TrainState, MemoryPlanCountsWhatIsHeld) {
