@@ -2,7 +2,8 @@
 # One command for a GPU (sm_90) machine that reaches no package registry: builds the GPU tests and
 # the GPU benchmarks (no services), runs every GPU test, one kernel's test under
 # compute-sanitizer, then the GEMM benchmark, the decode/prefill benchmark (when built) and its
-# PyTorch baseline (bench/decode_gpu/torch_baseline.py), and prints one table. The -dev libraries come from
+# PyTorch baseline (bench/decode_gpu/torch_baseline.py), the trainer's CUDA backend tests and the
+# whole GRPO step benchmark (step 10, capped), and prints one table. The -dev libraries come from
 # build-gpu-pack/ (made by scripts/gpu_pack.sh on a machine with a registry), extracted with
 # `dpkg -x` into a private prefix in the build folder; a machine that has them installed needs no
 # pack. Copies the logs to $OUT when it is set. Budget: under 8 minutes on one H200.
