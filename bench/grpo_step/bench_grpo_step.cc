@@ -201,6 +201,12 @@ int run(const std::vector<std::string>& args) {
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - bench_start).count(); };
   std::vector<Row> rows;
   for (const Variant& variant : kVariants) {
+    if (elapsed() > o.time_cap_seconds) {  // past the cap: not even a warm-up
+      Row skipped;
+      skipped.name = variant.name;
+      rows.push_back(skipped);
+      continue;
+    }
     train::InitRequest init;
     init.job_id = "bench";
     init.model_config_json = model::model_config_to_json(*config);
