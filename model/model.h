@@ -59,6 +59,10 @@ struct TrainForwardOptions {
   double router_aux_loss_coef = 0.0;
   // When set (mixture of experts), receives the call's routing (also kept in a ForwardContext).
   struct ForwardRouting* routing_out = nullptr;
+  // Activation recomputation (with a ForwardContext): keep only each dense decoder layer's input;
+  // backward() runs the layer's forward again before differentiating it (same kernels, so the
+  // gradients are bit-identical). Sparse (MoE) layers keep everything.
+  bool recompute_layers = false;
 };
 
 // What a mixture-of-experts forward reports about its routing.
@@ -90,8 +94,13 @@ struct ForwardContext {
   float temperature = 1.0f;
   // Mixture of experts: the routing of the forward, and the load-balancing loss's gradient.
   ForwardRouting moe;
-  std::vector<float> aux_dprob;  // [E] d(coef * aux_loss) / d probs[row, e], any sparse row
+  std::vector<float> aux_dprob;   // [E] d(coef * aux_loss) / d probs[row, e], any sparse row
+  bool recompute_layers = false;  // TrainForwardOptions::recompute_layers of the forward
 };
+// Bytes of the dense activations `ctx` holds (every float vector of its layers and the final
+// norm; MoE expert buffers are not counted).
+int64_t activation_bytes(const ForwardContext& ctx);
+int64_t activation_bytes(const LayerActivations& a);
 
 // A piece of a sequence processed by the KV-cache forward: n new tokens at positions
 // [pos0, pos0 + n) appended to `cache` (which must already hold positions [0, pos0)).

@@ -35,7 +35,50 @@ void add_inplace(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+// Causal attention of the training forward over packed sequences: a.o from a.q, a.k, a.v, each
+// sequence attending to its own rows only (the forward and the recomputing backward share it).
+void packed_attention(const ModelConfig& config, const ForwardContext& c, LayerActivations& a) {
+  const int64_t hd = config.head_dim, qd = config.q_dim(), kvd = config.kv_dim(),
+                n_heads = config.num_attention_heads,
+                group = config.num_attention_heads / config.num_key_value_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t n_seq = static_cast<int64_t>(c.tokens.size());
+  parallel_for(n_seq * n_heads, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t s = t / n_heads, hh = t % n_heads, g = hh / group;
+      const int64_t r0 = c.row0[s], len = static_cast<int64_t>(c.tokens[s].size());
+      scores.resize(len);
+      const float* kb = a.k.data() + r0 * kvd + g * hd;
+      const float* vb = a.v.data() + r0 * kvd + g * hd;
+      for (int64_t i = 0; i < len; ++i) {
+        ops::attend_row(a.q.data() + (r0 + i) * qd + hh * hd, kb, kvd, vb, kvd, i + 1, hd, scale,
+                        scores.data(), a.o.data() + (r0 + i) * qd + hh * hd);
+      }
+    }
+  });
+}
+
 }  // namespace
+
+int64_t activation_bytes(const LayerActivations& a) {
+  int64_t n = 0;
+  for (const std::vector<float>* v :
+       {&a.x, &a.inv1, &a.h1, &a.q, &a.k, &a.v, &a.o, &a.x2, &a.inv2, &a.h2, &a.g, &a.u, &a.act,
+        &a.q_raw, &a.k_raw, &a.inv_q, &a.inv_k}) {
+    n += static_cast<int64_t>(v->size());
+  }
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t activation_bytes(const ForwardContext& ctx) {
+  int64_t n = 0;
+  for (const LayerActivations& a : ctx.layers) n += activation_bytes(a);
+  for (const std::vector<float>* v : {&ctx.x_final, &ctx.inv_final, &ctx.h_final, &ctx.lse}) {
+    n += static_cast<int64_t>(v->size() * sizeof(float));
+  }
+  return n;
+}
 
 void Model::embed(const int32_t* tokens, int64_t m, float* x) const {
   const int64_t h = config_.hidden_size;
@@ -194,32 +237,13 @@ absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainF
       c.pos.push_back(static_cast<int32_t>(i));
     }
   }
-  const int64_t m = static_cast<int64_t>(flat.size()), h = config_.hidden_size,
-                hd = config_.head_dim, qd = config_.q_dim(), kvd = config_.kv_dim(),
-                n_heads = config_.num_attention_heads,
-                group = config_.num_attention_heads / config_.num_key_value_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t m = static_cast<int64_t>(flat.size()), h = config_.hidden_size;
   const int64_t n_seq = static_cast<int64_t>(batch.size());
   std::vector<float> x(m * h);
   embed(flat.data(), m, x.data());
   c.layers.assign(ctx ? config_.num_hidden_layers : 1, {});
 
-  auto attention = [&](int64_t, LayerActivations& a) {
-    parallel_for(n_seq * n_heads, [&](int64_t b, int64_t e) {
-      std::vector<float> scores;
-      for (int64_t t = b; t < e; ++t) {
-        const int64_t s = t / n_heads, hh = t % n_heads, g = hh / group;
-        const int64_t r0 = c.row0[s], len = static_cast<int64_t>(batch[s].size());
-        scores.resize(len);
-        const float* kb = a.k.data() + r0 * kvd + g * hd;
-        const float* vb = a.v.data() + r0 * kvd + g * hd;
-        for (int64_t i = 0; i < len; ++i) {
-          ops::attend_row(a.q.data() + (r0 + i) * qd + hh * hd, kb, kvd, vb, kvd, i + 1, hd, scale,
-                          scores.data(), a.o.data() + (r0 + i) * qd + hh * hd);
-        }
-      }
-    });
-  };
+  auto attention = [&](int64_t, LayerActivations& a) { packed_attention(config_, c, a); };
   // Mixture of experts: replayed routing in, the routing used and the load-balancing sums out.
   const int64_t n_sparse = config_.num_sparse_layers(), top_k = config_.moe.num_experts_per_tok,
                 n_exp = config_.moe.num_experts, width = routing_width();
@@ -244,11 +268,15 @@ absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainF
   routed = {};
   routed.expert_tokens.assign(n_sparse * n_exp, 0);
   std::vector<uint8_t> overrode(forced.empty() ? 0 : m, 0);  // any layer, per row
+  c.recompute_layers = ctx != nullptr && opts.recompute_layers;
+  LayerActivations scratch;  // recompute_layers: the dense layers' intermediates, not kept
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    LayerActivations& a = c.layers[ctx ? l : 0];
-    if (auto s =
-            layer_forward(l, m, c.pos.data(), x.data(), a, ctx != nullptr, opts.calibrator, c.row0,
-                          true, attention, forced.empty() ? nullptr : forced.data(), record.data());
+    const bool recompute = c.recompute_layers && !config_.sparse_layer(l);
+    if (recompute) c.layers[l].x.assign(x.begin(), x.end());  // all the backward gets
+    LayerActivations& a = recompute ? scratch : c.layers[ctx ? l : 0];
+    if (auto s = layer_forward(l, m, c.pos.data(), x.data(), a, ctx != nullptr && !recompute,
+                               opts.calibrator, c.row0, true, attention,
+                               forced.empty() ? nullptr : forced.data(), record.data());
         !s.ok()) {
       return s;
     }
@@ -425,8 +453,22 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, 
 
   std::vector<float> dact(m * f), dg(m * f), du(m * f), dq(m * qd), dk(m * kvd), dv(m * kvd),
       dh(m * h), dO(m * qd);
+  LayerActivations recomputed;  // recompute_layers: the layer's forward run again
+  std::vector<float> x_in;
   for (int64_t l = config_.num_hidden_layers - 1; l >= 0; --l) {
-    const LayerActivations& a = c.layers[l];
+    const bool recompute = c.recompute_layers && !config_.sparse_layer(l);
+    if (recompute) {
+      // The forward's layer l again from its saved input (same kernels, same KV rounding): the
+      // intermediates below are bit-identical to the ones a full forward would have kept.
+      x_in.assign(c.layers[l].x.begin(), c.layers[l].x.end());
+      if (auto s = layer_forward(
+              l, m, c.pos.data(), x_in.data(), recomputed, true, nullptr, {}, true,
+              [&](int64_t, LayerActivations& la) { packed_attention(config_, c, la); });
+          !s.ok()) {
+        return s;
+      }
+    }
+    const LayerActivations& a = recompute ? recomputed : c.layers[l];
     const LayerOffsets& lo = layout_.layer(l);
     const auto& W = linears_[l];
     if (config_.sparse_layer(l)) {

@@ -108,12 +108,11 @@ absl::StatusOr<float> logprob_temperature(double t, std::string_view field) {
   return t == 0 ? 1.0f : static_cast<float>(t);
 }
 
-absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,
-                                                     const PackedBatch& batch,
-                                                     model::ForwardContext* ctx,
-                                                     model::KvCalibrator* calibrator,
-                                                     model::ForwardRouting* routing) {
+absl::StatusOr<std::vector<float>> response_logprobs(
+    const model::Model& model, const PackedBatch& batch, model::ForwardContext* ctx,
+    model::KvCalibrator* calibrator, model::ForwardRouting* routing, bool recompute_layers) {
   model::TrainForwardOptions options;
+  options.recompute_layers = recompute_layers;
   options.temperature = batch.temperature;
   options.calibrator = calibrator;
   if (batch.replay_routing) options.replay = &batch.routing;

@@ -68,7 +68,7 @@ absl::StatusOr<SavedCheckpoint> save_checkpoint(const Learner& learner, const st
         absl::StrCat("path: cannot create '", dir.parent_path().string(), "': ", ec.message()));
   }
   absl::StatusOr<model::WeightSet> set =
-      learner.policy().export_weights(model::WeightFormat::kF32, learner.version());
+      learner.backend().export_weights(model::WeightFormat::kF32, learner.version());
   if (!set.ok()) return set.status();
   const nlohmann::ordered_json state = {
       {"format", "fp8rl-trainer-checkpoint"},
@@ -76,7 +76,7 @@ absl::StatusOr<SavedCheckpoint> save_checkpoint(const Learner& learner, const st
       {"published_version", learner.published_version()},
       {"job_id", learner.job_id()},
       {"precision", precision_config_to_json(learner.precision())},
-      {"optimizer", adamw_to_json(learner.optimizer().config())},
+      {"optimizer", adamw_to_json(learner.optimizer_config())},
       {"optimizer_state", include_optimizer},
       {"reference", learner.reference() != nullptr}};
   absl::Status written = write_dir_atomic(dir.string(), [&](const std::string& tmp) {
@@ -86,7 +86,8 @@ absl::StatusOr<SavedCheckpoint> save_checkpoint(const Learner& learner, const st
     if (auto s = writer.write(tmp + "/model.safetensors"); !s.ok()) return s;
     if (auto s = write_file_atomic(tmp + "/config.json", set->config_json); !s.ok()) return s;
     if (include_optimizer) {
-      if (auto s = learner.optimizer().save_state(tmp + "/" + kOptimizerStateFile); !s.ok()) {
+      if (auto s = learner.backend().save_optimizer_state(tmp + "/" + kOptimizerStateFile);
+          !s.ok()) {
         return s;
       }
     }
@@ -102,7 +103,8 @@ absl::StatusOr<SavedCheckpoint> save_checkpoint(const Learner& learner, const st
   return SavedCheckpoint{dir.string(), folder_bytes(dir.string()), learner.version()};
 }
 
-absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir) {
+absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
+                                                 const TrainPlacement& placement) {
   absl::StatusOr<nlohmann::json> state = read_state(dir, /*required=*/true);
   if (!state.ok()) return state.status();
   const std::string what = absl::StrCat(dir, "/", kTrainerStateFile, ": ");
@@ -136,9 +138,16 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir) {
 
   absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Load(dir, policy);
   if (!model.ok()) return model.status();
-  auto optimizer = std::make_unique<model::AdamW>(**model, adamw);
+  absl::StatusOr<MemoryPlan> plan = plan_for((*model)->config(), precision, placement);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::unique_ptr<TrainBackend>> backend =
+      make_train_backend(placement.device, std::move(*model), adamw, placement.memory_budget_bytes);
+  if (!backend.ok()) return prefixed(backend.status(), "device: ");
+  (*backend)->set_recompute(placement.recompute);
   if (has_optimizer) {
-    if (auto s = optimizer->load_state(dir + "/" + kOptimizerStateFile); !s.ok()) return s;
+    if (auto s = (*backend)->load_optimizer_state(dir + "/" + kOptimizerStateFile); !s.ok()) {
+      return s;
+    }
   }
   std::unique_ptr<model::Model> reference;
   const std::string ref_dir = dir + "/" + kReferenceDir;
@@ -148,9 +157,9 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir) {
     reference = std::move(*r);
   }
   LoadedCheckpoint out;
-  out.learner =
-      std::make_unique<Learner>(job_id, precision, std::move(*model), std::move(reference),
-                                std::move(optimizer), version, published);
+  out.learner = std::make_unique<Learner>(job_id, precision, std::move(*backend),
+                                          std::move(reference), version, published);
+  out.learner->set_memory_plan(std::move(*plan));
   out.optimizer_restored = has_optimizer;
   return out;
 }

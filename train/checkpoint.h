@@ -31,8 +31,11 @@ struct LoadedCheckpoint {
   std::unique_ptr<Learner> learner;
   bool optimizer_restored = false;
 };
-// Reads a folder written by save_checkpoint; errors name the file and key.
-absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir);
+// Reads a folder written by save_checkpoint (by any backend: the master weights and AdamW state
+// are stored in one layout) into a learner placed by `placement` (its memory plan checked before
+// the backend allocates); errors name the file and key.
+absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
+                                                 const TrainPlacement& placement = {});
 
 // The "version" of the folder's trainer_state.json; 0 when the folder has none (a plain model
 // checkpoint).

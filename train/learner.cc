@@ -127,6 +127,26 @@ absl::Status validate_precision(const PrecisionConfig& p, std::string_view where
   return absl::OkStatus();
 }
 
+absl::StatusOr<MemoryPlan> plan_for(const model::ModelConfig& config,
+                                    const PrecisionConfig& precision,
+                                    const TrainPlacement& placement) {
+  if (placement.max_step_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_step_tokens: must be >= 1, got ", placement.max_step_tokens));
+  }
+  MemoryPlanInput in;
+  in.config = config;
+  in.policy = precision.training_policy();
+  in.step_tokens = placement.max_step_tokens;
+  in.kv_cache_tokens =
+      placement.kv_cache_tokens > 0 ? placement.kv_cache_tokens : placement.max_step_tokens;
+  in.recompute_layers = placement.recompute == Recompute::kLayers;
+  absl::StatusOr<MemoryPlan> plan = plan_training_memory(in);
+  if (!plan.ok()) return plan.status();
+  if (auto s = check_memory_plan(*plan, placement.memory_budget_bytes); !s.ok()) return s;
+  return plan;
+}
+
 absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& request) {
   if (request.job_id.empty()) return absl::InvalidArgumentError("job_id: required");
   if (auto s = validate_precision(request.precision, "precision"); !s.ok()) return s;
@@ -171,11 +191,18 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
     }
     calibration.push_back(tokens);
   }
-  auto optimizer = std::make_unique<model::AdamW>(*model, request.adamw);
-  auto learner =
-      std::make_unique<Learner>(request.job_id, request.precision, std::move(model),
-                                std::move(reference), std::move(optimizer), version, version);
+  // The plan is checked before the backend allocates anything on its device.
+  const TrainPlacement& place = request.placement;
+  absl::StatusOr<MemoryPlan> plan = plan_for(model->config(), request.precision, place);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::unique_ptr<TrainBackend>> backend =
+      make_train_backend(place.device, std::move(model), request.adamw, place.memory_budget_bytes);
+  if (!backend.ok()) return prefixed(backend.status(), "device: ");
+  (*backend)->set_recompute(place.recompute);
+  auto learner = std::make_unique<Learner>(request.job_id, request.precision, std::move(*backend),
+                                           std::move(reference), version, version);
   learner->calibration_ = std::move(calibration);
+  learner->memory_plan_ = std::move(*plan);
   return learner;
 }
 
@@ -184,9 +211,18 @@ Learner::Learner(std::string job_id, PrecisionConfig precision, std::unique_ptr<
                  int64_t version, int64_t published_version)
     : job_id_(std::move(job_id)),
       precision_(precision),
-      model_(std::move(model)),
+      backend_(make_cpu_train_backend(std::move(model), std::move(optimizer))),
       reference_(std::move(reference)),
-      optimizer_(std::move(optimizer)),
+      version_(version),
+      published_version_(published_version) {}
+
+Learner::Learner(std::string job_id, PrecisionConfig precision,
+                 std::unique_ptr<TrainBackend> backend, std::unique_ptr<model::Model> reference,
+                 int64_t version, int64_t published_version)
+    : job_id_(std::move(job_id)),
+      precision_(precision),
+      backend_(std::move(backend)),
+      reference_(std::move(reference)),
       version_(version),
       published_version_(published_version) {}
 
@@ -197,13 +233,14 @@ absl::StatusOr<std::vector<std::vector<float>>> Learner::logprobs(std::span<cons
     return absl::FailedPreconditionError(
         "use_reference: no reference policy (InitPolicy with keep_reference)");
   }
-  absl::StatusOr<PackedBatch> batch = pack_sequences(seqs, *model_, "sequences", false);
+  absl::StatusOr<PackedBatch> batch = pack_sequences(seqs, policy(), "sequences", false);
   if (!batch.ok()) return batch.status();
   absl::StatusOr<float> t = logprob_temperature(temperature, "temperature");
   if (!t.ok()) return t.status();
   batch->temperature = *t;
-  absl::StatusOr<std::vector<float>> lp =
-      response_logprobs(use_reference ? *reference_ : *model_, *batch, nullptr);
+  absl::StatusOr<std::vector<float>> lp = use_reference
+                                              ? response_logprobs(*reference_, *batch, nullptr)
+                                              : backend_->logprobs(*batch, nullptr);
   if (!lp.ok()) return lp.status();
   std::vector<std::vector<float>> out(batch->size());
   const int64_t L = batch->length;
@@ -216,7 +253,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Learner::logprobs(std::span<cons
 
 std::unique_ptr<model::KvCalibrator> Learner::new_kv_records() const {
   if (precision_.kv_cache != Precision::kFP8) return nullptr;
-  return std::make_unique<model::KvCalibrator>(model_->config().num_hidden_layers);
+  return std::make_unique<model::KvCalibrator>(policy().config().num_hidden_layers);
 }
 
 std::vector<std::pair<int64_t, int64_t>> Learner::rank_shares(const PackedBatch& batch,
@@ -240,7 +277,7 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
                                                    bool data_parallel) const {
   Prepared p;
   absl::StatusOr<PackedBatch> batch =
-      pack_sequences(request.batch, *model_, "batch", /*require_gen=*/true);
+      pack_sequences(request.batch, policy(), "batch", /*require_gen=*/true);
   if (!batch.ok()) return batch.status();
   p.batch = std::move(*batch);
   p.batch.replay_routing = request.routing_replay;
@@ -283,7 +320,7 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
   // prev_logprobs: the policy at the rollout version, before any update, same kernels.
   const auto start = Clock::now();
   if (data_parallel) {
-    if (model_->routing_width() > 0) {
+    if (policy().routing_width() > 0) {
       // Routing records, replay and MoE statistics are not split across ranks or reduced yet.
       return absl::FailedPreconditionError(
           "trainer.data_parallel: mixture-of-experts models train on one trainer for now");
@@ -295,8 +332,7 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
     for (const auto& [begin, end] : rank_shares(p.batch, request.minibatches)) {
       if (begin == end) continue;
       const PackedBatch share = p.batch.slice(begin, end);
-      absl::StatusOr<std::vector<float>> prev =
-          response_logprobs(*model_, share, nullptr, calibrator);
+      absl::StatusOr<std::vector<float>> prev = backend_->logprobs(share, nullptr, calibrator);
       if (!prev.ok()) return prev.status();
       put_rows(*prev, begin, L, &p.prev);
       if (c.kl_beta > 0) {
@@ -323,10 +359,10 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
   }
   model::ForwardRouting routing;
   absl::StatusOr<std::vector<float>> prev =
-      response_logprobs(*model_, p.batch, nullptr, calibrator, &routing);
+      backend_->logprobs(p.batch, nullptr, calibrator, &routing);
   if (!prev.ok()) return prev.status();
   p.prev = std::move(*prev);
-  if (const int64_t width = model_->routing_width(); width > 0) {
+  if (const int64_t width = policy().routing_width(); width > 0) {
     // Training-time routing against the generation's: with replay the forward reports where the
     // router would have chosen otherwise; without, the routing it took is compared.
     MoeStepStats& moe = p.moe;
@@ -337,12 +373,12 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
       moe.differ_tokens = routing.replay_overrode;
     } else {
       const model::RoutingDifference d = model::routing_difference(
-          routing.used, p.batch.routing, width, model_->config().moe.num_experts_per_tok);
+          routing.used, p.batch.routing, width, policy().config().moe.num_experts_per_tok);
       moe.routed_tokens = d.tokens;
       moe.differ_tokens = d.differ;
     }
     moe.aux_loss = routing.aux_loss;
-    moe.num_experts = model_->config().moe.num_experts;
+    moe.num_experts = policy().config().moe.num_experts;
     moe.expert_tokens = std::move(routing.expert_tokens);
     p.router_choice = std::move(routing.chosen);
   }
@@ -359,8 +395,8 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
     const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
     const rl::PolicyLossConfig& config, std::vector<float>* grads, BucketedAllReduce* bucketed,
     const std::string& what) const {
-  model::ForwardContext ctx;
-  absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx);
+  std::unique_ptr<ForwardState> saved = backend_->new_forward_state();
+  absl::StatusOr<std::vector<float>> cur = backend_->logprobs(mb, saved.get());
   if (!cur.ok()) return cur.status();
   rl::PolicyLossInput in;
   in.layout = mb.layout();
@@ -372,15 +408,13 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
   in.advantages = mb.advantages;
   absl::StatusOr<rl::PolicyLossResult> loss = rl::grpo_policy_loss(in, config);
   if (!loss.ok()) return loss.status();
-  grads->assign(model_->num_params(), 0.0f);
+  grads->assign(backend_->num_params(), 0.0f);
   model::Model::GradientsFinal on_final;
   if (bucketed != nullptr) {
     bucketed->begin(std::span<float>(*grads), what);
     on_final = [bucketed](int64_t from) { bucketed->final_from(from); };
   }
-  if (auto s =
-          model_->backward(ctx, scatter_response(mb, loss->dloss_dcur), grads->data(), on_final);
-      !s.ok()) {
+  if (auto s = backend_->backward(*saved, mb, loss->dloss_dcur, grads->data(), on_final); !s.ok()) {
     // The buckets begun still run (every rank runs the same collectives); the error wins.
     if (bucketed != nullptr) bucketed->finish().IgnoreError();
     return s;
@@ -412,8 +446,8 @@ absl::Status Learner::reduce_gradients(std::vector<float>* grads, bool begun,
 }
 
 absl::Status Learner::set_learning_rate(double lr) {
-  if (lr == optimizer_->config().lr) return absl::OkStatus();
-  return optimizer_->set_lr(lr);
+  if (lr == backend_->optimizer_config().lr) return absl::OkStatus();
+  return backend_->set_learning_rate(lr);
 }
 
 absl::StatusOr<PolicyGradient> Learner::gradient(const GrpoRequest& request) const {
@@ -499,7 +533,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
     } else {
       // No sequence of this minibatch fell to this rank: it adds nothing but still takes part.
       result = rl::PolicyLossResult{};
-      grads.assign(model_->num_params(), 0.0f);
+      grads.assign(backend_->num_params(), 0.0f);
     }
     if (!result.ok()) return interrupted(u, prefixed(result.status(), where));
     r.forward_backward_seconds += seconds_since(start);
@@ -512,11 +546,12 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
       if (auto s = reduce_loss_stats(*group_, &*result); !s.ok()) return interrupted(u, s);
     }
     start = Clock::now();
-    absl::StatusOr<model::OptimizerStepStats> step = optimizer_->step(*model_, grads.data());
+    absl::StatusOr<model::OptimizerStepStats> step = backend_->optimizer_step(grads.data());
     if (!step.ok()) return interrupted(u, prefixed(step.status(), where));
     r.optimizer_seconds += seconds_since(start);
     if (dp) {
-      if (auto s = check_same_weights(*group_, model_->params(), absl::StrCat("after ", where));
+      if (auto s = check_same_weights(*group_, backend_->master_weights(),
+                                      absl::StrCat("after ", where));
           !s.ok()) {
         return interrupted(u + 1, s);
       }
@@ -563,7 +598,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
 absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
                                               const std::atomic<bool>* stop) {
   absl::StatusOr<PackedBatch> batch =
-      pack_sequences(request.batch, *model_, "batch", /*require_gen=*/false);
+      pack_sequences(request.batch, policy(), "batch", /*require_gen=*/false);
   if (!batch.ok()) return batch.status();
   const int64_t B = batch->size();
   if (!(request.learning_rate > 0) || !std::isfinite(request.learning_rate)) {
@@ -599,12 +634,12 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     const int64_t normalizer =
         dp ? std::max<int64_t>(1, valid_tokens(*batch, B * i / m, B * (i + 1) / m)) : 0;
     auto start = Clock::now();
-    grads.assign(model_->num_params(), 0.0f);
+    grads.assign(backend_->num_params(), 0.0f);
     double loss = 0;
     if (s1 > s0) {
       const PackedBatch mb = batch->slice(s0, s1);
-      model::ForwardContext ctx;
-      absl::StatusOr<std::vector<float>> cur = response_logprobs(*model_, mb, &ctx, records.get());
+      std::unique_ptr<ForwardState> saved = backend_->new_forward_state();
+      absl::StatusOr<std::vector<float>> cur = backend_->logprobs(mb, saved.get(), records.get());
       if (!cur.ok()) return interrupted(i, cur.status());
       absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask, normalizer);
       if (!nll.ok()) return interrupted(i, nll.status());
@@ -614,8 +649,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
                          absl::StrCat("minibatch ", i, ": gradient all-reduce"));
         on_final = [this](int64_t from) { bucketed_->final_from(from); };
       }
-      if (auto s =
-              model_->backward(ctx, scatter_response(mb, nll->dloss_dlogp), grads.data(), on_final);
+      if (auto s = backend_->backward(*saved, mb, nll->dloss_dlogp, grads.data(), on_final);
           !s.ok()) {
         if (on_final) bucketed_->finish().IgnoreError();  // every rank runs the same collectives
         return interrupted(i, s);
@@ -639,13 +673,13 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
       loss = sum[0];
     }
     start = Clock::now();
-    absl::StatusOr<model::OptimizerStepStats> step = optimizer_->step(*model_, grads.data());
+    absl::StatusOr<model::OptimizerStepStats> step = backend_->optimizer_step(grads.data());
     if (!step.ok()) {
       return interrupted(i, prefixed(step.status(), absl::StrCat("minibatch ", i, ": ")));
     }
     r.optimizer_seconds += seconds_since(start);
     if (dp) {
-      if (auto s = check_same_weights(*group_, model_->params(),
+      if (auto s = check_same_weights(*group_, backend_->master_weights(),
                                       absl::StrCat("after SFT minibatch ", i));
           !s.ok()) {
         return interrupted(i + 1, s);
@@ -684,7 +718,8 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
   auto start = Clock::now();
   auto build_generation = [&]() -> absl::Status {
     if (out.policy.linear == precision_.training) return absl::OkStatus();
-    absl::StatusOr<model::WeightSet> master = model_->export_weights(model::WeightFormat::kF32);
+    absl::StatusOr<model::WeightSet> master =
+        backend_->export_weights(model::WeightFormat::kF32, 0);
     if (!master.ok()) return master.status();
     absl::StatusOr<std::unique_ptr<model::Model>> g =
         model::Model::FromWeightSet(*master, out.policy);
@@ -704,16 +739,16 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
       scales = kv_records_->scales(kKvCalibrationPercentile, kKvCalibrationMargin);
     } else {
       if (auto s = build_generation(); !s.ok()) return prefixed(s, "calibrating KV scales: ");
-      model::KvCalibrator calibrator(model_->config().num_hidden_layers);
+      model::KvCalibrator calibrator(policy().config().num_hidden_layers);
       model::TrainForwardOptions opts;
       opts.calibrator = &calibrator;
-      if (auto lp = (generation ? *generation : *model_).forward(calibration_, opts, nullptr);
-          !lp.ok()) {
-        return prefixed(lp.status(), "calibrating KV scales: ");
-      }
+      const absl::Status ran = generation
+                                   ? generation->forward(calibration_, opts, nullptr).status()
+                                   : backend_->calibration_forward(calibration_, &calibrator);
+      if (!ran.ok()) return prefixed(ran, "calibrating KV scales: ");
       scales = calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);
     }
-    if (auto s = model_->set_kv_scales(scales); !s.ok()) {
+    if (auto s = backend_->set_kv_scales(scales); !s.ok()) {
       return prefixed(s, "calibrating KV scales: ");
     }
     if (generation) {
@@ -727,11 +762,11 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
   start = Clock::now();
   absl::StatusOr<model::WeightSet> set;
   if (format == Precision::kBF16) {
-    set = model_->export_weights(model::WeightFormat::kBF16, version);
+    set = backend_->export_weights(model::WeightFormat::kBF16, version);
   } else if (precision_.training == Precision::kFP8) {
     // The FP8 layers' codes and scales, re-derived from the master weights by the optimizer's
     // refresh() after the last update.
-    set = model_->export_weights(model::WeightFormat::kFP8, version);
+    set = backend_->export_weights(model::WeightFormat::kFP8, version);
   } else {
     // Training runs BF16 linears, generation FP8: quantize the master weights with the
     // generation policy's layer choices.
@@ -759,8 +794,8 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
     block_scales.insert(block_scales.end(), values->begin(), values->end());
   }
   out.weight_scale_inv = stats_of(block_scales);
-  out.k_scale = stats_of(model_->kv_scales().k);
-  out.v_scale = stats_of(model_->kv_scales().v);
+  out.k_scale = stats_of(backend_->kv_scales().k);
+  out.v_scale = stats_of(backend_->kv_scales().v);
   out.weights = std::move(*set);
   return out;
 }

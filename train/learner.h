@@ -29,6 +29,8 @@
 #include "train/batch.h"
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
+#include "train/memory_plan.h"
+#include "train/train_backend.h"
 
 namespace fp8rl::train {
 
@@ -38,6 +40,20 @@ inline constexpr double kKvCalibrationPercentile = 99.9;
 inline constexpr double kKvCalibrationMargin = 1.05;
 // Passes over a GRPO batch accepted in one update.
 inline constexpr int64_t kMaxEpochs = 64;
+
+// Where and how a policy trains (the trainer worker's --device, --gpu-memory-fraction,
+// --recompute and --max-step-tokens).
+struct TrainPlacement {
+  // train/train_backend.h; cuda is FAILED_PRECONDITION until the CUDA training backend exists.
+  model::Device device = model::Device::kCpu;
+  int64_t memory_budget_bytes = 0;  // device memory the backend may take (0: unchecked)
+  // Activation recomputation of the training forwards (the gradients are the same).
+  Recompute recompute = Recompute::kNone;
+  // The step shape the memory plan budgets for (train/memory_plan.h): tokens of the largest
+  // forward, and tokens whose K/V a step's generation caches (0: the same as max_step_tokens).
+  int64_t max_step_tokens = 16384;
+  int64_t kv_cache_tokens = 0;
+};
 
 struct InitRequest {
   std::string job_id;
@@ -52,7 +68,14 @@ struct InitRequest {
   // Sequences to calibrate the KV scales on until the first update provides data (the initial
   // publish, before any rollout). May be empty.
   std::vector<Sequence> calibration;
+  TrainPlacement placement;
 };
+
+// The memory plan of a policy `config` trained in `precision` under `placement`:
+// RESOURCE_EXHAUSTED when placement.memory_budget_bytes > 0 and the plan exceeds it.
+absl::StatusOr<MemoryPlan> plan_for(const model::ModelConfig& config,
+                                    const PrecisionConfig& precision,
+                                    const TrainPlacement& placement);
 
 struct GrpoRequest {
   std::vector<Sequence> batch;  // gen_logprobs required
@@ -159,6 +182,9 @@ class Learner {
   Learner(std::string job_id, PrecisionConfig precision, std::unique_ptr<model::Model> model,
           std::unique_ptr<model::Model> reference, std::unique_ptr<model::AdamW> optimizer,
           int64_t version, int64_t published_version);
+  // The policy on `backend` (any device).
+  Learner(std::string job_id, PrecisionConfig precision, std::unique_ptr<TrainBackend> backend,
+          std::unique_ptr<model::Model> reference, int64_t version, int64_t published_version);
 
   // Response logprobs of `seqs` under the policy (or the reference), one vector per sequence.
   absl::StatusOr<std::vector<std::vector<float>>> logprobs(std::span<const Sequence> seqs,
@@ -199,9 +225,17 @@ class Learner {
   const PrecisionConfig& precision() const { return precision_; }
   int64_t version() const { return version_; }
   int64_t published_version() const { return published_version_; }
-  const model::Model& policy() const { return *model_; }
+  // The policy as the host describes it (TrainBackend::host_model: on the CPU backend, the model
+  // that trains).
+  const model::Model& policy() const { return backend_->host_model(); }
   const model::Model* reference() const { return reference_.get(); }
-  const model::AdamW& optimizer() const { return *optimizer_; }
+  const TrainBackend& backend() const { return *backend_; }
+  TrainBackend& backend() { return *backend_; }
+  int64_t optimizer_steps() const { return backend_->optimizer_steps(); }
+  // The memory plan computed when the policy was created (before the backend allocated).
+  const MemoryPlan& memory_plan() const { return memory_plan_; }
+  void set_memory_plan(MemoryPlan plan) { memory_plan_ = std::move(plan); }
+  const model::AdamWConfig& optimizer_config() const { return backend_->optimizer_config(); }
   // K/V amax samples (sequences) the next export calibrates on: the last update's, 0 before any.
   int64_t kv_calibration_records() const { return kv_records_ ? kv_records_->num_records() : 0; }
 
@@ -236,9 +270,9 @@ class Learner {
 
   std::string job_id_;
   PrecisionConfig precision_;
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Model> reference_;
-  std::unique_ptr<model::AdamW> optimizer_;
+  std::unique_ptr<TrainBackend> backend_;    // the policy, its optimizer state and device
+  std::unique_ptr<model::Model> reference_;  // frozen, on the host
+  MemoryPlan memory_plan_;
   int64_t version_ = 0;
   int64_t published_version_ = 0;
   // K/V amax records of the last update's forward (null before any update).

@@ -92,6 +92,19 @@ int run(const std::vector<std::string>& args) {
     *root = dir.string();
   }
   options.allreduce_bucket_bytes = config->allreduce_bucket_bytes;
+  // --device: cuda when an sm_90 device is visible and this build trains on it (auto), else cpu;
+  // `cuda` without one is a one-line error (exit 2), never a silent CPU fallback.
+  absl::StatusOr<model::DeviceSelection> device =
+      model::select_device(config->device, trainer::trainer_device_probe);
+  if (!device.ok()) {
+    std::fprintf(stderr, "fp8rl-trainer-worker: %s\n",
+                 std::string(device.status().message()).c_str());
+    return 2;
+  }
+  service::log_info("trainer", device->description);
+  trainer::apply_device(*device, *config, &options.device, &options.gpu_memory_budget_bytes);
+  options.recompute = config->recompute;
+  options.max_step_tokens = config->max_step_tokens;
   options.coordinator_address = config->service.coordinator;
   options.rendezvous_security = security->client;
   // Trainer-group peers reach this trainer's collectives on the host it advertises.

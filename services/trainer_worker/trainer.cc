@@ -119,6 +119,15 @@ Trainer::Trainer(TrainerOptions options, WeightPublisher* publisher, TrainerMetr
   status_.set_worker_id(options_.worker_id);
 }
 
+train::TrainPlacement Trainer::placement() const {
+  train::TrainPlacement p;
+  p.device = options_.device == "cuda" ? model::Device::kCuda : model::Device::kCpu;
+  p.memory_budget_bytes = p.device == model::Device::kCuda ? options_.gpu_memory_budget_bytes : 0;
+  p.recompute = options_.recompute;
+  p.max_step_tokens = options_.max_step_tokens;
+  return p;
+}
+
 absl::Status Trainer::check_job(const std::string& job_id) const {
   if (!learner_) return absl::AbortedError(kNoPolicy);
   if (job_id != learner_->job_id()) {
@@ -165,9 +174,12 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
   }
   init.keep_reference = request.keep_reference();
   init.calibration = to_sequences(request.calibration_sequences());
+  init.placement = placement();
   absl::StatusOr<std::unique_ptr<train::Learner>> learner = train::Learner::create(init);
   if (!learner.ok()) return learner.status();
   learner_ = std::move(*learner);
+  service::log_info("trainer", learner_->memory_plan().describe(),
+                    {{"job", learner_->job_id()}, {"device", options_.device}});
   learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
   update_status();
 
@@ -420,9 +432,11 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
   // Loaded in full first: a failure leaves the held policy untouched.
   absl::StatusOr<std::string> path = confined_data_path(request.path());
   if (!path.ok()) return path.status();
-  absl::StatusOr<train::LoadedCheckpoint> loaded = train::load_checkpoint(*path);
+  absl::StatusOr<train::LoadedCheckpoint> loaded = train::load_checkpoint(*path, placement());
   if (!loaded.ok()) return loaded.status();
   learner_ = std::move(loaded->learner);
+  service::log_info("trainer", learner_->memory_plan().describe(),
+                    {{"job", learner_->job_id()}, {"device", options_.device}});
   learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
   update_status();
   v1::LoadCheckpointResponse response;

@@ -52,9 +52,15 @@ struct TrainerOptions {
   // The address other members of a trainer group reach this trainer's collectives at (Gloo TCP
   // listens on an ephemeral port of this interface).
   std::string group_host = "127.0.0.1";
-  // The device the engine runs on; it chooses the group's collectives (train::backend_for_device:
-  // cpu -> Gloo, cuda -> NCCL). Always "cpu" until the GPU engine adds a --device flag.
+  // The device the policy trains on (--device after resolution: "cpu" or "cuda"); it chooses the
+  // training backend (train/train_backend.h) and the group's collectives
+  // (train::backend_for_device: cpu -> Gloo, cuda -> NCCL).
   std::string device = "cpu";
+  // On cuda: the bytes the training backend may take (--gpu-memory-fraction of the device).
+  int64_t gpu_memory_budget_bytes = 0;
+  // --recompute and --max-step-tokens (train::TrainPlacement).
+  train::Recompute recompute = train::Recompute::kNone;
+  int64_t max_step_tokens = 16384;
   // Gradients are all-reduced in buckets of this many bytes while the backward runs; 0: in one
   // all-reduce after it (train::Learner::set_group; --allreduce-bucket-mb, 4 MiB by default
   // there; 0 here for tests that build a Trainer directly).
@@ -97,13 +103,15 @@ class Trainer {
 
   // The held policy (nullptr before InitPolicy). Not synchronized: tests only, between calls.
   const model::Model* policy() const { return learner_ ? &learner_->policy() : nullptr; }
-  const model::AdamW* optimizer() const { return learner_ ? &learner_->optimizer() : nullptr; }
+  int64_t optimizer_steps() const { return learner_ ? learner_->optimizer_steps() : 0; }
   const train::Learner* learner() const { return learner_.get(); }
   // The WeightSet of the last successful publish (tests).
   const model::WeightSet& last_published() const { return last_published_; }
 
  private:
   absl::Status check_job(const std::string& job_id) const;
+  // Where new policies train (options_.device, budget, recompute, step shape).
+  train::TrainPlacement placement() const;
   // The GRPO request of a TrainStep (validation of the proto-only fields).
   absl::StatusOr<train::GrpoRequest> grpo_request(const v1::TrainStepRequest& request) const;
   void update_status();

@@ -29,8 +29,34 @@ service::ServiceOptions default_trainer_service_options() {
       // all-reduce after the backward (docs/design.md "Trainer groups"; 4 measured in
       // docs/perf.md).
       {"allreduce_bucket_mb", "4"},
+      // Where the policy trains: cuda, cpu or auto (cuda when an sm_90 device is visible and
+      // the build can train on it), and the share of the device's memory it may take.
+      {"device", "auto"},
+      {"gpu_memory_fraction", "0.9"},
+      // Activation recomputation per decoder layer (none | layers) and the largest training
+      // forward, in tokens, the memory plan budgets for.
+      {"recompute", "none"},
+      {"max_step_tokens", "16384"},
   };
   return o;
+}
+
+model::DeviceProbeResult trainer_device_probe() {
+  model::DeviceProbeResult r = model::probe_cuda_device();
+  if (r.device.has_value() && !train::cuda_train_backend_available()) {
+    r.detail = absl::StrCat(r.device->name, " visible, but ",
+                            train::cuda_train_backend_unavailable_reason());
+    r.device.reset();
+  }
+  return r;
+}
+
+void apply_device(const model::DeviceSelection& device, const TrainerConfig& config,
+                  std::string* options_device, int64_t* budget_bytes) {
+  const bool cuda = device.device == model::Device::kCuda && device.cuda.has_value();
+  *options_device = cuda ? "cuda" : "cpu";
+  *budget_bytes =
+      cuda ? model::gpu_memory_budget_bytes(*device.cuda, config.gpu_memory_fraction) : 0;
 }
 
 absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string>& args) {
@@ -59,6 +85,24 @@ absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string
         absl::StrCat("--allreduce-bucket-mb: must be in [0, 4096], got ", *bucket_mb));
   }
   config.allreduce_bucket_bytes = static_cast<int64_t>(*bucket_mb * 1024 * 1024);
+  config.device = service::extra_string(config.service, "device");
+  if (config.device != "" && config.device != "auto" && config.device != "cpu" &&
+      config.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: expected cuda, cpu or auto, got '", config.device, "'"));
+  }
+  absl::StatusOr<double> fraction = model::parse_gpu_memory_fraction(
+      service::extra_string(config.service, "gpu_memory_fraction"));
+  if (!fraction.ok()) return fraction.status();
+  config.gpu_memory_fraction = *fraction;
+  absl::StatusOr<train::Recompute> recompute =
+      train::parse_recompute(service::extra_string(config.service, "recompute"), "--recompute");
+  if (!recompute.ok()) return recompute.status();
+  config.recompute = *recompute;
+  absl::StatusOr<int64_t> step_tokens =
+      service::extra_int_in_range(config.service, "max_step_tokens", 1, int64_t{1} << 30);
+  if (!step_tokens.ok()) return step_tokens.status();
+  config.max_step_tokens = *step_tokens;
   if (config.service.data_dir.empty()) {
     return absl::InvalidArgumentError("--data-dir: must not be empty");
   }

@@ -8,6 +8,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/service/options.h"
+#include "model/device.h"
+#include "train/train_backend.h"
 
 namespace fp8rl::trainer {
 
@@ -27,7 +29,23 @@ struct TrainerConfig {
   // --allreduce-bucket-mb (MiB, may be fractional; 4 by default): trainer-group gradient
   // buckets; 0 = one all-reduce after the backward.
   int64_t allreduce_bucket_bytes = 4 << 20;
+  // --device cuda|cpu|auto (auto: cuda when an sm_90 device is visible and this build can train
+  // on it, else cpu); resolved by model::select_device when the worker starts (model/device.h).
+  std::string device;
+  // --gpu-memory-fraction in (0, 1]: the share of the device's memory training may take.
+  double gpu_memory_fraction = 0.9;
+  // --recompute none|layers: activation recomputation per decoder layer (train/train_backend.h).
+  train::Recompute recompute = train::Recompute::kNone;
+  // --max-step-tokens: tokens of the largest training forward the memory plan budgets for.
+  int64_t max_step_tokens = 16384;
 };
+
+// The trainer's device probe: model::probe_cuda_device, then no device (with the reason) when
+// this build cannot train on CUDA (train::cuda_train_backend_available).
+model::DeviceProbeResult trainer_device_probe();
+// The resolved --device into `options` (device name and, on cuda, the memory budget).
+void apply_device(const model::DeviceSelection& device, const TrainerConfig& config,
+                  std::string* options_device, int64_t* budget_bytes);
 
 // Defaults of every flag (gRPC 50053, metrics 9403, coordinator localhost:50051).
 service::ServiceOptions default_trainer_service_options();

@@ -239,7 +239,7 @@ TEST(Learner, GrpoUpdateFollowsTheAdvantageAndCountsSteps) {
   absl::StatusOr<GrpoResult> res = l->grpo_update(r);
   ASSERT_TRUE(res.ok()) << res.status();
   EXPECT_EQ(res->updates, 6);
-  EXPECT_EQ(l->optimizer().steps(), 6);
+  EXPECT_EQ(l->optimizer_steps(), 6);
   EXPECT_EQ(l->version(), 1);
   EXPECT_NEAR(res->mismatch.token_mult_prob_error, 1.0, 1e-6);
   EXPECT_GT(res->grad_norm, 0.0);
@@ -264,7 +264,7 @@ TEST(Learner, StopFlagInterruptsBetweenStepsAndStillMakesAVersion) {
   absl::StatusOr<GrpoResult> res = l->grpo_update(grpo(random_batch(24, 2)), &stop);
   EXPECT_EQ(res.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(l->version(), 0);  // nothing applied
-  EXPECT_EQ(l->optimizer().steps(), 0);
+  EXPECT_EQ(l->optimizer_steps(), 0);
 }
 
 TEST(Learner, SftLowersNllOnARepeatedBatch) {
@@ -282,7 +282,7 @@ TEST(Learner, SftLowersNllOnARepeatedBatch) {
   ASSERT_TRUE(last.ok());
   EXPECT_LT(last->loss, first->loss);
   EXPECT_EQ(l->version(), 11);
-  EXPECT_EQ(l->optimizer().steps(), 22);
+  EXPECT_EQ(l->optimizer_steps(), 22);
 }
 
 TEST(Learner, BadRequestsNameTheField) {

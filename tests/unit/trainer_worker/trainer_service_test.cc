@@ -317,6 +317,92 @@ TEST(TrainerServiceTest, HealthStatusAndMetricsAnswerWhileACallRuns) {
   EXPECT_EQ(trainer.status().published_version(), 1);
 }
 
+// --device, --gpu-memory-fraction, --recompute, --max-step-tokens: the generation worker's
+// defaults and one-line errors; cuda resolves through the trainer's probe, which offers a device
+// only when this build can train on CUDA (no silent CPU fallback for an explicit cuda).
+TEST(TrainerConfigTest, DeviceFlags) {
+  absl::StatusOr<TrainerConfig> c = parse_trainer_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, "auto");
+  EXPECT_EQ(c->gpu_memory_fraction, 0.9);
+  EXPECT_EQ(c->recompute, train::Recompute::kNone);
+  EXPECT_EQ(c->max_step_tokens, 16384);
+  c = parse_trainer_config({"--device", "cpu", "--gpu-memory-fraction", "0.5", "--recompute",
+                            "layers", "--max-step-tokens", "4096"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, "cpu");
+  EXPECT_EQ(c->gpu_memory_fraction, 0.5);
+  EXPECT_EQ(c->recompute, train::Recompute::kLayers);
+  EXPECT_EQ(c->max_step_tokens, 4096);
+  for (const auto& [flag, bad] :
+       std::vector<std::pair<std::string, std::string>>{{"--device", "gpu"},
+                                                        {"--gpu-memory-fraction", "0"},
+                                                        {"--gpu-memory-fraction", "1.5"},
+                                                        {"--recompute", "all"},
+                                                        {"--max-step-tokens", "0"}}) {
+    c = parse_trainer_config({flag, bad});
+    ASSERT_FALSE(c.ok()) << flag << " " << bad;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+    EXPECT_NE(c.status().message().find(flag), std::string::npos) << c.status();
+  }
+
+  // A visible sm_90 device, as the probe would see it: with the CUDA training backend built,
+  // auto and cuda choose it with the --gpu-memory-fraction budget; without it (a build without
+  // CUDA), auto picks cpu with the reason and cuda fails naming it.
+  auto probe = [] {
+    model::DeviceProbeResult r;
+    model::CudaDeviceInfo d;
+    d.name = "NVIDIA H200";
+    d.major = 9;
+    d.total_bytes = int64_t{140} << 30;
+    r.device = d;
+    if (!train::cuda_train_backend_available()) {
+      r.detail =
+          absl::StrCat(d.name, " visible, but ", train::cuda_train_backend_unavailable_reason());
+      r.device.reset();
+    }
+    return r;
+  };
+  absl::StatusOr<model::DeviceSelection> cuda = model::select_device("cuda", probe);
+  absl::StatusOr<model::DeviceSelection> automatic = model::select_device("auto", probe);
+  ASSERT_TRUE(automatic.ok());
+  std::string device;
+  int64_t budget = -1;
+  apply_device(*automatic, *parse_trainer_config({"--gpu-memory-fraction", "0.5"}), &device,
+               &budget);
+  if (train::cuda_train_backend_available()) {
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    EXPECT_EQ(device, "cuda");
+    EXPECT_EQ(budget, int64_t{70} << 30);
+  } else {
+    ASSERT_FALSE(cuda.ok());
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(cuda.status().message().find("built without CUDA"), std::string::npos)
+        << cuda.status();
+    EXPECT_EQ(device, "cpu");
+    EXPECT_EQ(budget, 0);
+  }
+  // This machine has no sm_90 device: the real probe picks cpu.
+  absl::StatusOr<model::DeviceSelection> real = model::select_device("auto", trainer_device_probe);
+  ASSERT_TRUE(real.ok());
+  EXPECT_EQ(real->device, model::Device::kCpu);
+}
+
+// The cuda placement reaches the learner: InitPolicy with the trainer on cuda on a machine without
+// an sm_90 device is the backend's FAILED_PRECONDITION, not a CPU policy.
+TEST(TrainerConfigTest, CudaPlacementFailsInitPolicyClearly) {
+  if (model::probe_cuda_device().device.has_value()) GTEST_SKIP() << "an sm_90 device is visible";
+  testing::RecordingPublisher publisher;
+  TrainerOptions options;
+  options.device = "cuda";
+  options.gpu_memory_budget_bytes = int64_t{1} << 30;
+  Trainer trainer(options, &publisher);
+  absl::StatusOr<v1::InitPolicyResponse> r = trainer.init_policy(testing::init_request());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_EQ(trainer.learner(), nullptr);
+}
+
 TEST(TrainerConfigTest, DefaultsFlagsAndErrors) {
   absl::StatusOr<TrainerConfig> c = parse_trainer_config({});
   ASSERT_TRUE(c.ok()) << c.status();

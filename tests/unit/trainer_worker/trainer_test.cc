@@ -211,7 +211,7 @@ TEST_F(TrainerTest, MinibatchesTakeOneOptimizerStepEach) {
   step.mutable_algorithm()->set_minibatches(2);
   absl::StatusOr<v1::TrainStepResponse> r = trainer_.train_step(step);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(trainer_.optimizer()->steps(), 2);
+  EXPECT_EQ(trainer_.optimizer_steps(), 2);
   EXPECT_EQ(r->version(), 1);
   // Four minibatches with a per-step learning rate override (AdamW state carried over).
   step.mutable_algorithm()->set_minibatches(4);
@@ -219,7 +219,7 @@ TEST_F(TrainerTest, MinibatchesTakeOneOptimizerStepEach) {
   set_gen_to_current(trainer_, &step);
   r = trainer_.train_step(step);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(trainer_.optimizer()->steps(), 6);
+  EXPECT_EQ(trainer_.optimizer_steps(), 6);
   EXPECT_DOUBLE_EQ(r->learning_rate(), 0.05);
   EXPECT_EQ(r->version(), 2);
 }
@@ -236,13 +236,13 @@ TEST_F(TrainerTest, EpochsRepeatTheMinibatchesAgainstTheRolloutLogprobs) {
   ASSERT_TRUE(one_pass.init_policy(init_request()).ok());
   absl::StatusOr<v1::TrainStepResponse> r1 = one_pass.train_step(step);
   ASSERT_TRUE(r1.ok()) << r1.status();
-  EXPECT_EQ(one_pass.optimizer()->steps(), 2);
+  EXPECT_EQ(one_pass.optimizer_steps(), 2);
   // Three passes: 6 optimizer steps, one new version; the later passes compare the moved policy
   // with the rollout policy's logprobs, so the tight clip range now clips tokens.
   step.mutable_algorithm()->set_epochs(3);
   absl::StatusOr<v1::TrainStepResponse> r3 = trainer_.train_step(step);
   ASSERT_TRUE(r3.ok()) << r3.status();
-  EXPECT_EQ(trainer_.optimizer()->steps(), 6);
+  EXPECT_EQ(trainer_.optimizer_steps(), 6);
   EXPECT_EQ(r3->version(), 1);
   EXPECT_GT(r3->clip_fraction(), r1->clip_fraction());
   EXPECT_GT(r3->clip_fraction(), 0.0);
@@ -446,7 +446,7 @@ TEST_F(TrainerTest, CheckpointRoundTripContinuesBitIdentically) {
   const auto pa = trainer_.policy()->params(), pb = restored.policy()->params();
   ASSERT_EQ(pa.size(), pb.size());
   EXPECT_TRUE(std::equal(pa.begin(), pa.end(), pb.begin()));
-  EXPECT_EQ(trainer_.optimizer()->steps(), restored.optimizer()->steps());
+  EXPECT_EQ(trainer_.optimizer_steps(), restored.optimizer_steps());
 }
 
 TEST_F(TrainerTest, LoadCheckpointErrorsKeepThePolicy) {
@@ -589,7 +589,7 @@ TEST_F(TrainerTest, BadRequestsAreRejectedNamingTheField) {
 
   // Nothing was trained by the rejected requests.
   EXPECT_EQ(trainer_.status().version(), 0);
-  EXPECT_EQ(trainer_.optimizer()->steps(), 0);
+  EXPECT_EQ(trainer_.optimizer_steps(), 0);
 }
 
 }  // namespace

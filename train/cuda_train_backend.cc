@@ -1,0 +1,58 @@
+// The CUDA training backend (see cuda_train_backend.h): the device backend
+// (train/device_train_backend.h) with CudaTrainStep as its engine and the DeviceTrainState on the
+// same CUDA stream.
+#include "train/cuda_train_backend.h"
+
+#include <utility>
+
+#include "model/cuda/cuda_train_ops.h"
+#include "train/device_train_backend.h"
+
+namespace fp8rl::train {
+namespace {
+
+class CudaStepEngine final : public DeviceStepEngine {
+ public:
+  explicit CudaStepEngine(std::unique_ptr<model::gpu::CudaTrainStep> step)
+      : step_(std::move(step)) {}
+  absl::StatusOr<model::TokenValues> forward(const model::Model& host,
+                                             const model::TokenBatch& batch,
+                                             const model::gpu::TrainStepOptions& opts) override {
+    return step_->forward(host, batch, opts);
+  }
+  absl::Status backward_into(const model::Model& host, const model::TokenValues& dlogp,
+                             float* device_grads) override {
+    return step_->backward_into(host, dlogp, device_grads);
+  }
+  absl::Status refresh(const model::gpu::DeviceTrainState& state) override {
+    return step_->ops().refresh_from_device(state.master());
+  }
+  absl::Status set_kv_scales(const model::KvScales& scales) override {
+    return step_->ops().set_kv_scales(scales);
+  }
+
+ private:
+  std::unique_ptr<model::gpu::CudaTrainStep> step_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainBackend>> make_cuda_train_backend_impl(
+    std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw) {
+  absl::StatusOr<std::unique_ptr<model::gpu::CudaTrainStep>> step =
+      model::gpu::CudaTrainStep::Create(*model);
+  if (!step.ok()) return step.status();
+  absl::StatusOr<std::unique_ptr<model::gpu::TrainDevice>> device =
+      model::gpu::make_cuda_train_device((*step)->ops().stream());
+  if (!device.ok()) return device.status();
+  model::gpu::TrainStateOptions options;
+  options.adamw = adamw;
+  absl::StatusOr<std::unique_ptr<model::gpu::DeviceTrainState>> state =
+      model::gpu::DeviceTrainState::Create(*model, options, std::move(*device));
+  if (!state.ok()) return state.status();
+  return make_device_train_backend(model::Device::kCuda, std::move(model),
+                                   std::make_unique<CudaStepEngine>(std::move(*step)),
+                                   std::move(*state));
+}
+
+}  // namespace fp8rl::train

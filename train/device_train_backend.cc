@@ -1,0 +1,242 @@
+// The device training backend and its host mirror (see device_train_backend.h).
+#include "train/device_train_backend.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "model/cuda/host_train_ops.h"
+
+namespace fp8rl::train {
+namespace {
+
+// The device step keeps one forward's activations in its own buffers: a state is valid for the
+// backward while no later forward ran.
+class DeviceForwardState final : public ForwardState {
+ public:
+  int64_t activation_bytes() const override { return bytes; }
+  int64_t forward_id = -1;
+  int64_t bytes = 0;
+};
+
+class DeviceTrainBackend final : public TrainBackend {
+ public:
+  DeviceTrainBackend(model::Device kind, std::unique_ptr<model::Model> host,
+                     std::unique_ptr<DeviceStepEngine> engine,
+                     std::unique_ptr<model::gpu::DeviceTrainState> state)
+      : kind_(kind), host_(std::move(host)), engine_(std::move(engine)), state_(std::move(state)) {}
+
+  model::Device device() const override { return kind_; }
+  const model::Model& host_model() const override { return *host_; }
+  void set_recompute(Recompute r) override { recompute_ = r; }
+  Recompute recompute() const override { return recompute_; }
+
+  std::unique_ptr<ForwardState> new_forward_state() const override {
+    return std::make_unique<DeviceForwardState>();
+  }
+
+  absl::StatusOr<std::vector<float>> logprobs(const PackedBatch& batch, ForwardState* saved,
+                                              model::KvCalibrator* calibrator,
+                                              model::ForwardRouting* routing) const override {
+    if (saved != nullptr && recompute_ == Recompute::kLayers) {
+      return absl::FailedPreconditionError(
+          "--recompute layers: activation recomputation is not built on the device backend");
+    }
+    // Dense models only (the engines refuse mixture-of-experts models when made); `routing` stays
+    // empty.
+    if (batch.replay_routing || batch.router_aux_loss_coef > 0) {
+      return absl::FailedPreconditionError(
+          "mixture-of-experts training is not built on the device backend");
+    }
+    model::gpu::TrainStepOptions opts;
+    opts.temperature = batch.temperature;
+    opts.calibrator = calibrator;
+    absl::StatusOr<model::TokenValues> lp = engine_->forward(*host_, batch.tokens, opts);
+    if (!lp.ok()) return lp.status();
+    ++forward_id_;
+    if (saved != nullptr) {
+      auto* s = static_cast<DeviceForwardState*>(saved);
+      s->forward_id = forward_id_;
+      int64_t rows = 0;
+      for (const auto& t : batch.tokens) rows += static_cast<int64_t>(t.size());
+      s->bytes = static_cast<int64_t>(sizeof(float)) *
+                 model::gpu::train_buffer_floats(host_->config(), rows, opts);
+    }
+    // Model layout (value [i-1] belongs to token i) -> the padded [B*L] response layout.
+    const int64_t L = batch.length;
+    std::vector<float> out(static_cast<size_t>(batch.size() * L), 0.0f);
+    for (int64_t b = 0; b < batch.size(); ++b) {
+      const int64_t p = batch.prompt_length[b];
+      const int64_t resp = static_cast<int64_t>(batch.tokens[b].size()) - p;
+      for (int64_t j = 0; j < resp; ++j) out[b * L + j] = (*lp)[b][p - 1 + j];
+    }
+    return out;
+  }
+
+  absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
+                        std::span<const float> dloss_dlogp, float* grads,
+                        const model::Model::GradientsFinal& on_final) const override {
+    if (static_cast<const DeviceForwardState&>(saved).forward_id != forward_id_) {
+      return absl::FailedPreconditionError(
+          "backward: another forward ran on the device since this one (one saved forward at a "
+          "time on a device backend)");
+    }
+    if (auto s = state_->zero_grads(); !s.ok()) return s;
+    if (auto s =
+            engine_->backward_into(*host_, scatter_response(batch, dloss_dlogp), state_->grads());
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<std::vector<float>> g = state_->download(state_->grads());
+    if (!g.ok()) return g.status();
+    for (size_t i = 0; i < g->size(); ++i) grads[i] += (*g)[i];
+    // Every gradient is final only once on the host.
+    if (on_final) on_final(0);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) override {
+    const int64_t n = host_->num_params();
+    if (auto s = state_->device().upload(state_->grads(), grads, n * sizeof(float)); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<model::OptimizerStepStats> stats = state_->step();
+    if (!stats.ok()) return stats.status();
+    if (auto s = engine_->refresh(*state_); !s.ok()) return s;
+    // The learner's buffer as model::AdamW leaves it: scaled and clipped.
+    if (auto s = state_->device().download(grads, state_->grads(), n * sizeof(float)); !s.ok()) {
+      return s;
+    }
+    return stats;
+  }
+  void requantize() override {
+    // Benchmarks only (optimizer_step already re-quantizes); an error here would repeat in the
+    // next step, which reports it.
+    if (state_->requantize().ok()) engine_->refresh(*state_).IgnoreError();
+  }
+  const model::AdamWConfig& optimizer_config() const override { return state_->adamw_config(); }
+  int64_t optimizer_steps() const override { return state_->steps(); }
+  absl::Status set_learning_rate(double lr) override { return state_->set_lr(lr); }
+
+  const model::KvScales& kv_scales() const override { return state_->kv_scales(); }
+  absl::Status set_kv_scales(const model::KvScales& scales) override {
+    if (auto s = state_->set_kv_scales(scales); !s.ok()) return s;
+    if (auto s = engine_->set_kv_scales(scales); !s.ok()) return s;
+    return host_->set_kv_scales(scales);
+  }
+  absl::Status calibration_forward(const model::TokenBatch& sequences,
+                                   model::KvCalibrator* calibrator) const override {
+    model::gpu::TrainStepOptions opts;
+    opts.calibrator = calibrator;
+    ++forward_id_;
+    return engine_->forward(*host_, sequences, opts).status();
+  }
+
+  absl::StatusOr<model::WeightSet> export_weights(model::WeightFormat format,
+                                                  int64_t version) const override {
+    switch (format) {
+      case model::WeightFormat::kFP8:
+        return state_->export_fp8(version);
+      case model::WeightFormat::kF32:
+        return state_->export_f32(version);
+      default: {
+        // BF16: through an fp32 copy of the master on the host (not the recipe's device-only
+        // export; the FP8 publish never takes this path).
+        absl::StatusOr<model::WeightSet> f32 = state_->export_f32(version);
+        if (!f32.ok()) return f32.status();
+        absl::StatusOr<std::unique_ptr<model::Model>> m =
+            model::Model::FromWeightSet(*f32, host_->policy());
+        if (!m.ok()) return m.status();
+        return (*m)->export_weights(model::WeightFormat::kBF16, version);
+      }
+    }
+  }
+  std::span<const float> master_weights() const override { return {}; }
+
+  absl::Status save_optimizer_state(const std::string& path) const override {
+    return state_->save_optimizer_state(path);
+  }
+  absl::Status load_optimizer_state(const std::string& path) override {
+    return state_->load_optimizer_state(path);
+  }
+
+ private:
+  model::Device kind_;
+  std::unique_ptr<model::Model> host_;  // before engine_: the engine may point at it
+  std::unique_ptr<DeviceStepEngine> engine_;
+  std::unique_ptr<model::gpu::DeviceTrainState> state_;
+  Recompute recompute_ = Recompute::kNone;
+  mutable int64_t forward_id_ = 0;  // forwards run on the device so far
+};
+
+// The host mirror's engine: HostTrainOps on the host model, buffers in host memory; refresh()
+// copies the state's master into the model and re-derives its working copies (Model::refresh).
+class HostStepEngine final : public DeviceStepEngine {
+ public:
+  explicit HostStepEngine(model::Model* model) : model_(model), ops_(*model) {}
+
+  absl::StatusOr<model::TokenValues> forward(const model::Model& host,
+                                             const model::TokenBatch& batch,
+                                             const model::gpu::TrainStepOptions& opts) override {
+    absl::StatusOr<model::gpu::TrainTables> t =
+        model::gpu::build_train_tables(batch, host.config());
+    if (!t.ok()) return t.status();
+    tables_ = std::move(*t);
+    opts_ = opts;
+    if (auto s = ops_.load_tables(tables_); !s.ok()) return s;
+    storage_.assign(
+        static_cast<size_t>(model::gpu::train_buffer_floats(host.config(), tables_.rows, opts_)),
+        0.0f);
+    buffers_ = model::gpu::carve_train_buffers(host.config(), tables_.rows, opts_, storage_.data());
+    return model::gpu::train_forward(host.config(), host.policy(), host.layout(), ops_, buffers_,
+                                     tables_, opts_);
+  }
+  absl::Status backward_into(const model::Model& host, const model::TokenValues& dlogp,
+                             float* device_grads) override {
+    if (buffers_.layers.empty()) return absl::FailedPreconditionError("backward: no forward ran");
+    return model::gpu::train_backward(host.config(), host.policy(), host.layout(), ops_, buffers_,
+                                      tables_, dlogp, device_grads, opts_);
+  }
+  absl::Status refresh(const model::gpu::DeviceTrainState& state) override {
+    absl::StatusOr<std::vector<float>> master = state.download(state.master());
+    if (!master.ok()) return master.status();
+    std::copy(master->begin(), master->end(), model_->params().begin());
+    model_->refresh();
+    return absl::OkStatus();
+  }
+  absl::Status set_kv_scales(const model::KvScales&) override {
+    return absl::OkStatus();  // the ops read the host model's scales, which the backend sets
+  }
+
+ private:
+  model::Model* model_;
+  model::gpu::HostTrainOps ops_;
+  model::gpu::TrainTables tables_;
+  model::gpu::TrainStepOptions opts_;
+  std::vector<float> storage_;
+  model::gpu::TrainBuffers buffers_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainBackend> make_device_train_backend(
+    model::Device kind, std::unique_ptr<model::Model> host,
+    std::unique_ptr<DeviceStepEngine> engine, std::unique_ptr<model::gpu::DeviceTrainState> state) {
+  return std::make_unique<DeviceTrainBackend>(kind, std::move(host), std::move(engine),
+                                              std::move(state));
+}
+
+absl::StatusOr<std::unique_ptr<TrainBackend>> make_host_mirror_train_backend(
+    std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw) {
+  model::gpu::TrainStateOptions options;
+  options.adamw = adamw;
+  absl::StatusOr<std::unique_ptr<model::gpu::DeviceTrainState>> state =
+      model::gpu::DeviceTrainState::Create(*model, options, model::gpu::make_host_train_device());
+  if (!state.ok()) return state.status();
+  auto engine = std::make_unique<HostStepEngine>(model.get());
+  return make_device_train_backend(model::Device::kCpu, std::move(model), std::move(engine),
+                                   std::move(*state));
+}
+
+}  // namespace fp8rl::train

@@ -1,0 +1,56 @@
+// A training backend over the device trainer state (model/cuda/train_state.h DeviceTrainState:
+// fp32 master, gradients, AdamW moments, re-quantization, export, optimizer checkpoints) and a
+// step engine that runs the training forward and backward over the same device memory: the CUDA
+// backend (train/cuda_train_backend.h: CudaTrainStep) and its host mirror (HostTrainOps over a
+// host model refreshed from the state's master, with the state on make_host_train_device), which
+// runs the whole backend's logic on any machine. docs/design.md "Training on the GPU".
+//
+// Per minibatch: the forward runs on the engine (activations in its buffers, the K/V amax of each
+// sequence into the learner's host calibrator); the backward accumulates into the state's
+// gradient array, which is then added into the learner's host buffer (where the loss bookkeeping
+// and the trainer-group all-reduce are); the optimizer step copies the (all-reduced) gradients
+// back, runs the state's AdamW step (clipping, update, re-quantization) and has the engine
+// re-derive its working copies from the state's master. The export reads the state (FP8 codes and
+// scales; fp32 master for checkpoints).
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "model/cuda/train_state.h"
+#include "model/cuda/train_step.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "train/train_backend.h"
+
+namespace fp8rl::train {
+
+// The training forward and backward on one device.
+class DeviceStepEngine {
+ public:
+  virtual ~DeviceStepEngine() = default;
+  // model::gpu::train_forward over the engine's ops; keeps one forward's activations.
+  virtual absl::StatusOr<model::TokenValues> forward(const model::Model& host,
+                                                     const model::TokenBatch& batch,
+                                                     const model::gpu::TrainStepOptions& opts) = 0;
+  // model::gpu::train_backward of the last forward, accumulating into device_grads.
+  virtual absl::Status backward_into(const model::Model& host, const model::TokenValues& dlogp,
+                                     float* device_grads) = 0;
+  // Re-derives the working copies the ops read from the state's master weights.
+  virtual absl::Status refresh(const model::gpu::DeviceTrainState& state) = 0;
+  virtual absl::Status set_kv_scales(const model::KvScales& scales) = 0;
+};
+
+// The backend over `engine` and `state` (built on *host, which the engine may point at). `kind`
+// is what device() reports.
+std::unique_ptr<TrainBackend> make_device_train_backend(
+    model::Device kind, std::unique_ptr<model::Model> host,
+    std::unique_ptr<DeviceStepEngine> engine, std::unique_ptr<model::gpu::DeviceTrainState> state);
+
+// The host mirror: HostTrainOps over `model` (refreshed from the state's master after each step)
+// and a DeviceTrainState on make_host_train_device(). device() reports kCpu. Tests compare it with
+// the CPU backend (it exercises the device backend's logic without a GPU).
+absl::StatusOr<std::unique_ptr<TrainBackend>> make_host_mirror_train_backend(
+    std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw);
+
+}  // namespace fp8rl::train

@@ -1,0 +1,135 @@
+// The CPU training backend and the backend factory (see train_backend.h).
+#include "train/train_backend.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#if FP8RL_HAVE_CUDA_TRAIN_BACKEND
+#include "train/cuda_train_backend.h"
+#endif
+
+namespace fp8rl::train {
+namespace {
+
+class CpuForwardState final : public ForwardState {
+ public:
+  int64_t activation_bytes() const override { return model::activation_bytes(ctx); }
+  model::ForwardContext ctx;
+};
+
+// model::Model + model::AdamW: the engine the learner called directly before the boundary.
+class CpuTrainBackend final : public TrainBackend {
+ public:
+  CpuTrainBackend(std::unique_ptr<model::Model> model, std::unique_ptr<model::AdamW> optimizer)
+      : model_(std::move(model)), optimizer_(std::move(optimizer)) {}
+
+  model::Device device() const override { return model::Device::kCpu; }
+  const model::Model& host_model() const override { return *model_; }
+  void set_recompute(Recompute r) override { recompute_ = r; }
+  Recompute recompute() const override { return recompute_; }
+
+  std::unique_ptr<ForwardState> new_forward_state() const override {
+    return std::make_unique<CpuForwardState>();
+  }
+  absl::StatusOr<std::vector<float>> logprobs(const PackedBatch& batch, ForwardState* saved,
+                                              model::KvCalibrator* calibrator,
+                                              model::ForwardRouting* routing) const override {
+    model::ForwardContext* ctx =
+        saved != nullptr ? &static_cast<CpuForwardState*>(saved)->ctx : nullptr;
+    return response_logprobs(*model_, batch, ctx, calibrator, routing,
+                             recompute_ == Recompute::kLayers);
+  }
+  absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
+                        std::span<const float> dloss_dlogp, float* grads,
+                        const model::Model::GradientsFinal& on_final) const override {
+    return model_->backward(static_cast<const CpuForwardState&>(saved).ctx,
+                            scatter_response(batch, dloss_dlogp), grads, on_final);
+  }
+
+  absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) override {
+    return optimizer_->step(*model_, grads);
+  }
+  void requantize() override { model_->refresh(); }
+  const model::AdamWConfig& optimizer_config() const override { return optimizer_->config(); }
+  int64_t optimizer_steps() const override { return optimizer_->steps(); }
+  absl::Status set_learning_rate(double lr) override { return optimizer_->set_lr(lr); }
+
+  const model::KvScales& kv_scales() const override { return model_->kv_scales(); }
+  absl::Status set_kv_scales(const model::KvScales& scales) override {
+    return model_->set_kv_scales(scales);
+  }
+  absl::Status calibration_forward(const model::TokenBatch& sequences,
+                                   model::KvCalibrator* calibrator) const override {
+    model::TrainForwardOptions opts;
+    opts.calibrator = calibrator;
+    return model_->forward(sequences, opts, nullptr).status();
+  }
+
+  absl::StatusOr<model::WeightSet> export_weights(model::WeightFormat format,
+                                                  int64_t version) const override {
+    return model_->export_weights(format, version);
+  }
+  std::span<const float> master_weights() const override { return model_->params(); }
+
+  absl::Status save_optimizer_state(const std::string& path) const override {
+    return optimizer_->save_state(path);
+  }
+  absl::Status load_optimizer_state(const std::string& path) override {
+    return optimizer_->load_state(path);
+  }
+
+ private:
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::AdamW> optimizer_;  // built on *model_
+  Recompute recompute_ = Recompute::kNone;
+};
+
+}  // namespace
+
+absl::StatusOr<Recompute> parse_recompute(std::string_view text, std::string_view field) {
+  if (text.empty() || text == "none") return Recompute::kNone;
+  if (text == "layers") return Recompute::kLayers;
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(field), ": expected none or layers, got '", std::string(text), "'"));
+}
+
+std::string_view recompute_name(Recompute r) { return r == Recompute::kLayers ? "layers" : "none"; }
+
+std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Model> model,
+                                                     const model::AdamWConfig& adamw) {
+  auto optimizer = std::make_unique<model::AdamW>(*model, adamw);
+  return std::make_unique<CpuTrainBackend>(std::move(model), std::move(optimizer));
+}
+
+std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Model> model,
+                                                     std::unique_ptr<model::AdamW> optimizer) {
+  return std::make_unique<CpuTrainBackend>(std::move(model), std::move(optimizer));
+}
+
+#if FP8RL_HAVE_CUDA_TRAIN_BACKEND
+bool cuda_train_backend_available() { return true; }
+std::string cuda_train_backend_unavailable_reason() { return ""; }
+#else
+bool cuda_train_backend_available() { return false; }
+std::string cuda_train_backend_unavailable_reason() {
+  return "training on CUDA is not built in this binary (built without CUDA; use --device cpu)";
+}
+#endif
+
+absl::StatusOr<std::unique_ptr<TrainBackend>> make_train_backend(
+    model::Device device, std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw,
+    int64_t memory_budget_bytes) {
+  // The budget was checked against the memory plan before this call (Learner::create,
+  // load_checkpoint); the backends allocate what the plan counted.
+  (void)memory_budget_bytes;
+  if (device == model::Device::kCuda) {
+#if FP8RL_HAVE_CUDA_TRAIN_BACKEND
+    return make_cuda_train_backend_impl(std::move(model), adamw);
+#else
+    return absl::FailedPreconditionError(cuda_train_backend_unavailable_reason());
+#endif
+  }
+  return make_cpu_train_backend(std::move(model), adamw);
+}
+
+}  // namespace fp8rl::train

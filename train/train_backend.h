@@ -1,0 +1,127 @@
+// The training backend boundary: what the learner (train/learner.h) asks of the device that holds
+// the policy under training -- the training forward (response logprobs, activations saved for the
+// backward), the backward, the AdamW step with its re-quantization of the working copies, the KV
+// scales and their calibration forward, the export for publishing and the optimizer state of a
+// checkpoint. The learner keeps everything else (request validation, GRPO/SFT loss, minibatches,
+// data-parallel collectives, versions) on the host, so one learner drives either backend.
+//   - CPU (make_cpu_train_backend): model::Model + model::AdamW, exactly the engine the learner
+//     ran before this boundary existed (bit-identical updates).
+//   - CUDA (train/cuda_train_backend.h, built with CUDA, never run on a GPU): the device training
+//     step and the device trainer state (docs/design.md "Training on the GPU"). Without CUDA in
+//     the build, or without an sm_90 device, asking for it is FAILED_PRECONDITION, never a
+//     silent CPU fallback.
+// A backend is not thread-safe: the learner serializes calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/inference_backend.h"  // model::Device
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "train/batch.h"
+
+namespace fp8rl::train {
+
+// What a training forward kept for its backward; each backend has its own kind (the CPU one holds
+// a model::ForwardContext). Made by TrainBackend::new_forward_state().
+class ForwardState {
+ public:
+  virtual ~ForwardState() = default;
+  // Bytes of activations held (the memory the backward needs besides the weights).
+  virtual int64_t activation_bytes() const = 0;
+};
+
+// How a backend's training forward keeps activations for the backward.
+enum class Recompute {
+  kNone,    // every intermediate of every layer (fastest backward, most memory)
+  kLayers,  // only each decoder layer's input; the backward recomputes the layer first
+};
+// "none" | "layers"; INVALID_ARGUMENT naming `field` otherwise.
+absl::StatusOr<Recompute> parse_recompute(std::string_view text, std::string_view field);
+std::string_view recompute_name(Recompute r);
+
+class TrainBackend {
+ public:
+  virtual ~TrainBackend() = default;
+
+  virtual model::Device device() const = 0;
+  // The host-side description of the policy: config, precision policy, parameter layout, token
+  // and routing checks (pack_sequences validates against it). On the CPU backend it is the model
+  // that trains; other backends keep their weights on the device and this object holds no master.
+  virtual const model::Model& host_model() const = 0;
+  int64_t num_params() const { return host_model().num_params(); }
+
+  // Activation recomputation of the training forwards (kNone by default).
+  virtual void set_recompute(Recompute r) = 0;
+  virtual Recompute recompute() const = 0;
+
+  virtual std::unique_ptr<ForwardState> new_forward_state() const = 0;
+  // Response-token logprobs of `batch`, [B*L] (0 at padding): train/batch.h response_logprobs.
+  // With `saved` (from new_forward_state), keeps what backward() needs; `calibrator` records the
+  // K/V amax per sequence and layer; `routing` receives a mixture-of-experts forward's routing.
+  virtual absl::StatusOr<std::vector<float>> logprobs(
+      const PackedBatch& batch, ForwardState* saved, model::KvCalibrator* calibrator = nullptr,
+      model::ForwardRouting* routing = nullptr) const = 0;
+  // Adds dL/dparams into grads[num_params()] (host memory, the learner's all-reduce buffer) given
+  // dL/dlogprob over the response tokens of the batch `saved` was computed on ([B*L]).
+  // `on_final`: model::Model::backward.
+  virtual absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
+                                std::span<const float> dloss_dlogp, float* grads,
+                                const model::Model::GradientsFinal& on_final = {}) const = 0;
+
+  // One AdamW step with `grads` (clipped in place), then the re-quantization of every working
+  // copy (FP8 128x128 blocks, bf16 rounding) from the new master weights.
+  virtual absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) = 0;
+  // The re-quantization alone (optimizer_step already runs it; benchmarks time it on its own).
+  virtual void requantize() = 0;
+  virtual const model::AdamWConfig& optimizer_config() const = 0;
+  virtual int64_t optimizer_steps() const = 0;
+  // model::AdamW::set_lr.
+  virtual absl::Status set_learning_rate(double lr) = 0;
+
+  virtual const model::KvScales& kv_scales() const = 0;
+  virtual absl::Status set_kv_scales(const model::KvScales& scales) = 0;
+  // A forward over `sequences` that records each layer's K/V amax into `calibrator` (the
+  // calibration before any update; later ones ride on the update's own forward).
+  virtual absl::Status calibration_forward(const model::TokenBatch& sequences,
+                                           model::KvCalibrator* calibrator) const = 0;
+
+  // The weights in checkpoint layout (kF32: the master weights; kBF16 / kFP8: the publishing
+  // formats, FP8 codes and scales as re-quantized by the last optimizer step).
+  virtual absl::StatusOr<model::WeightSet> export_weights(model::WeightFormat format,
+                                                          int64_t version) const = 0;
+  // The fp32 master weights in host memory (the data-parallel weight-hash check): the CPU
+  // backend's own storage; empty for a backend that keeps them on a device.
+  virtual std::span<const float> master_weights() const = 0;
+
+  // The AdamW moments and step as one safetensors file (model::AdamW::save_state's layout, so a
+  // checkpoint written by one backend loads into another).
+  virtual absl::Status save_optimizer_state(const std::string& path) const = 0;
+  virtual absl::Status load_optimizer_state(const std::string& path) = 0;
+};
+
+// The CPU backend over `model` with a new AdamW(config) on it.
+std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Model> model,
+                                                     const model::AdamWConfig& adamw);
+// The CPU backend over an existing model and optimizer (built on that model).
+std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Model> model,
+                                                     std::unique_ptr<model::AdamW> optimizer);
+
+// Whether this build has the CUDA training backend, and why not when it does not.
+bool cuda_train_backend_available();
+std::string cuda_train_backend_unavailable_reason();
+
+// A backend on `device` for the policy `model` (the initial master weights, host memory) with
+// `adamw`; `memory_budget_bytes` bounds the device memory on cuda (0: unchecked). cpu: the CPU
+// backend. cuda: the CUDA backend (FAILED_PRECONDITION without CUDA in the build or without an
+// sm_90 device).
+absl::StatusOr<std::unique_ptr<TrainBackend>> make_train_backend(
+    model::Device device, std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw,
+    int64_t memory_budget_bytes = 0);
+
+}  // namespace fp8rl::train
