@@ -6,14 +6,14 @@
 namespace fp8rl::weight_sync {
 
 void WorkerTable::stream_opened(const std::string& worker_id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   WorkerState& w = workers_[worker_id];
   w.worker_id = worker_id;
   ++w.open_streams;
 }
 
 std::optional<double> WorkerTable::stream_closed(const std::string& worker_id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return std::nullopt;
   if (it->second.open_streams > 0) --it->second.open_streams;
@@ -31,7 +31,7 @@ absl::StatusOr<std::optional<double>> WorkerTable::ack(const std::string& worker
   if (version <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("version: must be > 0, got ", version));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   WorkerState& w = workers_[worker_id];
   w.worker_id = worker_id;
   if (!ok) {
@@ -52,7 +52,7 @@ absl::StatusOr<std::optional<double>> WorkerTable::ack(const std::string& worker
 }
 
 void WorkerTable::published(int64_t version, Clock::time_point arrived) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   pending_version_ = version;
   pending_arrived_ = arrived;
   pending_last_ack_.reset();
@@ -71,14 +71,14 @@ std::optional<double> WorkerTable::maybe_complete_locked() {
 }
 
 std::vector<WorkerState> WorkerTable::snapshot() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<WorkerState> out;
   for (const auto& [id, w] : workers_) out.push_back(w);
   return out;
 }
 
 int WorkerTable::subscribed_workers() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   int n = 0;
   for (const auto& [id, w] : workers_) n += w.open_streams > 0 ? 1 : 0;
   return n;

@@ -6,15 +6,14 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace fp8rl::weight_sync {
 
@@ -50,15 +49,17 @@ class WorkerTable {
   int subscribed_workers() const;
 
  private:
-  std::optional<double> maybe_complete_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<double> maybe_complete_locked();  // mu_ held
 
-  mutable absl::Mutex mu_;
-  std::map<std::string, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+  // std::mutex, not absl::Mutex: ThreadSanitizer sees a std::mutex (through its pthread
+  // interceptors) but not the locking inside Debian's uninstrumented abseil library.
+  mutable std::mutex mu_;  // guards every member below
+  std::map<std::string, WorkerState> workers_;
   // The pending push: version, arrival, workers still to acknowledge.
-  int64_t pending_version_ ABSL_GUARDED_BY(mu_) = 0;
-  Clock::time_point pending_arrived_ ABSL_GUARDED_BY(mu_);
-  std::optional<Clock::time_point> pending_last_ack_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> pending_workers_ ABSL_GUARDED_BY(mu_);
+  int64_t pending_version_ = 0;
+  Clock::time_point pending_arrived_;
+  std::optional<Clock::time_point> pending_last_ack_;
+  std::set<std::string> pending_workers_;
 };
 
 }  // namespace fp8rl::weight_sync

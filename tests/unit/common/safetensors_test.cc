@@ -10,6 +10,7 @@
 #include <random>
 
 #include "common/fs.h"
+#include "tests/unit/common/f16_reference.h"
 #include "tests/unit/common/temp_dir.h"
 
 namespace fp8rl {
@@ -44,9 +45,17 @@ std::vector<uint8_t> random_float_bytes(DType d, int64_t n, std::mt19937& rng,
         break;
       }
       case DType::kF16: {
-        const _Float16 h = static_cast<_Float16>(x);
+        // x rounded to F16 by dropping mantissa bits (a random F16 code near x; exponents below
+        // F16's range become subnormals or zero, replaced by 1.0), decoded by the reference.
+        const uint32_t f = std::bit_cast<uint32_t>(x);
+        const int exponent = static_cast<int>((f >> 23) & 0xFF) - 127 + 15;
+        uint16_t h = 0x3C00;  // 1.0
+        if (exponent > 0 && exponent < 31) {
+          h = static_cast<uint16_t>(((f >> 16) & 0x8000u) |
+                                    (static_cast<uint32_t>(exponent) << 10) | ((f >> 13) & 0x3FFu));
+        }
         std::memcpy(&bytes[2 * i], &h, 2);
-        (*decoded)[i] = static_cast<float>(h);
+        (*decoded)[i] = testing_util::f16_reference(h);
         break;
       }
       case DType::kBF16: {

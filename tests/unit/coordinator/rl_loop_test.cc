@@ -641,8 +641,9 @@ TEST(RlLoop, TrainerErrorsSayWhetherTheTrainerWasLost) {
            {absl::DeadlineExceededError("deadline"), true},
            {absl::InvalidArgumentError("batch[0].tokens: bad"), false},
            {absl::InternalError("bug"), false}}) {
-    cluster.trainer_->fail_step = [&](int64_t step) {
-      return step == 2 ? status : absl::OkStatus();
+    // Captured by copy under a name: clang before 16 cannot capture a structured binding.
+    cluster.trainer_->fail_step = [failure = status](int64_t step) {
+      return step == 2 ? failure : absl::OkStatus();
     };
     RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
     const absl::Status s = loop.run(job, config);
