@@ -39,10 +39,6 @@ class DeviceTrainBackend final : public TrainBackend {
   absl::StatusOr<std::vector<float>> logprobs(const PackedBatch& batch, ForwardState* saved,
                                               model::KvCalibrator* calibrator,
                                               model::ForwardRouting* routing) const override {
-    if (saved != nullptr && recompute_ == Recompute::kLayers) {
-      return absl::FailedPreconditionError(
-          "--recompute layers: activation recomputation is not built on the device backend");
-    }
     // Dense models only (the engines refuse mixture-of-experts models when made); `routing` stays
     // empty.
     if (batch.replay_routing || batch.router_aux_loss_coef > 0) {
@@ -52,6 +48,9 @@ class DeviceTrainBackend final : public TrainBackend {
     model::gpu::TrainStepOptions opts;
     opts.temperature = batch.temperature;
     opts.calibrator = calibrator;
+    // --recompute layers: the step keeps each layer's input only and re-runs the layer in the
+    // backward (model/cuda/train_step.h), bit-identical to keeping everything.
+    opts.recompute_layers = saved != nullptr && recompute_ == Recompute::kLayers;
     absl::StatusOr<model::TokenValues> lp = engine_->forward(*host_, batch.tokens, opts);
     if (!lp.ok()) return lp.status();
     ++forward_id_;

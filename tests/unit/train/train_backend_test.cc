@@ -223,67 +223,72 @@ TEST(TrainBackend, CheckpointLoadsIntoAnyPlacement) {
 // backend's. This is what the CUDA backend runs, with the host mirror's ops and memory.
 TEST(TrainBackend, DeviceBackendHostMirrorMatchesTheCpuBackendBitForBit) {
   for (Precision training : {Precision::kBF16, Precision::kFP8}) {
-    SCOPED_TRACE(std::string(precision_name(training)));
-    PrecisionConfig precision;
-    precision.training = training;
-    precision.generation = training;
-    precision.kv_cache = Precision::kFP8;
-    model::AdamWConfig adamw;
-    adamw.lr = 1e-2;
-    auto make = [&](bool mirror) -> std::unique_ptr<Learner> {
-      absl::StatusOr<std::unique_ptr<model::Model>> m =
-          model::Model::Init(tiny_config(), precision.training_policy(), 21);
-      EXPECT_TRUE(m.ok());
-      if (!m.ok()) return nullptr;
-      std::unique_ptr<TrainBackend> backend;
-      if (mirror) {
-        absl::StatusOr<std::unique_ptr<TrainBackend>> b =
-            make_host_mirror_train_backend(std::move(*m), adamw);
-        EXPECT_TRUE(b.ok()) << b.status();
-        if (!b.ok()) return nullptr;
-        backend = std::move(*b);
-      } else {
-        backend = make_cpu_train_backend(std::move(*m), adamw);
+    for (Recompute recompute : {Recompute::kNone, Recompute::kLayers}) {
+      SCOPED_TRACE(std::string(precision_name(training)) +
+                   (recompute == Recompute::kLayers ? " recompute layers" : ""));
+      PrecisionConfig precision;
+      precision.training = training;
+      precision.generation = training;
+      precision.kv_cache = Precision::kFP8;
+      model::AdamWConfig adamw;
+      adamw.lr = 1e-2;
+      auto make = [&](bool mirror) -> std::unique_ptr<Learner> {
+        absl::StatusOr<std::unique_ptr<model::Model>> m =
+            model::Model::Init(tiny_config(), precision.training_policy(), 21);
+        EXPECT_TRUE(m.ok());
+        if (!m.ok()) return nullptr;
+        std::unique_ptr<TrainBackend> backend;
+        if (mirror) {
+          absl::StatusOr<std::unique_ptr<TrainBackend>> b =
+              make_host_mirror_train_backend(std::move(*m), adamw);
+          EXPECT_TRUE(b.ok()) << b.status();
+          if (!b.ok()) return nullptr;
+          backend = std::move(*b);
+        } else {
+          backend = make_cpu_train_backend(std::move(*m), adamw);
+        }
+        return std::make_unique<Learner>("mirror", precision, std::move(backend), nullptr, 0, 0);
+      };
+      std::unique_ptr<Learner> cpu = make(false), mirror = make(true);
+      ASSERT_NE(cpu, nullptr);
+      ASSERT_NE(mirror, nullptr);
+      // The device backend recomputes on its own step engine; the CPU backend keeps everything.
+      mirror->backend().set_recompute(recompute);
+      const std::vector<float> before = params_of(*cpu);
+      for (uint64_t step = 0; step < 3; ++step) {
+        absl::StatusOr<GrpoResult> a = cpu->grpo_update(grpo_request(50 + step));
+        absl::StatusOr<GrpoResult> b = mirror->grpo_update(grpo_request(50 + step));
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        EXPECT_EQ(a->loss, b->loss);
+        EXPECT_EQ(a->grad_norm, b->grad_norm);
+        EXPECT_EQ(a->mismatch.token_mult_prob_error, b->mismatch.token_mult_prob_error);
       }
-      return std::make_unique<Learner>("mirror", precision, std::move(backend), nullptr, 0, 0);
-    };
-    std::unique_ptr<Learner> cpu = make(false), mirror = make(true);
-    ASSERT_NE(cpu, nullptr);
-    ASSERT_NE(mirror, nullptr);
-    const std::vector<float> before = params_of(*cpu);
-    for (uint64_t step = 0; step < 3; ++step) {
-      absl::StatusOr<GrpoResult> a = cpu->grpo_update(grpo_request(50 + step));
-      absl::StatusOr<GrpoResult> b = mirror->grpo_update(grpo_request(50 + step));
-      ASSERT_TRUE(a.ok()) << a.status();
-      ASSERT_TRUE(b.ok()) << b.status();
-      EXPECT_EQ(a->loss, b->loss);
-      EXPECT_EQ(a->grad_norm, b->grad_norm);
-      EXPECT_EQ(a->mismatch.token_mult_prob_error, b->mismatch.token_mult_prob_error);
+      EXPECT_NE(params_of(*cpu), before);
+      EXPECT_EQ(params_of(*cpu), params_of(*mirror));
+      EXPECT_EQ(mirror->optimizer_steps(), 6);  // 3 updates x 2 minibatches
+      absl::StatusOr<Export> ea = cpu->export_for_generation(training, 1, true);
+      absl::StatusOr<Export> eb = mirror->export_for_generation(training, 1, true);
+      ASSERT_TRUE(ea.ok()) << ea.status();
+      ASSERT_TRUE(eb.ok()) << eb.status();
+      ASSERT_EQ(ea->weights.tensors.size(), eb->weights.tensors.size());
+      for (size_t i = 0; i < ea->weights.tensors.size(); ++i) {
+        EXPECT_EQ(ea->weights.tensors[i].name, eb->weights.tensors[i].name);
+        EXPECT_EQ(ea->weights.tensors[i].bytes, eb->weights.tensors[i].bytes)
+            << ea->weights.tensors[i].name;
+      }
+      // A checkpoint of the mirror loads into the CPU backend and continues identically.
+      const std::string dir = (std::filesystem::temp_directory_path() /
+                               ("fp8rl_mirror_ckpt_" + std::to_string(getpid())))
+                                  .string();
+      ASSERT_TRUE(save_checkpoint(*mirror, dir, true).ok());
+      absl::StatusOr<LoadedCheckpoint> loaded = load_checkpoint(dir);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      ASSERT_TRUE(loaded->learner->grpo_update(grpo_request(60)).ok());
+      ASSERT_TRUE(mirror->grpo_update(grpo_request(60)).ok());
+      EXPECT_EQ(params_of(*loaded->learner), params_of(*mirror));
+      std::filesystem::remove_all(dir);
     }
-    EXPECT_NE(params_of(*cpu), before);
-    EXPECT_EQ(params_of(*cpu), params_of(*mirror));
-    EXPECT_EQ(mirror->optimizer_steps(), 6);  // 3 updates x 2 minibatches
-    absl::StatusOr<Export> ea = cpu->export_for_generation(training, 1, true);
-    absl::StatusOr<Export> eb = mirror->export_for_generation(training, 1, true);
-    ASSERT_TRUE(ea.ok()) << ea.status();
-    ASSERT_TRUE(eb.ok()) << eb.status();
-    ASSERT_EQ(ea->weights.tensors.size(), eb->weights.tensors.size());
-    for (size_t i = 0; i < ea->weights.tensors.size(); ++i) {
-      EXPECT_EQ(ea->weights.tensors[i].name, eb->weights.tensors[i].name);
-      EXPECT_EQ(ea->weights.tensors[i].bytes, eb->weights.tensors[i].bytes)
-          << ea->weights.tensors[i].name;
-    }
-    // A checkpoint of the mirror loads into the CPU backend and continues identically.
-    const std::string dir =
-        (std::filesystem::temp_directory_path() / ("fp8rl_mirror_ckpt_" + std::to_string(getpid())))
-            .string();
-    ASSERT_TRUE(save_checkpoint(*mirror, dir, true).ok());
-    absl::StatusOr<LoadedCheckpoint> loaded = load_checkpoint(dir);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    ASSERT_TRUE(loaded->learner->grpo_update(grpo_request(60)).ok());
-    ASSERT_TRUE(mirror->grpo_update(grpo_request(60)).ok());
-    EXPECT_EQ(params_of(*loaded->learner), params_of(*mirror));
-    std::filesystem::remove_all(dir);
   }
 }
 
