@@ -148,7 +148,7 @@ absl::Status MetricsRegistry::check_new_locked(std::string_view name, std::strin
 absl::StatusOr<CounterFamily*> MetricsRegistry::add_counter(std::string_view name,
                                                             std::string_view help,
                                                             std::vector<std::string> label_names) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, Kind::kCounter));
   auto& family = prometheus::BuildCounter()
                      .Name(std::string(name))
@@ -163,7 +163,7 @@ absl::StatusOr<CounterFamily*> MetricsRegistry::add_counter(std::string_view nam
 absl::StatusOr<GaugeFamily*> MetricsRegistry::add_gauge(std::string_view name,
                                                         std::string_view help,
                                                         std::vector<std::string> label_names) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, Kind::kGauge));
   auto& family =
       prometheus::BuildGauge().Name(std::string(name)).Help(std::string(help)).Register(*registry_);
@@ -176,7 +176,7 @@ absl::StatusOr<GaugeFamily*> MetricsRegistry::add_gauge(std::string_view name,
 absl::StatusOr<HistogramFamily*> MetricsRegistry::add_histogram(
     std::string_view name, std::string_view help, std::vector<std::string> label_names,
     std::vector<double> bounds) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   FP8RL_RETURN_IF_ERROR(check_new_locked(name, help, label_names, Kind::kHistogram));
   if (bounds.empty()) {
     return absl::InvalidArgumentError(

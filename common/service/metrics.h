@@ -15,14 +15,13 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace prometheus {
 class Counter;
@@ -133,15 +132,17 @@ class MetricsRegistry {
  private:
   enum class Kind { kCounter, kGauge, kHistogram };
   absl::Status check_new_locked(std::string_view name, std::string_view help,
-                                const std::vector<std::string>& label_names, Kind kind) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                const std::vector<std::string>& label_names,
+                                Kind kind) const;  // caller holds mu_
 
   const std::unique_ptr<prometheus::Registry> registry_;
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<CounterFamily>> counters_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<GaugeFamily>> gauges_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<HistogramFamily>> histograms_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string, std::less<>> names_ ABSL_GUARDED_BY(mu_);
+  // std::mutex, not absl::Mutex: ThreadSanitizer sees a std::mutex (Debian's Abseil is not built
+  // with it), so races on the families stay visible to it.
+  mutable std::mutex mu_;  // guards every member below
+  std::vector<std::unique_ptr<CounterFamily>> counters_;
+  std::vector<std::unique_ptr<GaugeFamily>> gauges_;
+  std::vector<std::unique_ptr<HistogramFamily>> histograms_;
+  std::set<std::string, std::less<>> names_;
 };
 
 // The content type /metrics answers with.

@@ -222,7 +222,7 @@ absl::Status JobClient::watch(const std::string& id,
                               const std::function<bool(const v1::Job&)>& on_event) {
   grpc::ClientContext context;
   {
-    absl::MutexLock lock(&watch_mu_);
+    std::lock_guard<std::mutex> lock(watch_mu_);
     if (watch_stopped_) return absl::CancelledError("watch stopped");
     watch_context_ = &context;
   }
@@ -251,7 +251,7 @@ absl::Status JobClient::watch(const std::string& id,
   grpc::Status s = reader->Finish();
   bool stopped;
   {
-    absl::MutexLock lock(&watch_mu_);
+    std::lock_guard<std::mutex> lock(watch_mu_);
     watch_context_ = nullptr;
     stopped = watch_stopped_;
   }
@@ -265,7 +265,7 @@ absl::Status JobClient::watch(const std::string& id,
 }
 
 void JobClient::stop_watch() {
-  absl::MutexLock lock(&watch_mu_);
+  std::lock_guard<std::mutex> lock(watch_mu_);
   watch_stopped_ = true;
   if (watch_context_ != nullptr) watch_context_->TryCancel();
 }

@@ -11,13 +11,12 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "common/service/security.h"
 #include "fp8rl/v1/job_service.grpc.pb.h"
 #include "tools/fp8rl/args.h"
@@ -66,10 +65,11 @@ class JobClient {
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;
-  absl::Mutex watch_mu_;
+  // std::mutex, not absl::Mutex: visible to ThreadSanitizer (Debian's Abseil is not built with it).
+  std::mutex watch_mu_;  // guards the two members below
   // The running watch()'s stream, for stop_watch() (from a signal-watching thread) to cancel.
-  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
-  bool watch_stopped_ ABSL_GUARDED_BY(watch_mu_) = false;
+  grpc::ClientContext* watch_context_ = nullptr;
+  bool watch_stopped_ = false;
 };
 
 // Prints a job's progress: one line per recorded metrics row (row 0 included), each once, and
