@@ -54,6 +54,16 @@ std::string read_file(const fs::path& path) {
 
 bool process_alive(pid_t pid) { return kill(pid, 0) == 0; }
 
+// The pids the fake services wrote (NAME.pid; a fake stopped mid-write leaves only a temp file).
+std::vector<std::pair<fs::path, pid_t>> fake_pids(const fs::path& pid_dir) {
+  std::vector<std::pair<fs::path, pid_t>> out;
+  for (const auto& entry : fs::directory_iterator(pid_dir)) {
+    if (entry.path().extension() != ".pid" || entry.path().filename().string()[0] == '.') continue;
+    out.emplace_back(entry.path(), static_cast<pid_t>(std::stoi(read_file(entry.path()))));
+  }
+  return out;
+}
+
 // A port offset whose every port (3 core services + `workers`) is currently free on loopback.
 int free_port_offset(int workers) {
   std::mt19937 rng(static_cast<uint32_t>(getpid()) * 7919u +
@@ -363,9 +373,9 @@ TEST(LocalCluster, ServiceThatExitsDuringStartupIsNamedWithItsLog) {
   EXPECT_NE(message.find("trainer.log"), std::string::npos);
   // Nothing is left running.
   int seen = 0;
-  for (const auto& entry : fs::directory_iterator(pid_dir)) {
+  for (const auto& [path, pid] : fake_pids(pid_dir)) {
     ++seen;
-    EXPECT_FALSE(process_alive(std::stoi(read_file(entry.path())))) << entry.path();
+    EXPECT_FALSE(process_alive(pid)) << path;
   }
   EXPECT_GE(seen, 3);
   fs::remove_all(root);
@@ -384,8 +394,8 @@ TEST(LocalCluster, UnhealthyServiceTimesOutAndStopsTheRest) {
   const std::string message(cluster.status().message());
   EXPECT_EQ(message.rfind("weight-sync did not become healthy", 0), 0u) << message;
   EXPECT_NE(message.find("answered 503"), std::string::npos) << message;
-  for (const auto& entry : fs::directory_iterator(pid_dir)) {
-    EXPECT_FALSE(process_alive(std::stoi(read_file(entry.path())))) << entry.path();
+  for (const auto& [path, pid] : fake_pids(pid_dir)) {
+    EXPECT_FALSE(process_alive(pid)) << path;
   }
   fs::remove_all(root);
 }
@@ -643,8 +653,8 @@ TEST(LocalClusterRestart, StopDuringAPendingRestartStartsNothing) {
   // No new coordinator ever ran: its pid file still holds the killed one, its log one start.
   EXPECT_EQ(read_file(pid_dir / "coordinator.pid"), std::to_string(pid));
   EXPECT_EQ(read_file(log).find("=== fp8rl launcher: restarting "), std::string::npos);
-  for (const auto& entry : fs::directory_iterator(pid_dir)) {
-    EXPECT_FALSE(process_alive(std::stoi(read_file(entry.path())))) << entry.path();
+  for (const auto& [path, pid] : fake_pids(pid_dir)) {
+    EXPECT_FALSE(process_alive(pid)) << path;
   }
   fs::remove_all(root);
 }

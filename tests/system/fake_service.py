@@ -38,8 +38,12 @@ def main(args):
     print(f"fake {name}: started with {' '.join(args)}", flush=True)
     pid_dir = os.environ.get("FP8RL_FAKE_PID_DIR")
     if pid_dir:
-        with open(os.path.join(pid_dir, name + ".pid"), "w") as f:
+        # Written under another name and renamed: a service stopped while writing (the launcher
+        # stops the rest when one fails) leaves no empty NAME.pid behind.
+        tmp = os.path.join(pid_dir, "." + name + ".pid.tmp")
+        with open(tmp, "w") as f:
             f.write(str(os.getpid()))
+        os.replace(tmp, os.path.join(pid_dir, name + ".pid"))
     if os.environ.get("FP8RL_FAKE_FAIL") == name:
         print(f"fake {name}: bad flag --grpc-port: simulated failure", flush=True)
         sys.exit(3)
