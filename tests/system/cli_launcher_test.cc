@@ -387,7 +387,8 @@ TEST(LocalCluster, UnhealthyServiceTimesOutAndStopsTheRest) {
   fs::create_directories(pid_dir);
   FakeEnv env({{"FP8RL_FAKE_UNHEALTHY", "weight-sync"}, {"FP8RL_FAKE_PID_DIR", pid_dir.string()}});
   ClusterOptions o = fake_options(root, 1);
-  o.startup_timeout = std::chrono::milliseconds(1500);
+  // Long enough for the fake weight sync to answer 503 at least once on a loaded machine.
+  o.startup_timeout = std::chrono::milliseconds(4000);
   auto cluster = LocalCluster::start(o, nullptr);
   ASSERT_FALSE(cluster.ok());
   EXPECT_EQ(cluster.status().code(), absl::StatusCode::kDeadlineExceeded);
