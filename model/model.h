@@ -142,7 +142,8 @@ class Model {
   // An inference-only model (docs/design.md "Installing a weight version in place"): it holds
   // what the KV-cache forward reads and nothing else -- FP8 layers: the E4M3 codes and 128x128
   // scales as received (no re-quantization, no transposed blocks); BF16 layers and lm_head: the
-  // double-accumulation operand; the embedding table as bf16 values; norms, biases, KV scales.
+  // double-accumulation operand; the embedding table as bf16 values (tied to lm_head: held once,
+  // as the double operand, and looked up from there); norms, biases, KV scales.
   // No fp32 master: params() is empty, refresh() does nothing, export_weights()/save() fail and
   // backward() must not be called. Starts without weights; install() writes a version into it.
   // InvalidArgument for a bad config or policy.linear fp32 (use FromWeightView for fp32).

@@ -82,6 +82,16 @@ int64_t activation_bytes(const ForwardContext& ctx) {
 
 void Model::embed(const int32_t* tokens, int64_t m, float* x) const {
   const int64_t h = config_.hidden_size;
+  if (embed_w_.precision != Precision::kF32 && embed_w_.bf16.empty()) {
+    // An inference-only model with tied embeddings holds the table once, as the lm_head's double
+    // operand (bf16 values: exact in float).
+    const double* table = embed_w_.exact.data();
+    for (int64_t r = 0; r < m; ++r) {
+      const double* row = table + static_cast<int64_t>(tokens[r]) * h;
+      for (int64_t i = 0; i < h; ++i) x[r * h + i] = static_cast<float>(row[i]);
+    }
+    return;
+  }
   const float* table = embed_w_.dense();
   for (int64_t r = 0; r < m; ++r) {
     std::memcpy(x + r * h, table + static_cast<int64_t>(tokens[r]) * h, h * sizeof(float));

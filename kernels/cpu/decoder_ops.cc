@@ -12,18 +12,31 @@
 
 namespace fp8rl::kernels::cpu {
 
-int64_t embed_gather(const float* table, int64_t vocab, int64_t h, const int32_t* tokens,
-                     int64_t rows, float* x) {
+namespace {
+template <typename T>
+int64_t gather(const T* table, int64_t vocab, int64_t h, const int32_t* tokens, int64_t rows,
+               float* x) {
   int64_t bad = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t t = tokens[r];
     const bool ok = t >= 0 && t < vocab;
     bad += ok ? 0 : 1;
     for (int64_t i = 0; i < h; ++i) {
-      x[r * h + i] = ok ? table[t * h + i] : std::numeric_limits<float>::quiet_NaN();
+      x[r * h + i] =
+          ok ? static_cast<float>(table[t * h + i]) : std::numeric_limits<float>::quiet_NaN();
     }
   }
   return bad;
+}
+}  // namespace
+
+int64_t embed_gather(const float* table, int64_t vocab, int64_t h, const int32_t* tokens,
+                     int64_t rows, float* x) {
+  return gather(table, vocab, h, tokens, rows, x);
+}
+int64_t embed_gather(const double* table, int64_t vocab, int64_t h, const int32_t* tokens,
+                     int64_t rows, float* x) {
+  return gather(table, vocab, h, tokens, rows, x);
 }
 
 void rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, float eps, bool to_bf16,

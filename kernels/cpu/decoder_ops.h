@@ -19,6 +19,10 @@ namespace fp8rl::kernels::cpu {
 // with NaN; returns how many there were.
 int64_t embed_gather(const float* table, int64_t vocab, int64_t h, const int32_t* tokens,
                      int64_t rows, float* x);
+// The same from a table held in double (an inference-only model's tied embedding: bf16 values,
+// exact in double and in float, stored once as the lm_head's operand).
+int64_t embed_gather(const double* table, int64_t vocab, int64_t h, const int32_t* tokens,
+                     int64_t rows, float* x);
 
 // y[r] = rmsnorm(x[r]) * g, inv_rms[r] (nullable) = 1/rms; y rounded to bf16 when to_bf16.
 void rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, float eps, bool to_bf16,

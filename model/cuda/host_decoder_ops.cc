@@ -49,6 +49,13 @@ absl::Status HostDecoderOps::load_tables(const StepTables& t) {
 
 absl::Status HostDecoderOps::embed(int64_t rows, float* x) {
   const ModelConfig& c = model_.config();
+  const LinearWeight& e = model_.embedding_weight();
+  if (e.precision != Precision::kF32 && e.bf16.empty()) {
+    // An inference-only model's tied table, held once in double (Model::embed).
+    kernels::cpu::embed_gather(e.exact.data(), c.vocab_size, c.hidden_size, t_->tokens.data(), rows,
+                               x);
+    return absl::OkStatus();
+  }
   kernels::cpu::embed_gather(model_.embedding_weight().dense(), c.vocab_size, c.hidden_size,
                              t_->tokens.data(), rows, x);
   return absl::OkStatus();

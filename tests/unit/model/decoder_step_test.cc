@@ -230,6 +230,50 @@ TEST(LinearValues, InferenceOnlyModelGivesTheFullModelsValues) {
   EXPECT_EQ(checked, 7);
 }
 
+// A tied embedding in an inference-only model is held once, as the lm_head's double operand:
+// the row lookup (HostDecoderOps::embed, the CUDA backend's upload through linear_values) reads
+// the same bf16 values the full model's float copy holds, for in-range and out-of-range tokens.
+TEST(LinearValues, InferenceOnlyTiedEmbeddingIsHeldOnceAndLooksUpTheSameRows) {
+  PrecisionPolicy policy;
+  policy.linear = Precision::kFP8;
+  policy.kv_cache = KvCacheDtype::kBF16;
+  auto full = Model::Init(testing::make_config(96, 128, 256, 2, 4, 2, true), policy, 11, 0.05f);
+  ASSERT_TRUE(full.ok());
+  auto set = (*full)->export_weights(WeightFormat::kFP8, 1);
+  ASSERT_TRUE(set.ok()) << set.status();
+  auto ref = Model::FromWeightSet(*set, policy);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto inf = Model::ForInference((*full)->config(), policy);
+  ASSERT_TRUE(inf.ok()) << inf.status();
+  auto view = view_of(*set);
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE((*inf)->install(*view).ok());
+  const LinearWeight& e = (*inf)->embedding_weight();
+  EXPECT_TRUE(e.bf16.empty());
+  ASSERT_EQ(e.exact.size(), static_cast<size_t>(96 * 128));
+  EXPECT_EQ(linear_values(e), linear_values((*ref)->embedding_weight()));
+
+  const int64_t h = 128;
+  StepTables t;
+  t.rows = 5;
+  t.tokens = {0, 95, 17, -1, 96};  // the last two are outside the vocabulary: NaN rows
+  std::vector<float> got(t.rows * h), want(t.rows * h);
+  HostDecoderOps inf_ops(**inf, 4, 4), ref_ops(**ref, 4, 4);
+  ASSERT_TRUE(inf_ops.load_tables(t).ok());
+  ASSERT_TRUE(inf_ops.embed(t.rows, got.data()).ok());
+  ASSERT_TRUE(ref_ops.load_tables(t).ok());
+  ASSERT_TRUE(ref_ops.embed(t.rows, want.data()).ok());
+  int nonzero = 0;
+  for (int64_t i = 0; i < 3 * h; ++i) {
+    ASSERT_EQ(got[i], want[i]) << i;
+    nonzero += got[i] != 0.0f;
+  }
+  EXPECT_GT(nonzero, 3 * h / 2);
+  for (int64_t i = 3 * h; i < 5 * h; ++i) EXPECT_TRUE(std::isnan(got[i])) << i;
+  // Model::embed reads the same table: ModelInstallTest compares whole generations of a tied
+  // model installed in place with a freshly loaded one.
+}
+
 TEST(DecoderStep, MoeIsRefusedClearly) {
   PrecisionPolicy policy;
   auto m = Model::Init(testing::make_config(64, 64, 128, 1, 2, 1, true), policy, 1);
