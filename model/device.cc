@@ -53,16 +53,13 @@ DeviceProbeResult probe_cuda_device() {
 
 absl::StatusOr<DeviceSelection> select_device(std::string_view requested,
                                               const DeviceProbe& probe) {
+  if (absl::Status s = check_device_flag(requested); !s.ok()) return s;
   DeviceSelection selection;
   if (requested == "cpu") {
     selection.description = "device cpu (requested)";
     return selection;
   }
   const bool automatic = requested.empty() || requested == "auto";
-  if (!automatic && requested != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: expected cuda, cpu or auto, got '", std::string(requested), "'"));
-  }
   const DeviceProbeResult found = probe();
   if (!found.device.has_value()) {
     if (!automatic) {
@@ -79,6 +76,12 @@ absl::StatusOr<DeviceSelection> select_device(std::string_view requested,
                                        d.name, ", sm_", d.major, d.minor, ", ordinal ", d.index,
                                        ", ", d.total_bytes / (int64_t{1} << 20), " MiB)");
   return selection;
+}
+
+absl::Status check_device_flag(std::string_view text) {
+  if (text.empty() || text == "auto" || text == "cpu" || text == "cuda") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device: expected cuda, cpu or auto, got '", std::string(text), "'"));
 }
 
 absl::StatusOr<double> parse_gpu_memory_fraction(std::string_view text) {

@@ -52,6 +52,10 @@ struct DeviceSelection {
 // cpu without probing; "cuda": cuda, or FAILED_PRECONDITION "--device cuda: no sm_90 CUDA device
 // (<why>)"). INVALID_ARGUMENT "--device: ..." for any other word.
 absl::StatusOr<DeviceSelection> select_device(std::string_view requested, const DeviceProbe& probe);
+// The check of `--device` at flag parsing, before anything is probed: "", "auto", "cpu" or
+// "cuda"; INVALID_ARGUMENT "--device: expected cuda, cpu or auto, got '<text>'" otherwise (the
+// generation worker and the trainer share it).
+absl::Status check_device_flag(std::string_view text);
 
 inline constexpr double kDefaultGpuMemoryFraction = 0.9;
 

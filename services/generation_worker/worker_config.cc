@@ -120,11 +120,7 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
                                                    "), got ", *kv_tokens));
   }
   config.device = service::extra_string(config.service, "device");
-  if (config.device != "" && config.device != "auto" && config.device != "cpu" &&
-      config.device != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: expected cuda, cpu or auto, got '", config.device, "'"));
-  }
+  if (absl::Status s = model::check_device_flag(config.device); !s.ok()) return s;
   absl::StatusOr<double> fraction = model::parse_gpu_memory_fraction(
       service::extra_string(config.service, "gpu_memory_fraction"));
   if (!fraction.ok()) return fraction.status();

@@ -86,11 +86,7 @@ absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string
   }
   config.allreduce_bucket_bytes = static_cast<int64_t>(*bucket_mb * 1024 * 1024);
   config.device = service::extra_string(config.service, "device");
-  if (config.device != "" && config.device != "auto" && config.device != "cpu" &&
-      config.device != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: expected cuda, cpu or auto, got '", config.device, "'"));
-  }
+  if (absl::Status s = model::check_device_flag(config.device); !s.ok()) return s;
   absl::StatusOr<double> fraction = model::parse_gpu_memory_fraction(
       service::extra_string(config.service, "gpu_memory_fraction"));
   if (!fraction.ok()) return fraction.status();

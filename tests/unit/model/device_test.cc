@@ -87,6 +87,11 @@ TEST(DeviceSelection, UnknownWordNamesTheFlag) {
     EXPECT_EQ(s.status().message().rfind("--device: expected cuda, cpu or auto, got '", 0), 0u);
   }
   EXPECT_EQ(calls, 0);
+  // The flag-parsing check the worker and trainer configs run says the same.
+  for (const char* good : {"", "auto", "cpu", "cuda"}) EXPECT_TRUE(check_device_flag(good).ok());
+  absl::Status bad = check_device_flag("gpu");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(), "--device: expected cuda, cpu or auto, got 'gpu'");
 }
 
 TEST(GpuMemoryFraction, AcceptsOnlyZeroToOne) {
