@@ -2,6 +2,7 @@
 // weight_sync_service.h).
 #include "services/weight_sync/weight_sync_service.h"
 
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/impl/codegen/method_handler.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -9,6 +10,7 @@
 #include <grpcpp/support/slice.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <span>
@@ -33,11 +35,18 @@ class PushSink {
 
 namespace {
 
-// Indices of UploadVersion and Subscribe among the service's methods (the order of
-// proto/fp8rl/v1/weight_sync.proto, the index the generated WithSplitStreamingMethod_Subscribe
-// uses).
-constexpr int kUploadMethodIndex = 0;
-constexpr int kSubscribeMethodIndex = 1;
+// The index of `method` among WeightSyncService's methods: the generated service registers its
+// handlers in the order of proto/fp8rl/v1/weight_sync.proto, which the descriptor gives, so a
+// reordered proto moves the raw handlers with it.
+int method_index(const char* method) {
+  const google::protobuf::ServiceDescriptor* service =
+      v1::SubscribeRequest::descriptor()->file()->FindServiceByName("WeightSyncService");
+  const google::protobuf::MethodDescriptor* m =
+      service == nullptr ? nullptr : service->FindMethodByName(method);
+  // Both are compiled into this binary from the same proto: absence is a build error, not input.
+  if (m == nullptr) std::abort();
+  return m->index();
+}
 
 // A chunk copied into a reused SubscribeResponse, as the service always sent them before.
 bool write_copied_chunk(int64_t version, uint64_t offset, std::string_view data,
@@ -157,7 +166,7 @@ WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSy
   // Subscribe is served by a handler that writes raw ByteBuffers (the bytes on the wire are the
   // same SubscribeResponse messages), so chunks can be sent as slices over the stored version.
   MarkMethodStreamed(
-      kSubscribeMethodIndex,
+      method_index("Subscribe"),
       new grpc::internal::SplitServerStreamingHandler<v1::SubscribeRequest, grpc::ByteBuffer>(
           [this](grpc::ServerContext* context,
                  grpc::ServerSplitStreamer<v1::SubscribeRequest, grpc::ByteBuffer>* stream) {
@@ -173,7 +182,7 @@ WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSy
   // payload. Served as a bidirectional stream that writes its one response at the end (the same
   // messages on the wire as the client-streaming call the client makes).
   MarkMethodStreamed(
-      kUploadMethodIndex,
+      method_index("UploadVersion"),
       new grpc::internal::BidiStreamingHandler<WeightSyncServiceImpl, grpc::ByteBuffer,
                                                v1::UploadVersionResponse>(
           [](WeightSyncServiceImpl* service, grpc::ServerContext* context,
