@@ -22,10 +22,13 @@ class DeviceForwardState final : public ForwardState {
 
 class DeviceTrainBackend final : public TrainBackend {
  public:
-  DeviceTrainBackend(model::Device kind, std::unique_ptr<model::Model> host,
+  DeviceTrainBackend(model::Device kind, std::unique_ptr<model::Model> description,
                      std::unique_ptr<DeviceStepEngine> engine,
                      std::unique_ptr<model::gpu::DeviceTrainState> state)
-      : kind_(kind), host_(std::move(host)), engine_(std::move(engine)), state_(std::move(state)) {}
+      : kind_(kind),
+        host_(std::move(description)),
+        engine_(std::move(engine)),
+        state_(std::move(state)) {}
 
   model::Device device() const override { return kind_; }
   const model::Model& host_model() const override { return *host_; }
@@ -162,18 +165,21 @@ class DeviceTrainBackend final : public TrainBackend {
 
  private:
   model::Device kind_;
-  std::unique_ptr<model::Model> host_;  // before engine_: the engine may point at it
+  // The description (Model::ForDescription): config, policy, layout, KV scales; no weights.
+  std::unique_ptr<model::Model> host_;
   std::unique_ptr<DeviceStepEngine> engine_;
   std::unique_ptr<model::gpu::DeviceTrainState> state_;
   Recompute recompute_ = Recompute::kNone;
   mutable int64_t forward_id_ = 0;  // forwards run on the device so far
 };
 
-// The host mirror's engine: HostTrainOps on the host model, buffers in host memory; refresh()
-// copies the state's master into the model and re-derives its working copies (Model::refresh).
+// The host mirror's engine: it owns the model HostTrainOps read (the mirror's "device" weights),
+// buffers in host memory; refresh() copies the state's master into the model and re-derives its
+// working copies (Model::refresh).
 class HostStepEngine final : public DeviceStepEngine {
  public:
-  explicit HostStepEngine(model::Model* model) : model_(model), ops_(*model) {}
+  explicit HostStepEngine(std::unique_ptr<model::Model> model)
+      : model_(std::move(model)), ops_(*model_) {}
 
   absl::StatusOr<model::TokenValues> forward(const model::Model& host,
                                              const model::TokenBatch& batch,
@@ -204,12 +210,12 @@ class HostStepEngine final : public DeviceStepEngine {
     model_->refresh();
     return absl::OkStatus();
   }
-  absl::Status set_kv_scales(const model::KvScales&) override {
-    return absl::OkStatus();  // the ops read the host model's scales, which the backend sets
+  absl::Status set_kv_scales(const model::KvScales& scales) override {
+    return model_->set_kv_scales(scales);  // the ops read the model's scales
   }
 
  private:
-  model::Model* model_;
+  std::unique_ptr<model::Model> model_;  // before ops_, which points at it
   model::gpu::HostTrainOps ops_;
   model::gpu::TrainTables tables_;
   model::gpu::TrainStepOptions opts_;
@@ -219,10 +225,14 @@ class HostStepEngine final : public DeviceStepEngine {
 
 }  // namespace
 
-std::unique_ptr<TrainBackend> make_device_train_backend(
-    model::Device kind, std::unique_ptr<model::Model> host,
-    std::unique_ptr<DeviceStepEngine> engine, std::unique_ptr<model::gpu::DeviceTrainState> state) {
-  return std::make_unique<DeviceTrainBackend>(kind, std::move(host), std::move(engine),
+absl::StatusOr<std::unique_ptr<TrainBackend>> make_device_train_backend(
+    model::Device kind, std::unique_ptr<DeviceStepEngine> engine,
+    std::unique_ptr<model::gpu::DeviceTrainState> state) {
+  absl::StatusOr<std::unique_ptr<model::Model>> description =
+      model::Model::ForDescription(state->config(), state->policy());
+  if (!description.ok()) return description.status();
+  if (auto s = (*description)->set_kv_scales(state->kv_scales()); !s.ok()) return s;
+  return std::make_unique<DeviceTrainBackend>(kind, std::move(*description), std::move(engine),
                                               std::move(state));
 }
 
@@ -233,9 +243,8 @@ absl::StatusOr<std::unique_ptr<TrainBackend>> make_host_mirror_train_backend(
   absl::StatusOr<std::unique_ptr<model::gpu::DeviceTrainState>> state =
       model::gpu::DeviceTrainState::Create(*model, options, model::gpu::make_host_train_device());
   if (!state.ok()) return state.status();
-  auto engine = std::make_unique<HostStepEngine>(model.get());
-  return make_device_train_backend(model::Device::kCpu, std::move(model), std::move(engine),
-                                   std::move(*state));
+  return make_device_train_backend(
+      model::Device::kCpu, std::make_unique<HostStepEngine>(std::move(model)), std::move(*state));
 }
 
 }  // namespace fp8rl::train
