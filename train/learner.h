@@ -256,6 +256,8 @@ class Learner {
   // Per minibatch i of m over B sequences: this rank's [begin, end) of sequences.
   std::vector<std::pair<int64_t, int64_t>> rank_shares(const PackedBatch& batch, int64_t m) const;
   bool data_parallel() const { return group_ != nullptr && group_->size() > 1; }
+  // `grads` null: into the backend's own gradient buffer (TrainBackend::backward), which the
+  // next optimizer_step(nullptr) reads.
   absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(
       const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
       const rl::PolicyLossConfig& config, std::vector<float>* grads,
