@@ -175,6 +175,24 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
     if (!m.ok()) return prefixed(m.status(), "model.init: ");
     model = std::move(*m);
   }
+  absl::StatusOr<std::unique_ptr<Learner>> learner = create(request, std::move(model));
+  if (learner.ok()) (*learner)->version_ = (*learner)->published_version_ = version;
+  return learner;
+}
+
+absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& request,
+                                                         std::unique_ptr<model::Model> model) {
+  if (request.job_id.empty()) return absl::InvalidArgumentError("job_id: required");
+  if (auto s = validate_precision(request.precision, "precision"); !s.ok()) return s;
+  if (auto s = model::validate_adamw_config(request.adamw); !s.ok()) {
+    return prefixed(s, "optimizer.");
+  }
+  const PrecisionPolicy policy = request.precision.training_policy();
+  if (model == nullptr || model->inference_only() || !(model->policy() == policy)) {
+    return absl::InvalidArgumentError(
+        "model: a training model under precision's training policy is required");
+  }
+  const int64_t version = 0;
   std::unique_ptr<model::Model> reference;
   if (request.keep_reference) {
     absl::StatusOr<model::WeightSet> copy = model->export_weights(model::WeightFormat::kF32);
