@@ -7,13 +7,15 @@
 //   fp8rl-bench-grpo-step [--shape tiny|llama-3.2-1b|qwen2.5-1.5b] [--device cpu|cuda]
 //                         [--prompts 4] [--samples 4] [--prompt-tokens 32] [--new-tokens 64]
 //                         [--steps 2] [--time-cap-seconds 120] [--gpu-memory-fraction 0.9]
-//                         [--recompute none|layers] [--setup-only]
+//                         [--recompute none|layers] [--setup-only] [--layers N]
 // Each precision runs one warm-up step (not reported) and then --steps steps, fewer when the time
 // cap is reached (the table says how many ran). The random fp32 master is drawn once and every
 // precision's policy model is built from it (Model::FromWeightSet); "setup s" is the time from
 // that build to the first published version (learner, backend, first export and install).
 // --setup-only: times the host side of that setup (the random master once, then each precision's
 // host model) and stops, without a backend or a step (docs/perf.md "GRPO step in one process").
+// --layers N: the shape with N decoder layers instead of its own count (to time the setup of a
+// large shape on a machine that cannot hold it whole).
 // Exit: 0 done; 1 an error; 3 the device cannot train (cuda in a build without the CUDA training
 // backend: the reason is printed).
 #include <algorithm>
@@ -42,6 +44,7 @@ struct Options {
   double time_cap_seconds = 120, gpu_memory_fraction = 0.9;
   train::Recompute recompute = train::Recompute::kNone;
   bool setup_only = false;
+  int64_t layers = 0;  // 0: the shape's own
 };
 
 // Llama-3.2-1B (meta-llama/Llama-3.2-1B config.json), Qwen2.5-1.5B (Qwen/Qwen2.5-1.5B), or a
@@ -152,6 +155,8 @@ int run(const std::vector<std::string>& args) {
         if (!f.ok()) return fail(std::string(f.status().message()));
         o.gpu_memory_fraction = *f;
       }
+    } else if (a == "--layers") {
+      ok = int_flag(&o.layers);
     } else if (a == "--setup-only") {
       o.setup_only = true;
     } else if (a == "--recompute") {
@@ -171,6 +176,8 @@ int run(const std::vector<std::string>& args) {
   absl::StatusOr<model::ModelConfig> config =
       shape_config(o.shape, o.prompt_tokens + o.new_tokens + 1);
   if (!config.ok()) return fail(std::string(config.status().message()));
+  if (o.layers > 0) config->num_hidden_layers = o.layers;
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines as they come, also into a log file
 
   int64_t budget = 0;
   std::string where = "cpu";
@@ -201,11 +208,12 @@ int run(const std::vector<std::string>& args) {
       (samples + minibatches - 1) / minibatches * (o.prompt_tokens + o.new_tokens);
   std::printf(
       "fp8rl-bench-grpo-step: %s shapes (random weights), device %s, P=%lld prompts x G=%lld "
-      "samples, %lld prompt + %lld new tokens, %lld minibatches, recompute %s\n",
+      "samples, %lld prompt + %lld new tokens, %lld minibatches, recompute %s, %lld layers\n",
       o.shape.c_str(), where.c_str(), static_cast<long long>(o.prompts),
       static_cast<long long>(o.samples), static_cast<long long>(o.prompt_tokens),
       static_cast<long long>(o.new_tokens), static_cast<long long>(minibatches),
-      std::string(train::recompute_name(o.recompute)).c_str());
+      std::string(train::recompute_name(o.recompute)).c_str(),
+      static_cast<long long>(config->num_hidden_layers));
   const auto bench_start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - bench_start).count(); };
   auto seconds_since = [](Clock::time_point t) {

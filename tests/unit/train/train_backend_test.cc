@@ -406,6 +406,25 @@ TEST(TrainBackend, OwnGradientBufferAccumulatesLikeTheHostBuffer) {
   EXPECT_EQ(mirror_host->gradient_transfer_bytes(), 4 * 4 * ref->num_params());
 }
 
+// Learner::create over a model already built equals the one that builds it; a model under
+// another policy is INVALID_ARGUMENT naming `model`.
+TEST(TrainBackend, LearnerOverABuiltModel) {
+  const InitRequest init = init_request();
+  auto m = model::Model::Init(tiny_config(), init.precision.training_policy(), init.seed);
+  ASSERT_TRUE(m.ok());
+  absl::StatusOr<std::unique_ptr<Learner>> a = Learner::create(init);
+  absl::StatusOr<std::unique_ptr<Learner>> b = Learner::create(init, std::move(*m));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  ASSERT_TRUE((*a)->grpo_update(grpo_request(80)).ok());
+  ASSERT_TRUE((*b)->grpo_update(grpo_request(80)).ok());
+  EXPECT_EQ(params_of(**a), params_of(**b));
+  auto other = model::Model::Init(tiny_config(), policy_of(Precision::kBF16), 1);
+  ASSERT_TRUE(other.ok());
+  absl::StatusOr<std::unique_ptr<Learner>> bad = Learner::create(init, std::move(*other));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(bad.status().message(), "model:")) << bad.status();
+}
+
 // Without an sm_90 device (or in a build without CUDA) the cuda placement is FAILED_PRECONDITION
 // naming the device, never a policy on the CPU.
 TEST(TrainBackend, CudaWithoutADeviceIsAClearFailedPrecondition) {
