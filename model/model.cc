@@ -56,9 +56,11 @@ struct Model::Source {
   std::function<absl::StatusOr<std::vector<float>>(const std::string&)> read_f32;
 };
 
-Model::Model(const ModelConfig& config, const PrecisionPolicy& policy, bool inference_only)
-    : config_(config), policy_(policy), layout_(config), inference_only_(inference_only) {
-  if (!inference_only) params_.assign(layout_.total(), 0.0f);
+Model::Model(const ModelConfig& config, const PrecisionPolicy& policy, Storage storage)
+    : config_(config), policy_(policy), layout_(config), storage_(storage) {
+  kv_scales_.k.assign(config.num_hidden_layers, 1.0f);
+  kv_scales_.v.assign(config.num_hidden_layers, 1.0f);
+  if (storage == Storage::kTraining) params_.assign(layout_.total(), 0.0f);
   linears_.resize(config.num_hidden_layers);
   moe_.resize(config.num_hidden_layers);
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
@@ -94,17 +96,29 @@ Model::Model(const ModelConfig& config, const PrecisionPolicy& policy, bool infe
     if (lo.shared_down == p.offset) linear_of_[i] = &mw.shared[2];
   }
   fp8_pinned_.assign(params.size(), false);
+  if (storage == Storage::kNone) return;  // a description: no weights, no RoPE tables
   const int64_t half = config.head_dim / 2, max_pos = config.max_position_embeddings;
   rope_cos_.resize(half * max_pos);
   rope_sin_.resize(half * max_pos);
   ops::rope_fill(ops::rope_inv_freq(config.rope_theta, config.head_dim, config.rope_scaling),
                  max_pos, rope_cos_.data(), rope_sin_.data());
-  kv_scales_.k.assign(config.num_hidden_layers, 1.0f);
-  kv_scales_.v.assign(config.num_hidden_layers, 1.0f);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::ForDescription(const ModelConfig& config,
+                                                             const PrecisionPolicy& policy) {
+  if (auto s = validate_model_config(config); !s.ok()) return s;
+  return std::unique_ptr<Model>(new Model(config, policy, Storage::kNone));
+}
+
+absl::Status Model::check_has_weights(std::string_view what) const {
+  if (storage_ != Storage::kNone) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      std::string(what), ": this model is a description (its weights live on a device)"));
 }
 
 void Model::refresh() {
-  if (inference_only_) return;  // no master to derive from; install() writes the working copies
+  if (storage_ != Storage::kTraining)
+    return;  // no master to derive from; install() writes the working copies
   const int64_t n_layers = config_.num_hidden_layers;
   const std::vector<ParamInfo>& params = layout_.params();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -346,7 +360,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromWeightView(const WeightView& v
 }
 
 absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t version) const {
-  if (inference_only_) {
+  if (auto s = check_has_weights("export_weights"); !s.ok()) return s;
+  if (storage_ != Storage::kTraining) {
     return absl::FailedPreconditionError(
         "export_weights: an inference-only model holds no fp32 master to export");
   }

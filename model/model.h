@@ -149,6 +149,14 @@ class Model {
   // InvalidArgument for a bad config or policy.linear fp32 (use FromWeightView for fp32).
   static absl::StatusOr<std::unique_ptr<Model>> ForInference(const ModelConfig& config,
                                                              const PrecisionPolicy& policy);
+  // A description of a model whose weights live elsewhere (a device training backend,
+  // train/device_train_backend.h): config, policy, layout, KV scales, token and routing checks,
+  // and no weight storage at all (no master, no working copies, no RoPE tables). Every compute
+  // and export entry point (forward, forward_cached, logits, backward, export_weights, save,
+  // install) is FailedPrecondition. InvalidArgument for a bad config.
+  static absl::StatusOr<std::unique_ptr<Model>> ForDescription(const ModelConfig& config,
+                                                               const PrecisionPolicy& policy);
+  bool description_only() const { return storage_ == Storage::kNone; }
   // Writes version `view` into this inference-only model's storage in place: buffers keep their
   // size from one version to the next, so after the first install nothing is allocated. FP8
   // layers take F8_E4M3 codes + "<name>_scale_inv" as they are (BF16/F32 weights are quantized
@@ -158,7 +166,7 @@ class Model {
   // NaN code. After an error the weights are unspecified until the next successful install().
   // FailedPrecondition on a model that is not inference-only.
   absl::Status install(const WeightView& view);
-  bool inference_only() const { return inference_only_; }
+  bool inference_only() const { return storage_ != Storage::kTraining; }
   // Bytes of weight storage this model holds (master, working copies, operands, norms).
   int64_t weight_bytes() const;
 
@@ -226,7 +234,13 @@ class Model {
   std::span<const float> rope_sin() const { return rope_sin_; }
 
  private:
-  Model(const ModelConfig& config, const PrecisionPolicy& policy, bool inference_only = false);
+  // What a model holds: the fp32 master and every working copy (training), the KV-cache
+  // forward's operands only (inference, ForInference), or nothing (ForDescription).
+  enum class Storage { kTraining, kInference, kNone };
+  Model(const ModelConfig& config, const PrecisionPolicy& policy,
+        Storage storage = Storage::kTraining);
+  // FailedPrecondition naming `what` on a description-only model.
+  absl::Status check_has_weights(std::string_view what) const;
   struct Source;
   absl::Status load_from(const Source& source);
 
@@ -251,8 +265,8 @@ class Model {
   ModelConfig config_;
   PrecisionPolicy policy_;
   ParamLayout layout_;
-  bool inference_only_ = false;
-  std::vector<float> params_;                         // empty when inference_only_
+  Storage storage_ = Storage::kTraining;
+  std::vector<float> params_;                         // empty unless storage_ is kTraining
   std::vector<std::array<LinearWeight, 7>> linears_;  // q k v o gate up down
   LinearWeight embed_w_, head_w_;
   std::vector<float> rope_cos_, rope_sin_;

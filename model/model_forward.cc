@@ -221,6 +221,7 @@ int64_t Model::forward_calls_total() { return g_forward_calls.load(std::memory_o
 
 absl::StatusOr<TokenValues> Model::forward(const TokenBatch& batch, const TrainForwardOptions& opts,
                                            ForwardContext* ctx) const {
+  if (auto s = check_has_weights("forward"); !s.ok()) return s;
   g_forward_calls.fetch_add(1, std::memory_order_relaxed);
   if (!(opts.temperature > 0) || !std::isfinite(opts.temperature)) {
     return absl::InvalidArgumentError(
@@ -396,7 +397,10 @@ absl::StatusOr<std::vector<float>> Model::logits(const std::vector<int32_t>& tok
 
 absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, float* grads,
                              const GradientsFinal& on_final) const {
-  if (inference_only_) return absl::FailedPreconditionError("backward: inference-only model");
+  if (auto s = check_has_weights("backward"); !s.ok()) return s;
+  if (storage_ != Storage::kTraining) {
+    return absl::FailedPreconditionError("backward: inference-only model");
+  }
   const int64_t n_seq = static_cast<int64_t>(c.tokens.size());
   if (static_cast<int64_t>(c.layers.size()) != config_.num_hidden_layers || c.x_final.empty()) {
     return absl::FailedPreconditionError("backward: the forward did not save activations");
@@ -600,6 +604,7 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, 
 
 absl::Status Model::forward_cached(const std::vector<CachedSegment>& segments, float* logits,
                                    InferenceWorkspace* ws) const {
+  if (auto s = check_has_weights("forward_cached"); !s.ok()) return s;
   const int64_t h = config_.hidden_size, hd = config_.head_dim, qd = config_.q_dim(),
                 kvd = config_.kv_dim(), n_kv = config_.num_key_value_heads,
                 group = config_.num_attention_heads / config_.num_key_value_heads;

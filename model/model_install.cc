@@ -194,7 +194,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::ForInference(const ModelConfig& co
     return absl::InvalidArgumentError(
         "policy.linear: an inference-only model runs bf16 or fp8 linears, not fp32");
   }
-  std::unique_ptr<Model> m(new Model(config, policy, /*inference_only=*/true));
+  std::unique_ptr<Model> m(new Model(config, policy, Storage::kInference));
   for (const ParamInfo& p : m->layout_.params()) {
     if (p.kind != ParamKind::kNorm && p.kind != ParamKind::kBias) continue;
     m->small_index_.emplace_back(p.offset, static_cast<int64_t>(m->small_.size()));
@@ -255,7 +255,8 @@ absl::Status Model::install_linear(const WeightView& view, const TensorView& t, 
 }
 
 absl::Status Model::install(const WeightView& view) {
-  if (!inference_only_) {
+  if (auto s = check_has_weights("install"); !s.ok()) return s;
+  if (storage_ != Storage::kInference) {
     return absl::FailedPreconditionError(
         "install: only an inference-only model (Model::ForInference) is written in place");
   }

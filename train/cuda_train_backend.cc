@@ -50,9 +50,11 @@ absl::StatusOr<std::unique_ptr<TrainBackend>> make_cuda_train_backend_impl(
   absl::StatusOr<std::unique_ptr<model::gpu::DeviceTrainState>> state =
       model::gpu::DeviceTrainState::Create(*model, options, std::move(*device));
   if (!state.ok()) return state.status();
-  return make_device_train_backend(model::Device::kCuda, std::move(model),
-                                   std::make_unique<CudaStepEngine>(std::move(*step)),
-                                   std::move(*state));
+  // The device holds everything now: the initial host model (fp32 master and working copies)
+  // goes here, and the backend keeps only a description of it.
+  model.reset();
+  return make_device_train_backend(
+      model::Device::kCuda, std::make_unique<CudaStepEngine>(std::move(*step)), std::move(*state));
 }
 
 }  // namespace fp8rl::train

@@ -28,29 +28,54 @@ std::vector<int64_t> token_balanced_shares(std::span<const int64_t> lengths, int
   return out;
 }
 
-uint64_t weight_hash(std::span<const float> weights) {
-  constexpr uint64_t kOffset = 1469598103934665603ull, kPrime = 1099511628211ull;
-  uint64_t h = kOffset;
+namespace {
+constexpr uint64_t kFnvPrime = 1099511628211ull;
+}  // namespace
+
+void WeightHasher::add(std::span<const float> piece) {
   size_t i = 0;
-  for (; i + 2 <= weights.size(); i += 2) {
+  if (odd_ && !piece.empty()) {
+    uint32_t second;
+    std::memcpy(&second, piece.data(), sizeof(second));
+    // The 8-byte word as memcpy of two consecutive floats reads it (little-endian).
+    const uint64_t word = static_cast<uint64_t>(pending_) | (static_cast<uint64_t>(second) << 32);
+    h_ = (h_ ^ word) * kFnvPrime;
+    odd_ = false;
+    i = 1;
+  }
+  for (; i + 2 <= piece.size(); i += 2) {
     uint64_t word;
-    std::memcpy(&word, weights.data() + i, sizeof(word));
-    h = (h ^ word) * kPrime;
+    std::memcpy(&word, piece.data() + i, sizeof(word));
+    h_ = (h_ ^ word) * kFnvPrime;
   }
-  if (i < weights.size()) {
-    uint32_t last;
-    std::memcpy(&last, weights.data() + i, sizeof(last));
-    h = (h ^ last) * kPrime;
+  if (i < piece.size()) {
+    std::memcpy(&pending_, piece.data() + i, sizeof(pending_));
+    odd_ = true;
   }
-  return h;
+}
+
+uint64_t WeightHasher::value() const {
+  // An odd count ends with one 4-byte word.
+  return odd_ ? (h_ ^ pending_) * kFnvPrime : h_;
+}
+
+uint64_t weight_hash(std::span<const float> weights) {
+  WeightHasher h;
+  h.add(weights);
+  return h.value();
 }
 
 absl::Status check_same_weights(Collectives& group, std::span<const float> weights,
                                 std::string_view what) {
   if (group.size() == 1) return absl::OkStatus();
+  return check_same_weights(group, weight_hash(weights), what);
+}
+
+absl::Status check_same_weights(Collectives& group, uint64_t hash, std::string_view what) {
+  if (group.size() == 1) return absl::OkStatus();
   // A gather through a sum: every rank fills its own slot, the others are 0.
   std::vector<int64_t> hashes(static_cast<size_t>(group.size()), 0);
-  hashes[static_cast<size_t>(group.rank())] = static_cast<int64_t>(weight_hash(weights));
+  hashes[static_cast<size_t>(group.rank())] = static_cast<int64_t>(hash);
   if (absl::Status s = group.all_reduce(std::span<int64_t>(hashes), ReduceOp::kSum,
                                         absl::StrCat("weight hash exchange ", std::string(what)));
       !s.ok()) {

@@ -24,10 +24,25 @@ std::vector<int64_t> token_balanced_shares(std::span<const int64_t> lengths, int
 // equal hashes on every rank; any bit flip changes it with high probability.
 uint64_t weight_hash(std::span<const float> weights);
 
+// weight_hash over pieces given in order (e.g. fixed-size chunks downloaded from a device): the
+// value equals weight_hash of the pieces concatenated, however they are cut.
+class WeightHasher {
+ public:
+  void add(std::span<const float> piece);
+  uint64_t value() const;
+
+ private:
+  uint64_t h_ = 1469598103934665603ull;  // FNV offset basis
+  bool odd_ = false;                     // one float of an 8-byte word is pending
+  uint32_t pending_ = 0;
+};
+
 // Exchanges the ranks' weight hashes; INTERNAL naming the ranks whose weights differ from rank 0's
 // ("weights diverged across the trainer group"). `what` says after which update.
 absl::Status check_same_weights(Collectives& group, std::span<const float> weights,
                                 std::string_view what);
+// The same with this rank's hash already computed (TrainBackend::master_fingerprint).
+absl::Status check_same_weights(Collectives& group, uint64_t hash, std::string_view what);
 
 // Replaces `records` (this rank's K/V amax records) with every rank's, rank 0's first. Every rank
 // calls it; the percentile calibration does not depend on record order, so the scales equal those

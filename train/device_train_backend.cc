@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/cuda/host_train_ops.h"
+#include "train/data_parallel.h"
 
 namespace fp8rl::train {
 namespace {
@@ -22,10 +23,13 @@ class DeviceForwardState final : public ForwardState {
 
 class DeviceTrainBackend final : public TrainBackend {
  public:
-  DeviceTrainBackend(model::Device kind, std::unique_ptr<model::Model> host,
+  DeviceTrainBackend(model::Device kind, std::unique_ptr<model::Model> description,
                      std::unique_ptr<DeviceStepEngine> engine,
                      std::unique_ptr<model::gpu::DeviceTrainState> state)
-      : kind_(kind), host_(std::move(host)), engine_(std::move(engine)), state_(std::move(state)) {}
+      : kind_(kind),
+        host_(std::move(description)),
+        engine_(std::move(engine)),
+        state_(std::move(state)) {}
 
   model::Device device() const override { return kind_; }
   const model::Model& host_model() const override { return *host_; }
@@ -75,40 +79,58 @@ class DeviceTrainBackend final : public TrainBackend {
 
   absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
                         std::span<const float> dloss_dlogp, float* grads,
-                        const model::Model::GradientsFinal& on_final) const override {
+                        const model::Model::GradientsFinal& on_final) override {
     if (static_cast<const DeviceForwardState&>(saved).forward_id != forward_id_) {
       return absl::FailedPreconditionError(
           "backward: another forward ran on the device since this one (one saved forward at a "
           "time on a device backend)");
     }
-    if (auto s = state_->zero_grads(); !s.ok()) return s;
+    if (grads != nullptr && pending_) return gradients_pending_error("backward");
+    // The state's gradient array: zeroed per call for a host buffer, per optimizer step for the
+    // backend's own (where the backwards of the step accumulate).
+    if (grads != nullptr || !pending_) {
+      if (auto s = state_->zero_grads(); !s.ok()) return s;
+    }
+    if (grads == nullptr) pending_ = true;
     if (auto s =
             engine_->backward_into(*host_, scatter_response(batch, dloss_dlogp), state_->grads());
         !s.ok()) {
+      pending_ = false;  // partial gradients: the next backward starts from zero
       return s;
     }
-    absl::StatusOr<std::vector<float>> g = state_->download(state_->grads());
-    if (!g.ok()) return g.status();
-    for (size_t i = 0; i < g->size(); ++i) grads[i] += (*g)[i];
-    // Every gradient is final only once on the host.
+    if (grads != nullptr) {
+      absl::StatusOr<std::vector<float>> g = state_->download(state_->grads());
+      if (!g.ok()) return g.status();
+      transfer_bytes_ += static_cast<int64_t>(g->size() * sizeof(float));
+      for (size_t i = 0; i < g->size(); ++i) grads[i] += (*g)[i];
+    }
+    // Every gradient is final only once the backward is done.
     if (on_final) on_final(0);
     return absl::OkStatus();
   }
 
   absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) override {
-    const int64_t n = host_->num_params();
-    if (auto s = state_->device().upload(state_->grads(), grads, n * sizeof(float)); !s.ok()) {
-      return s;
+    const int64_t n = state_->num_params();
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+    if (grads != nullptr) {
+      if (pending_) return gradients_pending_error("optimizer_step");
+      if (auto s = state_->device().upload(state_->grads(), grads, bytes); !s.ok()) return s;
+      transfer_bytes_ += bytes;
+    } else if (!pending_) {
+      if (auto s = state_->zero_grads(); !s.ok()) return s;  // no backward since the last step
     }
+    pending_ = false;
     absl::StatusOr<model::OptimizerStepStats> stats = state_->step();
     if (!stats.ok()) return stats.status();
     if (auto s = engine_->refresh(*state_); !s.ok()) return s;
-    // The learner's buffer as model::AdamW leaves it: scaled and clipped.
-    if (auto s = state_->device().download(grads, state_->grads(), n * sizeof(float)); !s.ok()) {
-      return s;
+    if (grads != nullptr) {
+      // The learner's buffer as model::AdamW leaves it: scaled and clipped.
+      if (auto s = state_->device().download(grads, state_->grads(), bytes); !s.ok()) return s;
+      transfer_bytes_ += bytes;
     }
     return stats;
   }
+  int64_t gradient_transfer_bytes() const override { return transfer_bytes_; }
   void requantize() override {
     // Benchmarks only (optimizer_step already re-quantizes); an error here would repeat in the
     // next step, which reports it.
@@ -137,21 +159,29 @@ class DeviceTrainBackend final : public TrainBackend {
     switch (format) {
       case model::WeightFormat::kFP8:
         return state_->export_fp8(version);
-      case model::WeightFormat::kF32:
+      case model::WeightFormat::kBF16:
+        return state_->export_bf16(version);
+      default:
+        // Checkpoints (and a generation policy whose linears differ from training's): the whole
+        // fp32 master in host memory while the caller holds the set.
         return state_->export_f32(version);
-      default: {
-        // BF16: through an fp32 copy of the master on the host (not the recipe's device-only
-        // export; the FP8 publish never takes this path).
-        absl::StatusOr<model::WeightSet> f32 = state_->export_f32(version);
-        if (!f32.ok()) return f32.status();
-        absl::StatusOr<std::unique_ptr<model::Model>> m =
-            model::Model::FromWeightSet(*f32, host_->policy());
-        if (!m.ok()) return m.status();
-        return (*m)->export_weights(model::WeightFormat::kBF16, version);
-      }
     }
   }
-  std::span<const float> master_weights() const override { return {}; }
+  absl::StatusOr<uint64_t> master_fingerprint() const override {
+    const int64_t n = state_->num_params();
+    std::vector<float> chunk(static_cast<size_t>(std::min(n, kFingerprintChunkFloats)));
+    WeightHasher hasher;
+    for (int64_t i0 = 0; i0 < n; i0 += kFingerprintChunkFloats) {
+      const int64_t count = std::min(kFingerprintChunkFloats, n - i0);
+      if (auto s = state_->device().download(chunk.data(), state_->master() + i0,
+                                             count * static_cast<int64_t>(sizeof(float)));
+          !s.ok()) {
+        return s;
+      }
+      hasher.add(std::span<const float>(chunk.data(), static_cast<size_t>(count)));
+    }
+    return hasher.value();
+  }
 
   absl::Status save_optimizer_state(const std::string& path) const override {
     return state_->save_optimizer_state(path);
@@ -162,18 +192,24 @@ class DeviceTrainBackend final : public TrainBackend {
 
  private:
   model::Device kind_;
-  std::unique_ptr<model::Model> host_;  // before engine_: the engine may point at it
+  // The description (Model::ForDescription): config, policy, layout, KV scales; no weights.
+  std::unique_ptr<model::Model> host_;
   std::unique_ptr<DeviceStepEngine> engine_;
   std::unique_ptr<model::gpu::DeviceTrainState> state_;
   Recompute recompute_ = Recompute::kNone;
   mutable int64_t forward_id_ = 0;  // forwards run on the device so far
+  // The state's gradient array holds the backwards of a step not yet taken (backward(nullptr)).
+  bool pending_ = false;
+  int64_t transfer_bytes_ = 0;  // gradient_transfer_bytes()
 };
 
-// The host mirror's engine: HostTrainOps on the host model, buffers in host memory; refresh()
-// copies the state's master into the model and re-derives its working copies (Model::refresh).
+// The host mirror's engine: it owns the model HostTrainOps read (the mirror's "device" weights),
+// buffers in host memory; refresh() copies the state's master into the model and re-derives its
+// working copies (Model::refresh).
 class HostStepEngine final : public DeviceStepEngine {
  public:
-  explicit HostStepEngine(model::Model* model) : model_(model), ops_(*model) {}
+  explicit HostStepEngine(std::unique_ptr<model::Model> model)
+      : model_(std::move(model)), ops_(*model_) {}
 
   absl::StatusOr<model::TokenValues> forward(const model::Model& host,
                                              const model::TokenBatch& batch,
@@ -204,12 +240,12 @@ class HostStepEngine final : public DeviceStepEngine {
     model_->refresh();
     return absl::OkStatus();
   }
-  absl::Status set_kv_scales(const model::KvScales&) override {
-    return absl::OkStatus();  // the ops read the host model's scales, which the backend sets
+  absl::Status set_kv_scales(const model::KvScales& scales) override {
+    return model_->set_kv_scales(scales);  // the ops read the model's scales
   }
 
  private:
-  model::Model* model_;
+  std::unique_ptr<model::Model> model_;  // before ops_, which points at it
   model::gpu::HostTrainOps ops_;
   model::gpu::TrainTables tables_;
   model::gpu::TrainStepOptions opts_;
@@ -219,10 +255,14 @@ class HostStepEngine final : public DeviceStepEngine {
 
 }  // namespace
 
-std::unique_ptr<TrainBackend> make_device_train_backend(
-    model::Device kind, std::unique_ptr<model::Model> host,
-    std::unique_ptr<DeviceStepEngine> engine, std::unique_ptr<model::gpu::DeviceTrainState> state) {
-  return std::make_unique<DeviceTrainBackend>(kind, std::move(host), std::move(engine),
+absl::StatusOr<std::unique_ptr<TrainBackend>> make_device_train_backend(
+    model::Device kind, std::unique_ptr<DeviceStepEngine> engine,
+    std::unique_ptr<model::gpu::DeviceTrainState> state) {
+  absl::StatusOr<std::unique_ptr<model::Model>> description =
+      model::Model::ForDescription(state->config(), state->policy());
+  if (!description.ok()) return description.status();
+  if (auto s = (*description)->set_kv_scales(state->kv_scales()); !s.ok()) return s;
+  return std::make_unique<DeviceTrainBackend>(kind, std::move(*description), std::move(engine),
                                               std::move(state));
 }
 
@@ -233,9 +273,8 @@ absl::StatusOr<std::unique_ptr<TrainBackend>> make_host_mirror_train_backend(
   absl::StatusOr<std::unique_ptr<model::gpu::DeviceTrainState>> state =
       model::gpu::DeviceTrainState::Create(*model, options, model::gpu::make_host_train_device());
   if (!state.ok()) return state.status();
-  auto engine = std::make_unique<HostStepEngine>(model.get());
-  return make_device_train_backend(model::Device::kCpu, std::move(model), std::move(engine),
-                                   std::move(*state));
+  return make_device_train_backend(
+      model::Device::kCpu, std::make_unique<HostStepEngine>(std::move(model)), std::move(*state));
 }
 
 }  // namespace fp8rl::train

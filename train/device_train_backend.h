@@ -41,15 +41,17 @@ class DeviceStepEngine {
   virtual absl::Status set_kv_scales(const model::KvScales& scales) = 0;
 };
 
-// The backend over `engine` and `state` (built on *host, which the engine may point at). `kind`
-// is what device() reports.
-std::unique_ptr<TrainBackend> make_device_train_backend(
-    model::Device kind, std::unique_ptr<model::Model> host,
-    std::unique_ptr<DeviceStepEngine> engine, std::unique_ptr<model::gpu::DeviceTrainState> state);
+// The backend over `engine` and `state`; `kind` is what device() reports. Its host_model() is a
+// description (model::Model::ForDescription of the state's config and policy, with the state's KV
+// scales): no fp32 master and no working copies on the host.
+absl::StatusOr<std::unique_ptr<TrainBackend>> make_device_train_backend(
+    model::Device kind, std::unique_ptr<DeviceStepEngine> engine,
+    std::unique_ptr<model::gpu::DeviceTrainState> state);
 
-// The host mirror: HostTrainOps over `model` (refreshed from the state's master after each step)
-// and a DeviceTrainState on make_host_train_device(). device() reports kCpu. Tests compare it with
-// the CPU backend (it exercises the device backend's logic without a GPU).
+// The host mirror: a DeviceTrainState on make_host_train_device() and an engine that owns `model`
+// (its "device" weights: HostTrainOps read it, and it is refreshed from the state's master after
+// each step). device() reports kCpu; host_model() is the description, as on CUDA. Tests compare
+// it with the CPU backend (it exercises the device backend's logic without a GPU).
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_host_mirror_train_backend(
     std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw);
 

@@ -175,6 +175,24 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
     if (!m.ok()) return prefixed(m.status(), "model.init: ");
     model = std::move(*m);
   }
+  absl::StatusOr<std::unique_ptr<Learner>> learner = create(request, std::move(model));
+  if (learner.ok()) (*learner)->version_ = (*learner)->published_version_ = version;
+  return learner;
+}
+
+absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& request,
+                                                         std::unique_ptr<model::Model> model) {
+  if (request.job_id.empty()) return absl::InvalidArgumentError("job_id: required");
+  if (auto s = validate_precision(request.precision, "precision"); !s.ok()) return s;
+  if (auto s = model::validate_adamw_config(request.adamw); !s.ok()) {
+    return prefixed(s, "optimizer.");
+  }
+  const PrecisionPolicy policy = request.precision.training_policy();
+  if (model == nullptr || model->inference_only() || !(model->policy() == policy)) {
+    return absl::InvalidArgumentError(
+        "model: a training model under precision's training policy is required");
+  }
+  const int64_t version = 0;
   std::unique_ptr<model::Model> reference;
   if (request.keep_reference) {
     absl::StatusOr<model::WeightSet> copy = model->export_weights(model::WeightFormat::kF32);
@@ -408,13 +426,17 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
   in.advantages = mb.advantages;
   absl::StatusOr<rl::PolicyLossResult> loss = rl::grpo_policy_loss(in, config);
   if (!loss.ok()) return loss.status();
-  grads->assign(backend_->num_params(), 0.0f);
+  float* out = nullptr;  // null: the backend's own buffer (see the header)
+  if (grads != nullptr) {
+    grads->assign(backend_->num_params(), 0.0f);
+    out = grads->data();
+  }
   model::Model::GradientsFinal on_final;
   if (bucketed != nullptr) {
     bucketed->begin(std::span<float>(*grads), what);
     on_final = [bucketed](int64_t from) { bucketed->final_from(from); };
   }
-  if (auto s = backend_->backward(*saved, mb, loss->dloss_dcur, grads->data(), on_final); !s.ok()) {
+  if (auto s = backend_->backward(*saved, mb, loss->dloss_dcur, out, on_final); !s.ok()) {
     // The buckets begun still run (every rank runs the same collectives); the error wins.
     if (bucketed != nullptr) bucketed->finish().IgnoreError();
     return s;
@@ -498,6 +520,8 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
     return error;
   };
   double clipped_tokens = 0;
+  // The gradient buffer of a group (all-reduced on the host); alone, the gradients stay in the
+  // backend's own buffer (on a device backend they never leave the device).
   std::vector<float> grads;
   // In a group: this rank's sequences of each minibatch (the whole minibatch when alone).
   const std::vector<std::pair<int64_t, int64_t>> shares = rank_shares(batch, m);
@@ -527,9 +551,9 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
       const std::span<const float> ref_mb =
           ref.empty() ? std::span<const float>()
                       : std::span<const float>(ref.data() + s0 * L, (s1 - s0) * L);
-      result =
-          minibatch_gradient(mb, prev_mb, ref_mb, mb_config, &grads, dp ? bucketed_.get() : nullptr,
-                             absl::StrCat(where, "gradient all-reduce"));
+      result = minibatch_gradient(mb, prev_mb, ref_mb, mb_config, dp ? &grads : nullptr,
+                                  dp ? bucketed_.get() : nullptr,
+                                  absl::StrCat(where, "gradient all-reduce"));
     } else {
       // No sequence of this minibatch fell to this rank: it adds nothing but still takes part.
       result = rl::PolicyLossResult{};
@@ -546,15 +570,20 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
       if (auto s = reduce_loss_stats(*group_, &*result); !s.ok()) return interrupted(u, s);
     }
     start = Clock::now();
-    absl::StatusOr<model::OptimizerStepStats> step = backend_->optimizer_step(grads.data());
+    absl::StatusOr<model::OptimizerStepStats> step =
+        backend_->optimizer_step(dp ? grads.data() : nullptr);
     if (!step.ok()) return interrupted(u, prefixed(step.status(), where));
     r.optimizer_seconds += seconds_since(start);
     if (dp) {
-      if (auto s = check_same_weights(*group_, backend_->master_weights(),
+      // A rank that cannot read its weights still takes part (hash 0), so the others fail too
+      // instead of waiting for it.
+      absl::StatusOr<uint64_t> fingerprint = backend_->master_fingerprint();
+      if (auto s = check_same_weights(*group_, fingerprint.ok() ? *fingerprint : 0,
                                       absl::StrCat("after ", where));
           !s.ok()) {
         return interrupted(u + 1, s);
       }
+      if (!fingerprint.ok()) return interrupted(u + 1, fingerprint.status());
     }
     const double share = 1.0 / static_cast<double>(updates);
     r.loss += result->loss * share;
@@ -622,7 +651,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
 
   const int64_t m = request.minibatches;
   SftResult r;
-  std::vector<float> grads;
+  std::vector<float> grads;  // a group's all-reduce buffer (alone: the backend's own buffer)
   const bool dp = data_parallel();
   const CollectiveStats group_before = dp ? group_->stats() : CollectiveStats{};
   // In a group: this rank's sequences of each minibatch (the whole minibatch when alone).
@@ -634,7 +663,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     const int64_t normalizer =
         dp ? std::max<int64_t>(1, valid_tokens(*batch, B * i / m, B * (i + 1) / m)) : 0;
     auto start = Clock::now();
-    grads.assign(backend_->num_params(), 0.0f);
+    if (dp) grads.assign(backend_->num_params(), 0.0f);
     double loss = 0;
     if (s1 > s0) {
       const PackedBatch mb = batch->slice(s0, s1);
@@ -649,7 +678,8 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
                          absl::StrCat("minibatch ", i, ": gradient all-reduce"));
         on_final = [this](int64_t from) { bucketed_->final_from(from); };
       }
-      if (auto s = backend_->backward(*saved, mb, nll->dloss_dlogp, grads.data(), on_final);
+      if (auto s = backend_->backward(*saved, mb, nll->dloss_dlogp, dp ? grads.data() : nullptr,
+                                      on_final);
           !s.ok()) {
         if (on_final) bucketed_->finish().IgnoreError();  // every rank runs the same collectives
         return interrupted(i, s);
@@ -673,17 +703,22 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
       loss = sum[0];
     }
     start = Clock::now();
-    absl::StatusOr<model::OptimizerStepStats> step = backend_->optimizer_step(grads.data());
+    absl::StatusOr<model::OptimizerStepStats> step =
+        backend_->optimizer_step(dp ? grads.data() : nullptr);
     if (!step.ok()) {
       return interrupted(i, prefixed(step.status(), absl::StrCat("minibatch ", i, ": ")));
     }
     r.optimizer_seconds += seconds_since(start);
     if (dp) {
-      if (auto s = check_same_weights(*group_, backend_->master_weights(),
+      // A rank that cannot read its weights still takes part (hash 0), so the others fail too
+      // instead of waiting for it.
+      absl::StatusOr<uint64_t> fingerprint = backend_->master_fingerprint();
+      if (auto s = check_same_weights(*group_, fingerprint.ok() ? *fingerprint : 0,
                                       absl::StrCat("after SFT minibatch ", i));
           !s.ok()) {
         return interrupted(i + 1, s);
       }
+      if (!fingerprint.ok()) return interrupted(i + 1, fingerprint.status());
     }
     r.loss += loss / static_cast<double>(m);
     r.grad_norm += step->grad_norm / static_cast<double>(m);

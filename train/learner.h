@@ -178,6 +178,11 @@ class Learner {
   // A new policy from a checkpoint folder or a random init (version from the folder's
   // trainer_state.json when present, else 0).
   static absl::StatusOr<std::unique_ptr<Learner>> create(const InitRequest& request);
+  // The same over a policy model already built (version 0; the request's checkpoint_dir, config
+  // and seed are not read). `model`'s policy must be request.precision's training policy
+  // (INVALID_ARGUMENT otherwise). Benchmarks build the random master once for several precisions.
+  static absl::StatusOr<std::unique_ptr<Learner>> create(const InitRequest& request,
+                                                         std::unique_ptr<model::Model> model);
   // Everything already loaded (train/checkpoint.cc); `optimizer` was built on `model`.
   Learner(std::string job_id, PrecisionConfig precision, std::unique_ptr<model::Model> model,
           std::unique_ptr<model::Model> reference, std::unique_ptr<model::AdamW> optimizer,
@@ -256,6 +261,8 @@ class Learner {
   // Per minibatch i of m over B sequences: this rank's [begin, end) of sequences.
   std::vector<std::pair<int64_t, int64_t>> rank_shares(const PackedBatch& batch, int64_t m) const;
   bool data_parallel() const { return group_ != nullptr && group_->size() > 1; }
+  // `grads` null: into the backend's own gradient buffer (TrainBackend::backward), which the
+  // next optimizer_step(nullptr) reads.
   absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(
       const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
       const rl::PolicyLossConfig& config, std::vector<float>* grads,

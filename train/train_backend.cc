@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "train/data_parallel.h"
 #if FP8RL_HAVE_CUDA_TRAIN_BACKEND
 #include "train/cuda_train_backend.h"
 #endif
@@ -41,14 +42,31 @@ class CpuTrainBackend final : public TrainBackend {
   }
   absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
                         std::span<const float> dloss_dlogp, float* grads,
-                        const model::Model::GradientsFinal& on_final) const override {
-    return model_->backward(static_cast<const CpuForwardState&>(saved).ctx,
-                            scatter_response(batch, dloss_dlogp), grads, on_final);
+                        const model::Model::GradientsFinal& on_final) override {
+    if (grads == nullptr) {
+      if (!pending_) own_grads_.assign(static_cast<size_t>(model_->num_params()), 0.0f);
+      pending_ = true;
+      grads = own_grads_.data();
+    } else if (pending_) {
+      return gradients_pending_error("backward");
+    }
+    absl::Status s = model_->backward(static_cast<const CpuForwardState&>(saved).ctx,
+                                      scatter_response(batch, dloss_dlogp), grads, on_final);
+    if (!s.ok()) pending_ = false;  // partial gradients: the next backward starts from zero
+    return s;
   }
 
   absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) override {
+    if (grads == nullptr) {
+      if (!pending_) own_grads_.assign(static_cast<size_t>(model_->num_params()), 0.0f);
+      pending_ = false;
+      grads = own_grads_.data();
+    } else if (pending_) {
+      return gradients_pending_error("optimizer_step");
+    }
     return optimizer_->step(*model_, grads);
   }
+  int64_t gradient_transfer_bytes() const override { return 0; }
   void requantize() override { model_->refresh(); }
   const model::AdamWConfig& optimizer_config() const override { return optimizer_->config(); }
   int64_t optimizer_steps() const override { return optimizer_->steps(); }
@@ -69,7 +87,9 @@ class CpuTrainBackend final : public TrainBackend {
                                                   int64_t version) const override {
     return model_->export_weights(format, version);
   }
-  std::span<const float> master_weights() const override { return model_->params(); }
+  absl::StatusOr<uint64_t> master_fingerprint() const override {
+    return weight_hash(model_->params());
+  }
 
   absl::Status save_optimizer_state(const std::string& path) const override {
     return optimizer_->save_state(path);
@@ -82,9 +102,20 @@ class CpuTrainBackend final : public TrainBackend {
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::AdamW> optimizer_;  // built on *model_
   Recompute recompute_ = Recompute::kNone;
+  // The backend's own gradient buffer (backward / optimizer_step with nullptr) and whether it
+  // holds gradients not yet stepped.
+  std::vector<float> own_grads_;
+  bool pending_ = false;
 };
 
 }  // namespace
+
+absl::Status gradients_pending_error(std::string_view call) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(std::string(call),
+                   ": the backend's own gradient buffer holds gradients not yet stepped "
+                   "(optimizer_step(nullptr) first)"));
+}
 
 absl::StatusOr<Recompute> parse_recompute(std::string_view text, std::string_view field) {
   if (text.empty() || text == "none") return Recompute::kNone;

@@ -70,13 +70,22 @@ class TrainBackend {
   // Adds dL/dparams into grads[num_params()] (host memory, the learner's all-reduce buffer) given
   // dL/dlogprob over the response tokens of the batch `saved` was computed on ([B*L]).
   // `on_final`: model::Model::backward.
+  // grads == nullptr: into the backend's own gradient buffer instead (device memory on a device
+  // backend: nothing crosses to the host), zeroed before the first backward after an optimizer
+  // step and read in place by optimizer_step(nullptr). While that buffer holds gradients not yet
+  // stepped, a backward or optimizer_step with a host buffer is FAILED_PRECONDITION; a failed
+  // backward drops what it holds (the next one starts from zero).
   virtual absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
                                 std::span<const float> dloss_dlogp, float* grads,
-                                const model::Model::GradientsFinal& on_final = {}) const = 0;
+                                const model::Model::GradientsFinal& on_final = {}) = 0;
 
   // One AdamW step with `grads` (clipped in place), then the re-quantization of every working
-  // copy (FP8 128x128 blocks, bf16 rounding) from the new master weights.
+  // copy (FP8 128x128 blocks, bf16 rounding) from the new master weights. grads == nullptr: the
+  // backend's own buffer (see backward; zeros when no backward ran since the last step).
   virtual absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) = 0;
+  // Bytes of gradients copied between the host buffer and the device so far (0 on the CPU
+  // backend; 0 on a device backend while the learner keeps gradients in the backend's buffer).
+  virtual int64_t gradient_transfer_bytes() const = 0;
   // The re-quantization alone (optimizer_step already runs it; benchmarks time it on its own).
   virtual void requantize() = 0;
   virtual const model::AdamWConfig& optimizer_config() const = 0;
@@ -95,9 +104,12 @@ class TrainBackend {
   // formats, FP8 codes and scales as re-quantized by the last optimizer step).
   virtual absl::StatusOr<model::WeightSet> export_weights(model::WeightFormat format,
                                                           int64_t version) const = 0;
-  // The fp32 master weights in host memory (the data-parallel weight-hash check): the CPU
-  // backend's own storage; empty for a backend that keeps them on a device.
-  virtual std::span<const float> master_weights() const = 0;
+  // train/data_parallel.h weight_hash of the fp32 master weights (the data-parallel check that
+  // every rank holds the same weights): equal masters give equal values on every backend. The CPU
+  // backend hashes its own storage; a device backend downloads the master in fixed-size chunks
+  // (kFingerprintChunkFloats) and hashes them on the host, never holding a whole host copy.
+  virtual absl::StatusOr<uint64_t> master_fingerprint() const = 0;
+  static constexpr int64_t kFingerprintChunkFloats = int64_t{1} << 20;  // 4 MiB per download
 
   // The AdamW moments and step as one safetensors file (model::AdamW::save_state's layout, so a
   // checkpoint written by one backend loads into another).
@@ -111,6 +123,9 @@ std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Mode
 // The CPU backend over an existing model and optimizer (built on that model).
 std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Model> model,
                                                      std::unique_ptr<model::AdamW> optimizer);
+
+// The FAILED_PRECONDITION of a host-buffer call while the backend's own buffer holds gradients.
+absl::Status gradients_pending_error(std::string_view call);
 
 // Whether this build has the CUDA training backend, and why not when it does not.
 bool cuda_train_backend_available();

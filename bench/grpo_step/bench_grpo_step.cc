@@ -7,10 +7,17 @@
 //   fp8rl-bench-grpo-step [--shape tiny|llama-3.2-1b|qwen2.5-1.5b] [--device cpu|cuda]
 //                         [--prompts 4] [--samples 4] [--prompt-tokens 32] [--new-tokens 64]
 //                         [--steps 2] [--time-cap-seconds 120] [--gpu-memory-fraction 0.9]
-//                         [--recompute none|layers]
+//                         [--recompute none|layers] [--setup-only] [--layers N]
 // Each precision runs one warm-up step (not reported) and then --steps steps, fewer when the time
-// cap is reached (the table says how many ran). Exit: 0 done; 1 an error; 3 the device cannot
-// train (cuda in a build without the CUDA training backend: the reason is printed).
+// cap is reached (the table says how many ran). The random fp32 master is drawn once and every
+// precision's policy model is built from it (Model::FromWeightSet); "setup s" is the time from
+// that build to the first published version (learner, backend, first export and install).
+// --setup-only: times the host side of that setup (the random master once, then each precision's
+// host model) and stops, without a backend or a step (docs/perf.md "GRPO step in one process").
+// --layers N: the shape with N decoder layers instead of its own count (to time the setup of a
+// large shape on a machine that cannot hold it whole).
+// Exit: 0 done; 1 an error; 3 the device cannot train (cuda in a build without the CUDA training
+// backend: the reason is printed).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +43,8 @@ struct Options {
   int64_t prompts = 4, samples = 4, prompt_tokens = 32, new_tokens = 64, steps = 2;
   double time_cap_seconds = 120, gpu_memory_fraction = 0.9;
   train::Recompute recompute = train::Recompute::kNone;
+  bool setup_only = false;
+  int64_t layers = 0;  // 0: the shape's own
 };
 
 // Llama-3.2-1B (meta-llama/Llama-3.2-1B config.json), Qwen2.5-1.5B (Qwen/Qwen2.5-1.5B), or a
@@ -98,7 +107,8 @@ constexpr Variant kVariants[] = {{"bf16", Precision::kBF16, Precision::kBF16},
 struct Row {
   std::string name;
   int64_t steps = 0, tokens = 0;
-  train::GrpoStepTimes t;  // means over the measured steps
+  train::GrpoStepTimes t;    // means over the measured steps
+  double setup_seconds = 0;  // policy model, learner and first publish
 };
 
 int fail(const std::string& message, int code = 1) {
@@ -145,6 +155,10 @@ int run(const std::vector<std::string>& args) {
         if (!f.ok()) return fail(std::string(f.status().message()));
         o.gpu_memory_fraction = *f;
       }
+    } else if (a == "--layers") {
+      ok = int_flag(&o.layers);
+    } else if (a == "--setup-only") {
+      o.setup_only = true;
     } else if (a == "--recompute") {
       ok = flag_value(args, &i, &v);
       if (ok) {
@@ -162,6 +176,8 @@ int run(const std::vector<std::string>& args) {
   absl::StatusOr<model::ModelConfig> config =
       shape_config(o.shape, o.prompt_tokens + o.new_tokens + 1);
   if (!config.ok()) return fail(std::string(config.status().message()));
+  if (o.layers > 0) config->num_hidden_layers = o.layers;
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines as they come, also into a log file
 
   int64_t budget = 0;
   std::string where = "cpu";
@@ -192,13 +208,52 @@ int run(const std::vector<std::string>& args) {
       (samples + minibatches - 1) / minibatches * (o.prompt_tokens + o.new_tokens);
   std::printf(
       "fp8rl-bench-grpo-step: %s shapes (random weights), device %s, P=%lld prompts x G=%lld "
-      "samples, %lld prompt + %lld new tokens, %lld minibatches, recompute %s\n",
+      "samples, %lld prompt + %lld new tokens, %lld minibatches, recompute %s, %lld layers\n",
       o.shape.c_str(), where.c_str(), static_cast<long long>(o.prompts),
       static_cast<long long>(o.samples), static_cast<long long>(o.prompt_tokens),
       static_cast<long long>(o.new_tokens), static_cast<long long>(minibatches),
-      std::string(train::recompute_name(o.recompute)).c_str());
+      std::string(train::recompute_name(o.recompute)).c_str(),
+      static_cast<long long>(config->num_hidden_layers));
   const auto bench_start = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - bench_start).count(); };
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  auto training_policy = [](const Variant& v) {
+    PrecisionConfig p;
+    p.training = v.linear;
+    p.generation = v.linear;
+    p.kv_cache = v.kv;
+    return p.training_policy();
+  };
+  // The random master weights, once for every precision (drawing them is the slow part of a host
+  // init: one normal sample per parameter).
+  auto init_start = Clock::now();
+  absl::StatusOr<model::WeightSet> master;
+  {
+    absl::StatusOr<std::unique_ptr<model::Model>> m =
+        model::Model::Init(*config, training_policy(kVariants[0]), 3);
+    if (!m.ok()) return fail(absl::StrCat("init: ", m.status().message()));
+    master = (*m)->export_weights(model::WeightFormat::kF32);
+    if (!master.ok()) return fail(absl::StrCat("init: ", master.status().message()));
+  }
+  const double init_seconds = seconds_since(init_start);
+  std::printf("host setup: random fp32 master %.3g s (once)\n", init_seconds);
+  if (o.setup_only) {
+    for (const Variant& variant : kVariants) {
+      const auto start = Clock::now();
+      absl::StatusOr<std::unique_ptr<model::Model>> m =
+          model::Model::FromWeightSet(*master, training_policy(variant));
+      if (!m.ok()) return fail(absl::StrCat(variant.name, ": ", m.status().message()));
+      const double build = seconds_since(start);
+      const double bytes = static_cast<double>((*m)->weight_bytes());
+      m->reset();
+      std::printf("host setup: %s policy model from the master %.3g s (%.3g GB host weights)\n",
+                  variant.name, build, bytes / 1e9);
+    }
+    std::printf("host setup total (%s): %.3g s\n", o.shape.c_str(), elapsed());
+    return 0;
+  }
   std::vector<Row> rows;
   for (const Variant& variant : kVariants) {
     if (elapsed() > o.time_cap_seconds) {  // past the cap: not even a warm-up
@@ -221,7 +276,14 @@ int run(const std::vector<std::string>& args) {
     init.placement.max_step_tokens = step_tokens;
     init.calibration.emplace_back();
     init.calibration.back().tokens = prompts[0];
-    absl::StatusOr<std::unique_ptr<train::Learner>> learner = train::Learner::create(init);
+    const auto setup_start = Clock::now();
+    absl::StatusOr<std::unique_ptr<model::Model>> policy_model =
+        model::Model::FromWeightSet(*master, init.precision.training_policy());
+    if (!policy_model.ok()) {
+      return fail(absl::StrCat(variant.name, ": ", policy_model.status().message()));
+    }
+    absl::StatusOr<std::unique_ptr<train::Learner>> learner =
+        train::Learner::create(init, std::move(*policy_model));
     if (!learner.ok()) return fail(absl::StrCat(variant.name, ": ", learner.status().message()));
     if (variant.linear == Precision::kBF16) {
       std::printf("%s\n", (*learner)->memory_plan().describe().c_str());
@@ -244,6 +306,7 @@ int run(const std::vector<std::string>& args) {
     if (!grpo.ok()) return fail(absl::StrCat(variant.name, ": ", grpo.status().message()));
     Row row;
     row.name = variant.name;
+    row.setup_seconds = seconds_since(setup_start);
     for (int64_t s = 0; s <= o.steps; ++s) {
       if (s > 0 && elapsed() > o.time_cap_seconds) break;
       absl::StatusOr<train::GrpoStepReport> r = (*grpo)->step(prompts);
@@ -276,27 +339,29 @@ int run(const std::vector<std::string>& args) {
   std::printf(
       "\n| precision | steps | generate s | train logprobs s | train fwd+bwd s | optimizer s | "
       "requant s | calibrate s | export s | install s | step s | step x vs bf16 | "
-      "(requant+calibrate)/step |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "(requant+calibrate)/step | setup s |\n");
+  std::printf(
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   const double bf16_step = rows.empty() || rows[0].steps == 0 ? 0.0 : rows[0].t.total();
   for (const Row& r : rows) {
     if (r.steps == 0) {
-      std::printf("| %s | 0 (time cap) | | | | | | | | | | | |\n", r.name.c_str());
+      std::printf("| %s | 0 (time cap) | | | | | | | | | | | | |\n", r.name.c_str());
       continue;
     }
     const double step = r.t.total();
     std::printf(
         "| %s | %lld | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.2f | "
-        "%.2f%% |\n",
+        "%.2f%% | %.3g |\n",
         r.name.c_str(), static_cast<long long>(r.steps), r.t.generate, r.t.logprobs,
         r.t.forward_backward, r.t.optimizer, r.t.requantize, r.t.calibrate, r.t.export_weights,
         r.t.install, step, bf16_step > 0 ? bf16_step / step : 0.0,
-        100.0 * (r.t.requantize + r.t.calibrate) / step);
+        100.0 * (r.t.requantize + r.t.calibrate) / step, r.setup_seconds);
   }
   std::printf(
       "\nstep = generate + score + train (logprobs, fwd+bwd, optimizer incl. its requant) + "
       "publish (calibrate, export, install); requant is timed alone once more after the step "
-      "(not added); x vs bf16 = bf16 step time / this step time.\n");
+      "(not added); x vs bf16 = bf16 step time / this step time; setup = policy model from the "
+      "shared random master, learner and backend, first publish (not in the step).\n");
   return 0;
 }
 

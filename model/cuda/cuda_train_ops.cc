@@ -532,10 +532,15 @@ absl::StatusOr<std::unique_ptr<CudaTrainStep>> CudaTrainStep::Create(const Model
   auto step = std::unique_ptr<CudaTrainStep>(new CudaTrainStep());
   step->ops_ = *std::move(ops);
   step->num_params_ = model.num_params();
-  auto g = step->ops_->allocate(step->num_params_);
-  if (!g.ok()) return g.status();
-  step->grads_ = *g;
   return step;
+}
+
+absl::Status CudaTrainStep::ensure_grads() {
+  if (grads_ != nullptr) return absl::OkStatus();
+  auto g = ops_->allocate(num_params_);  // zeroed
+  if (!g.ok()) return g.status();
+  grads_ = *g;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TokenValues> CudaTrainStep::forward(const Model& model, const TokenBatch& batch,
@@ -561,6 +566,7 @@ absl::StatusOr<TokenValues> CudaTrainStep::forward(const Model& model, const Tok
 
 absl::Status CudaTrainStep::backward(const Model& model, const TokenValues& dlogp,
                                      const Model::GradientsFinal& on_final) {
+  if (absl::Status s = ensure_grads(); !s.ok()) return s;
   return backward_into(model, dlogp, grads_, on_final);
 }
 
@@ -573,9 +579,13 @@ absl::Status CudaTrainStep::backward_into(const Model& model, const TokenValues&
                         dlogp, device_grads, opts_, on_final);
 }
 
-absl::Status CudaTrainStep::zero_grads() { return ops_->zero(grads_, num_params_); }
+absl::Status CudaTrainStep::zero_grads() {
+  if (absl::Status s = ensure_grads(); !s.ok()) return s;
+  return ops_->zero(grads_, num_params_);
+}
 
 absl::Status CudaTrainStep::download_grads(std::vector<float>* out) {
+  if (absl::Status s = ensure_grads(); !s.ok()) return s;
   out->resize(num_params_);
   return ops_->to_host(out->data(), grads_, num_params_);
 }

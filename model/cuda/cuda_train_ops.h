@@ -51,7 +51,9 @@ class CudaTrainOps : public TrainOps {
 };
 
 // One micro-batch on the device: tables, buffers (grown as batches grow) and a device gradient
-// array of num_params floats in ParamLayout order, accumulated over backward() calls.
+// array of num_params floats in ParamLayout order, accumulated over backward() calls. That array
+// is allocated at the first backward() / zero_grads() / download_grads(): a caller that only uses
+// backward_into (the training backend, into DeviceTrainState::grads()) never pays for it.
 class CudaTrainStep {
  public:
   static absl::StatusOr<std::unique_ptr<CudaTrainStep>> Create(const Model& model);
@@ -63,12 +65,13 @@ class CudaTrainStep {
   // optimizer's DeviceTrainState::grads()).
   absl::Status backward_into(const Model& model, const TokenValues& dlogp, float* device_grads,
                              const Model::GradientsFinal& on_final = {});
-  float* grads() const { return grads_; }  // device
+  float* grads() const { return grads_; }  // device; nullptr before the first backward()
   absl::Status zero_grads();
   absl::Status download_grads(std::vector<float>* out);
   CudaTrainOps& ops() { return *ops_; }
 
  private:
+  absl::Status ensure_grads();
   std::unique_ptr<CudaTrainOps> ops_;
   float* grads_ = nullptr;
   int64_t num_params_ = 0;

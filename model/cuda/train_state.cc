@@ -203,6 +203,7 @@ absl::Status DeviceTrainState::init(const Model& model) {
     auto b = dev.allocate(2 * bf16_max, "export scratch (bf16)");
     if (!b.ok()) return b.status();
     bf16_scratch_ = static_cast<uint16_t*>(*b);
+    bf16_scratch_count_ = bf16_max;
   }
   if (fresh_max_codes > 0) {
     auto c = dev.allocate(fresh_max_codes, "export scratch (fp8 codes)");
@@ -415,6 +416,32 @@ absl::StatusOr<WeightSet> DeviceTrainState::export_fp8(int64_t version) const {
     }
   }
   for (int64_t l = 0; l < n_layers; ++l) {
+    out.tensors.push_back({kv_scale_name(l, 'k'), DType::kF32, {}, f32_bytes(&kv_scales_.k[l], 1)});
+    out.tensors.push_back({kv_scale_name(l, 'v'), DType::kF32, {}, f32_bytes(&kv_scales_.v[l], 1)});
+  }
+  return out;
+}
+
+absl::StatusOr<WeightSet> DeviceTrainState::export_bf16(int64_t version) const {
+  if (bf16_scratch_count_ < 1) return absl::InternalError("export_bf16: no export scratch");
+  WeightSet out;
+  out.version = version;
+  out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/false);
+  for (const ParamInfo& p : layout_.params()) {
+    NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
+    // A tensor larger than the scratch (an FP8 linear) goes through it in pieces.
+    for (int64_t i0 = 0; i0 < p.numel; i0 += bf16_scratch_count_) {
+      const int64_t n = std::min(bf16_scratch_count_, p.numel - i0);
+      if (auto s = device_->round_bf16(master_ + p.offset + i0, n, bf16_scratch_); !s.ok()) {
+        return s;
+      }
+      if (auto s = device_->download(t.bytes.data() + 2 * i0, bf16_scratch_, 2 * n); !s.ok()) {
+        return s;
+      }
+    }
+    out.tensors.push_back(std::move(t));
+  }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     out.tensors.push_back({kv_scale_name(l, 'k'), DType::kF32, {}, f32_bytes(&kv_scales_.k[l], 1)});
     out.tensors.push_back({kv_scale_name(l, 'v'), DType::kF32, {}, f32_bytes(&kv_scales_.v[l], 1)});
   }

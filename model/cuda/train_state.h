@@ -208,7 +208,13 @@ class DeviceTrainState {
   // everything else BF16 rounded on the device. Only codes, scales and bf16 bits cross to the
   // host.
   absl::StatusOr<WeightSet> export_fp8(int64_t version = 0) const;
-  // The fp32 master in checkpoint layout (Model::export_weights(kF32)): checkpoints only.
+  // Model::export_weights(WeightFormat::kBF16, version) of a CPU model holding the same master and
+  // KV scales: every parameter rounded to bf16 on the device (round to nearest even), in chunks
+  // of the export scratch; only bf16 bits cross to the host (2 B per parameter, no fp32 copy).
+  absl::StatusOr<WeightSet> export_bf16(int64_t version = 0) const;
+  // The fp32 master in checkpoint layout (Model::export_weights(kF32)): checkpoints only. The
+  // result is the whole master in host memory (4 B per parameter), which is the checkpoint's
+  // content; it is built tensor by tensor, one device-to-host copy each.
   absl::StatusOr<WeightSet> export_f32(int64_t version = 0) const;
   // Host copies (tests, checkpoints).
   absl::StatusOr<std::vector<float>> download(const float* device_buffer) const;
@@ -254,6 +260,7 @@ class DeviceTrainState {
   int64_t kv_used_ = 0;
   // Export scratch: bf16 bits of one tensor, and the codes + scales of one fresh quantization.
   uint16_t* bf16_scratch_ = nullptr;
+  int64_t bf16_scratch_count_ = 0;  // elements of bf16_scratch_
   uint8_t* fp8_scratch_codes_ = nullptr;
   float* fp8_scratch_scales_ = nullptr;
   KvCalibrator calibrator_;

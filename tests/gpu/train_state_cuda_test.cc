@@ -103,6 +103,16 @@ TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
       EXPECT_TRUE(want_set->tensors[i].bytes == got_set->tensors[i].bytes)
           << want_set->tensors[i].name;
     }
+    // BF16 export: rounded on the device, bf16 bits only to the host.
+    auto want_bf16 = cpu.export_weights(WeightFormat::kBF16, step);
+    auto got_bf16 = s.export_bf16(step);
+    ASSERT_TRUE(want_bf16.ok() && got_bf16.ok()) << got_bf16.status();
+    ASSERT_EQ(want_bf16->tensors.size(), got_bf16->tensors.size());
+    for (size_t i = 0; i < want_bf16->tensors.size(); ++i) {
+      EXPECT_EQ(want_bf16->tensors[i].name, got_bf16->tensors[i].name);
+      EXPECT_TRUE(want_bf16->tensors[i].bytes == got_bf16->tensors[i].bytes)
+          << want_bf16->tensors[i].name;
+    }
   }
   EXPECT_EQ(s.fp8_weights().size(), 2u * 7u);
 }

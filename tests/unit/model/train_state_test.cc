@@ -108,6 +108,11 @@ TEST_P(TrainStateSteps, BitIdenticalToCpuAdamWRefreshAndExport) {
     auto got_set = st.export_fp8(step);
     ASSERT_TRUE(want_set.ok() && got_set.ok()) << got_set.status();
     expect_same_sets(*want_set, *got_set);
+    // BF16: rounded on the device in pieces of the export scratch.
+    auto want_bf16 = cpu.export_weights(WeightFormat::kBF16, step);
+    auto got_bf16 = st.export_bf16(step);
+    ASSERT_TRUE(want_bf16.ok() && got_bf16.ok()) << got_bf16.status();
+    expect_same_sets(*want_bf16, *got_bf16);
   }
   EXPECT_GT(clipped, 0);  // the clipping path ran
   // The FP8 working copies (and their transposes) are the CPU model's, as the forward uses them.

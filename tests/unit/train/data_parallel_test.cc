@@ -39,6 +39,7 @@
 #include "tests/unit/train/tiny_model.h"
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
+#include "train/device_train_backend.h"
 #include "train/learner.h"
 
 namespace fp8rl::train {
@@ -380,6 +381,122 @@ TEST(DataParallelLearner, DivergedWeightsFailLoudlyNamingTheRank) {
     EXPECT_EQ(outcomes[r].status.code(), absl::StatusCode::kInternal) << outcomes[r].status;
     EXPECT_NE(outcomes[r].status.message().find("rank(s) 1"), std::string::npos)
         << outcomes[r].status;
+  }
+}
+
+// The hash over pieces equals the hash of the whole, however the pieces are cut (a device backend
+// hashes its master in fixed-size chunks).
+TEST(WeightHash, PiecesHashLikeTheWhole) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> w(1001);
+  for (float& x : w) x = d(gen);
+  const uint64_t whole = weight_hash(w);
+  for (size_t piece : {size_t{1}, size_t{2}, size_t{3}, size_t{64}, size_t{999}, size_t{5000}}) {
+    WeightHasher h;
+    for (size_t i = 0; i < w.size(); i += piece) {
+      h.add(std::span<const float>(w).subspan(i, std::min(piece, w.size() - i)));
+    }
+    EXPECT_EQ(h.value(), whole) << "pieces of " << piece;
+  }
+  std::vector<float> flipped = w;
+  flipped[500] = std::nextafter(flipped[500], 2.0f);
+  EXPECT_NE(weight_hash(flipped), whole);
+}
+
+// A learner on the CPU backend or on the device backend's host mirror
+// (train/device_train_backend.h), with a reference for the KL term.
+std::unique_ptr<Learner> learner_on(bool mirror, Precision training, uint64_t seed) {
+  PrecisionConfig precision;
+  precision.training = training;
+  precision.generation = Precision::kFP8;
+  precision.kv_cache = Precision::kFP8;
+  model::AdamWConfig adamw;
+  adamw.lr = kLr;
+  adamw.max_grad_norm = 1.0;
+  auto m = model::Model::Init(tiny_config(), precision.training_policy(), seed);
+  auto ref = model::Model::Init(tiny_config(), precision.training_policy(), seed);
+  EXPECT_TRUE(m.ok() && ref.ok());
+  if (!m.ok() || !ref.ok()) return nullptr;
+  std::unique_ptr<TrainBackend> backend;
+  if (mirror) {
+    absl::StatusOr<std::unique_ptr<TrainBackend>> b =
+        make_host_mirror_train_backend(std::move(*m), adamw);
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (!b.ok()) return nullptr;
+    backend = std::move(*b);
+  } else {
+    backend = make_cpu_train_backend(std::move(*m), adamw);
+  }
+  return std::make_unique<Learner>("job-dp", precision, std::move(backend), std::move(*ref), 0, 0);
+}
+
+struct BackendRun {
+  absl::Status status;
+  std::vector<uint64_t> fingerprints;  // after each GRPO update
+  int64_t transfer_bytes = 0;
+};
+
+BackendRun backend_run(bool mirror, Collectives* group, uint64_t seed) {
+  BackendRun out;
+  std::unique_ptr<Learner> l = learner_on(mirror, Precision::kFP8, seed);
+  if (l == nullptr) {
+    out.status = absl::InternalError("no learner");
+    return out;
+  }
+  l->set_group(group);
+  for (int step = 1; step <= 2; ++step) {
+    absl::StatusOr<GrpoResult> r = l->grpo_update(grpo(2000 + step));
+    if (!r.ok()) {
+      out.status = r.status();
+      return out;
+    }
+    absl::StatusOr<uint64_t> f = l->backend().master_fingerprint();
+    if (!f.ok()) {
+      out.status = f.status();
+      return out;
+    }
+    out.fingerprints.push_back(*f);
+  }
+  out.transfer_bytes = l->backend().gradient_transfer_bytes();
+  return out;
+}
+
+// The device backend in a trainer group (host mirror): its weight check hashes the device master
+// (chunked download), so a group of mirrors trains bit-identically to a group of CPU trainers, a
+// CPU rank and a mirror rank agree, and a rank whose weights differ is named.
+TEST(DataParallelLearner, DeviceBackendRanksHashTheirDeviceMaster) {
+  auto cpu_groups = make_group(2, "mirror-cpu");
+  auto cpu = on_ranks(2, [&](int r) { return backend_run(false, cpu_groups[r].get(), 7); });
+  auto mirror_groups = make_group(2, "mirror-mirror");
+  auto mirror = on_ranks(2, [&](int r) { return backend_run(true, mirror_groups[r].get(), 7); });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(cpu[r].status.ok()) << cpu[r].status;
+    ASSERT_TRUE(mirror[r].status.ok()) << mirror[r].status;
+    EXPECT_EQ(mirror[r].fingerprints, cpu[0].fingerprints) << "rank " << r;
+    // In a group the gradients go through the host all-reduce buffer.
+    EXPECT_GT(mirror[r].transfer_bytes, 0);
+  }
+  EXPECT_NE(cpu[0].fingerprints[0], cpu[0].fingerprints[1]);  // the weights moved
+  // Alone, the mirror keeps its gradients on its device (no gradient bytes move) and stays
+  // bit-identical to the CPU backend alone.
+  const BackendRun alone = backend_run(true, nullptr, 7);
+  ASSERT_TRUE(alone.status.ok()) << alone.status;
+  EXPECT_EQ(alone.transfer_bytes, 0);
+  EXPECT_EQ(alone.fingerprints, backend_run(false, nullptr, 7).fingerprints);
+
+  auto mixed_groups = make_group(2, "mirror-mixed");
+  auto mixed = on_ranks(2, [&](int r) { return backend_run(r == 1, mixed_groups[r].get(), 7); });
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(mixed[r].status.ok()) << mixed[r].status;
+  EXPECT_EQ(mixed[1].fingerprints, cpu[0].fingerprints);
+
+  auto diverged_groups = make_group(2, "mirror-diverged");
+  auto diverged = on_ranks(
+      2, [&](int r) { return backend_run(true, diverged_groups[r].get(), r == 0 ? 7 : 8); });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(diverged[r].status.code(), absl::StatusCode::kInternal) << diverged[r].status;
+    EXPECT_NE(diverged[r].status.message().find("rank(s) 1"), std::string::npos)
+        << diverged[r].status;
   }
 }
 

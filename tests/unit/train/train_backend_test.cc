@@ -164,6 +164,22 @@ std::vector<float> params_of(const Learner& l) {
   return {p.begin(), p.end()};
 }
 
+// The fp32 master weights of any backend, through its checkpoint export (a device backend holds
+// none on the host).
+std::vector<float> master_of(const Learner& l) {
+  absl::StatusOr<model::WeightSet> set = l.backend().export_weights(model::WeightFormat::kF32, 0);
+  EXPECT_TRUE(set.ok()) << set.status();
+  std::vector<float> out;
+  if (!set.ok()) return out;
+  for (const model::NamedTensor& t : set->tensors) {
+    if (t.name.ends_with("_scale")) continue;  // KV scales
+    const size_t n = t.bytes.size() / sizeof(float);
+    out.resize(out.size() + n);
+    std::memcpy(out.data() + out.size() - n, t.bytes.data(), t.bytes.size());
+  }
+  return out;
+}
+
 // The learner with --recompute layers takes the same GRPO steps bit for bit.
 TEST(TrainBackend, LearnerWithRecomputeTrainsBitIdentically) {
   InitRequest plain = init_request(), recomputing = init_request();
@@ -252,6 +268,13 @@ TEST(TrainBackend, DeviceBackendHostMirrorMatchesTheCpuBackendBitForBit) {
       std::unique_ptr<Learner> cpu = make(false), mirror = make(true);
       ASSERT_NE(cpu, nullptr);
       ASSERT_NE(mirror, nullptr);
+      // The device backend keeps a description on the host: no master, no working copies.
+      EXPECT_TRUE(mirror->policy().description_only());
+      EXPECT_TRUE(mirror->policy().params().empty());
+      EXPECT_EQ(mirror->policy().weight_bytes(), 0);
+      EXPECT_EQ(mirror->policy().num_params(), cpu->policy().num_params());
+      EXPECT_EQ(mirror->policy().forward({{1, 2, 3}}, {}, nullptr).status().code(),
+                absl::StatusCode::kFailedPrecondition);
       // The device backend recomputes on its own step engine; the CPU backend keeps everything.
       mirror->backend().set_recompute(recompute);
       const std::vector<float> before = params_of(*cpu);
@@ -265,8 +288,15 @@ TEST(TrainBackend, DeviceBackendHostMirrorMatchesTheCpuBackendBitForBit) {
         EXPECT_EQ(a->mismatch.token_mult_prob_error, b->mismatch.token_mult_prob_error);
       }
       EXPECT_NE(params_of(*cpu), before);
-      EXPECT_EQ(params_of(*cpu), params_of(*mirror));
+      EXPECT_EQ(params_of(*cpu), master_of(*mirror));
+      EXPECT_EQ(master_of(*cpu), master_of(*mirror));
       EXPECT_EQ(mirror->optimizer_steps(), 6);  // 3 updates x 2 minibatches
+      // Alone, the learner kept the gradients in the backend's own (device) buffer.
+      EXPECT_EQ(mirror->backend().gradient_transfer_bytes(), 0);
+      absl::StatusOr<uint64_t> fa = cpu->backend().master_fingerprint();
+      absl::StatusOr<uint64_t> fb = mirror->backend().master_fingerprint();
+      ASSERT_TRUE(fa.ok() && fb.ok());
+      EXPECT_EQ(*fa, *fb);
       absl::StatusOr<Export> ea = cpu->export_for_generation(training, 1, true);
       absl::StatusOr<Export> eb = mirror->export_for_generation(training, 1, true);
       ASSERT_TRUE(ea.ok()) << ea.status();
@@ -277,6 +307,23 @@ TEST(TrainBackend, DeviceBackendHostMirrorMatchesTheCpuBackendBitForBit) {
         EXPECT_EQ(ea->weights.tensors[i].bytes, eb->weights.tensors[i].bytes)
             << ea->weights.tensors[i].name;
       }
+      // The BF16 export (rounded on the device, bf16 bits only to the host) equals the CPU
+      // model's, whatever the training precision.
+      absl::StatusOr<model::WeightSet> ba =
+          cpu->backend().export_weights(model::WeightFormat::kBF16, 7);
+      absl::StatusOr<model::WeightSet> bb =
+          mirror->backend().export_weights(model::WeightFormat::kBF16, 7);
+      ASSERT_TRUE(ba.ok()) << ba.status();
+      ASSERT_TRUE(bb.ok()) << bb.status();
+      EXPECT_EQ(ba->config_json, bb->config_json);
+      EXPECT_EQ(ba->version, bb->version);
+      ASSERT_EQ(ba->tensors.size(), bb->tensors.size());
+      for (size_t i = 0; i < ba->tensors.size(); ++i) {
+        EXPECT_EQ(ba->tensors[i].name, bb->tensors[i].name);
+        EXPECT_EQ(ba->tensors[i].dtype, bb->tensors[i].dtype);
+        EXPECT_EQ(ba->tensors[i].shape, bb->tensors[i].shape);
+        EXPECT_EQ(ba->tensors[i].bytes, bb->tensors[i].bytes) << ba->tensors[i].name;
+      }
       // A checkpoint of the mirror loads into the CPU backend and continues identically.
       const std::string dir = (std::filesystem::temp_directory_path() /
                                ("fp8rl_mirror_ckpt_" + std::to_string(getpid())))
@@ -286,10 +333,96 @@ TEST(TrainBackend, DeviceBackendHostMirrorMatchesTheCpuBackendBitForBit) {
       ASSERT_TRUE(loaded.ok()) << loaded.status();
       ASSERT_TRUE(loaded->learner->grpo_update(grpo_request(60)).ok());
       ASSERT_TRUE(mirror->grpo_update(grpo_request(60)).ok());
-      EXPECT_EQ(params_of(*loaded->learner), params_of(*mirror));
+      EXPECT_EQ(params_of(*loaded->learner), master_of(*mirror));
+      EXPECT_EQ(mirror->policy().kv_scales().k, loaded->learner->policy().kv_scales().k);
       std::filesystem::remove_all(dir);
     }
   }
+}
+
+// The backend's own gradient buffer (backward / optimizer_step with nullptr): two backwards
+// accumulate there in place and one step reads them, bit-identical to the CPU backend's host
+// buffer (which its backward also accumulates into in place), on the CPU backend and on the
+// device backend's host mirror, with no gradient bytes moved. (The device backend's host-buffer
+// path adds each backward's downloaded sum into the host buffer instead, another summation order
+// when a step has several backwards; the learner's steps have one.) Mixing in a host buffer while
+// gradients are pending is FAILED_PRECONDITION.
+TEST(TrainBackend, OwnGradientBufferAccumulatesLikeTheHostBuffer) {
+  auto make = [&](bool mirror) -> std::unique_ptr<TrainBackend> {
+    auto m = model::Model::Init(tiny_config(), policy_of(Precision::kFP8), 31);
+    EXPECT_TRUE(m.ok());
+    if (!m.ok()) return nullptr;
+    model::AdamWConfig adamw;
+    adamw.lr = 1e-2;
+    if (!mirror) return make_cpu_train_backend(std::move(*m), adamw);
+    auto b = make_host_mirror_train_backend(std::move(*m), adamw);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return b.ok() ? std::move(*b) : nullptr;
+  };
+  std::unique_ptr<TrainBackend> ref = make(false), cpu_own = make(false), mirror_own = make(true),
+                                mirror_host = make(true);
+  ASSERT_TRUE(ref && cpu_own && mirror_own && mirror_host);
+  const GrpoRequest req = grpo_request(70);
+  absl::StatusOr<PackedBatch> packed =
+      pack_sequences(req.batch, ref->host_model(), "batch", /*require_gen=*/true);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const PackedBatch halves[2] = {packed->slice(0, 2), packed->slice(2, 4)};
+  std::vector<float> ref_grads(static_cast<size_t>(ref->num_params()), 0.0f);
+  std::vector<float> host_grads = ref_grads;
+  for (const PackedBatch& mb : halves) {
+    const std::vector<float> dlogp(static_cast<size_t>(mb.size() * mb.length), 0.25f);
+    for (TrainBackend* b : {ref.get(), cpu_own.get(), mirror_own.get(), mirror_host.get()}) {
+      std::unique_ptr<ForwardState> saved = b->new_forward_state();
+      ASSERT_TRUE(b->logprobs(mb, saved.get()).ok());
+      float* into = b == ref.get()           ? ref_grads.data()
+                    : b == mirror_host.get() ? host_grads.data()
+                                             : nullptr;
+      ASSERT_TRUE(b->backward(*saved, mb, dlogp, into).ok());
+    }
+  }
+  // Pending gradients in the own buffers: a host buffer is refused.
+  for (TrainBackend* b : {cpu_own.get(), mirror_own.get()}) {
+    std::unique_ptr<ForwardState> saved = b->new_forward_state();
+    ASSERT_TRUE(b->logprobs(halves[0], saved.get()).ok());
+    std::vector<float> other(ref_grads.size(), 0.0f);
+    const std::vector<float> dlogp(static_cast<size_t>(halves[0].size() * halves[0].length), 1);
+    EXPECT_EQ(b->backward(*saved, halves[0], dlogp, other.data()).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(b->optimizer_step(other.data()).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  absl::StatusOr<model::OptimizerStepStats> want = ref->optimizer_step(ref_grads.data());
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_GT(want->grad_norm, 0.0);
+  for (TrainBackend* b : {cpu_own.get(), mirror_own.get()}) {
+    absl::StatusOr<model::OptimizerStepStats> got = b->optimizer_step(nullptr);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->grad_norm, want->grad_norm);
+    EXPECT_EQ(*b->master_fingerprint(), *ref->master_fingerprint());
+    EXPECT_EQ(b->gradient_transfer_bytes(), 0);
+  }
+  ASSERT_TRUE(mirror_host->optimizer_step(host_grads.data()).ok());
+  // Two backwards down, one step up and back: 4 x 4 bytes per parameter.
+  EXPECT_EQ(mirror_host->gradient_transfer_bytes(), 4 * 4 * ref->num_params());
+}
+
+// Learner::create over a model already built equals the one that builds it; a model under
+// another policy is INVALID_ARGUMENT naming `model`.
+TEST(TrainBackend, LearnerOverABuiltModel) {
+  const InitRequest init = init_request();
+  auto m = model::Model::Init(tiny_config(), init.precision.training_policy(), init.seed);
+  ASSERT_TRUE(m.ok());
+  absl::StatusOr<std::unique_ptr<Learner>> a = Learner::create(init);
+  absl::StatusOr<std::unique_ptr<Learner>> b = Learner::create(init, std::move(*m));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  ASSERT_TRUE((*a)->grpo_update(grpo_request(80)).ok());
+  ASSERT_TRUE((*b)->grpo_update(grpo_request(80)).ok());
+  EXPECT_EQ(params_of(**a), params_of(**b));
+  auto other = model::Model::Init(tiny_config(), policy_of(Precision::kBF16), 1);
+  ASSERT_TRUE(other.ok());
+  absl::StatusOr<std::unique_ptr<Learner>> bad = Learner::create(init, std::move(*other));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(bad.status().message(), "model:")) << bad.status();
 }
 
 // Without an sm_90 device (or in a build without CUDA) the cuda placement is FAILED_PRECONDITION
