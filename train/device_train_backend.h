@@ -7,11 +7,13 @@
 //
 // Per minibatch: the forward runs on the engine (activations in its buffers, the K/V amax of each
 // sequence into the learner's host calibrator); the backward accumulates into the state's
-// gradient array, which is then added into the learner's host buffer (where the loss bookkeeping
-// and the trainer-group all-reduce are); the optimizer step copies the (all-reduced) gradients
-// back, runs the state's AdamW step (clipping, update, re-quantization) and has the engine
-// re-derive its working copies from the state's master. The export reads the state (FP8 codes and
-// scales; fp32 master for checkpoints).
+// gradient array. A learner alone leaves the gradients there (backward / optimizer_step with
+// nullptr); in a trainer group they are added into the learner's host buffer for the all-reduce
+// and copied back for the step. The optimizer step runs the state's AdamW (clipping, update,
+// re-quantization) and has the engine re-derive its working copies from the state's master. The
+// export reads the state (FP8 codes and scales, BF16 rounded on the device; fp32 master for
+// checkpoints). The host keeps a description of the model only (host_model()); the weight check
+// of a group hashes the master in chunks (master_fingerprint()).
 #pragma once
 
 #include <memory>
