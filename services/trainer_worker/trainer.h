@@ -105,8 +105,13 @@ class Trainer {
   const model::Model* policy() const { return learner_ ? &learner_->policy() : nullptr; }
   int64_t optimizer_steps() const { return learner_ ? learner_->optimizer_steps() : 0; }
   const train::Learner* learner() const { return learner_.get(); }
-  // The WeightSet of the last successful publish (tests).
-  const model::WeightSet& last_published() const { return last_published_; }
+  // A copy of the WeightSet of the last successful publish (tests). Taken under mu_: Publish
+  // writes it on a gRPC handler thread, and a caller's only other ordering is gRPC's own, which
+  // ThreadSanitizer cannot see (it reported this read as a race, scripts/sanitize.sh tsan).
+  model::WeightSet last_published() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_published_;
+  }
 
  private:
   absl::Status check_job(const std::string& job_id) const;
