@@ -203,6 +203,10 @@ absl::Status check_backend_options(const BackendOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_step_tokens: must be >= 1, got ", options.max_step_tokens));
   }
+  if (options.weight_slots != 1 && options.weight_slots != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_slots: must be 1 or 2, got ", options.weight_slots));
+  }
   return absl::OkStatus();
 }
 

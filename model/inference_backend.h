@@ -44,11 +44,17 @@ struct BackendOptions {
   // Most rows one forward() may carry (prefill tokens + decode rows); sizes the CUDA scratch.
   // The CPU backend does not bound it.
   int64_t max_step_tokens = 2048;
+  // Device copies of the weights (CUDA; 1 or 2, else InvalidArgument). With 2, prepare_model()
+  // copies the next version into the idle copy while the other serves, and set_model() of that
+  // version only switches between them (install in place on the device). The CPU backend serves
+  // the host Model itself and ignores it.
+  int64_t weight_slots = 1;
 };
 
 struct BackendMemory {
   int64_t budget_bytes = 0;     // BackendOptions::memory_budget_bytes (0: unbounded CPU)
-  int64_t weight_bytes = 0;     // weights as held by the device
+  int64_t weight_bytes = 0;     // weights as held by the device (all weight slots)
+  int64_t weight_slots = 1;     // device copies of the weights (CUDA: BackendOptions::weight_slots)
   int64_t scratch_bytes = 0;    // activations and workspaces (CUDA), 0 on the CPU
   int64_t kv_block_tokens = 0;  // positions per block
   int64_t kv_block_bytes = 0;   // K + V bytes of one block over all layers
@@ -99,6 +105,16 @@ class InferenceBackend {
   // Replaces the weights with `model`'s (same config and policy, else InvalidArgument; while
   // sequences are alive, FailedPrecondition). CUDA: written into the same device buffers.
   virtual absl::Status set_model(std::shared_ptr<const Model> model) = 0;
+  // Starts making `model` the next weights without touching the ones being served, so a later
+  // set_model(model) only switches; allowed while sequences are alive. `model` must not change
+  // until that set_model (the worker's weight slots guarantee it). Same InvalidArgument checks as
+  // set_model. CUDA with 2 weight slots: the host-side part of the copy (through pinned staging
+  // buffers) runs in the call, the transfers into the idle device slot on a copy stream, in
+  // parallel with forward passes on the serving slot. Otherwise (CPU, 1 slot): nothing to do.
+  virtual absl::Status prepare_model(std::shared_ptr<const Model> model) {
+    (void)model;
+    return absl::OkStatus();
+  }
 
   // A KV cache for one sequence of up to `capacity` positions (1 <= capacity <=
   // max_position_embeddings, else InvalidArgument). ResourceExhausted when the pool lacks the

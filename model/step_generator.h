@@ -32,6 +32,13 @@ class StepGenerator {
   virtual int64_t kv_cache_bytes() const = 0;
   // A new weight version between batches; an error means "make a new generator".
   virtual absl::Status set_model(std::shared_ptr<const model::Model> model) = 0;
+  // The next weight version, announced while the running batch drains, so that set_model() of
+  // it later has less to do (InferenceBackend::prepare_model). An error is not fatal: set_model
+  // does the whole work then. Default: nothing.
+  virtual absl::Status prepare_model(std::shared_ptr<const model::Model> model) {
+    (void)model;
+    return absl::OkStatus();
+  }
 };
 
 // model::Generator as a StepGenerator.
@@ -59,6 +66,9 @@ class BackendGenerator final : public StepGenerator {
   // Blocks held by live sequences x the backend's bytes per block.
   int64_t kv_cache_bytes() const override;
   absl::Status set_model(std::shared_ptr<const model::Model> model) override;
+  absl::Status prepare_model(std::shared_ptr<const model::Model> model) override {
+    return backend_->prepare_model(std::move(model));
+  }
 
   model::InferenceBackend& backend() { return *backend_; }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +45,73 @@ struct DeviceLinear {
   kc::Fp8DeviceView fp8;     // kFp8Lt: codes [out, in] + block scales (GEMM layout)
 };
 
+// One device copy of the weights (a weight slot), laid out by reserve_weights().
+struct DeviceWeights {
+  std::vector<std::array<DeviceLinear, 7>> linears;
+  DeviceLinear head;
+  float* embed = nullptr;
+  float* rope_cos = nullptr;
+  float* rope_sin = nullptr;
+  std::unordered_map<int64_t, float*> small;  // norm weights and biases by layout offset
+};
+
+// Host -> device copies through two pinned staging buffers on one stream: the host copies piece
+// i + 1 into one buffer while the DMA of piece i reads the other, so a pageable source (the
+// worker's host model) never blocks the stream and the calling thread never waits for the whole
+// transfer, only for a buffer to come free.
+class PinnedStager {
+ public:
+  static constexpr size_t kBytes = size_t{16} << 20;  // per buffer
+
+  PinnedStager() = default;
+  PinnedStager(const PinnedStager&) = delete;
+  PinnedStager& operator=(const PinnedStager&) = delete;
+  ~PinnedStager() {
+    for (int i = 0; i < 2; ++i) {
+      if (done_[i] != nullptr) {
+        cudaEventSynchronize(done_[i]);
+        cudaEventDestroy(done_[i]);
+      }
+      if (buf_[i] != nullptr) cudaFreeHost(buf_[i]);
+    }
+  }
+
+  absl::Status init() {
+    for (int i = 0; i < 2; ++i) {
+      FP8RL_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&buf_[i], kBytes, cudaHostAllocDefault));
+      FP8RL_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+    }
+    return absl::OkStatus();
+  }
+
+  // Queues dst[0, bytes) = src[0, bytes) on `stream`; src may be reused when this returns.
+  absl::Status put(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
+    auto* d = static_cast<char*>(dst);
+    const auto* h = static_cast<const char*>(src);
+    for (int64_t at = 0; at < bytes;) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(kBytes), bytes - at);
+      // The buffer's previous DMA must have read it before it is overwritten.
+      FP8RL_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_[next_]));
+      std::memcpy(buf_[next_], h + at, static_cast<size_t>(n));
+      FP8RL_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d + at, buf_[next_], static_cast<size_t>(n),
+                                                 cudaMemcpyHostToDevice, stream));
+      FP8RL_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_[next_], stream));
+      next_ ^= 1;
+      at += n;
+      staged_bytes_ += n;
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t staged_bytes() const { return staged_bytes_; }
+
+ private:
+  void* buf_[2] = {nullptr, nullptr};
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+  int next_ = 0;
+  int64_t staged_bytes_ = 0;
+};
+
 dm::KvDtype kv_dtype(KvCacheDtype d) {
   return d == KvCacheDtype::kF32    ? dm::KvDtype::kF32
          : d == KvCacheDtype::kBF16 ? dm::KvDtype::kBF16
@@ -80,8 +148,14 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
         plan_(0) {}
 
   ~CudaBackendImpl() override {
+    if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : {switched_, staged_}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    stager_.reset();
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
       gemm_.reset();
       cudaStreamDestroy(stream_);
     }
@@ -94,6 +168,7 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
   const ModelConfig& config() const override { return config_; }
   const PrecisionPolicy& policy() const override { return policy_; }
   absl::Status set_model(std::shared_ptr<const Model> model) override;
+  absl::Status prepare_model(std::shared_ptr<const Model> model) override;
   absl::StatusOr<std::unique_ptr<KvSequence>> new_sequence(int64_t capacity) override;
   absl::Status forward(const std::vector<BackendSegment>& segments, float* logits) override {
     return forward_layers(segments, logits, nullptr);
@@ -110,7 +185,7 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
   // ---- DecoderOps (device pointers) ------------------------------------------------------------
   absl::Status load_tables(const StepTables& t) override;
   absl::Status embed(int64_t rows, float* x) override {
-    return kc::embed_gather(embed_, config_.vocab_size, config_.hidden_size, d_tokens_, rows, x,
+    return kc::embed_gather(w().embed, config_.vocab_size, config_.hidden_size, d_tokens_, rows, x,
                             nullptr, stream_);
   }
   absl::Status rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, bool rb,
@@ -120,7 +195,8 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
                        stream_);
   }
   absl::Status rope(int64_t rows, int64_t heads, bool rb, float* x) override {
-    return kc::rope(rope_cos_, rope_sin_, d_pos_, rows, heads, config_.head_dim, rb, x, stream_);
+    return kc::rope(w().rope_cos, w().rope_sin, d_pos_, rows, heads, config_.head_dim, rb, x,
+                    stream_);
   }
   absl::Status linear(int64_t layer, int64_t j, const float* x, int64_t rows, const float* bias,
                       float* y) override;
@@ -137,8 +213,8 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
     return cuda::gather_rows(x, h, d_out_rows_, n_out, out, stream_);
   }
   const float* small(int64_t offset) const override {
-    auto it = small_.find(offset);
-    return it == small_.end() ? nullptr : it->second;
+    auto it = w().small.find(offset);
+    return it == w().small.end() ? nullptr : it->second;
   }
 
   // ---- helpers ---------------------------------------------------------------------------------
@@ -148,8 +224,11 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
     if (!at.ok()) return at.status();
     return reinterpret_cast<T*>(base_ + *at);
   }
-  absl::Status reserve_weights(const Model& m);
-  absl::Status copy_weights(const Model& m);
+  const DeviceWeights& w() const { return weights_[active_]; }
+  absl::Status check_same_shape(const Model& model) const;
+  absl::Status reserve_weights(const Model& m, DeviceWeights* dw);
+  // Queues the copy of m's weights into dw on `stream` (through the pinned stager).
+  absl::Status copy_weights(const Model& m, const DeviceWeights& dw, cudaStream_t stream);
   absl::Status reserve_scratch();
   dm::PagedKvView kv_view(int64_t layer) const;
   // Checks segments, builds and loads the step tables, runs decoder_step; sel then holds the
@@ -172,14 +251,18 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
   ArenaPlan plan_;
   int64_t weight_bytes_ = 0, scratch_bytes_ = 0;
 
-  // Weights.
-  std::vector<std::array<DeviceLinear, 7>> linears_;
-  DeviceLinear head_;
-  float* embed_ = nullptr;
-  float* rope_cos_ = nullptr;
-  float* rope_sin_ = nullptr;
-  std::unordered_map<int64_t, float*> small_;
+  // Weights: weight_slots_ device copies; forward passes read weights_[active_]. With two,
+  // prepare_model() fills the other one on copy_stream_ (after `switched_`, recorded on stream_
+  // when the slot stopped serving) and records `staged_`; set_model() of the same model makes
+  // stream_ wait for `staged_` and flips active_.
+  int weight_slots_ = 1;
+  DeviceWeights weights_[2];
+  int active_ = 0;
   std::vector<std::pair<int64_t, int64_t>> small_sizes_;  // (offset, floats)
+  std::unique_ptr<PinnedStager> stager_;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t switched_ = nullptr, staged_ = nullptr;
+  std::shared_ptr<const Model> staged_model_;  // in weights_[1 - active_] once staged_ fires
 
   // Step scratch.
   int64_t rows_cap_ = 0, table_cap_ = 0, max_k_ = 0;
@@ -220,6 +303,14 @@ absl::Status CudaBackendImpl::init() {
   auto dev = kc::require_sm90();
   if (!dev.ok()) return dev.status();
   FP8RL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  weight_slots_ = static_cast<int>(options_.weight_slots);
+  stager_ = std::make_unique<PinnedStager>();
+  FP8RL_TRY(stager_->init());
+  if (weight_slots_ == 2) {
+    FP8RL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    FP8RL_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&switched_, cudaEventDisableTiming));
+    FP8RL_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+  }
   auto gemm = kc::CublasLtGemm::create();
   if (!gemm.ok()) return gemm.status();
   gemm_ = *std::move(gemm);
@@ -237,7 +328,9 @@ absl::Status CudaBackendImpl::init() {
   plan_ = ArenaPlan(arena_bytes);
   // Zero once: padding rows of the FP8 activation tiles then hold finite values.
   FP8RL_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base_, 0, arena_bytes, stream_));
-  FP8RL_TRY(reserve_weights(*model_));
+  for (int slot = 0; slot < weight_slots_; ++slot) {
+    FP8RL_TRY(reserve_weights(*model_, &weights_[slot]));
+  }
   weight_bytes_ = plan_.used();
   FP8RL_TRY(reserve_scratch());
   scratch_bytes_ = plan_.used() - weight_bytes_ + ws;
@@ -261,11 +354,14 @@ absl::Status CudaBackendImpl::init() {
     v_pool_.push_back(*v);
   }
   pool_ = std::make_shared<KvBlockPool>(num_blocks_);
-  FP8RL_TRY(copy_weights(*model_));
-  return kc::synchronize(stream_);
+  FP8RL_TRY(copy_weights(*model_, weights_[0], stream_));
+  FP8RL_TRY(kc::synchronize(stream_));
+  // The idle slot serves nothing yet: a first prepare_model() may fill it at once.
+  if (switched_ != nullptr) FP8RL_CUDA_RETURN_IF_ERROR(cudaEventRecord(switched_, stream_));
+  return absl::OkStatus();
 }
 
-absl::Status CudaBackendImpl::reserve_weights(const Model& m) {
+absl::Status CudaBackendImpl::reserve_weights(const Model& m, DeviceWeights* dw) {
   const int64_t n_layers = config_.num_hidden_layers;
   auto place = [&](const LinearWeight& w, DeviceLinear& d, const std::string& what) {
     d.precision = w.precision;
@@ -302,24 +398,24 @@ absl::Status CudaBackendImpl::reserve_weights(const Model& m) {
     }
     return absl::OkStatus();
   };
-  linears_.assign(n_layers, {});
+  dw->linears.assign(n_layers, {});
   for (int64_t l = 0; l < n_layers; ++l) {
     for (int64_t j = 0; j < 7; ++j) {
       FP8RL_TRY(
-          place(m.layer_linear(l, j), linears_[l][j], absl::StrCat("layer ", l, " linear ", j)));
+          place(m.layer_linear(l, j), dw->linears[l][j], absl::StrCat("layer ", l, " linear ", j)));
     }
   }
-  FP8RL_TRY(place(m.lm_head_weight(), head_, "lm_head"));
+  FP8RL_TRY(place(m.lm_head_weight(), dw->head, "lm_head"));
   auto e = take<float>(config_.vocab_size * config_.hidden_size, "weights");
   if (!e.ok()) return e.status();
-  embed_ = *e;
+  dw->embed = *e;
   const int64_t rope_n = static_cast<int64_t>(m.rope_cos().size());
   auto c = take<float>(rope_n, "weights");
   auto s = take<float>(rope_n, "weights");
   if (!c.ok()) return c.status();
   if (!s.ok()) return s.status();
-  rope_cos_ = *c;
-  rope_sin_ = *s;
+  dw->rope_cos = *c;
+  dw->rope_sin = *s;
   // Norm weights and biases by offset.
   const ParamLayout& lay = m.layout();
   small_sizes_.clear();
@@ -342,12 +438,16 @@ absl::Status CudaBackendImpl::reserve_weights(const Model& m) {
   for (const auto& [off, n] : small_sizes_) {
     auto p = take<float>(n, "weights");
     if (!p.ok()) return p.status();
-    small_[off] = *p;
+    dw->small[off] = *p;
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaBackendImpl::copy_weights(const Model& m) {
+absl::Status CudaBackendImpl::copy_weights(const Model& m, const DeviceWeights& dw,
+                                           cudaStream_t stream) {
+  auto upload = [&](const void* dst, const void* src, int64_t bytes) {
+    return stager_->put(const_cast<void*>(dst), src, bytes, stream);
+  };
   auto copy_linear = [&](const LinearWeight& w, const DeviceLinear& d, const std::string& what) {
     if (w.precision != d.precision || w.out != d.out || w.in != d.in) {
       return absl::InvalidArgumentError(
@@ -358,9 +458,8 @@ absl::Status CudaBackendImpl::copy_weights(const Model& m) {
         // The payload's codes and 128x128 scales as they are (device scale layout: padded ld).
         auto scales = kc::scales_to_gemm_layout(w.q);
         if (!scales.ok()) return scales.status();
-        FP8RL_TRY(upload(const_cast<uint8_t*>(d.fp8.data), w.q.data.data(),
-                         static_cast<int64_t>(w.q.data.size())));
-        return upload(const_cast<float*>(d.fp8.scale_inv), scales->data(),
+        FP8RL_TRY(upload(d.fp8.data, w.q.data.data(), static_cast<int64_t>(w.q.data.size())));
+        return upload(d.fp8.scale_inv, scales->data(),
                       static_cast<int64_t>(scales->size() * sizeof(float)));
       }
       case LinearKind::kBf16Lt: {
@@ -378,20 +477,22 @@ absl::Status CudaBackendImpl::copy_weights(const Model& m) {
   };
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     for (int64_t j = 0; j < 7; ++j) {
-      FP8RL_TRY(copy_linear(m.layer_linear(l, j), linears_[l][j],
+      FP8RL_TRY(copy_linear(m.layer_linear(l, j), dw.linears[l][j],
                             absl::StrCat("layer ", l, " linear ", j)));
     }
   }
-  FP8RL_TRY(copy_linear(m.lm_head_weight(), head_, "lm_head"));
+  FP8RL_TRY(copy_linear(m.lm_head_weight(), dw.head, "lm_head"));
   const std::vector<float> table = linear_values(m.embedding_weight());
   if (static_cast<int64_t>(table.size()) != config_.vocab_size * config_.hidden_size) {
     return absl::InvalidArgumentError("embedding: the model holds no fp32/bf16 table");
   }
-  FP8RL_TRY(upload(embed_, table.data(), static_cast<int64_t>(table.size()) * 4));
-  FP8RL_TRY(upload(rope_cos_, m.rope_cos().data(), static_cast<int64_t>(m.rope_cos().size()) * 4));
-  FP8RL_TRY(upload(rope_sin_, m.rope_sin().data(), static_cast<int64_t>(m.rope_sin().size()) * 4));
+  FP8RL_TRY(upload(dw.embed, table.data(), static_cast<int64_t>(table.size()) * 4));
+  FP8RL_TRY(
+      upload(dw.rope_cos, m.rope_cos().data(), static_cast<int64_t>(m.rope_cos().size()) * 4));
+  FP8RL_TRY(
+      upload(dw.rope_sin, m.rope_sin().data(), static_cast<int64_t>(m.rope_sin().size()) * 4));
   for (const auto& [off, n] : small_sizes_) {
-    FP8RL_TRY(upload(small_[off], m.norm_or_bias(off), n * 4));
+    FP8RL_TRY(upload(dw.small.at(off), m.norm_or_bias(off), n * 4));
   }
   return absl::OkStatus();
 }
@@ -489,7 +590,7 @@ absl::Status CudaBackendImpl::load_tables(const StepTables& t) {
 absl::Status CudaBackendImpl::linear(int64_t layer, int64_t j, const float* x, int64_t rows,
                                      const float* bias, float* y) {
   if (rows == 0) return absl::OkStatus();
-  const DeviceLinear& w = layer < 0 ? head_ : linears_[layer][j];
+  const DeviceLinear& w = layer < 0 ? this->w().head : this->w().linears[layer][j];
   const bool rb = w.precision != Precision::kF32;  // linear_forward's output rounding
   switch (w.kind) {
     case LinearKind::kF64Acc:
@@ -679,17 +780,47 @@ absl::StatusOr<TokenValues> CudaBackendImpl::score(const TokenBatch& batch, floa
   return out;
 }
 
-absl::Status CudaBackendImpl::set_model(std::shared_ptr<const Model> model) {
-  if (model == nullptr) return absl::InvalidArgumentError("set_model: no model");
-  if (model_config_to_json(model->config()) != model_config_to_json(config_) ||
-      !(model->policy() == policy_)) {
+absl::Status CudaBackendImpl::check_same_shape(const Model& model) const {
+  if (model_config_to_json(model.config()) != model_config_to_json(config_) ||
+      !(model.policy() == policy_)) {
     return absl::InvalidArgumentError("set_model: the model's config or policy differs");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::prepare_model(std::shared_ptr<const Model> model) {
+  if (model == nullptr) return absl::InvalidArgumentError("prepare_model: no model");
+  FP8RL_TRY(check_same_shape(*model));
+  if (weight_slots_ < 2 || model == model_ || model == staged_model_) return absl::OkStatus();
+  staged_model_.reset();
+  // The idle slot may still be read by forward passes queued before it stopped serving.
+  FP8RL_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, switched_, 0));
+  FP8RL_TRY(copy_weights(*model, weights_[1 - active_], copy_stream_));
+  FP8RL_CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_, copy_stream_));
+  staged_model_ = std::move(model);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackendImpl::set_model(std::shared_ptr<const Model> model) {
+  if (model == nullptr) return absl::InvalidArgumentError("set_model: no model");
+  FP8RL_TRY(check_same_shape(*model));
   if (pool_->used() > 0) {
     return absl::FailedPreconditionError("set_model: sequences still hold KV blocks");
   }
+  if (weight_slots_ == 2) {
+    if (model != staged_model_) FP8RL_TRY(prepare_model(model));
+    if (model != staged_model_) return absl::OkStatus();  // it is already the serving one
+    // Forward passes queued from now on read the staged slot once its copy is done; the slot
+    // left behind becomes free for the next prepare_model() after what is already queued.
+    FP8RL_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, staged_, 0));
+    active_ = 1 - active_;
+    FP8RL_CUDA_RETURN_IF_ERROR(cudaEventRecord(switched_, stream_));
+    staged_model_.reset();
+    model_ = std::move(model);
+    return absl::OkStatus();
+  }
   FP8RL_TRY(kc::synchronize(stream_));
-  FP8RL_TRY(copy_weights(*model));
+  FP8RL_TRY(copy_weights(*model, weights_[0], stream_));
   model_ = std::move(model);
   return kc::synchronize(stream_);
 }
@@ -709,6 +840,7 @@ BackendMemory CudaBackendImpl::memory() const {
   BackendMemory m;
   m.budget_bytes = options_.memory_budget_bytes;
   m.weight_bytes = weight_bytes_;
+  m.weight_slots = weight_slots_;
   m.scratch_bytes = scratch_bytes_;
   m.kv_block_tokens = options_.kv_block_tokens;
   m.kv_block_bytes = block_bytes_;

@@ -1,10 +1,13 @@
 // The CUDA implementation of model/inference_backend.h (docs/design.md "GPU engine"): weights
 // copied to the device as the model holds them (FP8 linears: the E4M3 codes and 128x128 block
-// scales of the payload, never re-quantized; BF16/F32 tensors as BF16/F32), one CUDA stream, one
-// cudaMalloc of the byte budget carved by ArenaPlan into weights, step scratch and a paged KV
-// pool (the rest), and decoder_step() over device ops: cuBLASLt block-scaled FP8 (1x128 x 128x128)
-// for FP8 linears, cuBLASLt BF16 for BF16 linears and lm_head, a double-accumulating fp32 GEMM
-// for fp32 linears, the kernels of kernels/cuda for everything else, sampling on the device.
+// scales of the payload, never re-quantized; BF16/F32 tensors as BF16/F32) through two pinned
+// staging buffers, one compute stream, one cudaMalloc of the byte budget carved by ArenaPlan into
+// weights (one or two slots: BackendOptions::weight_slots; with two, the next version is copied
+// into the idle slot on a copy stream while the other serves, and set_model flips), step scratch
+// and a paged KV pool (the rest), and decoder_step() over device ops: cuBLASLt block-scaled FP8
+// (1x128 x 128x128) for FP8 linears, cuBLASLt BF16 for BF16 linears and lm_head, a
+// double-accumulating fp32 GEMM for fp32 linears, the kernels of kernels/cuda for everything else,
+// sampling on the device.
 //
 // Never run on a GPU yet: tests/gpu/model_cuda_test.cc compares it with the CPU when an sm_90
 // device is present; the orchestration it shares with the CPU mirror is tested on the CPU

@@ -37,6 +37,10 @@ absl::Status validate_scheduler_options(const SchedulerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gpu_memory_budget_bytes: must be >= 1 on cuda, got ", o.gpu_memory_budget_bytes));
   }
+  if (o.gpu_weight_slots != 1 && o.gpu_weight_slots != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu_weight_slots: must be 1 or 2, got ", o.gpu_weight_slots));
+  }
   if (o.max_queued_samples < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_queued_samples: must be >= 1, got ", o.max_queued_samples));
@@ -151,6 +155,7 @@ absl::Status Scheduler::install(LoadedWeights weights) {
   }
   const int64_t version = weights.version;
   pending_ = std::move(weights);
+  pending_prepared_ = false;
   cv_.notify_all();
   install_error_ = absl::OkStatus();
   swapped_cv_.wait(
@@ -315,6 +320,7 @@ absl::StatusOr<std::unique_ptr<StepGenerator>> Scheduler::make_generator_locked(
   bo.memory_budget_bytes = options_.gpu_memory_budget_bytes;
   bo.kv_block_tokens = options_.kv_block_size;
   bo.max_step_tokens = options_.max_batch_tokens;
+  bo.weight_slots = options_.gpu_weight_slots;
   absl::StatusOr<std::unique_ptr<model::InferenceBackend>> backend =
       model::make_cuda_backend(current_.model, bo);
   if (!backend.ok()) return backend.status();
@@ -388,12 +394,21 @@ void Scheduler::run() {
     stats_.peak_batch_size =
         std::max<int64_t>(stats_.peak_batch_size, static_cast<int64_t>(running_.size()));
     StepGenerator* generator = generator_.get();
+    // A version waiting for the batch to drain is announced once, so the generator can start
+    // moving it (the CUDA backend copies it into its idle weight slot during the next steps).
+    std::shared_ptr<const model::Model> announce;
+    if (pending_.has_value() && !pending_prepared_) {
+      announce = pending_->model;
+      pending_prepared_ = true;
+    }
     lock.unlock();
+    const bool prepared = announce != nullptr && generator->prepare_model(announce).ok();
     const absl::Status step = generator->step();
     std::vector<model::GenerationResult> finished;
     if (step.ok()) finished = generator->take_finished();
     lock.lock();
     stats_.steps += 1;
+    if (prepared) stats_.prepared_swaps += 1;
     if (!step.ok()) {
       reset_generator_locked(
           absl::InternalError(absl::StrCat("generation step failed: ", step.message())));

@@ -58,6 +58,10 @@ struct SchedulerOptions {
   // (memory().kv_blocks_total), not kv_cache_tokens.
   model::Device device = model::Device::kCpu;
   int64_t gpu_memory_budget_bytes = 0;
+  // cuda: device copies of the weights (--gpu-weight-slots, 1 or 2). With 2 a new version is
+  // copied to the device while the running batch drains (InferenceBackend::prepare_model), and
+  // the swap is a switch; with 1 the copy happens at the swap, with the batch stopped.
+  int64_t gpu_weight_slots = 2;
   // Samples waiting to be admitted, over all requests; more are refused (RESOURCE_EXHAUSTED).
   int64_t max_queued_samples = 65536;
   // When the batch is empty, the first queued sample waits this long for company before the
@@ -171,6 +175,9 @@ class Scheduler {
     int64_t steps = 0;            // batched forward steps run
     int64_t peak_batch_size = 0;  // most sequences in one step since start
     int64_t swaps = 0;            // versions installed
+    // Versions announced to the generator (StepGenerator::prepare_model) while a batch was
+    // still running, before their swap.
+    int64_t prepared_swaps = 0;
     // Samples taken out unfinished, from the queue or the batch, because their request was
     // cancelled (or another of its samples failed); generated_tokens includes what they had
     // generated. Samples failed by a shutdown or a failed step are not counted.
@@ -232,6 +239,7 @@ class Scheduler {
   bool thread_done_ = false;                              // guarded by mu_
   std::chrono::steady_clock::time_point drain_deadline_;  // guarded by mu_
   std::optional<LoadedWeights> pending_;                  // guarded by mu_
+  bool pending_prepared_ = false;  // pending_ was announced to the generator; guarded by mu_
   // Why the last pending version could not be served (no generator could be made for it);
   // install() returns it. Guarded by mu_.
   absl::Status install_error_;

@@ -64,6 +64,7 @@ service::ServiceOptions default_generation_worker_options() {
       {"kv_block_size", absl::StrCat(scheduler.kv_block_size)},
       {"device", "auto"},
       {"gpu_memory_fraction", "0.9"},
+      {"gpu_weight_slots", absl::StrCat(scheduler.gpu_weight_slots)},
       {"max_queued_samples", absl::StrCat(scheduler.max_queued_samples)},
       {"batch_wait_ms", absl::StrCat(scheduler.batch_wait.count())},
       {"max_samples_per_request", "4096"},
@@ -125,6 +126,10 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
       service::extra_string(config.service, "gpu_memory_fraction"));
   if (!fraction.ok()) return fraction.status();
   config.gpu_memory_fraction = *fraction;
+  absl::StatusOr<int64_t> weight_slots =
+      service::extra_int_in_range(config.service, "gpu_weight_slots", 1, 2);
+  if (!weight_slots.ok()) return weight_slots.status();
+  config.scheduler.gpu_weight_slots = *weight_slots;
   absl::StatusOr<int64_t> max_queued =
       service::extra_int_in_range(config.service, "max_queued_samples", 1, int64_t{1} << 24);
   if (!max_queued.ok()) return max_queued.status();

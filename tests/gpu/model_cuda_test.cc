@@ -406,6 +406,85 @@ TEST(ModelCudaBudget, InferenceOnlyModelGivesTheFullModelsLogits) {
   EXPECT_GT(std::fabs(logits[0][0]) + std::fabs(logits[0][1]), 0.0f);
 }
 
+// Install in place on the device: with two weight slots, the next version is copied into the
+// idle slot (prepare_model) while a sequence keeps decoding on the serving one, which it does
+// unchanged; after set_model the backend gives, bit for bit, the logits of a backend built on the
+// new version, and a third version goes into the slot the first one left.
+TEST(ModelCudaBudget, TwoWeightSlotsPrepareWhileServingThenSwitch) {
+  FP8RL_REQUIRE_SM90();
+  PrecisionPolicy policy;
+  policy.linear = Precision::kFP8;
+  policy.kv_cache = KvCacheDtype::kFP8;
+  std::vector<std::shared_ptr<const Model>> versions;
+  for (uint64_t seed : {31, 32, 33}) {
+    auto m = Model::Init(testing_config_llama(), policy, seed, 0.05f);
+    ASSERT_TRUE(m.ok()) << m.status();
+    versions.emplace_back(*std::move(m));
+  }
+  const BackendOptions one{.memory_budget_bytes = int64_t{256} << 20};
+  BackendOptions two = one;
+  two.weight_slots = 2;
+  const std::vector<int32_t> prompt = {5, 9, 2, 77, 31, 8};
+  const std::vector<int32_t> next = {150, 3, 44};
+  // Reference: each version alone on a fresh one-slot backend (prompt, then 3 decode rows).
+  auto logits_of = [&](InferenceBackend& be, std::vector<float>* out) -> absl::Status {
+    auto kv = be.new_sequence(16);
+    if (!kv.ok()) return kv.status();
+    out->assign(4 * kVocab, 0.0f);
+    if (auto s = be.forward({{kv->get(), prompt.data(), 6, 0}}, out->data()); !s.ok()) return s;
+    for (int i = 0; i < 3; ++i) {
+      if (auto s = be.forward({{kv->get(), &next[i], 1, 6 + i}}, out->data() + (i + 1) * kVocab);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  };
+  std::vector<std::vector<float>> ref(3);
+  for (int v = 0; v < 3; ++v) {
+    auto be = make_cuda_backend(versions[v], one);
+    ASSERT_TRUE(be.ok()) << be.status();
+    FP8RL_ASSERT_OK(logits_of(**be, &ref[v]));
+  }
+  EXPECT_NE(0, std::memcmp(ref[0].data(), ref[1].data(), kVocab * sizeof(float)));
+
+  auto gpu = make_cuda_backend(versions[0], two);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto single = make_cuda_backend(versions[0], one);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ((*gpu)->memory().weight_slots, 2);
+  EXPECT_EQ((*gpu)->memory().weight_bytes, 2 * (*single)->memory().weight_bytes);
+  // v1 staged between the prefill and the decode rows of a v0 sequence: the sequence stays v0.
+  {
+    auto kv = (*gpu)->new_sequence(16);
+    ASSERT_TRUE(kv.ok());
+    std::vector<float> got(4 * kVocab);
+    FP8RL_ASSERT_OK((*gpu)->forward({{kv->get(), prompt.data(), 6, 0}}, got.data()));
+    FP8RL_ASSERT_OK((*gpu)->prepare_model(versions[1]));
+    for (int i = 0; i < 3; ++i) {
+      FP8RL_ASSERT_OK(
+          (*gpu)->forward({{kv->get(), &next[i], 1, 6 + i}}, got.data() + (i + 1) * kVocab));
+    }
+    EXPECT_EQ(0, std::memcmp(got.data(), ref[0].data(), got.size() * sizeof(float)));
+    // A live sequence still refuses the switch.
+    EXPECT_EQ((*gpu)->set_model(versions[1]).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  FP8RL_ASSERT_OK((*gpu)->set_model(versions[1]));
+  std::vector<float> got;
+  FP8RL_ASSERT_OK(logits_of(**gpu, &got));
+  EXPECT_EQ(0, std::memcmp(got.data(), ref[1].data(), got.size() * sizeof(float)));
+  // v2 without a prepare: set_model copies it into the slot v0 left, then switches.
+  FP8RL_ASSERT_OK((*gpu)->set_model(versions[2]));
+  FP8RL_ASSERT_OK(logits_of(**gpu, &got));
+  EXPECT_EQ(0, std::memcmp(got.data(), ref[2].data(), got.size() * sizeof(float)));
+  // v1 again, staged then switched: written into the idle slot (the one v1 had; v2 took v0's).
+  FP8RL_ASSERT_OK((*gpu)->prepare_model(versions[1]));
+  FP8RL_ASSERT_OK((*gpu)->set_model(versions[1]));
+  FP8RL_ASSERT_OK(logits_of(**gpu, &got));
+  EXPECT_EQ(0, std::memcmp(got.data(), ref[1].data(), got.size() * sizeof(float)));
+  EXPECT_GT(std::fabs(got[0]) + std::fabs(got[1]), 0.0f);
+}
+
 TEST(ModelCudaBudget, MoeIsRefused) {
   FP8RL_REQUIRE_SM90();
   const ModelConfig config =

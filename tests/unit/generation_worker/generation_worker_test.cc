@@ -337,11 +337,15 @@ TEST_F(GenerationWorkerTest, SwapBetweenBatchesChangesVersionAndResults) {
   expect_reference(before, req, v1_set, kFp8Policy, 1);
 
   // A long request admitted at v1 keeps v1 even though v2 arrives while it runs.
-  const v1::GenerateRequest long_req = make_request({3}, 77, 100);
+  const v1::GenerateRequest long_req = make_request({3}, 77, 200);
   auto running = std::async(std::launch::async, [&] { return call(long_req); });
   ASSERT_TRUE(eventually([&] { return worker_->scheduler().snapshot().running_samples > 0; }));
+  EXPECT_EQ(worker_->scheduler().snapshot().prepared_swaps, 0);
   ASSERT_TRUE(worker_->install_weights(v2_set).ok());
   expect_reference(running.get(), long_req, v1_set, kFp8Policy, 1);
+  // v2 waited for that batch to drain, and was announced to the generator meanwhile (on cuda
+  // with two weight slots: copied into the idle slot while v1 still served).
+  EXPECT_EQ(worker_->scheduler().snapshot().prepared_swaps, 1);
 
   EXPECT_EQ(status().weight_version(), 2);
   const CallResult after = call(req);

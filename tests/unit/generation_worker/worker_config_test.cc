@@ -20,6 +20,7 @@ TEST(WorkerConfigTest, Defaults) {
   EXPECT_FALSE(c->precision.kv_cache.has_value());
   EXPECT_EQ(c->device, "auto");
   EXPECT_EQ(c->gpu_memory_fraction, 0.9);
+  EXPECT_EQ(c->scheduler.gpu_weight_slots, 2);
   EXPECT_EQ(c->scheduler.kv_block_size, 16);
   EXPECT_EQ(kv_budget_blocks(c->scheduler), 262144 / 16);
 }
@@ -29,7 +30,8 @@ TEST(WorkerConfigTest, ComposeFlags) {
       {"--grpc-port=50063", "--metrics-port=9463", "--coordinator=coordinator:50051",
        "--weight-sync", "weight-sync:50052", "--advertise-host=gen-2", "--max-batch-tokens=512",
        "--worker-id=gen-2", "--precision=fp8", "--kv-cache=fp8", "--device=cpu",
-       "--gpu-memory-fraction=0.5", "--kv-block-size=32", "--kv-cache-tokens=1000"});
+       "--gpu-memory-fraction=0.5", "--kv-block-size=32", "--kv-cache-tokens=1000",
+       "--gpu-weight-slots=1"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->service.grpc_port, 50063);
   EXPECT_EQ(c->metrics_port, 9463);
@@ -42,6 +44,7 @@ TEST(WorkerConfigTest, ComposeFlags) {
   EXPECT_EQ(c->precision.kv_cache, model::KvCacheDtype::kFP8);
   EXPECT_EQ(c->device, "cpu");
   EXPECT_EQ(c->gpu_memory_fraction, 0.5);
+  EXPECT_EQ(c->scheduler.gpu_weight_slots, 1);
   EXPECT_EQ(c->scheduler.kv_block_size, 32);
   EXPECT_EQ(kv_budget_blocks(c->scheduler), 31);  // floor(1000 / 32): whole blocks only
   for (const char* d : {"cuda", "auto"}) {
@@ -66,6 +69,8 @@ TEST(WorkerConfigTest, BadValuesNameTheFlag) {
       {{"--gpu-memory-fraction=0"}, "--gpu-memory-fraction"},
       {{"--gpu-memory-fraction=1.5"}, "--gpu-memory-fraction"},
       {{"--gpu-memory-fraction=most"}, "--gpu-memory-fraction"},
+      {{"--gpu-weight-slots=0"}, "--gpu-weight-slots"},
+      {{"--gpu-weight-slots=3"}, "--gpu-weight-slots"},
       {{"--kv-block-size=0"}, "--kv-block-size"},
       {{"--kv-block-size=4096"}, "--kv-block-size"},
       {{"--kv-cache-tokens=8"}, "--kv-cache-tokens"},  // under one block of 16

@@ -93,7 +93,16 @@ TEST(InferenceBackend, OptionsAreChecked) {
   EXPECT_NE(b.status().message().find("kv_block_tokens"), std::string::npos);
   b = make_cpu_backend(model, {.memory_budget_bytes = -1});
   EXPECT_NE(b.status().message().find("memory_budget_bytes"), std::string::npos);
+  for (int64_t slots : {0, 3}) {
+    b = make_cpu_backend(model, {.weight_slots = slots});
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find("weight_slots"), std::string::npos);
+  }
   EXPECT_EQ(make_cpu_backend(nullptr, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  // The CPU backend serves the host model itself: one copy, whatever weight_slots says.
+  b = make_cpu_backend(model, {.weight_slots = 2});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->memory().weight_slots, 1);
 }
 
 class CpuBackendTest : public ::testing::TestWithParam<std::pair<Precision, KvCacheDtype>> {};
