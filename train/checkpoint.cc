@@ -7,14 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
 #include "common/safetensors.h"
+#include "common/status_prefix.h"
 
 namespace fp8rl::train {
 namespace {
-
-absl::Status prefixed(const absl::Status& s, std::string_view prefix) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(std::string(prefix), s.message()));
-}
 
 nlohmann::ordered_json adamw_to_json(const model::AdamWConfig& c) {
   return {{"lr", c.lr},
@@ -99,7 +95,7 @@ absl::StatusOr<SavedCheckpoint> save_checkpoint(const Learner& learner, const st
     }
     return write_file_atomic(tmp + "/" + kTrainerStateFile, state.dump(2));
   });
-  if (!written.ok()) return prefixed(written, "SaveCheckpoint: ");
+  if (!written.ok()) return with_prefix(written, "SaveCheckpoint: ");
   return SavedCheckpoint{dir.string(), folder_bytes(dir.string()), learner.version()};
 }
 
@@ -116,7 +112,7 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
   try {
     if (auto s = precision_config_from_json(state->at("precision"), "precision", &precision);
         !s.ok()) {
-      return prefixed(s, what);
+      return with_prefix(s, what);
     }
     const nlohmann::json& o = state->at("optimizer");
     adamw.lr = o.at("lr").get<double>();
@@ -132,8 +128,8 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(what, e.what()));
   }
-  if (auto s = model::validate_adamw_config(adamw); !s.ok()) return prefixed(s, what);
-  if (auto s = validate_precision(precision, "precision"); !s.ok()) return prefixed(s, what);
+  if (auto s = model::validate_adamw_config(adamw); !s.ok()) return with_prefix(s, what);
+  if (auto s = validate_precision(precision, "precision"); !s.ok()) return with_prefix(s, what);
   const PrecisionPolicy policy = precision.training_policy();
 
   absl::StatusOr<std::unique_ptr<model::Model>> model = model::Model::Load(dir, policy);
@@ -142,7 +138,7 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
   if (!plan.ok()) return plan.status();
   absl::StatusOr<std::unique_ptr<TrainBackend>> backend =
       make_train_backend(placement.device, std::move(*model), adamw, placement.memory_budget_bytes);
-  if (!backend.ok()) return prefixed(backend.status(), "device: ");
+  if (!backend.ok()) return with_prefix(backend.status(), "device: ");
   (*backend)->set_recompute(placement.recompute);
   if (has_optimizer) {
     if (auto s = (*backend)->load_optimizer_state(dir + "/" + kOptimizerStateFile); !s.ok()) {

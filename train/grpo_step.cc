@@ -6,6 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/status_macros.h"
+#include "common/status_prefix.h"
 #include "model/weight_view.h"
 #include "rl/grpo.h"
 
@@ -13,15 +16,6 @@ namespace fp8rl::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-absl::Status prefixed(const absl::Status& s, std::string_view prefix) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(std::string(prefix), s.message()));
-}
 
 // The model a generation worker would hold for `e`: inference-only (codes and scales as
 // received) for bf16 / fp8 payloads, a full model for fp32.
@@ -70,12 +64,12 @@ absl::StatusOr<std::unique_ptr<InProcessGrpo>> InProcessGrpo::create(Learner* le
 absl::Status InProcessGrpo::publish(int64_t version, GrpoStepTimes* times) {
   absl::StatusOr<Export> e =
       learner_->export_for_generation(learner_->precision().generation, version, true);
-  if (!e.ok()) return prefixed(e.status(), "publish: ");
+  if (!e.ok()) return with_prefix(e.status(), "publish: ");
   times->calibrate += e->calibrate_seconds;
   times->export_weights += e->quantize_seconds;
   const auto start = Clock::now();
   absl::StatusOr<std::shared_ptr<const model::Model>> m = generation_model(*e);
-  if (!m.ok()) return prefixed(m.status(), "install: ");
+  if (!m.ok()) return with_prefix(m.status(), "install: ");
   if (generator_ == nullptr) {
     model::BackendOptions options;
     options.memory_budget_bytes = config_.generation_memory_bytes;
@@ -83,11 +77,11 @@ absl::Status InProcessGrpo::publish(int64_t version, GrpoStepTimes* times) {
     absl::StatusOr<std::unique_ptr<model::InferenceBackend>> backend =
         config_.generation_device == model::Device::kCuda ? model::make_cuda_backend(*m, options)
                                                           : model::make_cpu_backend(*m, options);
-    if (!backend.ok()) return prefixed(backend.status(), "generation backend: ");
+    if (!backend.ok()) return with_prefix(backend.status(), "generation backend: ");
     generator_ = std::make_unique<generation::BackendGenerator>(std::move(*backend),
                                                                 config_.max_step_tokens);
   } else if (auto s = generator_->set_model(*m); !s.ok()) {
-    return prefixed(s, "install: ");
+    return with_prefix(s, "install: ");
   }
   times->install += seconds_since(start);
   learner_->set_published(version);
@@ -129,13 +123,13 @@ absl::StatusOr<GrpoStepReport> InProcessGrpo::step(std::span<const std::vector<i
     for (int64_t g = 0; g < G; ++g) {
       absl::StatusOr<int64_t> id =
           generator_->add(prompts[p], params, static_cast<uint64_t>(p) * G + g);
-      if (!id.ok()) return prefixed(id.status(), absl::StrCat("prompts[", p, "]: "));
+      if (!id.ok()) return with_prefix(id.status(), absl::StrCat("prompts[", p, "]: "));
       ids.push_back(*id);
     }
   }
   std::vector<model::GenerationResult> results;
   while (!generator_->idle()) {
-    if (auto s = generator_->step(); !s.ok()) return prefixed(s, "generate: ");
+    if (auto s = generator_->step(); !s.ok()) return with_prefix(s, "generate: ");
     for (model::GenerationResult& r : generator_->take_finished()) results.push_back(std::move(r));
   }
   for (model::GenerationResult& r : generator_->take_finished()) results.push_back(std::move(r));
@@ -156,7 +150,7 @@ absl::StatusOr<GrpoStepReport> InProcessGrpo::step(std::span<const std::vector<i
     report.mean_reward += rewards.back() / static_cast<double>(results.size());
   }
   absl::StatusOr<std::vector<float>> advantages = rl::group_advantages(rewards, G);
-  if (!advantages.ok()) return prefixed(advantages.status(), "score: ");
+  if (!advantages.ok()) return with_prefix(advantages.status(), "score: ");
   GrpoRequest request;
   request.loss = config_.loss;
   request.temperature = config_.temperature;
@@ -176,7 +170,7 @@ absl::StatusOr<GrpoStepReport> InProcessGrpo::step(std::span<const std::vector<i
 
   // 3. Train: prev logprobs, forward/backward, AdamW (with the re-quantization).
   absl::StatusOr<GrpoResult> trained = learner_->grpo_update(request);
-  if (!trained.ok()) return prefixed(trained.status(), "train: ");
+  if (!trained.ok()) return with_prefix(trained.status(), "train: ");
   t.logprobs = trained->logprob_seconds;
   t.forward_backward = trained->forward_backward_seconds;
   t.optimizer = trained->optimizer_seconds;

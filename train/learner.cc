@@ -10,7 +10,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/fs.h"
+#include "common/status_macros.h"
+#include "common/status_prefix.h"
 #include "model/kv_calibration.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
@@ -20,15 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-absl::Status prefixed(const absl::Status& s, std::string_view prefix) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(std::string(prefix), s.message()));
-}
-
 absl::StatusOr<std::string> model_config_text(const std::string& value) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(value);
   if (trimmed.empty()) {
@@ -37,7 +31,7 @@ absl::StatusOr<std::string> model_config_text(const std::string& value) {
   if (trimmed.front() == '{') return std::string(trimmed);
   // Not JSON text: a path to a config.json (the coordinator forwards job configs' paths).
   absl::StatusOr<std::string> text = read_text_file(std::string(trimmed));
-  if (!text.ok()) return prefixed(text.status(), "model.init.model_config_json: ");
+  if (!text.ok()) return with_prefix(text.status(), "model.init.model_config_json: ");
   return text;
 }
 
@@ -151,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
   if (request.job_id.empty()) return absl::InvalidArgumentError("job_id: required");
   if (auto s = validate_precision(request.precision, "precision"); !s.ok()) return s;
   if (auto s = model::validate_adamw_config(request.adamw); !s.ok()) {
-    return prefixed(s, "optimizer.");
+    return with_prefix(s, "optimizer.");
   }
   const PrecisionPolicy policy = request.precision.training_policy();
 
@@ -160,19 +154,19 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
   if (!request.checkpoint_dir.empty()) {
     const std::string& dir = request.checkpoint_dir;
     absl::StatusOr<std::unique_ptr<model::Model>> m = model::Model::Load(dir, policy);
-    if (!m.ok()) return prefixed(m.status(), "model.checkpoint_dir: ");
+    if (!m.ok()) return with_prefix(m.status(), "model.checkpoint_dir: ");
     absl::StatusOr<int64_t> v = checkpoint_version(dir);
-    if (!v.ok()) return prefixed(v.status(), "model.checkpoint_dir: ");
+    if (!v.ok()) return with_prefix(v.status(), "model.checkpoint_dir: ");
     version = *v;
     model = std::move(*m);
   } else {
     absl::StatusOr<std::string> text = model_config_text(request.model_config_json);
     if (!text.ok()) return text.status();
     absl::StatusOr<model::ModelConfig> config = model::parse_model_config(*text);
-    if (!config.ok()) return prefixed(config.status(), "model.init.model_config_json: ");
+    if (!config.ok()) return with_prefix(config.status(), "model.init.model_config_json: ");
     absl::StatusOr<std::unique_ptr<model::Model>> m =
         model::Model::Init(*config, policy, request.seed);
-    if (!m.ok()) return prefixed(m.status(), "model.init: ");
+    if (!m.ok()) return with_prefix(m.status(), "model.init: ");
     model = std::move(*m);
   }
   absl::StatusOr<std::unique_ptr<Learner>> learner = create(request, std::move(model));
@@ -185,7 +179,7 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
   if (request.job_id.empty()) return absl::InvalidArgumentError("job_id: required");
   if (auto s = validate_precision(request.precision, "precision"); !s.ok()) return s;
   if (auto s = model::validate_adamw_config(request.adamw); !s.ok()) {
-    return prefixed(s, "optimizer.");
+    return with_prefix(s, "optimizer.");
   }
   const PrecisionPolicy policy = request.precision.training_policy();
   if (model == nullptr || model->inference_only() || !(model->policy() == policy)) {
@@ -205,7 +199,7 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
   for (size_t i = 0; i < request.calibration.size(); ++i) {
     const std::vector<int32_t>& tokens = request.calibration[i].tokens;
     if (auto s = model->check_tokens(tokens); !s.ok()) {
-      return prefixed(s, absl::StrCat("calibration[", i, "].tokens: "));
+      return with_prefix(s, absl::StrCat("calibration[", i, "].tokens: "));
     }
     calibration.push_back(tokens);
   }
@@ -215,7 +209,7 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
   if (!plan.ok()) return plan.status();
   absl::StatusOr<std::unique_ptr<TrainBackend>> backend =
       make_train_backend(place.device, std::move(model), request.adamw, place.memory_budget_bytes);
-  if (!backend.ok()) return prefixed(backend.status(), "device: ");
+  if (!backend.ok()) return with_prefix(backend.status(), "device: ");
   (*backend)->set_recompute(place.recompute);
   auto learner = std::make_unique<Learner>(request.job_id, request.precision, std::move(*backend),
                                            std::move(reference), version, version);
@@ -559,7 +553,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
       result = rl::PolicyLossResult{};
       grads.assign(backend_->num_params(), 0.0f);
     }
-    if (!result.ok()) return interrupted(u, prefixed(result.status(), where));
+    if (!result.ok()) return interrupted(u, with_prefix(result.status(), where));
     r.forward_backward_seconds += seconds_since(start);
     if (dp) {
       if (auto s = reduce_gradients(&grads, s1 > s0, absl::StrCat(where, "gradient all-reduce"),
@@ -572,7 +566,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
     start = Clock::now();
     absl::StatusOr<model::OptimizerStepStats> step =
         backend_->optimizer_step(dp ? grads.data() : nullptr);
-    if (!step.ok()) return interrupted(u, prefixed(step.status(), where));
+    if (!step.ok()) return interrupted(u, with_prefix(step.status(), where));
     r.optimizer_seconds += seconds_since(start);
     if (dp) {
       // A rank that cannot read its weights still takes part (hash 0), so the others fail too
@@ -706,7 +700,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     absl::StatusOr<model::OptimizerStepStats> step =
         backend_->optimizer_step(dp ? grads.data() : nullptr);
     if (!step.ok()) {
-      return interrupted(i, prefixed(step.status(), absl::StrCat("minibatch ", i, ": ")));
+      return interrupted(i, with_prefix(step.status(), absl::StrCat("minibatch ", i, ": ")));
     }
     r.optimizer_seconds += seconds_since(start);
     if (dp) {
@@ -773,22 +767,22 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
     if (recorded) {
       scales = kv_records_->scales(kKvCalibrationPercentile, kKvCalibrationMargin);
     } else {
-      if (auto s = build_generation(); !s.ok()) return prefixed(s, "calibrating KV scales: ");
+      if (auto s = build_generation(); !s.ok()) return with_prefix(s, "calibrating KV scales: ");
       model::KvCalibrator calibrator(policy().config().num_hidden_layers);
       model::TrainForwardOptions opts;
       opts.calibrator = &calibrator;
       const absl::Status ran = generation
                                    ? generation->forward(calibration_, opts, nullptr).status()
                                    : backend_->calibration_forward(calibration_, &calibrator);
-      if (!ran.ok()) return prefixed(ran, "calibrating KV scales: ");
+      if (!ran.ok()) return with_prefix(ran, "calibrating KV scales: ");
       scales = calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);
     }
     if (auto s = backend_->set_kv_scales(scales); !s.ok()) {
-      return prefixed(s, "calibrating KV scales: ");
+      return with_prefix(s, "calibrating KV scales: ");
     }
     if (generation) {
       if (auto s = generation->set_kv_scales(scales); !s.ok()) {
-        return prefixed(s, "calibrating KV scales: ");
+        return with_prefix(s, "calibrating KV scales: ");
       }
     }
   }

@@ -27,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/clock.h"
 #include "model/config.h"
 #include "model/device.h"
 #include "model/inference_backend.h"
@@ -122,10 +123,6 @@ struct Variant {
   model::Precision linear;
   model::KvCacheDtype kv;
 };
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
   std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));

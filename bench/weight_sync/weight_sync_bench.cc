@@ -19,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/service/crc32c.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
@@ -35,10 +36,6 @@ namespace fp8rl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // CPU seconds used by every thread of this process (client and service alike): on a shared,
 // loaded machine a steadier measure of what a phase costs than its wall time.

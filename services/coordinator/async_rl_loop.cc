@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/service/log.h"
 #include "rl/staleness.h"
 #include "services/coordinator/async_rollouts.h"
@@ -21,10 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr char kLog[] = "rl_loop";
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/service/log.h"
 #include "rl/sample_seeds.h"
 #include "rl/scoring.h"
@@ -27,10 +28,6 @@ constexpr char kLog[] = "rl_loop";
 // A worker whose call failed gets no new call for this many poll intervals (1 s by default):
 // long enough not to hammer a worker that is down, short enough to use one that caught up.
 constexpr int kFailedWorkerBackoffPolls = 20;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // State shared between dispatch() and its (detached) worker-call threads, so a call that
 // outlives the dispatch (a hung worker) never touches freed memory.

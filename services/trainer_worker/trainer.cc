@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/fs.h"
 #include "common/path_roots.h"
 #include "common/service/log.h"
@@ -27,10 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kNoPolicy[] = "no policy loaded: call InitPolicy or LoadCheckpoint first";
 constexpr char kShuttingDown[] = "trainer is shutting down";
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::vector<train::Sequence> to_sequences(
     const google::protobuf::RepeatedPtrField<v1::TrainSequence>& seqs) {
