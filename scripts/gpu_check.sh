@@ -254,6 +254,9 @@ decode_budget=$(($(remaining) - 150))
 if with_pack timeout "$((decode_budget + 90))" "$BIN/fp8rl-bench-decode-gpu" --budget-seconds "$decode_budget" \
   >"$LOG_DIR/bench_decode_gpu.txt" 2>&1; then
   while IFS='|' read -r a b c; do row "$a" "$b" "$c"; done < <(bench_rows "$LOG_DIR/bench_decode_gpu.txt")
+  # Weight install on the device, 1 and 2 weight slots (issue 19).
+  while read -r line; do row "bench weight install" ok "${line#install: }"; done \
+    < <(grep '^install: ' "$LOG_DIR/bench_decode_gpu.txt")
 else
   row "bench decode (ours)" FAILED "exit $? (see bench_decode_gpu.txt)"
   failed=1

@@ -13,6 +13,11 @@
 //   fp8rl-bench-decode-gpu [--layers 4] [--batches 1,32,256] [--contexts 1024,4096]
 //                          [--decode-steps 8] [--prefill-tokens 16384] [--budget-seconds 150]
 //                          [--gpu-memory-fraction 0.9] [--probe]
+// After the cells, one weight install as a generation worker does it (issue 19, "install in
+// place" on the device), FP8 + FP8 KV: an inference-only model installed from the FP8 payload,
+// then (a) one weight slot: set_model copies it at the swap; (b) two slots: prepare_model copies
+// it into the idle slot (its host-side time), decode steps run meanwhile, set_model then only
+// switches. Printed as lines starting "install:".
 // Exit: 0 done; 1 an error; 2 no sm_90 device (--probe: 0 when there is one).
 #include <algorithm>
 #include <chrono>
@@ -33,6 +38,7 @@
 #include "model/inference_backend.h"
 #include "model/model.h"
 #include "model/rng.h"
+#include "model/weight_view.h"
 
 namespace {
 
@@ -244,6 +250,78 @@ class Runner {
   std::map<int64_t, double> prefill_rate_;  // tokens/s by context, from the prefill cells
 };
 
+// One version installed into a CUDA backend of `slots` weight slots serving `first`; decode
+// steps of one sequence run between prepare_model and set_model (two slots).
+absl::Status install_lines(const model::ModelConfig& config, const model::WeightSet& set,
+                           const model::PrecisionPolicy& policy, const model::BackendOptions& base,
+                           const std::string& device_name) {
+  auto inference_model = [&]() -> absl::StatusOr<std::shared_ptr<const model::Model>> {
+    const Clock::time_point t = Clock::now();
+    absl::StatusOr<std::unique_ptr<model::Model>> m = model::Model::ForInference(config, policy);
+    if (!m.ok()) return m.status();
+    absl::StatusOr<model::WeightView> view = model::view_of(set);
+    if (!view.ok()) return view.status();
+    if (absl::Status s = (*m)->install(*view); !s.ok()) return s;
+    std::printf("install: host install (Model::install from the payload) %.3f s\n",
+                seconds_since(t));
+    return std::shared_ptr<const model::Model>(std::move(*m));
+  };
+  absl::StatusOr<std::shared_ptr<const model::Model>> first = inference_model();
+  if (!first.ok()) return first.status();
+  absl::StatusOr<std::shared_ptr<const model::Model>> second = inference_model();
+  if (!second.ok()) return second.status();
+  const double mb = static_cast<double>((*first)->weight_bytes()) / 1e6;
+  for (int64_t slots : {1, 2}) {
+    model::BackendOptions bo = base;
+    bo.weight_slots = slots;
+    absl::StatusOr<std::unique_ptr<model::InferenceBackend>> be =
+        model::make_cuda_backend(*first, bo);
+    if (!be.ok()) return be.status();
+    const std::vector<int32_t> prompt(64, 7);
+    double prepare_s = 0, decode_s = 0;
+    int64_t steps = 0;
+    {
+      absl::StatusOr<std::unique_ptr<model::KvSequence>> kv = (*be)->new_sequence(256);
+      if (!kv.ok()) return kv.status();
+      std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+      if (absl::Status s = (*be)->forward({{kv->get(), prompt.data(), 64, 0}}, logits.data());
+          !s.ok()) {
+        return s;
+      }
+      Clock::time_point t = Clock::now();
+      if (absl::Status s = (*be)->prepare_model(*second); !s.ok()) return s;
+      prepare_s = seconds_since(t);
+      t = Clock::now();
+      for (; steps < 32; ++steps) {
+        const int32_t tok = 5;
+        if (absl::Status s = (*be)->forward({{kv->get(), &tok, 1, 64 + steps}}, logits.data());
+            !s.ok()) {
+          return s;
+        }
+      }
+      decode_s = seconds_since(t);
+    }
+    const Clock::time_point t = Clock::now();
+    if (absl::Status s = (*be)->set_model(*second); !s.ok()) return s;
+    // The swap is done when a forward on the new weights can start: include one decode row.
+    absl::StatusOr<std::unique_ptr<model::KvSequence>> kv = (*be)->new_sequence(16);
+    if (!kv.ok()) return kv.status();
+    std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+    const int32_t tok = 3;
+    if (absl::Status s = (*be)->forward({{kv->get(), &tok, 1, 0}}, logits.data()); !s.ok()) {
+      return s;
+    }
+    const double swap_s = seconds_since(t);
+    std::printf(
+        "install: %s, %lld weight slot(s), %.0f MB of weights: prepare_model %.3f s, 32 decode "
+        "steps during it %.3f s, set_model + first forward %.3f s (%.2f GB/s if all of it "
+        "copies)\n",
+        device_name.c_str(), static_cast<long long>(slots), mb, prepare_s, decode_s, swap_s,
+        mb / 1e3 / std::max(swap_s + prepare_s, 1e-9));
+  }
+  return absl::OkStatus();
+}
+
 int run(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, &o)) return 1;
@@ -337,6 +415,22 @@ int run(int argc, char** argv) {
           cells[{v.name, phase, batch, context}] = *c;
         }
       }
+    }
+  }
+
+  {
+    model::PrecisionPolicy policy;
+    policy.linear = model::Precision::kFP8;
+    policy.kv_cache = model::KvCacheDtype::kFP8;
+    model::BackendOptions bo;
+    bo.memory_budget_bytes = model::gpu_memory_budget_bytes(*probe.device, o.gpu_memory_fraction);
+    bo.kv_block_tokens = 16;
+    bo.max_step_tokens = std::max(o.prefill_tokens, max_context);
+    if (absl::Status s = install_lines(config, sets.at(model::WeightFormat::kFP8), policy, bo,
+                                       probe.device->name);
+        !s.ok()) {
+      std::fprintf(stderr, "install: %s\n", std::string(s.message()).c_str());
+      rc = 1;
     }
   }
 
