@@ -18,6 +18,7 @@ absl::Status VersionStore::add(StoredVersionPtr version) {
           "manifest.version: ", version->version(), " is not newer than the latest stored version ",
           versions_.back()->version()));
     }
+    if (arriving_ != nullptr && arriving_->version() <= version->version()) arriving_.reset();
     versions_.push_back(std::move(version));
     while (versions_.size() > keep_) versions_.pop_front();
   }
@@ -57,6 +58,64 @@ StoredVersionPtr VersionStore::wait_newer(int64_t held, std::chrono::millisecond
   });
   if (!ready || closed_) return nullptr;
   return versions_.back();
+}
+
+void ArrivingVersion::advance(uint64_t ready) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The last byte waits for finish(true): the upload can still be refused after its last chunk
+    // (a message beyond the end, a store that took a newer version), and no worker may complete a
+    // version that is not stored.
+    const uint64_t total = version_->payload.size();
+    ready_ = std::max(ready_, std::min(ready, total > 0 ? total - 1 : 0));
+  }
+  cv_.notify_all();
+}
+
+void ArrivingVersion::finish(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != State::kArriving) return;
+    state_ = ok ? State::kComplete : State::kFailed;
+    if (ok) ready_ = version_->payload.size();
+  }
+  cv_.notify_all();
+}
+
+ArrivingVersion::State ArrivingVersion::wait(uint64_t bytes, std::chrono::milliseconds timeout,
+                                             uint64_t* ready) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return ready_ >= bytes || state_ != State::kArriving; });
+  *ready = ready_;
+  return state_;
+}
+
+void VersionStore::begin_arrival(std::shared_ptr<ArrivingVersion> arriving) {
+  if (arriving == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!versions_.empty() && arriving->version() <= versions_.back()->version()) return;
+    if (arriving_ != nullptr && arriving_->version() >= arriving->version()) return;
+    arriving_ = std::move(arriving);
+  }
+  cv_.notify_all();
+}
+
+void VersionStore::end_arrival(const ArrivingVersion* arriving) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (arriving_.get() == arriving) arriving_.reset();
+}
+
+VersionStore::Newer VersionStore::wait_newer_or_arriving(int64_t held,
+                                                         std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool ready = cv_.wait_for(lock, timeout, [&] {
+    return closed_ || (!versions_.empty() && versions_.back()->version() > held) ||
+           (arriving_ != nullptr && arriving_->version() > held);
+  });
+  if (!ready || closed_) return {};
+  if (arriving_ != nullptr && arriving_->version() > held) return {nullptr, arriving_};
+  return {versions_.back(), nullptr};
 }
 
 void VersionStore::close() {

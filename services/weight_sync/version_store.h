@@ -1,6 +1,8 @@
 // The service's memory: the latest K complete, verified versions, each held once and shared (by
 // shared_ptr) with every Subscribe stream that is sending it, so memory stays bounded by K versions
-// plus the ones still being streamed. Subscribe handlers block here until a newer version arrives.
+// plus the ones still being streamed. Subscribe handlers block here until a newer version arrives,
+// or starts arriving: a version being uploaded is announced as an ArrivingVersion, whose received
+// prefix Subscribe streams push on while the rest of the upload comes in (cut-through).
 #pragma once
 
 #include <chrono>
@@ -26,6 +28,42 @@ struct StoredVersion {
 };
 using StoredVersionPtr = std::shared_ptr<const StoredVersion>;
 
+// A version while its upload is being received. Its StoredVersion (manifest, payload storage of
+// the final size) is fixed from the start and becomes the stored version when the upload
+// completes; the upload writes payload bytes in order and advance()s, and bytes [0, ready) are
+// final (every tensor ending in them passed its CRC-32C). Readers must read only that prefix. The
+// last byte becomes ready only when the version is stored (finish(true)), so a reader never
+// completes a version whose upload was refused at its end.
+class ArrivingVersion {
+ public:
+  enum class State { kArriving, kComplete, kFailed };
+
+  // `version`'s payload has its final size; the upload writes it through `data`.
+  ArrivingVersion(StoredVersionPtr version, char* data)
+      : version_(std::move(version)), data_(data) {}
+  int64_t version() const { return version_->version(); }
+  uint64_t total_bytes() const { return version_->payload.size(); }
+  const StoredVersionPtr& stored() const { return version_; }
+  char* data() const { return data_; }  // the upload's write pointer
+
+  // The upload's side: bytes [0, min(ready, total - 1)) are final; then complete (stored: all of
+  // it) or failed.
+  void advance(uint64_t ready);
+  void finish(bool ok);
+
+  // Waits up to `timeout` for ready >= bytes or the end of the upload; returns the state then and
+  // the ready byte count in *ready.
+  State wait(uint64_t bytes, std::chrono::milliseconds timeout, uint64_t* ready) const;
+
+ private:
+  const StoredVersionPtr version_;
+  char* const data_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;  // notified by advance() and finish()
+  uint64_t ready_ = 0;                  // guarded by mu_
+  State state_ = State::kArriving;      // guarded by mu_
+};
+
 class VersionStore {
  public:
   // Keeps the newest `keep` versions (>= 1).
@@ -47,6 +85,20 @@ class VersionStore {
   // `timeout` passes (both return nullptr).
   StoredVersionPtr wait_newer(int64_t held, std::chrono::milliseconds timeout) const;
 
+  // An upload has started (its manifest passed the checks): waiters of wait_newer_or_arriving()
+  // may push it while it arrives. The newest announced arrival is kept until add() stores it (or
+  // a newer version) or end_arrival() withdraws it (the upload failed).
+  void begin_arrival(std::shared_ptr<ArrivingVersion> arriving);
+  void end_arrival(const ArrivingVersion* arriving);
+
+  // wait_newer(), and also returns when a version newer than both `held` and every stored one is
+  // arriving: then `arriving` is set and `stored` is null. Both null: closed or timed out.
+  struct Newer {
+    StoredVersionPtr stored;
+    std::shared_ptr<ArrivingVersion> arriving;
+  };
+  Newer wait_newer_or_arriving(int64_t held, std::chrono::milliseconds timeout) const;
+
   // Wakes every waiter; later waits return nullptr at once. For shutdown.
   void close();
   bool closed() const;
@@ -58,8 +110,9 @@ class VersionStore {
   // Waits for (wait_newer()): a version newer than the caller's, or closed_. Notified by add()
   // and close().
   mutable std::condition_variable cv_;
-  std::deque<StoredVersionPtr> versions_;  // guarded by mu_; oldest first
-  bool closed_ = false;                    // guarded by mu_
+  std::deque<StoredVersionPtr> versions_;      // guarded by mu_; oldest first
+  std::shared_ptr<ArrivingVersion> arriving_;  // guarded by mu_; newer than versions_.back()
+  bool closed_ = false;                        // guarded by mu_
 };
 
 }  // namespace fp8rl::weight_sync

@@ -87,6 +87,7 @@ service::ServiceOptions default_weight_sync_service_options() {
       {"deltas", "on"},
       {"delta_max_fraction", absl::StrCat(WeightSyncOptions{}.delta_max_fraction)},
       {"delta_zstd_level", absl::StrCat(kDefaultDeltaZstdLevel)},
+      {"cut_through", "on"},
   };
   return o;
 }
@@ -130,6 +131,13 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
   config.sync.delta_choice = deltas->second;
   config.sync.delta_max_fraction = *fraction;
   config.sync.delta_zstd_level = static_cast<int>(*zstd_level);
+  // --cut-through on|off: push a full version while its upload still arrives.
+  const std::string cut_through = service::extra_string(config.service, "cut_through");
+  if (cut_through != "on" && cut_through != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cut-through: must be on or off, got '", cut_through, "'"));
+  }
+  config.sync.cut_through = cut_through == "on";
   FP8RL_RETURN_IF_ERROR(validate_options(config.sync));
   return config;
 }

@@ -163,6 +163,7 @@ WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSy
       metrics_(metrics),
       pool_(std::make_shared<PayloadPool>(options_.reuse_payload_buffers ? 1 : 0)),
       store_(options_.keep_versions) {
+  cut_through_.store(options_.cut_through);
   // Subscribe is served by a handler that writes raw ByteBuffers (the bytes on the wire are the
   // same SubscribeResponse messages), so chunks can be sent as slices over the stored version.
   MarkMethodStreamed(
@@ -239,8 +240,22 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
   // With zero-copy receive, the payload buffer the chunks are copied into straight from gRPC's
   // slices (PayloadAssembler::begin_into); empty otherwise (the assembler owns the payload).
   std::string in_place;
+  // With cut-through, the version being received is announced to Subscribe streams as it arrives:
+  // its StoredVersion owns the payload buffer from the start (in_place stays empty).
+  std::shared_ptr<StoredVersion> arriving_version;
+  std::shared_ptr<ArrivingVersion> arriving;
+  // An upload that ends without being stored withdraws its arrival (streams relaying it stop).
+  struct ArrivalEnd {
+    VersionStore& store;
+    std::shared_ptr<ArrivingVersion>& arriving;
+    ~ArrivalEnd() {
+      if (arriving == nullptr) return;
+      arriving->finish(false);
+      store.end_arrival(arriving.get());
+    }
+  } arrival_end{store_, arriving};
   while (read(&buffer)) {
-    if (have_manifest && !in_place.empty()) {
+    if (have_manifest && (!in_place.empty() || arriving != nullptr)) {
       grpc::ProtoBufferReader stream(&buffer);
       google::protobuf::io::CodedInputStream in(&stream);
       ChunkHeader h;
@@ -254,6 +269,9 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
         }
         if (s.ok()) s = assembler.commit_chunk();
         if (!s.ok()) return reject_upload(s, version);
+        // Chunks arrive in order (the assembler refuses gaps and overlaps) and every tensor that
+        // ends in them has passed its CRC-32C: this prefix is final.
+        if (arriving != nullptr) arriving->advance(h.offset + h.size);
         continue;
       }
     }
@@ -279,7 +297,26 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
       const uint64_t total = request.manifest().total_bytes();
       absl::Status s;
       // Sized only after the bound check (begin() reports a version that is too large).
-      if (zero_copy_receive_.load() && total > 0 && total <= options_.max_version_bytes) {
+      if (zero_copy_receive_.load() && cut_through_.load() && total > 0 &&
+          total <= options_.max_version_bytes) {
+        // Once the store evicted it and the last stream sending it let go, its buffer goes back
+        // to the pool for a later upload.
+        arriving_version.reset(new StoredVersion, [pool = pool_](StoredVersion* v) {
+          pool->give(std::move(v->payload));
+          delete v;
+        });
+        arriving_version->manifest = request.manifest();  // fixed from here on: streams read it
+        arriving_version->payload = pool_->take(total);
+        arriving_version->payload.resize(total);
+        arriving_version->arrived = std::chrono::steady_clock::now();
+        char* data = arriving_version->payload.data();
+        s = assembler.begin_into(std::move(*request.mutable_manifest()),
+                                 std::span<char>(data, total));
+        if (s.ok()) {
+          arriving = std::make_shared<ArrivingVersion>(arriving_version, data);
+          store_.begin_arrival(arriving);
+        }
+      } else if (zero_copy_receive_.load() && total > 0 && total <= options_.max_version_bytes) {
         in_place = pool_->take(total);
         in_place.resize(total);
         s = assembler.begin_into(std::move(*request.mutable_manifest()),
@@ -310,21 +347,31 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
   absl::StatusOr<AssembledVersion> assembled = assembler.finish();
   if (!assembled.ok()) return reject_upload(assembled.status(), version);
 
-  // Once the store evicted it and the last stream sending it let go, its buffer goes back to
-  // the pool for a later upload.
-  std::shared_ptr<StoredVersion> stored(new StoredVersion, [pool = pool_](StoredVersion* v) {
-    pool->give(std::move(v->payload));
-    delete v;
-  });
-  stored->manifest = std::move(assembled->manifest);
-  stored->payload = in_place.empty() ? std::move(assembled->payload) : std::move(in_place);
-  stored->arrived = std::chrono::steady_clock::now();
+  std::shared_ptr<StoredVersion> stored = arriving_version;
+  if (stored == nullptr) {
+    // Once the store evicted it and the last stream sending it let go, its buffer goes back to
+    // the pool for a later upload.
+    stored.reset(new StoredVersion, [pool = pool_](StoredVersion* v) {
+      pool->give(std::move(v->payload));
+      delete v;
+    });
+    stored->manifest = std::move(assembled->manifest);
+    stored->payload = in_place.empty() ? std::move(assembled->payload) : std::move(in_place);
+    stored->arrived = std::chrono::steady_clock::now();
+  }
+  // (An arriving version's manifest and payload were final from its first byte: streams relaying
+  // it read them, so nothing of it is written here.)
   const uint64_t bytes = stored->payload.size();
   const v1::WeightFormat format = stored->manifest.format();
   const int num_tensors = stored->manifest.tensors_size();
-  // Registered as pending before the store wakes the Subscribe streams, so no ack is missed.
-  workers_.published(version, stored->arrived);
-  if (absl::Status s = store_.add(std::move(stored)); !s.ok()) return reject_upload(s, version);
+  // Registered as pending before the store wakes the Subscribe streams, so no ack is missed (with
+  // cut-through too: the last byte of an arriving version is released only once it is stored).
+  workers_.published(version, std::chrono::steady_clock::now());
+  if (absl::Status s = store_.add(stored); !s.ok()) return reject_upload(s, version);
+  if (arriving != nullptr) {
+    arriving->finish(true);
+    arriving.reset();  // stored now: nothing to withdraw
+  }
 
   metrics_->uploads->with({"accepted"}).inc();
   metrics_->latest_version->get().set(static_cast<double>(version));
@@ -361,6 +408,49 @@ bool WeightSyncServiceImpl::send_version(const StoredVersionPtr& version,
   *message.mutable_manifest() = version->manifest;
   if (!sink.write(message)) return false;
   return send_chunks(version->version(), version->payload, version, context, sink);
+}
+
+bool WeightSyncServiceImpl::relay_version(const std::shared_ptr<ArrivingVersion>& arriving,
+                                          grpc::ServerContext* context, PushSink& sink,
+                                          bool* upload_failed) {
+  const StoredVersionPtr& version = arriving->stored();
+  v1::SubscribeResponse message;
+  *message.mutable_manifest() = version->manifest;
+  if (!sink.write(message)) return false;
+  const uint64_t total = arriving->total_bytes();
+  const char* data = arriving->data();
+  for (uint64_t offset = 0; offset < total; offset += options_.chunk_bytes) {
+    const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, total - offset);
+    uint64_t ready = 0;
+    while (true) {
+      if (context->IsCancelled() || shutting_down_.load()) return false;
+      if (arriving->wait(offset + n, options_.poll_interval, &ready) ==
+          ArrivingVersion::State::kFailed) {
+        *upload_failed = true;
+        return false;
+      }
+      if (ready >= offset + n) break;
+    }
+    // Bytes below `ready` are final; the stored version keeps them alive while gRPC sends them.
+    if (!sink.write_chunk(version->version(), offset, std::string_view(data + offset, n),
+                          version)) {
+      return false;
+    }
+    metrics_->sent_bytes->get().inc(static_cast<double>(n));
+  }
+  return true;
+}
+
+StoredVersionPtr WeightSyncServiceImpl::wait_arrived(
+    const std::shared_ptr<ArrivingVersion>& arriving, grpc::ServerContext* context) {
+  uint64_t ready = 0;
+  while (!context->IsCancelled() && !shutting_down_.load()) {
+    const ArrivingVersion::State state =
+        arriving->wait(arriving->total_bytes(), options_.poll_interval, &ready);
+    if (state == ArrivingVersion::State::kFailed) return nullptr;
+    if (ready >= arriving->total_bytes()) return arriving->stored();
+  }
+  return nullptr;
 }
 
 bool WeightSyncServiceImpl::send_delta(const std::shared_ptr<const EncodedDelta>& delta,
@@ -479,12 +569,16 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
   } pending;
   PushChooser chooser;
   while (!context->IsCancelled()) {
-    StoredVersionPtr next = store_.wait_newer(held, options_.poll_interval);
+    // A stored version newer than the worker's, or one still arriving (pushed as it arrives).
+    VersionStore::Newer newer = store_.wait_newer_or_arriving(held, options_.poll_interval);
     if (shutting_down_.load()) {
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "weight sync is shutting down");
       break;
     }
-    if (next == nullptr) continue;
+    if (newer.stored == nullptr && newer.arriving == nullptr) continue;
+    // `next` is the version's StoredVersion either way; while it arrives only its manifest and
+    // the received prefix of its payload may be read.
+    StoredVersionPtr next = newer.stored != nullptr ? newer.stored : newer.arriving->stored();
     const auto [acked_number, acked_ms] = acked(worker);
     if (pending.version != 0 && acked_number == pending.version) {
       chooser.observed(pending.kind, 1e-3 * static_cast<double>(acked_ms - pending.start_unix_ms),
@@ -499,12 +593,19 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
       if (options_.delta_choice == WeightSyncOptions::DeltaChoice::kMeasured) {
         choice = chooser.choose();
       }
-      if (choice.kind == PushKind::kDelta) delta = delta_for(*base, *next);
+      if (choice.kind == PushKind::kDelta) {
+        // A delta needs the whole target: wait for an arriving version's upload to end.
+        if (newer.arriving != nullptr) {
+          if (wait_arrived(newer.arriving, context) == nullptr) continue;  // failed or cancelled
+          newer.arriving.reset();
+        }
+        delta = delta_for(*base, *next);
+      }
       if (choice.probe) {
         metrics_->push_probes->with({choice.kind == PushKind::kDelta ? "delta" : "full"}).inc();
       }
       // Scaled to this version's size, the cost each kind would have now.
-      const double full_bytes = static_cast<double>(next->payload.size());
+      const double full_bytes = static_cast<double>(next->manifest.total_bytes());
       for (PushKind k : {PushKind::kFull, PushKind::kDelta}) {
         if (std::optional<double> e = chooser.seconds_per_byte(k)) {
           metrics_->push_cost_seconds->with({k == PushKind::kDelta ? "delta" : "full"})
@@ -512,8 +613,18 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
         }
       }
     }
-    const bool sent =
-        delta != nullptr ? send_delta(delta, context, sink) : send_version(next, context, sink);
+    bool upload_failed = false;
+    const bool sent = delta != nullptr ? send_delta(delta, context, sink)
+                      : newer.arriving != nullptr
+                          ? relay_version(newer.arriving, context, sink, &upload_failed)
+                          : send_version(next, context, sink);
+    if (upload_failed) {
+      // The worker holds an incomplete version it drops at the next manifest; nothing changed
+      // for this stream: wait for the next version (the trainer retries or publishes a newer one).
+      service::log_warn(kComponent, "upload failed while being pushed; the worker drops it",
+                        {{"worker", worker}, {"version", absl::StrCat(next->version())}});
+      continue;
+    }
     if (sent) {
       const std::string_view kind = delta != nullptr ? "delta" : "full";
       metrics_->pushes->with({std::string(kind)}).inc();

@@ -50,6 +50,11 @@ struct WeightSyncOptions {
   // Receive each upload into the payload buffer of a version the store evicted (payload_pool.h),
   // at the cost of holding one extra version's bytes while idle.
   bool reuse_payload_buffers = true;
+  // Cut-through: a full version is pushed to subscribers while its upload is still arriving
+  // (each chunk once the upload's bytes up to its end are in and their tensors verified), so the
+  // upload and the push overlap instead of running one after the other. Needs the zero-copy
+  // receive (set_zero_copy_receive); deltas still wait for the whole version.
+  bool cut_through = true;
 };
 
 // InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
@@ -93,6 +98,8 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   // Upload chunks are copied from gRPC's slices straight into the payload buffer (true, the
   // default) or parsed into a message first and then appended (false: for benchmarks).
   void set_zero_copy_receive(bool on) { zero_copy_receive_.store(on); }
+  // WeightSyncOptions::cut_through, switchable at run time (for benchmarks).
+  void set_cut_through(bool on) { cut_through_.store(on); }
 
  private:
   grpc::Status reject_upload(const absl::Status& status, int64_t version);
@@ -109,6 +116,16 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   // Streams an encoded delta (delta manifest, then chunks of its payload); false as above.
   bool send_delta(const std::shared_ptr<const EncodedDelta>& delta, grpc::ServerContext* context,
                   PushSink& sink);
+  // Streams a version while its upload arrives (cut-through): the manifest at once, each chunk
+  // when the upload has received its bytes. False as above, or when the upload failed
+  // (*upload_failed: what was sent is an incomplete version, which the worker drops when the next
+  // manifest arrives).
+  bool relay_version(const std::shared_ptr<ArrivingVersion>& arriving, grpc::ServerContext* context,
+                     PushSink& sink, bool* upload_failed);
+  // Waits for an arriving version's upload to complete: the stored version, or nullptr when the
+  // upload failed, the stream was cancelled or shutdown began.
+  StoredVersionPtr wait_arrived(const std::shared_ptr<ArrivingVersion>& arriving,
+                                grpc::ServerContext* context);
   // Streams `payload` (kept alive by `owner`) as chunks of `version`; false as above.
   bool send_chunks(int64_t version, std::string_view payload, std::shared_ptr<const void> owner,
                    grpc::ServerContext* context, PushSink& sink);
@@ -133,6 +150,7 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   std::atomic<bool> shutting_down_{false};
   std::atomic<bool> zero_copy_send_{true};
   std::atomic<bool> zero_copy_receive_{true};
+  std::atomic<bool> cut_through_{true};
   std::shared_ptr<const service::TokenSet> auth_;  // null: open
 
   // One encoding of (base, target): the first stream to ask encodes, the others wait on `once`.

@@ -429,6 +429,78 @@ TEST(WeightSyncService, CorruptOrIncompleteUploadsAreRejectedAndNeverServed) {
   expect_same_set(next, received.last());
 }
 
+// Cut-through: a full version goes out to subscribers while its upload is still arriving, yet a
+// worker completes it only once it is stored. An upload refused after part of it was pushed
+// (corrupt chunk) or after all of its bytes were (a message beyond the end) never completes on the
+// worker, and the intact upload of the same version that follows arrives whole.
+TEST(WeightSyncService, CutThroughPushesAVersionWhileItsUploadArrives) {
+  WeightSyncOptions options = testing::fast_options(2);
+  options.chunk_bytes = 256 << 10;  // relayed in quarters of the upload's 1 MiB chunks
+  options.deltas = false;  // full versions only: a delta waits for the whole version
+  TestServer server(options);
+  Received received;
+  auto sub = subscribe(server, "gen-0", received);
+  wait_subscribed(server, 1);
+  auto sent = [&] {
+    return metric(server.registry().render(), "fp8rl_weight_sync_sent_bytes_total");
+  };
+  const model::WeightSet set = random_fp8_set(1, 41);
+  const std::vector<v1::UploadVersionRequest> messages =
+      stream_messages<v1::UploadVersionRequest>(set, v1::WEIGHT_FORMAT_FP8);
+  ASSERT_GE(messages.size(), 5u);
+  const double total = static_cast<double>(messages[0].manifest().total_bytes());
+  {
+    grpc::ClientContext context;
+    v1::UploadVersionResponse response;
+    auto writer = server.stub()->UploadVersion(&context, &response);
+    // The manifest and half of the chunks: the service pushes what it has.
+    const size_t half = messages.size() / 2;
+    for (size_t i = 0; i <= half; ++i) ASSERT_TRUE(writer->Write(messages[i]));
+    const double expect_at_least = static_cast<double>(half - 1) * (1 << 20);
+    EXPECT_TRUE(wait_until([&] { return sent() >= expect_at_least; }))
+        << "sent " << sent() << " bytes before the upload ended";
+    EXPECT_LT(sent(), total);
+    EXPECT_EQ(server.status().latest_version(), 0);
+    EXPECT_TRUE(received.versions().empty());
+    for (size_t i = half + 1; i < messages.size(); ++i) ASSERT_TRUE(writer->Write(messages[i]));
+    ASSERT_TRUE(writer->WritesDone());
+    const grpc::Status status = writer->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  ASSERT_TRUE(sub->wait_for_version(1, 10s));
+  expect_same_set(set, received.last());
+  EXPECT_EQ(sent(), total);
+
+  // Version 2 refused part-way (a flipped byte in chunk 3) and after its last byte (an extra
+  // message beyond the end): the worker gets neither; then the intact version 2 arrives whole.
+  const model::WeightSet next = random_fp8_set(2, 42);
+  const std::vector<v1::UploadVersionRequest> good =
+      stream_messages<v1::UploadVersionRequest>(next, v1::WEIGHT_FORMAT_FP8);
+  std::vector<v1::UploadVersionRequest> corrupt = good;
+  (*corrupt[3].mutable_chunk()->mutable_data())[4321] ^= 0x10;
+  std::vector<v1::UploadVersionRequest> beyond = good;
+  v1::UploadVersionRequest extra;
+  extra.mutable_chunk()->set_version(2);
+  extra.mutable_chunk()->set_offset(good[0].manifest().total_bytes());
+  extra.mutable_chunk()->set_data("tail");
+  beyond.push_back(extra);
+  const double before = sent();
+  EXPECT_EQ(raw_upload(server.stub(), corrupt).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(raw_upload(server.stub(), beyond).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_GT(sent(), before) << "nothing of the refused uploads was pushed while they arrived";
+  EXPECT_EQ(received.versions(), std::vector<int64_t>{1});
+  EXPECT_EQ(server.status().latest_version(), 1);
+  ASSERT_TRUE(raw_upload(server.stub(), good).ok());
+  ASSERT_TRUE(sub->wait_for_version(2, 10s));
+  EXPECT_EQ(received.versions(), (std::vector<int64_t>{1, 2}));
+  expect_same_set(next, received.last());
+  ASSERT_TRUE(wait_until([&] {
+    const v1::WorkerVersion* w = find_worker(server.status(), "gen-0");
+    return w != nullptr && w->version() == 2;
+  }));
+}
+
 TEST(WeightSyncService, AcksAreValidatedAndTracked) {
   TestServer server;
   ASSERT_TRUE(upload(server.stub(), random_bf16_set(1, 900), v1::WEIGHT_FORMAT_BF16).ok());

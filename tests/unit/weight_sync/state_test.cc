@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -72,6 +73,78 @@ TEST(VersionStore, WaitNewerWakesOnAddAndOnClose) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_TRUE(store.closed());
   EXPECT_EQ(store.wait_newer(0, 5s), nullptr);  // closed: no more waiting
+}
+
+// A version being uploaded: announced to waiters while it arrives, its received prefix readable
+// (the last byte only once it is stored), withdrawn when the upload fails, replaced by the stored
+// version when it completes.
+TEST(VersionStore, ArrivingVersionsAreAnnouncedReadInOrderAndWithdrawn) {
+  VersionStore store(2);
+  ASSERT_TRUE(store.add(make_version(1, "one")).ok());
+  auto stored = std::make_shared<StoredVersion>();
+  stored->manifest.set_version(2);
+  stored->payload.assign(10, '\0');
+  auto arriving = std::make_shared<ArrivingVersion>(stored, stored->payload.data());
+  EXPECT_EQ(arriving->total_bytes(), 10u);
+
+  // Not announced yet: a waiter holding version 1 times out.
+  VersionStore::Newer none = store.wait_newer_or_arriving(1, 10ms);
+  EXPECT_EQ(none.stored, nullptr);
+  EXPECT_EQ(none.arriving, nullptr);
+  std::thread announcer([&] {
+    std::this_thread::sleep_for(30ms);
+    store.begin_arrival(arriving);
+  });
+  VersionStore::Newer got = store.wait_newer_or_arriving(1, 5s);
+  announcer.join();
+  EXPECT_EQ(got.stored, nullptr);
+  ASSERT_EQ(got.arriving, arriving);
+  // A waiter that holds nothing gets the arriving version too (it is the newest).
+  EXPECT_EQ(store.wait_newer_or_arriving(0, 10ms).arriving, arriving);
+  // An older or equal arrival does not replace it; one not newer than the store is ignored.
+  auto old_stored = std::make_shared<StoredVersion>();
+  old_stored->manifest.set_version(1);
+  old_stored->payload = "x";
+  store.begin_arrival(std::make_shared<ArrivingVersion>(old_stored, old_stored->payload.data()));
+  EXPECT_EQ(store.wait_newer_or_arriving(1, 10ms).arriving, arriving);
+
+  uint64_t ready = 0;
+  EXPECT_EQ(arriving->wait(4, 10ms, &ready), ArrivingVersion::State::kArriving);
+  EXPECT_EQ(ready, 0u);
+  std::memcpy(arriving->data(), "abcd", 4);
+  arriving->advance(4);
+  EXPECT_EQ(arriving->wait(4, 10ms, &ready), ArrivingVersion::State::kArriving);
+  EXPECT_EQ(ready, 4u);
+  EXPECT_EQ(std::string(stored->payload.data(), 4), "abcd");
+  // All bytes in, but not stored: the last byte is held back.
+  arriving->advance(10);
+  EXPECT_EQ(arriving->wait(10, 10ms, &ready), ArrivingVersion::State::kArriving);
+  EXPECT_EQ(ready, 9u);
+  ASSERT_TRUE(store.add(stored).ok());  // the store replaces the arrival by the version
+  arriving->finish(true);
+  EXPECT_EQ(arriving->wait(10, 10ms, &ready), ArrivingVersion::State::kComplete);
+  EXPECT_EQ(ready, 10u);
+  got = store.wait_newer_or_arriving(1, 10ms);
+  EXPECT_EQ(got.arriving, nullptr);
+  EXPECT_EQ(got.stored, stored);
+
+  // A failed upload: waiters see kFailed, and the store forgets the arrival.
+  auto third = std::make_shared<StoredVersion>();
+  third->manifest.set_version(3);
+  third->payload.assign(8, 'z');
+  auto failing = std::make_shared<ArrivingVersion>(third, third->payload.data());
+  store.begin_arrival(failing);
+  EXPECT_EQ(store.wait_newer_or_arriving(2, 10ms).arriving, failing);
+  failing->advance(3);
+  failing->finish(false);
+  failing->finish(true);  // the first end counts
+  EXPECT_EQ(failing->wait(8, 10ms, &ready), ArrivingVersion::State::kFailed);
+  EXPECT_EQ(ready, 3u);
+  store.end_arrival(failing.get());
+  got = store.wait_newer_or_arriving(2, 10ms);
+  EXPECT_EQ(got.arriving, nullptr);
+  EXPECT_EQ(got.stored, nullptr);
+  EXPECT_EQ(store.latest_version(), 2);
 }
 
 TEST(WorkerTable, TracksAcksAndStreams) {
@@ -200,11 +273,13 @@ TEST(Config, DeltaFlags) {
   EXPECT_EQ(c->sync.delta_choice, WeightSyncOptions::DeltaChoice::kMeasured);
   EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, defaults.delta_max_fraction);
   EXPECT_EQ(c->sync.delta_zstd_level, kDefaultDeltaZstdLevel);
+  EXPECT_TRUE(c->sync.cut_through);
 
-  c = parse_weight_sync_config(
-      {"--deltas", "off", "--delta-max-fraction", "0.25", "--delta-zstd-level=19"});
+  c = parse_weight_sync_config({"--deltas", "off", "--delta-max-fraction", "0.25",
+                                "--delta-zstd-level=19", "--cut-through", "off"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->sync.deltas);
+  EXPECT_FALSE(c->sync.cut_through);
   EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, 0.25);
   EXPECT_EQ(c->sync.delta_zstd_level, 19);
 
@@ -253,6 +328,7 @@ TEST(Config, BadValuesNameTheFlag) {
       {{"--delta-zstd-level", "0"}, "--delta-zstd-level: must be in [1, 19], got 0"},
       {{"--delta-zstd-level", "22"}, "--delta-zstd-level: must be in [1, 19], got 22"},
       {{"--delta-zstd-level", "fast"}, "--delta-zstd-level: expected an integer, got 'fast'"},
+      {{"--cut-through", "yes"}, "--cut-through: must be on or off, got 'yes'"},
   };
   for (const auto& [args, expect] : cases) {
     SCOPED_TRACE(expect);
