@@ -75,7 +75,8 @@ struct Options {
   // What --ab switches: "all" (the previous push path above, plus the service's two message
   // copies below) or "service" (only those: upload chunks copied from gRPC's slices straight into
   // the payload vs parsed into a message and appended; pushed chunks sent as slices over the
-  // stored version vs copied into a SubscribeResponse that gRPC serializes).
+  // stored version vs copied into a SubscribeResponse that gRPC serializes), or "cut-through"
+  // (only that: a version pushed while its upload arrives vs once it is stored).
   std::string ab_what = "all";
 };
 
@@ -84,7 +85,7 @@ void usage() {
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
                "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK] "
-               "[--ab-what all|service]\n");
+               "[--ab-what all|service|cut-through]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
@@ -111,8 +112,9 @@ bool parse(int argc, char** argv, Options* o) {
     if (a == "--model") {
       o->model = v;
     } else if (a == "--ab-what") {
-      if (v != "all" && v != "service") {
-        std::fprintf(stderr, "--ab-what: expected all or service, got '%s'\n", v.c_str());
+      if (v != "all" && v != "service" && v != "cut-through") {
+        std::fprintf(stderr, "--ab-what: expected all, service or cut-through, got '%s'\n",
+                     v.c_str());
         return false;
       }
       o->ab_what = v;
@@ -182,6 +184,8 @@ double max_relative_difference(const model::KvScales& a, const model::KvScales& 
 // --ab: the current push path (`current`) or the previous one, on the service and every worker.
 void set_push_path(bool current, const std::string& what, weight_sync::WeightSyncServiceImpl& sync,
                    const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers) {
+  sync.set_cut_through(current);
+  if (what == "cut-through") return;
   sync.set_zero_copy_send(current);
   sync.set_zero_copy_receive(current);
   if (what == "service") return;
