@@ -496,7 +496,8 @@ TEST(WeightSyncService, CutThroughPushesAVersionWhileItsUploadArrives) {
   EXPECT_EQ(received.versions(), (std::vector<int64_t>{1, 2}));
   expect_same_set(next, received.last());
   ASSERT_TRUE(wait_until([&] {
-    const v1::WorkerVersion* w = find_worker(server.status(), "gen-0");
+    const v1::WeightSyncStatus status = server.status();
+    const v1::WorkerVersion* w = find_worker(status, "gen-0");
     return w != nullptr && w->version() == 2;
   }));
 }
