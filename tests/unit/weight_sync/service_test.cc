@@ -436,7 +436,7 @@ TEST(WeightSyncService, CorruptOrIncompleteUploadsAreRejectedAndNeverServed) {
 TEST(WeightSyncService, CutThroughPushesAVersionWhileItsUploadArrives) {
   WeightSyncOptions options = testing::fast_options(2);
   options.chunk_bytes = 256 << 10;  // relayed in quarters of the upload's 1 MiB chunks
-  options.deltas = false;  // full versions only: a delta waits for the whole version
+  options.deltas = false;           // full versions only: a delta waits for the whole version
   TestServer server(options);
   Received received;
   auto sub = subscribe(server, "gen-0", received);
