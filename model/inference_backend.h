@@ -103,7 +103,8 @@ class InferenceBackend {
   virtual const PrecisionPolicy& policy() const = 0;
 
   // Replaces the weights with `model`'s (same config and policy, else InvalidArgument; while
-  // sequences are alive, FailedPrecondition). CUDA: written into the same device buffers.
+  // sequences are alive, FailedPrecondition). CUDA: copied into the device weights (1 slot), or
+  // into the idle slot unless prepare_model(model) already did, then switched to (2 slots).
   virtual absl::Status set_model(std::shared_ptr<const Model> model) = 0;
   // Starts making `model` the next weights without touching the ones being served, so a later
   // set_model(model) only switches; allowed while sequences are alive. `model` must not change
