@@ -12,7 +12,10 @@
 //
 //   fp8rl-bench-decode-gpu [--layers 4] [--batches 1,32,256] [--contexts 1024,4096]
 //                          [--decode-steps 8] [--prefill-tokens 16384] [--budget-seconds 150]
-//                          [--gpu-memory-fraction 0.9] [--probe]
+//                          [--gpu-memory-fraction 0.9] [--probe] [--setup-only]
+// --setup-only times the host-side set-up (random model, exports, one model per variant) without
+// a GPU and exits. Each table row is printed (and flushed) as its cell ends, so a run stopped by
+// a timeout keeps the cells it finished.
 // After the cells, one weight install as a generation worker does it (issue 19, "install in
 // place" on the device), FP8 + FP8 KV: an inference-only model installed from the FP8 payload,
 // then (a) one weight slot: set_model copies it at the swap; (b) two slots: prepare_model copies
@@ -54,6 +57,7 @@ struct Options {
   double budget_seconds = 150;
   double gpu_memory_fraction = 0.9;
   bool probe = false;
+  bool setup_only = false;  // time the host-side set-up alone (no GPU needed) and exit
 };
 
 bool parse_list(const std::string& text, std::vector<int64_t>* out) {
@@ -69,8 +73,8 @@ bool parse_list(const std::string& text, std::vector<int64_t>* out) {
 bool parse_options(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--probe") {
-      o->probe = true;
+    if (a == "--probe" || a == "--setup-only") {
+      (a == "--probe" ? o->probe : o->setup_only) = true;
       continue;
     }
     if (i + 1 >= argc) return false;
@@ -326,7 +330,7 @@ int run(int argc, char** argv) {
   Options o;
   if (!parse_options(argc, argv, &o)) return 1;
   const model::DeviceProbeResult probe = model::probe_cuda_device();
-  if (!probe.device.has_value()) {
+  if (!probe.device.has_value() && !o.setup_only) {
     std::printf("no GPU: %s\n", probe.detail.c_str());
     return 2;
   }
@@ -359,6 +363,25 @@ int run(int argc, char** argv) {
       sets.emplace(f, std::move(*set));
     }
   }
+  if (o.setup_only) {
+    std::printf("host setup: random model + BF16 and FP8 exports %.1f s\n", seconds_since(start));
+    for (model::WeightFormat f : {model::WeightFormat::kBF16, model::WeightFormat::kFP8}) {
+      model::PrecisionPolicy policy;
+      policy.linear =
+          f == model::WeightFormat::kFP8 ? model::Precision::kFP8 : model::Precision::kBF16;
+      const Clock::time_point t0 = Clock::now();
+      absl::StatusOr<std::unique_ptr<model::Model>> m =
+          model::Model::FromWeightSet(sets.at(f), policy);
+      if (!m.ok()) {
+        std::fprintf(stderr, "model: %s\n", std::string(m.status().message()).c_str());
+        return 1;
+      }
+      std::printf("host setup: %s model from its payload %.1f s\n",
+                  f == model::WeightFormat::kFP8 ? "fp8" : "bf16", seconds_since(t0));
+    }
+    std::printf("host setup total: %.1f s\n", seconds_since(start));
+    return 0;
+  }
   // The budget covers the cells, not the host-side set-up above.
   const Clock::time_point deadline =
       Clock::now() +
@@ -374,6 +397,26 @@ int run(int argc, char** argv) {
                               {"fp8+kv8", model::Precision::kFP8, model::KvCacheDtype::kFP8}};
   // (variant, phase, batch, context) -> cell
   std::map<std::tuple<std::string, std::string, int64_t, int64_t>, Cell> cells;
+  // One row per cell as it ends; bf16 runs first, so every later row has its ratio.
+  auto print_row = [&cells](const std::string& variant, const std::string& phase, int64_t batch,
+                            int64_t context, const Cell& c) {
+    std::string tps =
+        c.tokens_per_s < 0 ? c.note : absl::StrCat(static_cast<int64_t>(c.tokens_per_s));
+    std::string ratio = "-";
+    auto base = cells.find({"bf16", phase, batch, context});
+    if (c.tokens_per_s > 0 && base != cells.end() && base->second.tokens_per_s > 0) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%.2f", c.tokens_per_s / base->second.tokens_per_s);
+      ratio = buf;
+    }
+    std::printf("| fp8rl | %s | %s | %lld | %lld | %lld | %s | %s |\n", variant.c_str(),
+                phase.c_str(), static_cast<long long>(batch), static_cast<long long>(context),
+                static_cast<long long>(c.seqs), tps.c_str(), ratio.c_str());
+    std::fflush(stdout);
+  };
+  std::printf("| engine | precision | phase | batch | context | seqs | tokens/s | x bf16 |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::fflush(stdout);
   int rc = 0;
   for (const Variant& v : variants) {
     model::PrecisionPolicy policy;
@@ -413,6 +456,7 @@ int run(int argc, char** argv) {
             continue;
           }
           cells[{v.name, phase, batch, context}] = *c;
+          print_row(v.name, phase, batch, context, *c);
         }
       }
     }
@@ -434,23 +478,6 @@ int run(int argc, char** argv) {
     }
   }
 
-  std::printf("| engine | precision | phase | batch | context | seqs | tokens/s | x bf16 |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  for (const auto& [key, c] : cells) {
-    const auto& [variant, phase, batch, context] = key;
-    std::string tps =
-        c.tokens_per_s < 0 ? c.note : absl::StrCat(static_cast<int64_t>(c.tokens_per_s));
-    std::string ratio = "-";
-    auto base = cells.find({"bf16", phase, batch, context});
-    if (c.tokens_per_s > 0 && base != cells.end() && base->second.tokens_per_s > 0) {
-      char buf[32];
-      std::snprintf(buf, sizeof(buf), "%.2f", c.tokens_per_s / base->second.tokens_per_s);
-      ratio = buf;
-    }
-    std::printf("| fp8rl | %s | %s | %lld | %lld | %lld | %s | %s |\n", variant.c_str(),
-                phase.c_str(), static_cast<long long>(batch), static_cast<long long>(context),
-                static_cast<long long>(c.seqs), tps.c_str(), ratio.c_str());
-  }
   return rc;
 }
 

@@ -8,10 +8,11 @@
 //                         [--prompts 4] [--samples 4] [--prompt-tokens 32] [--new-tokens 64]
 //                         [--steps 2] [--time-cap-seconds 120] [--gpu-memory-fraction 0.9]
 //                         [--recompute none|layers] [--setup-only] [--layers N]
-// Each precision runs one warm-up step (not reported) and then --steps steps, fewer when the time
-// cap is reached (the table says how many ran). The random fp32 master is drawn once and every
-// precision's policy model is built from it (Model::FromWeightSet); "setup s" is the time from
-// that build to the first published version (learner, backend, first export and install).
+// Each precision runs one warm-up step (not reported) and then --steps steps, at least one and
+// fewer when the time cap is reached (the table says how many ran); a precision reached past the
+// cap is not set up. Each row is printed as its precision ends. The random fp32 master is drawn
+// once and every precision's policy model is built from it (Model::FromWeightSet); "setup s" is the
+// time from that build to the first published version (learner, backend, first export and install).
 // --setup-only: times the host side of that setup (the random master once, then each precision's
 // host model) and stops, without a backend or a step (docs/perf.md "GRPO step in one process").
 // --layers N: the shape with N decoder layers instead of its own count (to time the setup of a
@@ -254,12 +255,37 @@ int run(const std::vector<std::string>& args) {
     std::printf("host setup total (%s): %.3g s\n", o.shape.c_str(), elapsed());
     return 0;
   }
-  std::vector<Row> rows;
+  std::printf(
+      "\n| precision | steps | generate s | train logprobs s | train fwd+bwd s | optimizer s | "
+      "requant s | calibrate s | export s | install s | step s | step x vs bf16 | "
+      "(requant+calibrate)/step | setup s |\n");
+  std::printf(
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  // Each variant's row is printed (and flushed) as it ends, so a run stopped by a timeout keeps
+  // the rows it finished; bf16 runs first and is the ratio's base.
+  double bf16_step = 0;
+  auto print_row = [&bf16_step](const Row& r) {
+    if (r.steps == 0) {
+      std::printf("| %s | 0 (time cap) | | | | | | | | | | | | |\n", r.name.c_str());
+      std::fflush(stdout);
+      return;
+    }
+    const double step = r.t.total();
+    if (r.name == "bf16") bf16_step = step;
+    std::printf(
+        "| %s | %lld | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.2f | "
+        "%.2f%% | %.3g |\n",
+        r.name.c_str(), static_cast<long long>(r.steps), r.t.generate, r.t.logprobs,
+        r.t.forward_backward, r.t.optimizer, r.t.requantize, r.t.calibrate, r.t.export_weights,
+        r.t.install, step, bf16_step > 0 ? bf16_step / step : 0.0,
+        100.0 * (r.t.requantize + r.t.calibrate) / step, r.setup_seconds);
+    std::fflush(stdout);
+  };
   for (const Variant& variant : kVariants) {
     if (elapsed() > o.time_cap_seconds) {  // past the cap: not even a warm-up
       Row skipped;
       skipped.name = variant.name;
-      rows.push_back(skipped);
+      print_row(skipped);
       continue;
     }
     train::InitRequest init;
@@ -308,7 +334,7 @@ int run(const std::vector<std::string>& args) {
     row.name = variant.name;
     row.setup_seconds = seconds_since(setup_start);
     for (int64_t s = 0; s <= o.steps; ++s) {
-      if (s > 0 && elapsed() > o.time_cap_seconds) break;
+      if (s > 1 && elapsed() > o.time_cap_seconds) break;  // a variant set up runs one step
       absl::StatusOr<train::GrpoStepReport> r = (*grpo)->step(prompts);
       if (!r.ok()) return fail(absl::StrCat(variant.name, ": ", r.status().message()));
       if (s == 0) continue;  // warm-up
@@ -334,28 +360,7 @@ int run(const std::vector<std::string>& args) {
         *v /= n;
       }
     }
-    rows.push_back(row);
-  }
-  std::printf(
-      "\n| precision | steps | generate s | train logprobs s | train fwd+bwd s | optimizer s | "
-      "requant s | calibrate s | export s | install s | step s | step x vs bf16 | "
-      "(requant+calibrate)/step | setup s |\n");
-  std::printf(
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  const double bf16_step = rows.empty() || rows[0].steps == 0 ? 0.0 : rows[0].t.total();
-  for (const Row& r : rows) {
-    if (r.steps == 0) {
-      std::printf("| %s | 0 (time cap) | | | | | | | | | | | | |\n", r.name.c_str());
-      continue;
-    }
-    const double step = r.t.total();
-    std::printf(
-        "| %s | %lld | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.2f | "
-        "%.2f%% | %.3g |\n",
-        r.name.c_str(), static_cast<long long>(r.steps), r.t.generate, r.t.logprobs,
-        r.t.forward_backward, r.t.optimizer, r.t.requantize, r.t.calibrate, r.t.export_weights,
-        r.t.install, step, bf16_step > 0 ? bf16_step / step : 0.0,
-        100.0 * (r.t.requantize + r.t.calibrate) / step, r.setup_seconds);
+    print_row(row);
   }
   std::printf(
       "\nstep = generate + score + train (logprobs, fwd+bwd, optimizer incl. its requant) + "

@@ -2,9 +2,8 @@
 // against its CPU reference (kernels/cpu/train_ops.h), every training GEMM of CudaTrainOps
 // (fprop / dgrad / wgrad per linear kind) against model/linear.h through HostTrainOps, and a
 // whole forward + backward (CudaTrainStep) against Model::forward / Model::backward for fp32,
-// bf16 and fp8 policies with the KV fake-quantization. Skips without an sm_90 device. NEVER RUN
-// ON A GPU YET: the bars below are derived, not measured; each comparison prints "measured ...
-// bar ..." so the first H200 run shows the margins.
+// bf16 and fp8 policies with the KV fake-quantization. Skips without an sm_90 device. Each
+// comparison prints "measured ... bar ..." (the H200 runs' figures: docs/results/gpu-check-*.md).
 //
 // Tolerances:
 //   Kernels without exp (RMSNorm and RoPE backward, embedding gradient, KV fake-quantization,
@@ -25,6 +24,11 @@
 //     above, and for bf16/fp8 the rounding flips they cause downstream (model_cuda_test.cc's
 //     derivation: bf16 ~1e-5, fp8 1e-3 for forward values), doubled for the backward's second
 //     pass through the same chain: kStepCalcDiff = {fp32 1e-8, bf16 1e-4, fp8 5e-3}.
+//   FP8 gradients with exact (not power-of-two) 1x128 scales: a last-bit change of a tile's amax
+//     rescales all 128 codes of the tile in the backward's dY quantization, not one code, so a
+//     gradient differs by more than the forward's flips. Measured on an H200: power-of-two
+//     scales stay within kStepCalcDiffFp8 (the _mixed case), exact scales go past it while the
+//     same step's logprobs agree to ~1e-4: gradient bar kStepCalcDiffFp8ExactScales = 2e-2.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,6 +63,7 @@ constexpr double kBf16GemmCalcDiff = 1e-5;
 constexpr double kStepCalcDiffFp32 = 1e-8;
 constexpr double kStepCalcDiffBf16 = 1e-4;
 constexpr double kStepCalcDiffFp8 = 5e-3;
+constexpr double kStepCalcDiffFp8ExactScales = 2e-2;
 
 void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -420,7 +425,9 @@ TEST_P(TrainOpsCudaTest, WholeStepMatchesModelBackward) {
     const std::vector<float> a(grads.begin() + info.offset,
                                grads.begin() + info.offset + info.numel),
         b(ref_grads.begin() + info.offset, ref_grads.begin() + info.offset + info.numel);
-    expect_close(a, b, bar, step_name(c) + " grad " + info.name);
+    const double grad_bar =
+        c.linear == Precision::kFP8 && !c.mixed ? kStepCalcDiffFp8ExactScales : bar;
+    expect_close(a, b, grad_bar, step_name(c) + " grad " + info.name);
   }
 }
 
