@@ -52,6 +52,12 @@ void kv_write_paged(const float* k, const float* v, int64_t rows, const int32_t*
 void attention_paged(const float* q, int64_t rows, const int32_t* row_seq, const int32_t* row_pos,
                      const dm::PagedKvView& kv, int64_t n_heads, float scale, float* out);
 
+// attention_paged in the split-context order of the CUDA decode kernel (dm::attend_row_split with
+// dm::kDecodeStripes stripes): the GPU test's reference for that kernel. head_dim % 8 == 0.
+void attention_paged_split(const float* q, int64_t rows, const int32_t* row_seq,
+                           const int32_t* row_pos, const dm::PagedKvView& kv, int64_t n_heads,
+                           float scale, float* out);
+
 // lse[r] = log sum exp(z[r] * inv_t) (nullable); target_logprob[r] = z[r][targets[r]] * inv_t -
 // lse[r] when targets and target_logprob are both given.
 void log_softmax(const float* z, int64_t rows, int64_t vocab, float inv_t, const int32_t* targets,

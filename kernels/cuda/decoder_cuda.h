@@ -26,6 +26,17 @@
 
 namespace fp8rl::kernels::cuda {
 
+// Which kernels attention_paged, log_softmax and sample launch. kFast: the block-parallel ones
+// (split-context decode attention in dm::attend_row_split's order, block-reduced log-softmax and
+// sampling) where the shape allows, else the simple ones; kSimple: the simple one-thread-per-row
+// kernels (the reference mapping, kept to compare and benchmark against). kDefault is kFast unless
+// the environment variable FP8RL_DECODER_KERNELS=simple is set (read once per process), so the
+// old path can be selected without rebuilding.
+enum class DecoderKernels { kDefault, kFast, kSimple };
+
+// The choice kDefault resolves to in this process.
+DecoderKernels default_decoder_kernels();
+
 // bad_count (device int32, nullable) is incremented once per row whose token is out of range;
 // such rows are filled with NaN.
 absl::Status embed_gather(const float* table, int64_t vocab, int64_t h, const int32_t* tokens,
@@ -50,15 +61,29 @@ absl::Status attention_prefill(const float* q, const float* k, const float* v,
 // kv: device pools and block table (dm::PagedKvView documents the layout).
 absl::Status kv_write_paged(const float* k, const float* v, int64_t rows, const int32_t* row_seq,
                             const int32_t* row_pos, const dm::PagedKvView& kv, Stream stream);
+// The fast kernel (dm::attend_row_split's order; reference cpu::attention_paged_split) needs
+// kv.head_dim % 8 == 0, kv.head_dim <= dm::kSplitMaxHeadDim (256), 16-byte aligned pools and
+// rows * n_heads < 2^31; other shapes run the simple kernel (reference cpu::attention_paged).
 absl::Status attention_paged(const float* q, int64_t rows, const int32_t* row_seq,
                              const int32_t* row_pos, const dm::PagedKvView& kv, int64_t n_heads,
-                             float scale, float* out, Stream stream);
+                             float scale, float* out, Stream stream,
+                             DecoderKernels kernels = DecoderKernels::kDefault);
 
+// Whether attention_paged with `kernels` runs the split kernel for this shape.
+bool attention_paged_uses_split(const dm::PagedKvView& kv, int64_t rows, int64_t n_heads,
+                                DecoderKernels kernels = DecoderKernels::kDefault);
+
+// The fast kernel (one block per row; reference dm::logsumexp_scaled_blocked) sums in another
+// order than cpu::log_softmax: the same fp32 lse except where a float64 rounding decides.
 absl::Status log_softmax(const float* z, int64_t rows, int64_t vocab, float inv_t,
-                         const int32_t* targets, float* lse, float* target_logprob, Stream stream);
+                         const int32_t* targets, float* lse, float* target_logprob, Stream stream,
+                         DecoderKernels kernels = DecoderKernels::kDefault);
 
-// params, rng (advanced in place), scratch (rows * vocab int32) and out are device arrays.
+// params, rng (advanced in place), scratch (rows * vocab int32) and out are device arrays. The
+// fast kernel (one block per row; reference dm::sample_row_blocked) parallelizes the log-sum-exp,
+// greedy argmax and untruncated draws; top-k/top-p rows still run the heap on one thread.
 absl::Status sample(const float* z, int64_t rows, int64_t vocab, const dm::SampleParams* params,
-                    dm::RngState* rng, int32_t* scratch, dm::SampleResult* out, Stream stream);
+                    dm::RngState* rng, int32_t* scratch, dm::SampleResult* out, Stream stream,
+                    DecoderKernels kernels = DecoderKernels::kDefault);
 
 }  // namespace fp8rl::kernels::cuda

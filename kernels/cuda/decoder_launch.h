@@ -30,11 +30,25 @@ cudaError_t launch_kv_write_paged(const float* k, const float* v, int64_t rows,
 cudaError_t launch_attention_paged(const float* q, int64_t rows, const int32_t* row_seq,
                                    const int32_t* row_pos, const dm::PagedKvView& kv,
                                    int64_t n_heads, float scale, float* out, cudaStream_t stream);
+// The split-context kernel (dm::attend_row_split's order): head_dim % 8 == 0, head_dim <=
+// dm::kSplitMaxHeadDim, 16-byte aligned pools, rows * n_heads < 2^31 (checked by the caller).
+cudaError_t launch_attention_paged_split(const float* q, int64_t rows, const int32_t* row_seq,
+                                         const int32_t* row_pos, const dm::PagedKvView& kv,
+                                         int64_t n_heads, float scale, float* out,
+                                         cudaStream_t stream);
 cudaError_t launch_log_softmax(const float* z, int64_t rows, int64_t vocab, float inv_t,
                                const int32_t* targets, float* lse, float* target_logprob,
                                cudaStream_t stream);
 cudaError_t launch_sample(const float* z, int64_t rows, int64_t vocab,
                           const dm::SampleParams* params, dm::RngState* rng, int32_t* scratch,
                           dm::SampleResult* out, cudaStream_t stream);
+
+// One block of dm::kRowThreads per row (dm::sampling_blocked.h's order); rows < 2^31.
+cudaError_t launch_log_softmax_block(const float* z, int64_t rows, int64_t vocab, float inv_t,
+                                     const int32_t* targets, float* lse, float* target_logprob,
+                                     cudaStream_t stream);
+cudaError_t launch_sample_block(const float* z, int64_t rows, int64_t vocab,
+                                const dm::SampleParams* params, dm::RngState* rng, int32_t* scratch,
+                                dm::SampleResult* out, cudaStream_t stream);
 
 }  // namespace fp8rl::kernels::cuda::internal
