@@ -88,6 +88,13 @@ bool attention_paged_uses_split(const dm::PagedKvView& kv, int64_t rows, int64_t
          rows * n_heads <= kMaxGrid;
 }
 
+bool attention_prefill_uses_split(const float* k, const float* v, int64_t rows, int64_t n_heads,
+                                  int64_t head_dim, DecoderKernels kernels) {
+  return resolve(kernels) == DecoderKernels::kFast && head_dim % 8 == 0 &&
+         head_dim <= dm::kSplitMaxHeadDim && aligned16(k) && aligned16(v) &&
+         rows * n_heads <= kMaxGrid;
+}
+
 absl::Status embed_gather(const float* table, int64_t vocab, int64_t h, const int32_t* tokens,
                           int64_t rows, float* x, int32_t* bad_count, Stream stream) {
   constexpr const char* kFn = "cuda embed_gather";
@@ -136,7 +143,7 @@ absl::Status swiglu(const float* g, const float* u, int64_t n, bool to_bf16, flo
 absl::Status attention_prefill(const float* q, const float* k, const float* v,
                                const int32_t* seq_start, int64_t n_seq, int64_t rows,
                                int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
-                               float* out, Stream stream) {
+                               float* out, Stream stream, DecoderKernels kernels) {
   constexpr const char* kFn = "cuda attention_prefill";
   FP8RL_RETURN_IF_ERROR((positive(kFn, {{"n_seq", n_seq},
                                         {"rows", rows},
@@ -146,8 +153,13 @@ absl::Status attention_prefill(const float* q, const float* k, const float* v,
   FP8RL_RETURN_IF_ERROR(heads_ok(kFn, n_heads, n_kv, head_dim));
   FP8RL_RETURN_IF_ERROR(
       (non_null(kFn, {{"q", q}, {"k", k}, {"v", v}, {"seq_start", seq_start}, {"out", out}})));
-  FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_attention_prefill(
-      q, k, v, seq_start, n_seq, rows, n_heads, n_kv, head_dim, scale, out, stream));
+  if (attention_prefill_uses_split(k, v, rows, n_heads, head_dim, kernels)) {
+    FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_attention_prefill_split(
+        q, k, v, seq_start, n_seq, rows, n_heads, n_kv, head_dim, scale, out, stream));
+  } else {
+    FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_attention_prefill(
+        q, k, v, seq_start, n_seq, rows, n_heads, n_kv, head_dim, scale, out, stream));
+  }
   return absl::OkStatus();
 }
 

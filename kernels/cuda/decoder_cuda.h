@@ -26,12 +26,12 @@
 
 namespace fp8rl::kernels::cuda {
 
-// Which kernels attention_paged, log_softmax and sample launch. kFast: the block-parallel ones
-// (split-context decode attention in dm::attend_row_split's order, block-reduced log-softmax and
-// sampling) where the shape allows, else the simple ones; kSimple: the simple one-thread-per-row
-// kernels (the reference mapping, kept to compare and benchmark against). kDefault is kFast unless
-// the environment variable FP8RL_DECODER_KERNELS=simple is set (read once per process), so the
-// old path can be selected without rebuilding.
+// Which kernels attention_prefill, attention_paged, log_softmax and sample launch. kFast: the
+// block-parallel ones (split-context attention in dm::attend_row_split's order, block-reduced
+// log-softmax and sampling) where the shape allows, else the simple ones; kSimple: the simple
+// one-thread-per-row kernels (the reference mapping, kept to compare and benchmark against).
+// kDefault is kFast unless the environment variable FP8RL_DECODER_KERNELS=simple is set (read once
+// per process), so the old path can be selected without rebuilding.
 enum class DecoderKernels { kDefault, kFast, kSimple };
 
 // The choice kDefault resolves to in this process.
@@ -53,10 +53,20 @@ absl::Status swiglu(const float* g, const float* u, int64_t n, bool to_bf16, flo
                     Stream stream);
 
 // seq_start: device int32 [n_seq + 1], 0 = seq_start[0] < ... < seq_start[n_seq] = rows.
+// The fast kernel (a block per (row, head) in dm::attend_row_split's order, the decode kernel's,
+// so that prefill and decode on the device compute the same function; reference
+// cpu::attention_prefill_split) needs head_dim % 8 == 0, head_dim <= 256, 16-byte aligned k and
+// v and rows * n_heads < 2^31; other shapes run the simple kernel (cpu::attention_prefill).
 absl::Status attention_prefill(const float* q, const float* k, const float* v,
                                const int32_t* seq_start, int64_t n_seq, int64_t rows,
                                int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
-                               float* out, Stream stream);
+                               float* out, Stream stream,
+                               DecoderKernels kernels = DecoderKernels::kDefault);
+
+// Whether attention_prefill with `kernels` runs the split kernel for this shape.
+bool attention_prefill_uses_split(const float* k, const float* v, int64_t rows, int64_t n_heads,
+                                  int64_t head_dim,
+                                  DecoderKernels kernels = DecoderKernels::kDefault);
 
 // kv: device pools and block table (dm::PagedKvView documents the layout).
 absl::Status kv_write_paged(const float* k, const float* v, int64_t rows, const int32_t* row_seq,

@@ -182,26 +182,27 @@ __device__ __forceinline__ float kv_load1(const void* pool, int64_t off, float s
   return dm::kv_load(pool, off, D, scale);  // D is a constant: the switch folds away
 }
 
-// One block of kDecodeStripes warps per (row, head). Warp w takes the 32-position tiles t with
+// The split-context attention of one query row (q_row[hd] -> out_row[hd]) over positions
+// j < n, row j of the keys / values at element offset row_offset(j) of k_pool / v_pool (element
+// type D): one block of kDecodeStripes warps. Warp w takes the 32-position tiles t with
 // t % kDecodeStripes == w; lane i scores position 32 t + i (a whole dot8 over head_dim, q read
 // from shared memory), the warp keeps an online softmax (m, l) and acc[head_dim], each lane owning
 // dims lane, lane + 32, ...; the warps' states merge in shared memory in warp order. Needs
-// head_dim % 8 == 0, head_dim <= kSplitMaxHeadDim, 16-byte aligned pools (host-checked).
-template <dm::KvDtype D>
-__global__ void __launch_bounds__(kSplitThreads)
-    attention_paged_split_kernel(const float* __restrict__ q, const int32_t* __restrict__ row_seq,
-                                 const int32_t* __restrict__ row_pos, dm::PagedKvView kv,
-                                 int64_t n_heads, float scale, float* __restrict__ out) {
+// hd % 8 == 0, hd <= kSplitMaxHeadDim, 16-byte aligned pools, row_offset(j) % 8 == 0
+// (host-checked). Called by every thread of the block (it synchronizes).
+template <dm::KvDtype D, typename RowOffset>
+__device__ __forceinline__ void attend_row_split_block(const float* __restrict__ q_row,
+                                                       const RowOffset& row_offset,
+                                                       const void* k_pool, const void* v_pool,
+                                                       float k_scale, float v_scale, int64_t n,
+                                                       int64_t hd, float scale,
+                                                       float* __restrict__ out_row) {
+  const int warp = static_cast<int>(threadIdx.x) / kWarp,
+            lane = static_cast<int>(threadIdx.x) % kWarp;
   __shared__ float q_s[dm::kSplitMaxHeadDim];
   __shared__ float acc_s[dm::kDecodeStripes][dm::kSplitMaxHeadDim];
   __shared__ float m_s[dm::kDecodeStripes], l_s[dm::kDecodeStripes];
-  const int64_t rh = blockIdx.x;  // r * n_heads + hh
-  const int64_t r = rh / n_heads, hh = rh % n_heads;
-  const int64_t hd = kv.head_dim, g = hh / (n_heads / kv.n_kv), s = row_seq[r];
-  const int64_t n = static_cast<int64_t>(row_pos[r]) + 1;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp,
-            lane = static_cast<int>(threadIdx.x) % kWarp;
-  for (int64_t d = threadIdx.x; d < hd; d += kSplitThreads) q_s[d] = q[rh * hd + d];
+  for (int64_t d = threadIdx.x; d < hd; d += kSplitThreads) q_s[d] = q_row[d];
   __syncthreads();
 
   float m = -INFINITY, l = 0.0f;
@@ -216,12 +217,12 @@ __global__ void __launch_bounds__(kSplitThreads)
     int64_t off = 0;
     float sc = -INFINITY;
     if (valid) {
-      off = dm::paged_kv_offset(kv, s, j0 + lane, g);
+      off = row_offset(j0 + lane);
       float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll 4
       for (int64_t i = 0; i < hd; i += 8) {  // loads of several chunks in flight
         float k8[8];
-        kv_load8<D>(kv.k_pool, off + i, kv.k_scale, k8);
+        kv_load8<D>(k_pool, off + i, k_scale, k8);
 #pragma unroll
         for (int e = 0; e < 8; ++e) a[e] += q_s[i + e] * k8[e];
       }
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(kSplitThreads)
 #pragma unroll
       for (int c = 0; c < kSplitDimsPerLane; ++c) {
         const int64_t d = c * kWarp + lane;
-        if (d < hd) acc[c] = acc[c] + pj * kv_load1<D>(kv.v_pool, vo + d, kv.v_scale);
+        if (d < hd) acc[c] = acc[c] + pj * kv_load1<D>(v_pool, vo + d, v_scale);
       }
     }
     m = m_new;
@@ -280,8 +281,60 @@ __global__ void __launch_bounds__(kSplitThreads)
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < dm::kDecodeStripes; ++w) o = o + acc_s[w][d] * f[w];
-    out[rh * hd + d] = o * inv;
+    out_row[d] = o * inv;
   }
+}
+
+// Row offsets in a paged pool: position j of sequence s, kv head g (dm::paged_kv_offset).
+struct PagedRowOffset {
+  const dm::PagedKvView* kv;
+  int64_t s, g;
+  __device__ int64_t operator()(int64_t j) const { return dm::paged_kv_offset(*kv, s, j, g); }
+};
+
+// Row offsets in a contiguous [rows, stride] matrix, starting at `base`.
+struct ContiguousRowOffset {
+  int64_t base, stride;
+  __device__ int64_t operator()(int64_t j) const { return base + j * stride; }
+};
+
+// Paged decode / chunked prefill: one block per (row, head), row r attends to positions
+// 0..row_pos[r] of sequence row_seq[r].
+template <dm::KvDtype D>
+__global__ void __launch_bounds__(kSplitThreads)
+    attention_paged_split_kernel(const float* __restrict__ q, const int32_t* __restrict__ row_seq,
+                                 const int32_t* __restrict__ row_pos, dm::PagedKvView kv,
+                                 int64_t n_heads, float scale, float* __restrict__ out) {
+  const int64_t rh = blockIdx.x;  // r * n_heads + hh
+  const int64_t r = rh / n_heads, hh = rh % n_heads, hd = kv.head_dim;
+  const PagedRowOffset rows{&kv, row_seq[r], hh / (n_heads / kv.n_kv)};
+  attend_row_split_block<D>(q + rh * hd, rows, kv.k_pool, kv.v_pool, kv.k_scale, kv.v_scale,
+                            static_cast<int64_t>(row_pos[r]) + 1, hd, scale, out + rh * hd);
+}
+
+// Causal prefill over packed sequences (fp32 k, v): one block per (row, head); the row's
+// sequence start by binary search in seq_start, as attention_prefill_kernel.
+__global__ void __launch_bounds__(kSplitThreads)
+    attention_prefill_split_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                                   const float* __restrict__ v,
+                                   const int32_t* __restrict__ seq_start, int64_t n_seq,
+                                   int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
+                                   float* __restrict__ out) {
+  const int64_t rh = blockIdx.x;  // r * n_heads + hh
+  const int64_t r = rh / n_heads, hh = rh % n_heads;
+  int64_t lo = 0, hi = n_seq - 1;  // the last s with seq_start[s] <= r
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (seq_start[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t r0 = seq_start[lo], kvd = n_kv * head_dim, g = hh / (n_heads / n_kv);
+  const ContiguousRowOffset rows{r0 * kvd + g * head_dim, kvd};
+  attend_row_split_block<dm::KvDtype::kF32>(q + rh * head_dim, rows, k, v, 1.0f, 1.0f, r - r0 + 1,
+                                            head_dim, scale, out + rh * head_dim);
 }
 
 // One thread per row.
@@ -506,6 +559,16 @@ cudaError_t launch_attention_prefill(const float* q, const float* k, const float
                                      float* out, cudaStream_t stream) {
   attention_prefill_kernel<<<blocks_for(rows * n_heads), kThreads, 0, stream>>>(
       q, k, v, seq_start, n_seq, rows, n_heads, n_kv, head_dim, scale, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_attention_prefill_split(const float* q, const float* k, const float* v,
+                                           const int32_t* seq_start, int64_t n_seq, int64_t rows,
+                                           int64_t n_heads, int64_t n_kv, int64_t head_dim,
+                                           float scale, float* out, cudaStream_t stream) {
+  attention_prefill_split_kernel<<<static_cast<unsigned int>(rows * n_heads), kSplitThreads, 0,
+                                   stream>>>(q, k, v, seq_start, n_seq, n_heads, n_kv, head_dim,
+                                             scale, out);
   return cudaGetLastError();
 }
 

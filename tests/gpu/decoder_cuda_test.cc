@@ -155,23 +155,69 @@ TEST_F(GpuDecoderTest, SwigluMatchesCpu) {
   }
 }
 
+// Both prefill kernels against the CPU reference of their order (simple: attend_row; split:
+// dm::attend_row_split), head_dim 40 and 128; the split prefill also bit for bit against the split
+// paged kernel over an fp32 cache holding the same k, v (one device function: the learner's
+// prefill and the sampler's decode agree exactly on the device).
 TEST_F(GpuDecoderTest, PrefillAttentionMatchesCpuCausalGqa) {
-  const int64_t n_heads = 8, n_kv = 2, hd = 40;
-  const std::vector<int32_t> seq_start = {0, 1, 18, 19, 83};  // lengths 1, 17, 1, 64
-  const int64_t n_seq = 4, rows = 83, qd = n_heads * hd, kvd = n_kv * hd;
-  const auto q = random_vec(rows * qd, 40), k = random_vec(rows * kvd, 41),
-             v = random_vec(rows * kvd, 42);
-  const float scale = 1.0f / std::sqrt(float(hd));
-  DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), ds = to_device(seq_start);
-  absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::allocate(sizeof(float) * rows * qd);
-  ASSERT_TRUE(dout.ok());
-  FP8RL_ASSERT_OK(attention_prefill(dq.as<float>(), dk.as<float>(), dv.as<float>(),
-                                    ds.as<int32_t>(), n_seq, rows, n_heads, n_kv, hd, scale,
-                                    dout->as<float>(), nullptr));
-  std::vector<float> ref(rows * qd);
-  cpu::attention_prefill(q.data(), k.data(), v.data(), seq_start.data(), n_seq, n_heads, n_kv, hd,
-                         scale, ref.data());
-  expect_close(to_host<float>(*dout, rows * qd), ref, kExpReductionRel, true, "prefill attention");
+  for (int64_t hd : {int64_t{40}, int64_t{128}}) {
+    const int64_t n_heads = 8, n_kv = 2;
+    const std::vector<int32_t> seq_start = {0, 1, 18, 19, 83, 383};  // lengths 1, 17, 1, 64, 300
+    const int64_t n_seq = 5, rows = 383, qd = n_heads * hd, kvd = n_kv * hd;
+    const auto q = random_vec(rows * qd, 40), k = random_vec(rows * kvd, 41),
+               v = random_vec(rows * kvd, 42);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), ds = to_device(seq_start);
+    ASSERT_TRUE(attention_prefill_uses_split(dk.as<float>(), dv.as<float>(), rows, n_heads, hd,
+                                             DecoderKernels::kFast));
+    std::vector<float> split_out;
+    for (DecoderKernels kernels : {DecoderKernels::kSimple, DecoderKernels::kFast}) {
+      const bool split = kernels == DecoderKernels::kFast;
+      const std::string what = std::string("prefill attention hd ") + std::to_string(hd) +
+                               (split ? " split kernel" : " simple kernel");
+      absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::allocate(sizeof(float) * rows * qd);
+      ASSERT_TRUE(dout.ok());
+      FP8RL_ASSERT_OK(attention_prefill(dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                        ds.as<int32_t>(), n_seq, rows, n_heads, n_kv, hd, scale,
+                                        dout->as<float>(), nullptr, kernels));
+      std::vector<float> ref(rows * qd);
+      if (split) {
+        cpu::attention_prefill_split(q.data(), k.data(), v.data(), seq_start.data(), n_seq, n_heads,
+                                     n_kv, hd, scale, ref.data());
+      } else {
+        cpu::attention_prefill(q.data(), k.data(), v.data(), seq_start.data(), n_seq, n_heads, n_kv,
+                               hd, scale, ref.data());
+      }
+      std::vector<float> got = to_host<float>(*dout, rows * qd);
+      expect_close(got, ref, kExpReductionRel, true, what);
+      if (split) split_out = std::move(got);
+    }
+
+    // The same k, v in an fp32 paged cache (one block per 16 positions, in order).
+    const int64_t block = 16, max_blocks = 19, num_blocks = n_seq * max_blocks;
+    std::vector<int32_t> table(num_blocks), row_seq(rows), row_pos(rows);
+    std::iota(table.begin(), table.end(), 0);
+    for (int64_t s = 0; s < n_seq; ++s) {
+      for (int64_t r = seq_start[s]; r < seq_start[s + 1]; ++r) {
+        row_seq[r] = int32_t(s);
+        row_pos[r] = int32_t(r - seq_start[s]);
+      }
+    }
+    DeviceBuffer dt = to_device(table), dseq = to_device(row_seq), dpos = to_device(row_pos),
+                 dkp = to_device(std::vector<float>(num_blocks * block * kvd, 0.0f)),
+                 dvp = to_device(std::vector<float>(num_blocks * block * kvd, 0.0f));
+    dm::PagedKvView dkv{dkp.data(), dvp.data(),       dm::KvDtype::kF32, num_blocks, block, n_kv,
+                        hd,         dt.as<int32_t>(), max_blocks,        1.0f,       1.0f};
+    FP8RL_ASSERT_OK(kv_write_paged(dk.as<float>(), dv.as<float>(), rows, dseq.as<int32_t>(),
+                                   dpos.as<int32_t>(), dkv, nullptr));
+    absl::StatusOr<DeviceBuffer> dpaged = DeviceBuffer::allocate(sizeof(float) * rows * qd);
+    ASSERT_TRUE(dpaged.ok());
+    FP8RL_ASSERT_OK(attention_paged(dq.as<float>(), rows, dseq.as<int32_t>(), dpos.as<int32_t>(),
+                                    dkv, n_heads, scale, dpaged->as<float>(), nullptr,
+                                    DecoderKernels::kFast));
+    expect_same(to_host<float>(*dpaged, rows * qd), split_out,
+                "split prefill vs split paged hd " + std::to_string(hd));
+  }
 }
 
 // Paged KV: writes must store the same bytes as the CPU (fp32, bf16, fp8 codes); attention over

@@ -271,6 +271,48 @@ TEST(DeviceMathTest, SplitAttentionMatchesSerialWithinTolerance) {
   }
 }
 
+// Prefill (contiguous k, v) and paged decode in the split order are one function: for the same
+// q, k, v (an fp32 cache) every row's output is bit-identical, so on the device the learner's
+// prefill and the sampler's decode agree as attend_row's prefill and decode do. Against the
+// serial prefill: kSplitVsSerialAttentionRel, as above.
+TEST(DeviceMathTest, SplitPrefillEqualsSplitPagedAndNearSerial) {
+  constexpr double kSplitVsSerialAttentionRel = 2e-5;
+  const int64_t n_heads = 6, n_kv = 2, hd = 32, block = 8;
+  const std::vector<int32_t> seq_start = {0, 1, 34, 334};  // lengths 1, 33, 300
+  const int64_t n_seq = 3, rows = 334, qd = n_heads * hd, kvd = n_kv * hd, max_blocks = 38;
+  const auto q = random_vec(rows * qd, 81), k = random_vec(rows * kvd, 82),
+             v = random_vec(rows * kvd, 83);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> split(rows * qd), serial(rows * qd), paged(rows * qd);
+  cpu::attention_prefill_split(q.data(), k.data(), v.data(), seq_start.data(), n_seq, n_heads, n_kv,
+                               hd, scale, split.data());
+  cpu::attention_prefill(q.data(), k.data(), v.data(), seq_start.data(), n_seq, n_heads, n_kv, hd,
+                         scale, serial.data());
+  std::vector<int32_t> table(n_seq * max_blocks), row_seq(rows), row_pos(rows);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(8));
+  for (int64_t s = 0; s < n_seq; ++s) {
+    for (int64_t r = seq_start[s]; r < seq_start[s + 1]; ++r) {
+      row_seq[r] = static_cast<int32_t>(s);
+      row_pos[r] = static_cast<int32_t>(r - seq_start[s]);
+    }
+  }
+  std::vector<float> kpool(n_seq * max_blocks * block * kvd), vpool(kpool.size());
+  dm::PagedKvView kv{kpool.data(), vpool.data(), dm::KvDtype::kF32, n_seq * max_blocks, block,
+                     n_kv,         hd,           table.data(),      max_blocks,         1.0f,
+                     1.0f};
+  cpu::kv_write_paged(k.data(), v.data(), rows, row_seq.data(), row_pos.data(), kv);
+  cpu::attention_paged_split(q.data(), rows, row_seq.data(), row_pos.data(), kv, n_heads, scale,
+                             paged.data());
+  expect_bits_equal(split, paged, "split prefill vs split paged");
+  double max_ref = 0;
+  for (float x : serial) max_ref = std::max(max_ref, std::fabs(double(x)));
+  for (size_t i = 0; i < serial.size(); ++i) {
+    ASSERT_LE(std::fabs(double(split[i]) - double(serial[i])), kSplitVsSerialAttentionRel * max_ref)
+        << i;
+  }
+}
+
 // tree_sum32 is the xor butterfly: with one non-zero term the sum is that term, and it adds
 // pairs at distance 16 first.
 TEST(DeviceMathTest, TreeSum32IsTheButterfly) {
