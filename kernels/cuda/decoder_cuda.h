@@ -53,8 +53,9 @@ absl::Status swiglu(const float* g, const float* u, int64_t n, bool to_bf16, flo
                     Stream stream);
 
 // seq_start: device int32 [n_seq + 1], 0 = seq_start[0] < ... < seq_start[n_seq] = rows.
-// The fast kernel (a block per (row, head) in dm::attend_row_split's order, the decode kernel's,
-// so that prefill and decode on the device compute the same function; reference
+// The fast kernel (a block per (tile of 4 query rows, head), each key/value row loaded once for
+// the tile, every row in dm::attend_row_split's order, the decode kernel's, so that prefill and
+// decode on the device compute the same function bit for bit; reference
 // cpu::attention_prefill_split) needs head_dim % 8 == 0, head_dim <= 256, 16-byte aligned k and
 // v and rows * n_heads < 2^31; other shapes run the simple kernel (cpu::attention_prefill).
 absl::Status attention_prefill(const float* q, const float* k, const float* v,

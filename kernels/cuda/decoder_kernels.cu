@@ -312,17 +312,10 @@ __global__ void __launch_bounds__(kSplitThreads)
                             static_cast<int64_t>(row_pos[r]) + 1, hd, scale, out + rh * hd);
 }
 
-// Causal prefill over packed sequences (fp32 k, v): one block per (row, head); the row's
-// sequence start by binary search in seq_start, as attention_prefill_kernel.
-__global__ void __launch_bounds__(kSplitThreads)
-    attention_prefill_split_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                                   const float* __restrict__ v,
-                                   const int32_t* __restrict__ seq_start, int64_t n_seq,
-                                   int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
-                                   float* __restrict__ out) {
-  const int64_t rh = blockIdx.x;  // r * n_heads + hh
-  const int64_t r = rh / n_heads, hh = rh % n_heads;
-  int64_t lo = 0, hi = n_seq - 1;  // the last s with seq_start[s] <= r
+// The first row of row r's sequence: seq_start[s] for the last s with seq_start[s] <= r.
+__device__ __forceinline__ int64_t sequence_row0(const int32_t* __restrict__ seq_start,
+                                                 int64_t n_seq, int64_t r) {
+  int64_t lo = 0, hi = n_seq - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
     if (seq_start[mid] <= r) {
@@ -331,10 +324,169 @@ __global__ void __launch_bounds__(kSplitThreads)
       hi = mid - 1;
     }
   }
-  const int64_t r0 = seq_start[lo], kvd = n_kv * head_dim, g = hh / (n_heads / n_kv);
-  const ContiguousRowOffset rows{r0 * kvd + g * head_dim, kvd};
-  attend_row_split_block<dm::KvDtype::kF32>(q + rh * head_dim, rows, k, v, 1.0f, 1.0f, r - r0 + 1,
-                                            head_dim, scale, out + rh * head_dim);
+  return seq_start[lo];
+}
+
+constexpr int kPrefillTileRows = 4;  // query rows per block of the tiled prefill
+static_assert(sizeof(float) * kPrefillTileRows * (dm::kDecodeStripes + 1) *
+                          (dm::kSplitMaxHeadDim + 2) +
+                      sizeof(float) * (dm::kDecodeStripes + 1) * (dm::kSplitMaxHeadDim + 2) <=
+                  48 * 1024,
+              "static shared memory of attention_prefill_tiled_kernel");
+
+// Causal prefill over packed sequences (fp32 k, v), query-tiled: one block of kDecodeStripes warps
+// per (tile of kPrefillTileRows consecutive rows, head). When the tile's rows share a sequence,
+// each key/value row a lane loads serves all of them: the tile's q rows sit in shared memory,
+// lane i of warp w scores position 32 t + i (t % kDecodeStripes == w) against every row of the
+// tile, and each row keeps its own online softmax and merge -- for every row exactly the
+// operations of attend_row_split_block (dm::attend_row_split's order), so the result is the same
+// bits as the per-row paged kernel. A row skips the tiles past its causal end (no rescale). A
+// tile that straddles sequences runs attend_row_split_block row by row.
+__global__ void __launch_bounds__(kSplitThreads)
+    attention_prefill_tiled_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                                   const float* __restrict__ v,
+                                   const int32_t* __restrict__ seq_start, int64_t n_seq,
+                                   int64_t rows, int64_t n_heads, int64_t n_kv, int64_t head_dim,
+                                   float scale, float* __restrict__ out) {
+  constexpr int kQ = kPrefillTileRows;
+  __shared__ float q_s[kQ][dm::kSplitMaxHeadDim];
+  __shared__ float acc_s[kQ][dm::kDecodeStripes][dm::kSplitMaxHeadDim];
+  __shared__ float m_s[kQ][dm::kDecodeStripes], l_s[kQ][dm::kDecodeStripes];
+  const int64_t hd = head_dim, kvd = n_kv * hd;
+  const int64_t tile = blockIdx.x / n_heads, hh = blockIdx.x % n_heads;
+  const int64_t g = hh / (n_heads / n_kv);
+  const int64_t r_first = tile * kQ;
+  const int64_t r_last = (r_first + kQ < rows ? r_first + kQ : rows) - 1;
+  const int64_t r0 = sequence_row0(seq_start, n_seq, r_first);
+  if (sequence_row0(seq_start, n_seq, r_last) != r0) {  // uniform: the whole block branches
+    for (int64_t r = r_first; r <= r_last; ++r) {
+      const int64_t rs = sequence_row0(seq_start, n_seq, r), rh = r * n_heads + hh;
+      const ContiguousRowOffset krows{rs * kvd + g * hd, kvd};
+      attend_row_split_block<dm::KvDtype::kF32>(q + rh * hd, krows, k, v, 1.0f, 1.0f, r - rs + 1,
+                                                hd, scale, out + rh * hd);
+      __syncthreads();
+    }
+    return;
+  }
+
+  const int warp = static_cast<int>(threadIdx.x) / kWarp,
+            lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int nq = static_cast<int>(r_last - r_first + 1);
+  int64_t n_q[kQ];  // positions each row attends to; 0 for rows past the end
+#pragma unroll
+  for (int i = 0; i < kQ; ++i) n_q[i] = i < nq ? r_first + i - r0 + 1 : 0;
+  const int64_t n_max = r_last - r0 + 1;
+  for (int64_t x = threadIdx.x; x < kQ * hd; x += kSplitThreads) {
+    const int64_t i = x / hd, d = x % hd;
+    q_s[i][d] = i < nq ? q[((r_first + i) * n_heads + hh) * hd + d] : 0.0f;
+  }
+  __syncthreads();
+
+  float m[kQ], l[kQ], acc[kQ][kSplitDimsPerLane];
+#pragma unroll
+  for (int i = 0; i < kQ; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kSplitDimsPerLane; ++c) acc[i][c] = 0.0f;
+  }
+  const ContiguousRowOffset krows{r0 * kvd + g * hd, kvd};
+  const int64_t tiles = (n_max + kWarp - 1) / kWarp;
+  for (int64_t t = warp; t < tiles; t += dm::kDecodeStripes) {  // uniform within the warp
+    const int64_t j0 = t * kWarp;
+    const int count_max = n_max - j0 < kWarp ? static_cast<int>(n_max - j0) : kWarp;
+    int64_t off = 0;
+    float a[kQ][8];
+#pragma unroll
+    for (int i = 0; i < kQ; ++i) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a[i][e] = 0.0f;
+    }
+    if (lane < count_max) {
+      off = krows(j0 + lane);
+      for (int64_t x = 0; x < hd; x += 8) {
+        float k8[8];
+        kv_load8<dm::KvDtype::kF32>(k, off + x, 1.0f, k8);
+#pragma unroll
+        for (int i = 0; i < kQ; ++i) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) a[i][e] += q_s[i][x + e] * k8[e];
+        }
+      }
+    }
+    float p[kQ];
+#pragma unroll
+    for (int i = 0; i < kQ; ++i) {
+      p[i] = 0.0f;
+      if (n_q[i] - j0 <= 0) continue;  // past row i's causal end: uniform, state untouched
+      const int count = n_q[i] - j0 < kWarp ? static_cast<int>(n_q[i] - j0) : kWarp;
+      const bool valid = lane < count;
+      const float sc = valid ? (((a[i][0] + a[i][1]) + (a[i][2] + a[i][3])) +
+                                ((a[i][4] + a[i][5]) + (a[i][6] + a[i][7]))) *
+                                   scale
+                             : -INFINITY;
+      float mt = sc;
+#pragma unroll
+      for (int o = kWarp / 2; o >= 1; o /= 2) {
+        const float other = __shfl_xor_sync(0xFFFFFFFFu, mt, o);
+        mt = other > mt ? other : mt;
+      }
+      const float m_new = mt > m[i] ? mt : m[i];
+      const float corr = dm::exp_f32(m[i] - m_new);
+      p[i] = valid ? dm::exp_f32(sc - m_new) : 0.0f;
+      float ps = p[i];
+#pragma unroll
+      for (int o = kWarp / 2; o >= 1; o /= 2) ps = ps + __shfl_xor_sync(0xFFFFFFFFu, ps, o);
+      l[i] = l[i] * corr + ps;
+#pragma unroll
+      for (int c = 0; c < kSplitDimsPerLane; ++c) acc[i][c] = acc[i][c] * corr;
+      m[i] = m_new;
+    }
+    for (int jj = 0; jj < count_max; ++jj) {  // uniform: every lane shuffles
+      const int64_t vo = __shfl_sync(0xFFFFFFFFu, off, jj);
+      float vv[kSplitDimsPerLane];
+#pragma unroll
+      for (int c = 0; c < kSplitDimsPerLane; ++c) {
+        const int64_t d = c * kWarp + lane;
+        vv[c] = d < hd ? kv_load1<dm::KvDtype::kF32>(v, vo + d, 1.0f) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kQ; ++i) {
+        if (jj >= n_q[i] - j0) continue;  // uniform
+        const float pj = __shfl_sync(0xFFFFFFFFu, p[i], jj);
+#pragma unroll
+        for (int c = 0; c < kSplitDimsPerLane; ++c) acc[i][c] = acc[i][c] + pj * vv[c];
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < kQ; ++i) {
+    if (lane == 0) {
+      m_s[i][warp] = m[i];
+      l_s[i][warp] = l[i];
+    }
+#pragma unroll
+    for (int c = 0; c < kSplitDimsPerLane; ++c) {
+      const int64_t d = c * kWarp + lane;
+      if (d < hd) acc_s[i][warp][d] = acc[i][c];
+    }
+  }
+  __syncthreads();
+  for (int64_t x = threadIdx.x; x < nq * hd; x += kSplitThreads) {
+    const int64_t i = x / hd, d = x % hd;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < dm::kDecodeStripes; ++w) mx = m_s[i][w] > mx ? m_s[i][w] : mx;
+    float sum = 0.0f, o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < dm::kDecodeStripes; ++w) {
+      const float f = dm::exp_f32(m_s[i][w] - mx);
+      sum = sum + l_s[i][w] * f;
+      o = o + acc_s[i][w][d] * f;
+    }
+    out[((r_first + i) * n_heads + hh) * hd + d] = o * (1.0f / sum);
+  }
 }
 
 // One thread per row.
@@ -566,9 +718,10 @@ cudaError_t launch_attention_prefill_split(const float* q, const float* k, const
                                            const int32_t* seq_start, int64_t n_seq, int64_t rows,
                                            int64_t n_heads, int64_t n_kv, int64_t head_dim,
                                            float scale, float* out, cudaStream_t stream) {
-  attention_prefill_split_kernel<<<static_cast<unsigned int>(rows * n_heads), kSplitThreads, 0,
-                                   stream>>>(q, k, v, seq_start, n_seq, n_heads, n_kv, head_dim,
-                                             scale, out);
+  const int64_t tiles = (rows + kPrefillTileRows - 1) / kPrefillTileRows;
+  attention_prefill_tiled_kernel<<<static_cast<unsigned int>(tiles * n_heads), kSplitThreads, 0,
+                                   stream>>>(q, k, v, seq_start, n_seq, rows, n_heads, n_kv,
+                                             head_dim, scale, out);
   return cudaGetLastError();
 }
 

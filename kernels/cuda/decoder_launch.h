@@ -24,8 +24,8 @@ cudaError_t launch_attention_prefill(const float* q, const float* k, const float
                                      const int32_t* seq_start, int64_t n_seq, int64_t rows,
                                      int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
                                      float* out, cudaStream_t stream);
-// The split-context prefill (dm::attend_row_split's order per row): the conditions of
-// launch_attention_paged_split on head_dim, k, v and rows * n_heads.
+// The query-tiled split-context prefill (dm::attend_row_split's order per row): the conditions
+// of launch_attention_paged_split on head_dim, k, v and rows * n_heads.
 cudaError_t launch_attention_prefill_split(const float* q, const float* k, const float* v,
                                            const int32_t* seq_start, int64_t n_seq, int64_t rows,
                                            int64_t n_heads, int64_t n_kv, int64_t head_dim,

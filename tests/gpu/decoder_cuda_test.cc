@@ -155,10 +155,11 @@ TEST_F(GpuDecoderTest, SwigluMatchesCpu) {
   }
 }
 
-// Both prefill kernels against the CPU reference of their order (simple: attend_row; split:
-// dm::attend_row_split), head_dim 40 and 128; the split prefill also bit for bit against the split
-// paged kernel over an fp32 cache holding the same k, v (one device function: the learner's
-// prefill and the sampler's decode agree exactly on the device).
+// Both prefill kernels against the CPU reference of their order (simple: attend_row; tiled:
+// dm::attend_row_split), head_dim 40 and 128, 4-row query tiles inside one sequence, straddling
+// two or three, and a partial last tile; the tiled prefill also bit for bit against the split
+// paged kernel over an fp32 cache holding the same k, v (the same operations per row: the
+// learner's prefill and the sampler's decode agree exactly on the device).
 TEST_F(GpuDecoderTest, PrefillAttentionMatchesCpuCausalGqa) {
   for (int64_t hd : {int64_t{40}, int64_t{128}}) {
     const int64_t n_heads = 8, n_kv = 2;
@@ -174,7 +175,7 @@ TEST_F(GpuDecoderTest, PrefillAttentionMatchesCpuCausalGqa) {
     for (DecoderKernels kernels : {DecoderKernels::kSimple, DecoderKernels::kFast}) {
       const bool split = kernels == DecoderKernels::kFast;
       const std::string what = std::string("prefill attention hd ") + std::to_string(hd) +
-                               (split ? " split kernel" : " simple kernel");
+                               (split ? " tiled kernel" : " simple kernel");
       absl::StatusOr<DeviceBuffer> dout = DeviceBuffer::allocate(sizeof(float) * rows * qd);
       ASSERT_TRUE(dout.ok());
       FP8RL_ASSERT_OK(attention_prefill(dq.as<float>(), dk.as<float>(), dv.as<float>(),
@@ -216,7 +217,7 @@ TEST_F(GpuDecoderTest, PrefillAttentionMatchesCpuCausalGqa) {
                                     dkv, n_heads, scale, dpaged->as<float>(), nullptr,
                                     DecoderKernels::kFast));
     expect_same(to_host<float>(*dpaged, rows * qd), split_out,
-                "split prefill vs split paged hd " + std::to_string(hd));
+                "tiled prefill vs split paged hd " + std::to_string(hd));
   }
 }
 
