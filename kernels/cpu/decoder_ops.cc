@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kernels/device_math/attention.h"
+#include "kernels/device_math/attention_split.h"
 #include "kernels/device_math/rmsnorm.h"
 #include "kernels/device_math/rope.h"
 #include "kernels/device_math/softmax.h"
@@ -90,6 +91,24 @@ void attention_prefill(const float* q, const float* k, const float* v, const int
   }
 }
 
+void attention_prefill_split(const float* q, const float* k, const float* v,
+                             const int32_t* seq_start, int64_t n_seq, int64_t n_heads, int64_t n_kv,
+                             int64_t head_dim, float scale, float* out) {
+  const int64_t qd = n_heads * head_dim, kvd = n_kv * head_dim, group = n_heads / n_kv;
+  for (int64_t s = 0; s < n_seq; ++s) {
+    const int64_t r0 = seq_start[s], r1 = seq_start[s + 1];
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t hh = 0; hh < n_heads; ++hh) {
+        const int64_t g = hh / group;
+        const dm::FloatRows keys{k + r0 * kvd + g * head_dim, kvd};
+        const dm::FloatRows values{v + r0 * kvd + g * head_dim, kvd};
+        dm::attend_row_split(q + r * qd + hh * head_dim, keys, values, r - r0 + 1, head_dim, scale,
+                             dm::kDecodeStripes, out + r * qd + hh * head_dim);
+      }
+    }
+  }
+}
+
 void kv_write_paged(const float* k, const float* v, int64_t rows, const int32_t* row_seq,
                     const int32_t* row_pos, const dm::PagedKvView& kv) {
   const int64_t kvd = kv.n_kv * kv.head_dim;
@@ -115,6 +134,22 @@ void attention_paged(const float* q, int64_t rows, const int32_t* row_seq, const
       const dm::PagedRows values{&kv, kv.v_pool, kv.v_scale, s, g};
       dm::attend_row(q + r * qd + hh * hd, keys, values, int64_t{row_pos[r]} + 1, hd, scale,
                      out + r * qd + hh * hd);
+    }
+  }
+}
+
+void attention_paged_split(const float* q, int64_t rows, const int32_t* row_seq,
+                           const int32_t* row_pos, const dm::PagedKvView& kv, int64_t n_heads,
+                           float scale, float* out) {
+  const int64_t hd = kv.head_dim, qd = n_heads * hd, group = n_heads / kv.n_kv;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t s = row_seq[r];
+    for (int64_t hh = 0; hh < n_heads; ++hh) {
+      const int64_t g = hh / group;
+      const dm::PagedRows keys{&kv, kv.k_pool, kv.k_scale, s, g};
+      const dm::PagedRows values{&kv, kv.v_pool, kv.v_scale, s, g};
+      dm::attend_row_split(q + r * qd + hh * hd, keys, values, int64_t{row_pos[r]} + 1, hd, scale,
+                           dm::kDecodeStripes, out + r * qd + hh * hd);
     }
   }
 }

@@ -43,6 +43,13 @@ void attention_prefill(const float* q, const float* k, const float* v, const int
                        int64_t n_seq, int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
                        float* out);
 
+// attention_prefill in the split-context order of the CUDA kernels (dm::attend_row_split with
+// dm::kDecodeStripes stripes, as attention_paged_split): the GPU test's reference for the fast
+// prefill kernel. head_dim % 8 == 0.
+void attention_prefill_split(const float* q, const float* k, const float* v,
+                             const int32_t* seq_start, int64_t n_seq, int64_t n_heads, int64_t n_kv,
+                             int64_t head_dim, float scale, float* out);
+
 // Writes k, v rows into the paged cache: row r to sequence row_seq[r], position row_pos[r].
 void kv_write_paged(const float* k, const float* v, int64_t rows, const int32_t* row_seq,
                     const int32_t* row_pos, const dm::PagedKvView& kv);
@@ -51,6 +58,12 @@ void kv_write_paged(const float* k, const float* v, int64_t rows, const int32_t*
 // attends to that sequence's positions 0..row_pos[r] (prefill chunks and decode alike).
 void attention_paged(const float* q, int64_t rows, const int32_t* row_seq, const int32_t* row_pos,
                      const dm::PagedKvView& kv, int64_t n_heads, float scale, float* out);
+
+// attention_paged in the split-context order of the CUDA decode kernel (dm::attend_row_split with
+// dm::kDecodeStripes stripes): the GPU test's reference for that kernel. head_dim % 8 == 0.
+void attention_paged_split(const float* q, int64_t rows, const int32_t* row_seq,
+                           const int32_t* row_pos, const dm::PagedKvView& kv, int64_t n_heads,
+                           float scale, float* out);
 
 // lse[r] = log sum exp(z[r] * inv_t) (nullable); target_logprob[r] = z[r][targets[r]] * inv_t -
 // lse[r] when targets and target_logprob are both given.

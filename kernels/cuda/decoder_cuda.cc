@@ -5,7 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +16,7 @@
 #include "kernels/cuda/arg_check.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decoder_launch.h"
+#include "kernels/device_math/attention_split.h"
 
 namespace fp8rl::kernels::cuda {
 namespace {
@@ -58,7 +62,38 @@ absl::Status paged_ok(const char* fn, const dm::PagedKvView& kv) {
   return absl::OkStatus();
 }
 
+constexpr int64_t kMaxGrid = (int64_t{1} << 31) - 1;  // blocks in a grid's x dimension
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+DecoderKernels resolve(DecoderKernels k) {
+  return k == DecoderKernels::kDefault ? default_decoder_kernels() : k;
+}
+
 }  // namespace
+
+DecoderKernels default_decoder_kernels() {
+  static const DecoderKernels choice = [] {
+    const char* env = std::getenv("FP8RL_DECODER_KERNELS");
+    return env != nullptr && std::string_view(env) == "simple" ? DecoderKernels::kSimple
+                                                               : DecoderKernels::kFast;
+  }();
+  return choice;
+}
+
+bool attention_paged_uses_split(const dm::PagedKvView& kv, int64_t rows, int64_t n_heads,
+                                DecoderKernels kernels) {
+  return resolve(kernels) == DecoderKernels::kFast && kv.head_dim % 8 == 0 &&
+         kv.head_dim <= dm::kSplitMaxHeadDim && aligned16(kv.k_pool) && aligned16(kv.v_pool) &&
+         rows * n_heads <= kMaxGrid;
+}
+
+bool attention_prefill_uses_split(const float* k, const float* v, int64_t rows, int64_t n_heads,
+                                  int64_t head_dim, DecoderKernels kernels) {
+  return resolve(kernels) == DecoderKernels::kFast && head_dim % 8 == 0 &&
+         head_dim <= dm::kSplitMaxHeadDim && aligned16(k) && aligned16(v) &&
+         rows * n_heads <= kMaxGrid;
+}
 
 absl::Status embed_gather(const float* table, int64_t vocab, int64_t h, const int32_t* tokens,
                           int64_t rows, float* x, int32_t* bad_count, Stream stream) {
@@ -108,7 +143,7 @@ absl::Status swiglu(const float* g, const float* u, int64_t n, bool to_bf16, flo
 absl::Status attention_prefill(const float* q, const float* k, const float* v,
                                const int32_t* seq_start, int64_t n_seq, int64_t rows,
                                int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
-                               float* out, Stream stream) {
+                               float* out, Stream stream, DecoderKernels kernels) {
   constexpr const char* kFn = "cuda attention_prefill";
   FP8RL_RETURN_IF_ERROR((positive(kFn, {{"n_seq", n_seq},
                                         {"rows", rows},
@@ -118,8 +153,13 @@ absl::Status attention_prefill(const float* q, const float* k, const float* v,
   FP8RL_RETURN_IF_ERROR(heads_ok(kFn, n_heads, n_kv, head_dim));
   FP8RL_RETURN_IF_ERROR(
       (non_null(kFn, {{"q", q}, {"k", k}, {"v", v}, {"seq_start", seq_start}, {"out", out}})));
-  FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_attention_prefill(
-      q, k, v, seq_start, n_seq, rows, n_heads, n_kv, head_dim, scale, out, stream));
+  if (attention_prefill_uses_split(k, v, rows, n_heads, head_dim, kernels)) {
+    FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_attention_prefill_split(
+        q, k, v, seq_start, n_seq, rows, n_heads, n_kv, head_dim, scale, out, stream));
+  } else {
+    FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_attention_prefill(
+        q, k, v, seq_start, n_seq, rows, n_heads, n_kv, head_dim, scale, out, stream));
+  }
   return absl::OkStatus();
 }
 
@@ -137,20 +177,26 @@ absl::Status kv_write_paged(const float* k, const float* v, int64_t rows, const 
 
 absl::Status attention_paged(const float* q, int64_t rows, const int32_t* row_seq,
                              const int32_t* row_pos, const dm::PagedKvView& kv, int64_t n_heads,
-                             float scale, float* out, Stream stream) {
+                             float scale, float* out, Stream stream, DecoderKernels kernels) {
   constexpr const char* kFn = "cuda attention_paged";
   FP8RL_RETURN_IF_ERROR((positive(kFn, {{"rows", rows}, {"n_heads", n_heads}})));
   FP8RL_RETURN_IF_ERROR(paged_ok(kFn, kv));
   FP8RL_RETURN_IF_ERROR(heads_ok(kFn, n_heads, kv.n_kv, kv.head_dim));
   FP8RL_RETURN_IF_ERROR(
       (non_null(kFn, {{"q", q}, {"row_seq", row_seq}, {"row_pos", row_pos}, {"out", out}})));
-  FP8RL_CUDA_RETURN_IF_ERROR(
-      internal::launch_attention_paged(q, rows, row_seq, row_pos, kv, n_heads, scale, out, stream));
+  if (attention_paged_uses_split(kv, rows, n_heads, kernels)) {
+    FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_attention_paged_split(q, rows, row_seq, row_pos, kv,
+                                                                      n_heads, scale, out, stream));
+  } else {
+    FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_attention_paged(q, rows, row_seq, row_pos, kv,
+                                                                n_heads, scale, out, stream));
+  }
   return absl::OkStatus();
 }
 
 absl::Status log_softmax(const float* z, int64_t rows, int64_t vocab, float inv_t,
-                         const int32_t* targets, float* lse, float* target_logprob, Stream stream) {
+                         const int32_t* targets, float* lse, float* target_logprob, Stream stream,
+                         DecoderKernels kernels) {
   constexpr const char* kFn = "cuda log_softmax";
   FP8RL_RETURN_IF_ERROR((positive(kFn, {{"rows", rows}, {"vocab", vocab}})));
   FP8RL_RETURN_IF_ERROR((non_null(kFn, {{"z", z}})));
@@ -162,13 +208,19 @@ absl::Status log_softmax(const float* z, int64_t rows, int64_t vocab, float inv_
     return absl::InvalidArgumentError(
         absl::StrCat(kFn, ": targets and target_logprob must be given together"));
   }
-  FP8RL_CUDA_RETURN_IF_ERROR(
-      internal::launch_log_softmax(z, rows, vocab, inv_t, targets, lse, target_logprob, stream));
+  if (resolve(kernels) == DecoderKernels::kFast && rows <= kMaxGrid) {
+    FP8RL_CUDA_RETURN_IF_ERROR(internal::launch_log_softmax_block(z, rows, vocab, inv_t, targets,
+                                                                  lse, target_logprob, stream));
+  } else {
+    FP8RL_CUDA_RETURN_IF_ERROR(
+        internal::launch_log_softmax(z, rows, vocab, inv_t, targets, lse, target_logprob, stream));
+  }
   return absl::OkStatus();
 }
 
 absl::Status sample(const float* z, int64_t rows, int64_t vocab, const dm::SampleParams* params,
-                    dm::RngState* rng, int32_t* scratch, dm::SampleResult* out, Stream stream) {
+                    dm::RngState* rng, int32_t* scratch, dm::SampleResult* out, Stream stream,
+                    DecoderKernels kernels) {
   constexpr const char* kFn = "cuda sample";
   FP8RL_RETURN_IF_ERROR((positive(kFn, {{"rows", rows}, {"vocab", vocab}})));
   if (vocab > (int64_t{1} << 31) - 1) {
@@ -176,8 +228,13 @@ absl::Status sample(const float* z, int64_t rows, int64_t vocab, const dm::Sampl
   }
   FP8RL_RETURN_IF_ERROR((non_null(
       kFn, {{"z", z}, {"params", params}, {"rng", rng}, {"scratch", scratch}, {"out", out}})));
-  FP8RL_CUDA_RETURN_IF_ERROR(
-      internal::launch_sample(z, rows, vocab, params, rng, scratch, out, stream));
+  if (resolve(kernels) == DecoderKernels::kFast && rows <= kMaxGrid) {
+    FP8RL_CUDA_RETURN_IF_ERROR(
+        internal::launch_sample_block(z, rows, vocab, params, rng, scratch, out, stream));
+  } else {
+    FP8RL_CUDA_RETURN_IF_ERROR(
+        internal::launch_sample(z, rows, vocab, params, rng, scratch, out, stream));
+  }
   return absl::OkStatus();
 }
 

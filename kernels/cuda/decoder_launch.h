@@ -24,17 +24,37 @@ cudaError_t launch_attention_prefill(const float* q, const float* k, const float
                                      const int32_t* seq_start, int64_t n_seq, int64_t rows,
                                      int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
                                      float* out, cudaStream_t stream);
+// The query-tiled split-context prefill (dm::attend_row_split's order per row): the conditions
+// of launch_attention_paged_split on head_dim, k, v and rows * n_heads.
+cudaError_t launch_attention_prefill_split(const float* q, const float* k, const float* v,
+                                           const int32_t* seq_start, int64_t n_seq, int64_t rows,
+                                           int64_t n_heads, int64_t n_kv, int64_t head_dim,
+                                           float scale, float* out, cudaStream_t stream);
 cudaError_t launch_kv_write_paged(const float* k, const float* v, int64_t rows,
                                   const int32_t* row_seq, const int32_t* row_pos,
                                   const dm::PagedKvView& kv, cudaStream_t stream);
 cudaError_t launch_attention_paged(const float* q, int64_t rows, const int32_t* row_seq,
                                    const int32_t* row_pos, const dm::PagedKvView& kv,
                                    int64_t n_heads, float scale, float* out, cudaStream_t stream);
+// The split-context kernel (dm::attend_row_split's order): head_dim % 8 == 0, head_dim <=
+// dm::kSplitMaxHeadDim, 16-byte aligned pools, rows * n_heads < 2^31 (checked by the caller).
+cudaError_t launch_attention_paged_split(const float* q, int64_t rows, const int32_t* row_seq,
+                                         const int32_t* row_pos, const dm::PagedKvView& kv,
+                                         int64_t n_heads, float scale, float* out,
+                                         cudaStream_t stream);
 cudaError_t launch_log_softmax(const float* z, int64_t rows, int64_t vocab, float inv_t,
                                const int32_t* targets, float* lse, float* target_logprob,
                                cudaStream_t stream);
 cudaError_t launch_sample(const float* z, int64_t rows, int64_t vocab,
                           const dm::SampleParams* params, dm::RngState* rng, int32_t* scratch,
                           dm::SampleResult* out, cudaStream_t stream);
+
+// One block of dm::kRowThreads per row (dm::sampling_blocked.h's order); rows < 2^31.
+cudaError_t launch_log_softmax_block(const float* z, int64_t rows, int64_t vocab, float inv_t,
+                                     const int32_t* targets, float* lse, float* target_logprob,
+                                     cudaStream_t stream);
+cudaError_t launch_sample_block(const float* z, int64_t rows, int64_t vocab,
+                                const dm::SampleParams* params, dm::RngState* rng, int32_t* scratch,
+                                dm::SampleResult* out, cudaStream_t stream);
 
 }  // namespace fp8rl::kernels::cuda::internal

@@ -86,11 +86,17 @@ struct SampleResult {
 // in that order) reaches top_p; u = uniform * mass; the token is the first whose cumulative mass
 // exceeds u. The order is produced lazily by a heap (pop only as many as are kept), which gives
 // the same prefix as a sort because logit_before is a strict total order.
-FP8RL_HD SampleResult sample_row(const float* z, int64_t vocab, const SampleParams& p,
-                                 RngState& rng, int32_t* scratch) {
+//
+// sample_row_with_lse is the same with lse = logsumexp_scaled(z, vocab, sample_inv_t(p)) given
+// (the block-parallel kernel computes it in its own order, kernels/device_math/sampling_blocked.h).
+FP8RL_HD float sample_inv_t(const SampleParams& p) {
+  return p.temperature == 0.0f ? 1.0f : 1.0f / p.temperature;
+}
+
+FP8RL_HD SampleResult sample_row_with_lse(const float* z, int64_t vocab, const SampleParams& p,
+                                          RngState& rng, int32_t* scratch, float lse) {
   const bool greedy = p.temperature == 0.0f;
-  const float inv_t = greedy ? 1.0f : 1.0f / p.temperature;
-  const float lse = logsumexp_scaled(z, vocab, inv_t);
+  const float inv_t = sample_inv_t(p);
   SampleResult res;
   double log_kept_mass = 0.0;
   if (greedy) {
@@ -144,6 +150,12 @@ FP8RL_HD SampleResult sample_row(const float* z, int64_t vocab, const SamplePara
   res.full_logprob = full;
   res.logprob = static_cast<float>(static_cast<double>(full) - log_kept_mass);
   return res;
+}
+
+FP8RL_HD SampleResult sample_row(const float* z, int64_t vocab, const SampleParams& p,
+                                 RngState& rng, int32_t* scratch) {
+  return sample_row_with_lse(z, vocab, p, rng, scratch,
+                             logsumexp_scaled(z, vocab, sample_inv_t(p)));
 }
 
 }  // namespace fp8rl::kernels::dm
