@@ -415,11 +415,12 @@ else
   row "bench gemm" FAILED "$STEP_S" "exit $rc (bench_gemm_gpu.txt)"
 fi
 
-# 9. Decode and prefill tokens/s at Llama-3.1-8B widths, 1 of its 32 layers + the full-vocabulary
-# lm_head: ours in BF16, FP8 linears, FP8 linears + FP8 KV cache, then PyTorch BF16 + SDPA on the
-# same cells. The cap covers the host-side set-up of the random model (one layer + 2 x 128256 x
-# 4096 embedding/lm_head) and the cells' own --budget-seconds.
-DECODE_ARGS=(--layers 1 --batches 1,32,256 --contexts 1024,4096 --decode-steps 8)
+# 9. Decode and prefill tokens/s at Llama-3.1-8B widths, 1 of its 32 layers and a 32768-token
+# vocabulary (the full 128256 makes the single-threaded host set-up of the random model alone
+# outlast the cap: run it on its own): ours in BF16, FP8 linears, FP8 linears + FP8 KV cache, then
+# PyTorch BF16 + SDPA on the same cells. The cap covers the host-side set-up and the cells' own
+# --budget-seconds; rows stream, so a timeout keeps the cells that finished.
+DECODE_ARGS=(--layers 1 --vocab 32768 --batches 1,32,256 --contexts 1024,4096 --decode-steps 8)
 bench_rows() { # $1: log with rows "| engine | precision | phase | batch | context | seqs | tok/s | x |"
   grep -E '^\| [a-z]' "$1" | grep -v '^| engine' | while IFS='|' read -r _ eng prec phase b ctx seqs tps ratio _; do
     echo "bench $(echo $phase) $(echo $eng) $(echo $prec) b$(echo $b) ctx$(echo $ctx)|$(echo $tps) tok/s (seqs $(echo $seqs)), x$(echo $ratio) vs bf16"
@@ -432,42 +433,43 @@ if [ "$rc" = 3 ]; then
   :
 elif [ "$DRY" = 1 ]; then
   row "bench decode" DRY 0 "cap 150 s: ${DECODE_ARGS[*]} --budget-seconds 60"
-elif [ "$rc" = 0 ]; then
+else # the rows that finished, also after a timeout
   while IFS='|' read -r a c; do row "$a" ok "$STEP_S" "$c"; done < <(bench_rows "$LOG_DIR/bench_decode_gpu.txt")
   while read -r line; do row "bench weight install" ok "$STEP_S" "${line#install: }"; done \
     < <(grep '^install: ' "$LOG_DIR/bench_decode_gpu.txt")
-else
-  row "bench decode" FAILED "$STEP_S" "exit $rc: $(tail -1 "$LOG_DIR/bench_decode_gpu.txt")"
+  [ "$rc" = 0 ] || row "bench decode" FAILED "$STEP_S" "exit $rc: $(tail -1 "$LOG_DIR/bench_decode_gpu.txt")"
 fi
-run_step "bench decode torch" 90 "$LOG_DIR/bench_decode_torch.txt" \
+run_step "bench decode torch" 60 "$LOG_DIR/bench_decode_torch.txt" \
   env PYTHONUNBUFFERED=1 LD_LIBRARY_PATH="$ORIG_LD" python3 bench/decode_gpu/torch_baseline.py "${DECODE_ARGS[@]}"
 rc=$?
 if [ "$rc" = 3 ]; then
   :
 elif [ "$DRY" = 1 ]; then
-  row "bench decode torch" DRY 0 "cap 90 s: torch_baseline.py ${DECODE_ARGS[*]}"
-elif [ "$rc" = 0 ]; then
-  while IFS='|' read -r a c; do row "$a" ok "$STEP_S" "$c"; done < <(bench_rows "$LOG_DIR/bench_decode_torch.txt")
+  row "bench decode torch" DRY 0 "cap 60 s: torch_baseline.py ${DECODE_ARGS[*]}"
 else
-  row "bench decode torch" FAILED "$STEP_S" "exit $rc: $(tail -1 "$LOG_DIR/bench_decode_torch.txt")"
+  while IFS='|' read -r a c; do row "$a" ok "$STEP_S" "$c"; done < <(bench_rows "$LOG_DIR/bench_decode_torch.txt")
+  [ "$rc" = 0 ] || row "bench decode torch" FAILED "$STEP_S" "exit $rc: $(tail -1 "$LOG_DIR/bench_decode_torch.txt")"
 fi
 
 # 10. The whole GRPO step on the device (BF16, FP8, FP8 + FP8 KV) at Llama-3.2-1B widths, 2 of its
 # 16 layers (the full depth's host-side set-up takes minutes: run it on its own), time-capped.
 GRPO_ARGS=(--shape llama-3.2-1b --layers 2 --device cuda --prompts 8 --samples 8 --prompt-tokens 128
-  --new-tokens 256 --steps 2 --time-cap-seconds 60)
-run_step "bench grpo step" 150 "$LOG_DIR/bench_grpo_step.txt" "$BIN/fp8rl-bench-grpo-step" "${GRPO_ARGS[@]}"
+  --new-tokens 128 --steps 1 --time-cap-seconds 100)
+run_step "bench grpo step" 170 "$LOG_DIR/bench_grpo_step.txt" "$BIN/fp8rl-bench-grpo-step" "${GRPO_ARGS[@]}"
 rc=$?
 if [ "$rc" = 3 ]; then
   :
 elif [ "$DRY" = 1 ]; then
-  row "bench grpo step" DRY 0 "cap 150 s: ${GRPO_ARGS[*]}"
-elif [ "$rc" = 0 ]; then
-  while IFS='|' read -r _ prec steps _ _ _ _ _ _ _ _ step ratio share setup _; do
-    row "bench grpo step $(echo $prec)" ok "$STEP_S" "$(echo $step) s/step ($(echo $steps) steps), x$(echo $ratio) vs bf16, requant+calibrate $(echo $share), setup $(echo $setup) s"
-  done < <(grep -E '^\| (bf16|fp8)' "$LOG_DIR/bench_grpo_step.txt")
+  row "bench grpo step" DRY 0 "cap 170 s: ${GRPO_ARGS[*]}"
 else
-  row "bench grpo step" FAILED "$STEP_S" "exit $rc: $(tail -1 "$LOG_DIR/bench_grpo_step.txt")"
+  while IFS='|' read -r _ prec steps _ _ _ _ _ _ _ _ step ratio share setup _; do
+    if [[ "$steps" == " 0 "* ]]; then
+      row "bench grpo step $(echo $prec)" SKIPPED "$STEP_S" "past --time-cap-seconds before it was set up"
+    else
+      row "bench grpo step $(echo $prec)" ok "$STEP_S" "$(echo $step) s/step ($(echo $steps) steps), x$(echo $ratio) vs bf16, requant+calibrate $(echo $share), setup $(echo $setup) s"
+    fi
+  done < <(grep -E '^\| (bf16|fp8)' "$LOG_DIR/bench_grpo_step.txt")
+  [ "$rc" = 0 ] || row "bench grpo step" FAILED "$STEP_S" "exit $rc: $(tail -1 "$LOG_DIR/bench_grpo_step.txt")"
 fi
 
 finish "$FAILED"

@@ -10,7 +10,7 @@
 // batch x context tokens; a decode cell whose fill would not fit in what is left of
 // --budget-seconds (estimated from the prefill cell's rate) is printed as skipped, not run.
 //
-//   fp8rl-bench-decode-gpu [--layers 4] [--batches 1,32,256] [--contexts 1024,4096]
+//   fp8rl-bench-decode-gpu [--layers 4] [--vocab 128256] [--batches 1,32,256] [--contexts 1024,4096]
 //                          [--decode-steps 8] [--prefill-tokens 16384] [--budget-seconds 150]
 //                          [--gpu-memory-fraction 0.9] [--probe] [--setup-only]
 // --setup-only times the host-side set-up (random model, exports, one model per variant) without
@@ -50,6 +50,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   int64_t layers = 4;
+  int64_t vocab = 128256;  // Llama 3.1's; smaller only to shorten the host-side set-up
   std::vector<int64_t> batches = {1, 32, 256};
   std::vector<int64_t> contexts = {1024, 4096};
   int64_t decode_steps = 8;
@@ -82,6 +83,8 @@ bool parse_options(int argc, char** argv, Options* o) {
     bool ok = true;
     if (a == "--layers") {
       ok = absl::SimpleAtoi(v, &o->layers) && o->layers >= 1 && o->layers <= 32;
+    } else if (a == "--vocab") {
+      ok = absl::SimpleAtoi(v, &o->vocab) && o->vocab >= 256 && o->vocab <= 128256;
     } else if (a == "--batches") {
       ok = parse_list(v, &o->batches);
     } else if (a == "--contexts") {
@@ -108,9 +111,9 @@ bool parse_options(int argc, char** argv, Options* o) {
 }
 
 // Llama-3.1-8B (config.json of meta-llama/Llama-3.1-8B) with `layers` decoder layers.
-model::ModelConfig llama31_8b(int64_t layers, int64_t max_positions) {
+model::ModelConfig llama31_8b(int64_t layers, int64_t max_positions, int64_t vocab) {
   model::ModelConfig c;
-  c.vocab_size = 128256;
+  c.vocab_size = vocab;
   c.hidden_size = 4096;
   c.intermediate_size = 14336;
   c.num_hidden_layers = layers;
@@ -340,7 +343,7 @@ int run(int argc, char** argv) {
   }
   const Clock::time_point start = Clock::now();
   const int64_t max_context = *std::max_element(o.contexts.begin(), o.contexts.end());
-  const model::ModelConfig config = llama31_8b(o.layers, max_context + o.decode_steps + 1);
+  const model::ModelConfig config = llama31_8b(o.layers, max_context + o.decode_steps + 1, o.vocab);
 
   // One random model, exported once per weight format; each variant is built from the payload it
   // would receive from weight sync (FP8 codes and scales used as they are).
@@ -387,10 +390,10 @@ int run(int argc, char** argv) {
       Clock::now() +
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.budget_seconds));
   std::printf(
-      "fp8rl-bench-decode-gpu: %s; Llama-3.1-8B shapes, %lld of 32 layers + full-vocab "
-      "lm_head; random weights (set up in %.0f s); budget %.0f s\n",
-      probe.device->name.c_str(), static_cast<long long>(o.layers), seconds_since(start),
-      o.budget_seconds);
+      "fp8rl-bench-decode-gpu: %s; Llama-3.1-8B shapes, %lld of 32 layers + a %lld-token "
+      "vocabulary (Llama 3.1: 128256); random weights (set up in %.0f s); budget %.0f s\n",
+      probe.device->name.c_str(), static_cast<long long>(o.layers),
+      static_cast<long long>(o.vocab), seconds_since(start), o.budget_seconds);
 
   const Variant variants[] = {{"bf16", model::Precision::kBF16, model::KvCacheDtype::kBF16},
                               {"fp8", model::Precision::kFP8, model::KvCacheDtype::kBF16},

@@ -31,6 +31,7 @@ HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=VOCAB)
     ap.add_argument("--batches", default="1,32,256")
     ap.add_argument("--contexts", default="1024,4096")
     ap.add_argument("--decode-steps", type=int, default=8)
@@ -184,7 +185,9 @@ def bench_prefill(model, batch, context, prefill_tokens, repeats, device):
 
 
 def main():
+    global VOCAB
     args = parse_args()
+    VOCAB = args.vocab
     if args.device == "cuda" and not torch.cuda.is_available():
         print("torch_baseline: no GPU (torch.cuda.is_available() is False)")
         return 2
@@ -192,7 +195,7 @@ def main():
     contexts = [int(c) for c in args.contexts.split(",")]
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"torch_baseline: torch {torch.__version__} on {name}; Llama-3.1-8B shapes, "
-          f"{args.layers} of 32 layers + full-vocab lm_head; BF16; attention "
+          f"{args.layers} of 32 layers + a {VOCAB}-token vocabulary; BF16; attention "
           f"{'SDPA' if HAVE_SDPA else 'math fallback (no SDPA in this PyTorch)'}; eager")
     model = Model(args.layers, args.device)
     print("| engine | precision | phase | batch | context | seqs | tokens/s | x bf16 |")
