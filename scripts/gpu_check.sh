@@ -341,7 +341,7 @@ fi
 gtest_step "device math (CPU)" 60 "$BIN/fp8rl_device_math_test"
 
 # 5. Is there an sm_90 device? Without one, stop here: everything before this point passed.
-run_step probe 30 "$LOG_DIR/probe.txt" "$BIN/fp8rl-bench-gemm-gpu" --probe
+run_step device 30 "$LOG_DIR/probe.txt" "$BIN/fp8rl-bench-gemm-gpu" --probe
 rc=$?
 if [ "$rc" = 3 ]; then
   [ "$DRY" = 1 ] || finish 1

@@ -102,6 +102,7 @@ class GpuCheckDryRun(unittest.TestCase):
             time.sleep(0.2)
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=60)
+        p.stdout.close()
         self.assertEqual(p.returncode, 1, out)
         rows = self.rows()
         self.assertGreaterEqual(len(rows), 3)
