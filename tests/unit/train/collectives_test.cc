@@ -1,8 +1,9 @@
 // Reduce-scatter and all-gather of train/collectives.h on Gloo over loopback (groups of 2, 3 and
 // 4 threads) and on the one-rank group: pieces of odd and unequal sizes, an empty piece, every
 // element type; the reduce-scatter's rank-order sum checked bit for bit against the same sum
-// written out here, and against all_reduce with 2 ranks (where the order cannot matter); argument
-// errors, a peer that never takes part, and the stats.
+// written out here, and against all_reduce with 2 ranks (where the order cannot matter); the
+// bucketed reduce-scatter into shards; argument errors, a peer that never takes part, and the
+// stats.
 #include "train/collectives.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/unit/train/group_util.h"
+#include "train/collectives_bucketed.h"
+#include "train/shard.h"
 
 namespace fp8rl::train {
 namespace {
@@ -70,13 +73,15 @@ TEST_P(PiecesTest, ReduceScatterSumsEachElementInRankOrder) {
       EXPECT_TRUE(s.ok()) << s;
       return out;
     });
+    std::vector<std::vector<float>> data;
+    for (int q = 0; q < size; ++q) data.push_back(data_of(q, whole));
     int64_t offset = 0;
     for (int r = 0; r < size; ++r) {
       const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
       ASSERT_EQ(outs[r].size(), n);
       for (size_t j = 0; j < n; ++j) {
-        float want = data_of(0, whole)[static_cast<size_t>(offset) + j];
-        for (int q = 1; q < size; ++q) want += data_of(q, whole)[static_cast<size_t>(offset) + j];
+        float want = data[0][static_cast<size_t>(offset) + j];
+        for (int q = 1; q < size; ++q) want += data[q][static_cast<size_t>(offset) + j];
         ASSERT_EQ(std::memcmp(&outs[r][j], &want, 4), 0)
             << "rank " << r << " element " << j << ": " << outs[r][j] << " vs " << want;
       }
@@ -128,6 +133,86 @@ TEST_P(PiecesTest, AllGatherMovesEveryTypeBitForBitToEveryRank) {
       EXPECT_EQ(outs[r].e4m3, want.e4m3) << "rank " << r;
     }
   }
+}
+
+// Bucketed reduce-scatter into block-aligned shards (BucketedAllReduce::begin_scatter): every
+// rank's shard equals the rank-order sum bit for bit whatever the bucket size (buckets smaller
+// than a shard, straddling shard ends, larger than the array), the buckets launched as a backward
+// would report final gradients from the end; with 2 ranks it equals the bucketed all-reduce's
+// values bit for bit.
+TEST_P(PiecesTest, BucketedReduceScatterGivesEachRankItsShardWhateverTheBuckets) {
+  const int size = GetParam();
+  auto groups = make_group(size, absl::StrCat("brs", size));
+  for (const auto& g : groups) ASSERT_TRUE(g);
+  constexpr int64_t kN = 2049;
+  ShardLayout layout;
+  layout.bounds = size == 2   ? std::vector<int64_t>{0, 1280, kN}
+                  : size == 3 ? std::vector<int64_t>{0, 700, 701, kN}
+                              : std::vector<int64_t>{0, 0, 900, 1500, kN};  // rank 0 owns nothing
+  for (int64_t bucket : {5, 64, 333, 2049, 5000}) {
+    SCOPED_TRACE(absl::StrCat(size, " ranks, bucket ", bucket));
+    auto shards = on_ranks(size, [&](int r) {
+      const std::vector<float> grads = data_of(r, kN);
+      std::vector<float> shard(static_cast<size_t>(layout.size(r)));
+      BucketedAllReduce reducer(groups[r].get(), bucket);
+      reducer.begin_scatter(grads, layout, shard, "grads");
+      reducer.final_from(kN - 100);
+      reducer.final_from(kN / 2);
+      const absl::Status s = reducer.finish();
+      EXPECT_TRUE(s.ok()) << s;
+      return shard;
+    });
+    std::vector<std::vector<float>> data;
+    for (int q = 0; q < size; ++q) data.push_back(data_of(q, kN));
+    for (int r = 0; r < size; ++r) {
+      for (int64_t j = layout.begin(r); j < layout.end(r); ++j) {
+        float want = data[0][j];
+        for (int q = 1; q < size; ++q) want += data[q][j];
+        ASSERT_EQ(std::memcmp(&shards[r][j - layout.begin(r)], &want, 4), 0)
+            << "rank " << r << " element " << j;
+      }
+    }
+    if (size != 2) continue;
+    auto reduced = on_ranks(size, [&](int r) {
+      std::vector<float> grads = data_of(r, kN);
+      BucketedAllReduce reducer(groups[r].get(), bucket);
+      reducer.begin(grads, "grads");
+      EXPECT_TRUE(reducer.finish().ok());
+      return grads;
+    });
+    for (int r = 0; r < size; ++r) {
+      EXPECT_EQ(std::memcmp(shards[r].data(), reduced[r].data() + layout.begin(r),
+                            static_cast<size_t>(layout.size(r)) * 4),
+                0);
+    }
+  }
+}
+
+TEST(BucketedReduceScatter, LayoutThatDoesNotFitIsInvalidOnEveryRank) {
+  auto groups = make_group(2, "brs-bad");
+  ASSERT_TRUE(groups[0] && groups[1]);
+  ShardLayout layout;
+  layout.bounds = {0, 10, 30};  // covers 30 elements; the array has 40
+  auto statuses = on_ranks(2, [&](int r) {
+    const std::vector<float> grads = data_of(r, 40);
+    std::vector<float> shard(static_cast<size_t>(layout.size(r)));
+    BucketedAllReduce reducer(groups[r].get(), 8);
+    reducer.begin_scatter(grads, layout, shard, "grads");
+    return reducer.finish();
+  });
+  for (const absl::Status& s : statuses) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("grads: the shard layout (2 ranks over 30 elements) does not fit"),
+              std::string::npos)
+        << s;
+  }
+  // Nothing was sent: the group still works.
+  auto sums = on_ranks(2, [&](int r) {
+    std::vector<float> v = {2.0f * static_cast<float>(r + 1)};
+    EXPECT_TRUE(groups[r]->all_reduce(std::span<float>(v), ReduceOp::kSum, "after").ok());
+    return v[0];
+  });
+  EXPECT_EQ(sums[1], 6.0f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PiecesTest, testing::Values(2, 3, 4));
