@@ -98,7 +98,15 @@ class NcclCollectives final : public Collectives {
                   std::chrono::milliseconds timeout)
       : comm_(comm), stream_(stream), done_(done), rank_(rank), size_(size), timeout_(timeout) {}
   ~NcclCollectives() override {
-    if (comm_ != nullptr) failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    if (comm_ != nullptr) {
+      // A healthy nonblocking communicator is finalized (which may be in progress) before it is
+      // destroyed; one that failed, or does not finalize within the timeout, is aborted.
+      bool finalized = false;
+      if (!failed_ && enqueued(ncclCommFinalize(comm_))) {
+        finalized = settle(comm_, Clock::now() + timeout_, timeout_, "ncclCommFinalize").ok();
+      }
+      finalized ? ncclCommDestroy(comm_) : ncclCommAbort(comm_);
+    }
     if (done_ != nullptr) cudaEventDestroy(done_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (device_ != nullptr) cudaFree(device_);
