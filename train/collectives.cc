@@ -1,7 +1,8 @@
-// The backend-independent parts of train/collectives.h: the in-process store and the one-rank
-// group.
+// The backend-independent parts of train/collectives.h: the in-process store, the piece-count
+// check and the one-rank group.
 #include "train/collectives.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -51,7 +52,38 @@ class SingleRank final : public Collectives {
   absl::Status all_reduce(std::span<int64_t>, ReduceOp, std::string_view) override {
     return absl::OkStatus();
   }
+  absl::Status reduce_scatter(std::span<const float> input, std::span<float> output,
+                              std::span<const int64_t> counts, std::string_view what) override {
+    return copy(input, output, counts, input.size(), output.size(), what);
+  }
+  absl::Status all_gather(std::span<const float> input, std::span<float> output,
+                          std::span<const int64_t> counts, std::string_view what) override {
+    return copy(input, output, counts, output.size(), input.size(), what);
+  }
+  absl::Status all_gather(std::span<const uint16_t> input, std::span<uint16_t> output,
+                          std::span<const int64_t> counts, std::string_view what) override {
+    return copy(input, output, counts, output.size(), input.size(), what);
+  }
+  absl::Status all_gather(std::span<const uint8_t> input, std::span<uint8_t> output,
+                          std::span<const int64_t> counts, std::string_view what) override {
+    return copy(input, output, counts, output.size(), input.size(), what);
+  }
   CollectiveStats stats() const override { return {}; }
+
+ private:
+  // One rank owns the whole array: its piece is the array.
+  template <typename T>
+  static absl::Status copy(std::span<const T> input, std::span<T> output,
+                           std::span<const int64_t> counts, size_t whole, size_t piece,
+                           std::string_view what) {
+    if (absl::Status s = check_pieces(counts, 0, 1, static_cast<int64_t>(whole),
+                                      static_cast<int64_t>(piece), what);
+        !s.ok()) {
+      return s;
+    }
+    std::copy(input.begin(), input.end(), output.begin());
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace
@@ -75,6 +107,34 @@ absl::StatusOr<CollectiveBackend> backend_for_device(std::string_view device,
   }
   return absl::InvalidArgumentError(absl::StrCat(
       std::string(field), ": must be cpu, cuda or cuda:<index>, got '", std::string(device), "'"));
+}
+
+absl::Status check_pieces(std::span<const int64_t> counts, int rank, int size,
+                          int64_t whole_elements, int64_t piece_elements, std::string_view what) {
+  const std::string w(what);
+  if (std::ssize(counts) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(w, ": counts needs one entry per rank (", size, "), got ", counts.size()));
+  }
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    const int64_t n = counts[static_cast<size_t>(r)];
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(w, ": counts[", r, "] = ", n, " < 0"));
+    }
+    total += n;
+  }
+  if (whole_elements != total) {
+    return absl::InvalidArgumentError(absl::StrCat(w, ": the whole array has ", whole_elements,
+                                                   " elements, counts sum to ", total));
+  }
+  const int64_t mine = counts[static_cast<size_t>(rank)];
+  if (piece_elements != mine) {
+    return absl::InvalidArgumentError(absl::StrCat(w, ": rank ", rank, "'s piece has ",
+                                                   piece_elements, " elements, counts[", rank,
+                                                   "] = ", mine));
+  }
+  return absl::OkStatus();
 }
 
 std::unique_ptr<Collectives> make_single_rank_collectives() {

@@ -1,7 +1,9 @@
 // Collectives for data-parallel trainer groups (docs/design.md "Trainer groups"): the few
 // operations a group of trainers needs (in-place all-reduce of float, double and int64 arrays with
-// sum, min or max), behind one interface with two backends: Gloo over TCP for CPU trainers
-// (make_gloo_collectives) and NCCL for GPU trainers (train/collectives_nccl.h, built with CUDA).
+// sum, min or max; reduce-scatter of float sums and all-gather of float, bf16 bit patterns and
+// E4M3 codes into per-rank pieces, for sharded groups: docs/design/sharding.md), behind one
+// interface with two backends: Gloo over TCP for CPU trainers (make_gloo_collectives) and NCCL
+// for GPU trainers (train/collectives_nccl.h, built with CUDA).
 //
 // Every rank calls the same operations in the same order with the same element counts. Every
 // rank ends with bit-identical results (the backends reduce each element once and broadcast it),
@@ -27,7 +29,9 @@ enum class ReduceOp { kSum, kMin, kMax };
 // What the group moved so far (per-rank metrics: all-reduce time and bytes).
 struct CollectiveStats {
   int64_t calls = 0;
-  int64_t bytes = 0;  // payload bytes handed to all-reduce (elements x element size)
+  // Payload bytes handed to the operations (elements x element size): all-reduce its array,
+  // reduce-scatter its whole input, all-gather its whole output.
+  int64_t bytes = 0;
   double seconds = 0;
 };
 
@@ -40,6 +44,28 @@ class Collectives {
   virtual absl::Status all_reduce(std::span<float> data, ReduceOp op, std::string_view what) = 0;
   virtual absl::Status all_reduce(std::span<double> data, ReduceOp op, std::string_view what) = 0;
   virtual absl::Status all_reduce(std::span<int64_t> data, ReduceOp op, std::string_view what) = 0;
+
+  // Pieces: counts[r] >= 0 is the element count of rank r's piece, the same on every rank;
+  // piece r is [offset(r), offset(r) + counts[r]) of the whole array, offset(r) = counts[0] + ...
+  // + counts[r - 1]. A rank may own an empty piece. Wrong counts or span sizes are
+  // INVALID_ARGUMENT naming `what` and the mismatch (check_pieces).
+  //
+  // Reduce-scatter (sum): `input` is this rank's whole array (sum(counts) elements); `output`
+  // (counts[rank()] elements) receives the sum over ranks of piece rank() of their inputs. Gloo
+  // adds each element's rank terms in rank order, ((x_0 + x_1) + x_2) + ..., whatever the
+  // counts, so the result does not depend on how an array is cut into pieces or buckets; with 2
+  // ranks that equals all_reduce bit for bit (a + b = b + a). NCCL adds in its own order.
+  virtual absl::Status reduce_scatter(std::span<const float> input, std::span<float> output,
+                                      std::span<const int64_t> counts, std::string_view what) = 0;
+  // All-gather: every rank's `input` (counts[rank()] elements) lands as piece r of `output`
+  // (sum(counts) elements) on every rank. Bytes are moved, never converted: uint16_t carries
+  // bf16 bit patterns, uint8_t E4M3 codes.
+  virtual absl::Status all_gather(std::span<const float> input, std::span<float> output,
+                                  std::span<const int64_t> counts, std::string_view what) = 0;
+  virtual absl::Status all_gather(std::span<const uint16_t> input, std::span<uint16_t> output,
+                                  std::span<const int64_t> counts, std::string_view what) = 0;
+  virtual absl::Status all_gather(std::span<const uint8_t> input, std::span<uint8_t> output,
+                                  std::span<const int64_t> counts, std::string_view what) = 0;
   virtual CollectiveStats stats() const = 0;
 };
 
@@ -83,7 +109,14 @@ std::string_view backend_name(CollectiveBackend backend);  // "gloo", "nccl"
 absl::StatusOr<CollectiveBackend> backend_for_device(std::string_view device,
                                                      std::string_view field = "device");
 
-// A one-rank group without any transport: every all-reduce leaves the data as it is.
+// The argument check every backend runs first for reduce_scatter / all_gather: counts has `size`
+// entries, each >= 0; the whole array has sum(counts) elements and this rank's piece
+// counts[rank]. INVALID_ARGUMENT "<what>: ..." naming the count or span that is wrong.
+absl::Status check_pieces(std::span<const int64_t> counts, int rank, int size,
+                          int64_t whole_elements, int64_t piece_elements, std::string_view what);
+
+// A one-rank group without any transport: every all-reduce leaves the data as it is;
+// reduce-scatter and all-gather copy the input to the output.
 std::unique_ptr<Collectives> make_single_rank_collectives();
 
 }  // namespace fp8rl::train

@@ -4,6 +4,12 @@
 // goes on with earlier layers. The result equals one all-reduce of the whole array up to the order
 // in which each element's N rank terms are added (bit for bit with 2 ranks, where a + b = b + a);
 // every rank still ends with bit-identical values (each bucket is one all-reduce of the backend).
+//
+// For sharded groups (docs/design/sharding.md) the same buckets can be reduce-scattered instead
+// (begin_scatter): each bucket is one reduce_scatter whose pieces are the parts of the ranks'
+// shards inside it, and each rank receives only its own shard of the sum. On Gloo every element
+// is then summed in rank order, so the shard does not depend on the bucket size and, with 2
+// ranks, equals the bucketed all-reduce's values bit for bit.
 #pragma once
 
 #include <condition_variable>
@@ -15,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "train/collectives.h"
+#include "train/shard.h"
 
 namespace fp8rl::train {
 
@@ -31,6 +38,13 @@ class BucketedAllReduce {
   // Starts one summed all-reduce of `data` (which must stay alive and unmoved until finish()).
   // `what` names it in errors ("minibatch 0: gradient all-reduce").
   void begin(std::span<float> data, std::string what);
+  // Starts one summed reduce-scatter of `data` (this rank's whole array; only read) into `shard`
+  // (layout.size(rank) floats: this rank's [layout.begin(rank), layout.end(rank)) of the sum).
+  // `layout` (layout.ranks() == the group size, covering data.size()), `data` and `shard` must
+  // stay alive and unmoved until finish(). A layout that does not fit is reported by finish() as
+  // INVALID_ARGUMENT, after the same (skipped) buckets on every rank.
+  void begin_scatter(std::span<const float> data, const ShardLayout& layout, std::span<float> shard,
+                     std::string what);
   // data[from, size) is final (Model::backward's on_final): launches every bucket inside it.
   void final_from(int64_t from);
   // Launches the remaining buckets and waits for all of them; the first failure, if any (later
@@ -42,6 +56,10 @@ class BucketedAllReduce {
 
  private:
   void run();  // the communication thread
+  // One bucket of data_ starting at `first`: all-reduced in place (layout null), or
+  // reduce-scattered into this rank's part of `shard`.
+  absl::Status reduce_bucket(std::span<float> bucket, int64_t first, const ShardLayout* layout,
+                             std::span<float> shard, const std::string& what);
 
   Collectives* const group_;
   const int64_t bucket_elements_;
@@ -52,6 +70,9 @@ class BucketedAllReduce {
   // buckets [0, ready_) may be reduced, [0, next_) were taken by the thread, [0, done_) are done.
   std::span<float> data_;
   std::string what_;
+  // Reduce-scatter mode (begin_scatter): the layout and this rank's shard; null layout_ otherwise.
+  const ShardLayout* layout_ = nullptr;
+  std::span<float> shard_;
   int64_t buckets_ = 0, ready_ = 0, next_ = 0, done_ = 0;
   absl::Status status_;
   bool stop_ = false;

@@ -1,7 +1,10 @@
 // The Gloo backend of train/collectives.h: a full mesh of TCP pairs formed through the
 // RendezvousStore, ring all-reduce (every element is reduced on one rank and then copied to the
-// others, so all ranks hold bit-identical results).
+// others, so all ranks hold bit-identical results), reduce-scatter as an all-to-all of the pieces
+// followed by a sum in rank order on the owner, all-gather as Gloo's ring allgatherv.
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
@@ -12,6 +15,7 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -111,21 +115,113 @@ class GlooCollectives final : public Collectives {
     return reduce(data, op, what);
   }
 
+  absl::Status reduce_scatter(std::span<const float> input, std::span<float> output,
+                              std::span<const int64_t> counts, std::string_view what) override {
+    if (absl::Status s =
+            check_pieces(counts, rank(), size(), std::ssize(input), std::ssize(output), what);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = usable(what); !s.ok() || input.empty()) return s;
+    if (size() == 1) {
+      std::copy(input.begin(), input.end(), output.begin());
+      return absl::OkStatus();
+    }
+    const auto n = static_cast<size_t>(size());
+    const size_t mine = output.size();
+    // pieces[r * mine, (r + 1) * mine): rank r's terms of this rank's piece (one extra element so
+    // the buffer is never null).
+    std::vector<float> pieces(n * mine + 1);
+    absl::Status s = run(what, input.size_bytes(), [&] {
+      gloo::AlltoallvOptions opts(context_);
+      // Gloo's options take mutable pointers; the input is only sent from.
+      opts.setInput(const_cast<float*>(input.data()),
+                    std::vector<int64_t>(counts.begin(), counts.end()));
+      opts.setOutput(pieces.data(), std::vector<int64_t>(n, static_cast<int64_t>(mine)));
+      opts.setTimeout(timeout_);
+      gloo::alltoallv(opts);
+    });
+    if (!s.ok()) return s;
+    for (size_t j = 0; j < mine; ++j) {
+      float sum = pieces[j];
+      for (size_t r = 1; r < n; ++r) sum += pieces[r * mine + j];
+      output[j] = sum;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status all_gather(std::span<const float> input, std::span<float> output,
+                          std::span<const int64_t> counts, std::string_view what) override {
+    return gather(input, output, counts, what);
+  }
+  absl::Status all_gather(std::span<const uint16_t> input, std::span<uint16_t> output,
+                          std::span<const int64_t> counts, std::string_view what) override {
+    return gather(input, output, counts, what);
+  }
+  absl::Status all_gather(std::span<const uint8_t> input, std::span<uint8_t> output,
+                          std::span<const int64_t> counts, std::string_view what) override {
+    return gather(input, output, counts, what);
+  }
+
   CollectiveStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
   }
 
  private:
-  template <typename T>
-  absl::Status reduce(std::span<T> data, ReduceOp op, std::string_view what) {
-    if (failed_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(std::string(what), ": the group failed earlier and must be formed again"));
-    }
-    if (data.empty() || size() == 1) return absl::OkStatus();
+  // FAILED_PRECONDITION once an operation failed: the group must be formed again.
+  absl::Status usable(std::string_view what) const {
+    if (!failed_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(std::string(what), ": the group failed earlier and must be formed again"));
+  }
+
+  // Runs one Gloo operation `op` (which throws on failure) and counts `bytes` in the stats. A
+  // failure marks the group failed.
+  template <typename Op>
+  absl::Status run(std::string_view what, size_t bytes, Op op) {
+    if (absl::Status s = usable(what); !s.ok()) return s;
     const auto start = Clock::now();
     try {
+      op();
+    } catch (const std::exception& e) {
+      failed_ = true;
+      return gloo_error(e, what, rank(), size());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.calls;
+    stats_.bytes += static_cast<int64_t>(bytes);
+    stats_.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  absl::Status gather(std::span<const T> input, std::span<T> output,
+                      std::span<const int64_t> counts, std::string_view what) {
+    if (absl::Status s =
+            check_pieces(counts, rank(), size(), std::ssize(output), std::ssize(input), what);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = usable(what); !s.ok()) return s;
+    // This rank's piece goes in place first; allgatherv without an input then only moves the
+    // other ranks' pieces into the output.
+    int64_t offset = 0;
+    for (int r = 0; r < rank(); ++r) offset += counts[static_cast<size_t>(r)];
+    std::copy(input.begin(), input.end(), output.begin() + offset);
+    if (output.empty() || size() == 1) return absl::OkStatus();
+    return run(what, output.size_bytes(), [&] {
+      gloo::AllgathervOptions opts(context_);
+      opts.setOutput(output.data(), std::vector<size_t>(counts.begin(), counts.end()));
+      opts.setTimeout(timeout_);
+      gloo::allgatherv(opts);
+    });
+  }
+
+  template <typename T>
+  absl::Status reduce(std::span<T> data, ReduceOp op, std::string_view what) {
+    if (absl::Status s = usable(what); !s.ok() || data.empty() || size() == 1) return s;
+    return run(what, data.size_bytes(), [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data.data(), data.size());
       opts.setTimeout(timeout_);
@@ -144,15 +240,7 @@ class GlooCollectives final : public Collectives {
           break;
       }
       gloo::allreduce(opts);
-    } catch (const std::exception& e) {
-      failed_ = true;
-      return gloo_error(e, what, rank(), size());
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.calls;
-    stats_.bytes += static_cast<int64_t>(data.size_bytes());
-    stats_.seconds += std::chrono::duration<double>(Clock::now() - start).count();
-    return absl::OkStatus();
+    });
   }
 
   std::shared_ptr<gloo::Context> context_;

@@ -2,9 +2,11 @@
 #include "train/memory_plan.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "model/params.h"
 
 namespace fp8rl::train {
@@ -44,6 +46,55 @@ int64_t layer_values_per_token(const model::ModelConfig& c, bool sparse) {
   return n;
 }
 
+// Working-copy bytes of `rows` rows of parameter p (every row of a 2-D tensor; a 1-D tensor is
+// whole or nothing, rows > 0 meaning whole), by storage: an FP8 linear its codes and 128x128
+// block scales twice (fprop and the transposed dgrad blocks); BF16 linears, the embedding and
+// lm_head 2 B per value (4 with an fp32 policy); norms, biases and routers 4 B.
+WeightBytes working_bytes(const model::ParamInfo& p, int64_t rows, const PrecisionPolicy& policy,
+                          const model::ModelConfig& c) {
+  WeightBytes w;
+  if (p.shape.size() != 2) {
+    if (rows > 0 || p.shape.empty()) w.fp32 = 4 * p.numel;
+    return w;
+  }
+  const int64_t cols = p.shape[1], values = rows * cols;
+  auto by_value = [&](int64_t value_bytes) {
+    (value_bytes == 2 ? w.bf16 : w.fp32) += value_bytes * values;
+  };
+  switch (p.kind) {
+    case model::ParamKind::kLinear: {
+      const Precision f = policy.layer_linear(p.layer, c.num_hidden_layers);
+      if (f == Precision::kFP8) {
+        w.fp8 = 2 * (values + 4 * ceil_div(rows, kBlock) * ceil_div(cols, kBlock));
+      } else {
+        by_value(format_bytes(f));
+      }
+      break;
+    }
+    case model::ParamKind::kEmbedding:
+    case model::ParamKind::kLmHead:
+      by_value(policy.linear == Precision::kF32 ? 4 : 2);
+      break;
+    default:
+      by_value(4);
+  }
+  return w;
+}
+
+// Working-copy bytes of the parameters in [begin, end) of the flat buffer (cut at tensor starts
+// and 128-row boundaries: train/shard.h).
+WeightBytes shard_working_bytes(const model::ParamLayout& layout, int64_t begin, int64_t end,
+                                const PrecisionPolicy& policy, const model::ModelConfig& c) {
+  WeightBytes bytes;
+  for (const model::ParamInfo& p : layout.params()) {
+    const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+    if (lo >= hi) continue;
+    const int64_t cols = p.shape.size() == 2 ? p.shape[1] : p.numel;
+    bytes += working_bytes(p, p.shape.size() == 2 ? (hi - lo) / cols : 1, policy, c);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 absl::StatusOr<MemoryPlan> plan_training_memory(const MemoryPlanInput& in) {
@@ -63,31 +114,62 @@ absl::StatusOr<MemoryPlan> plan_training_memory(const MemoryPlanInput& in) {
     return absl::InvalidArgumentError(absl::StrCat(
         "memory plan: activation_value_bytes must be >= 1, got ", in.activation_value_bytes));
   }
+  if (in.trainers < 1 || in.trainers > kMaxPlanTrainers) {
+    return absl::InvalidArgumentError(absl::StrCat("memory plan: trainers must be in [1, ",
+                                                   kMaxPlanTrainers, "], got ", in.trainers));
+  }
+  if (in.grad_bucket_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory plan: grad_bucket_bytes must be >= 0, got ", in.grad_bucket_bytes));
+  }
   MemoryPlan plan;
   plan.input = in;
   const model::ParamLayout layout(c);
   const int64_t n = layout.total();
-  plan.master = 4 * n;
-  plan.moments = 8 * n;
-  plan.grads = 4 * n;
+  plan.parameters = n;
+  // Working-weight bytes per parameter tensor, and per unit a ZeRO-3 rank gathers at once
+  // (decoder layer l at l + 1; 0: the embedding; layers + 1: final norm and lm_head).
+  std::vector<int64_t> unit_bytes(static_cast<size_t>(c.num_hidden_layers) + 2, 0);
+  WeightBytes whole_weights;
   for (const model::ParamInfo& p : layout.params()) {
-    switch (p.kind) {
-      case model::ParamKind::kLinear: {
-        const Precision f = in.policy.layer_linear(p.layer, c.num_hidden_layers);
-        if (f == Precision::kFP8 && p.shape.size() == 2) {
-          const int64_t blocks = ceil_div(p.shape[0], kBlock) * ceil_div(p.shape[1], kBlock);
-          plan.weights += 2 * (p.numel + 4 * blocks);
-        } else {
-          plan.weights += format_bytes(f == Precision::kFP8 ? Precision::kBF16 : f) * p.numel;
-        }
-        break;
-      }
-      case model::ParamKind::kEmbedding:
-      case model::ParamKind::kLmHead:
-        plan.weights += (in.policy.linear == Precision::kF32 ? 4 : 2) * p.numel;
-        break;
-      default:
-        plan.weights += 4 * p.numel;
+    const WeightBytes w = working_bytes(p, p.shape.empty() ? 0 : p.shape[0], in.policy, c);
+    const int64_t b = w.total();
+    whole_weights += w;
+    const size_t unit = p.layer >= 0                             ? static_cast<size_t>(p.layer) + 1
+                        : p.kind == model::ParamKind::kEmbedding ? 0
+                                                                 : unit_bytes.size() - 1;
+    unit_bytes[unit] += b;
+  }
+  const bool sharded = in.shard != ShardMode::kNone && in.trainers > 1;
+  absl::StatusOr<ShardLayout> shards = shard_parameters(layout, sharded ? in.trainers : 1);
+  if (!shards.ok()) return shards.status();
+  // Per rank r: the parts that depend on its shard; the plan keeps the rank with the largest
+  // total (the others differ only in these parts).
+  int64_t best = -1;
+  for (int r = 0; r < shards->ranks(); ++r) {
+    const int64_t s = shards->size(r);
+    WeightBytes weights = whole_weights;
+    int64_t gathered = 0, grads = 4 * s;
+    if (sharded) {
+      grads += in.grad_bucket_bytes > 0 ? std::min(2 * in.grad_bucket_bytes, 4 * n) : 4 * n;
+    }
+    if (sharded && in.shard == ShardMode::kParams) {
+      weights = shard_working_bytes(layout, shards->begin(r), shards->end(r), in.policy, c);
+      std::vector<int64_t> sorted = unit_bytes;
+      std::sort(sorted.rbegin(), sorted.rend());
+      gathered = sorted[0] + (sorted.size() > 1 ? sorted[1] : 0);
+    }
+    const int64_t sum = weights.total() + gathered + 12 * s + grads;
+    if (sum > best) {
+      best = sum;
+      plan.rank = r;
+      plan.shard_parameters = s;
+      plan.weights = weights.total();
+      plan.weight_parts = weights;
+      plan.gathered = gathered;
+      plan.master = 4 * s;
+      plan.moments = 8 * s;
+      plan.grads = grads;
     }
   }
   const int64_t h = c.hidden_size, t = in.step_tokens;
@@ -111,19 +193,127 @@ absl::StatusOr<MemoryPlan> plan_training_memory(const MemoryPlanInput& in) {
 }
 
 std::string MemoryPlan::describe() const {
-  return absl::StrCat("memory plan: weights ", gib(weights), ", master ", gib(master), ", moments ",
-                      gib(moments), ", grads ", gib(grads), ", activations ", gib(activations),
-                      ", kv cache ", gib(kv_cache), " = ", gib(total()), " (", input.step_tokens,
-                      " step tokens, ", input.kv_cache_tokens, " cached tokens, recompute ",
-                      input.recompute_layers ? "layers" : "none", ")");
+  std::string out = absl::StrCat("memory plan: weights ", gib(weights));
+  if (gathered > 0) absl::StrAppend(&out, ", gathered weights ", gib(gathered));
+  absl::StrAppend(&out, ", master ", gib(master), ", moments ", gib(moments), ", grads ",
+                  gib(grads), ", activations ", gib(activations), ", kv cache ", gib(kv_cache),
+                  " = ", gib(total()), " (", input.step_tokens, " step tokens, ",
+                  input.kv_cache_tokens, " cached tokens, recompute ",
+                  input.recompute_layers ? "layers" : "none", ")");
+  if (input.trainers > 1) {
+    absl::StrAppend(&out, ", per rank: rank ", rank, " of ", input.trainers, ", shard ",
+                    std::string(shard_mode_name(input.shard)), ", ", shard_parameters, " of ",
+                    parameters, " parameters");
+  }
+  return out;
+}
+
+namespace {
+
+// One way to change a plan's input, and the total it would need.
+struct Change {
+  std::string what;  // "shard grads_optimizer + recompute layers"
+  int changes = 0;
+  int64_t total = 0;
+};
+
+std::string describe_change(const MemoryPlanInput& from, const MemoryPlanInput& to) {
+  std::vector<std::string> parts;
+  if (to.shard != from.shard)
+    parts.push_back(absl::StrCat("shard ", std::string(shard_mode_name(to.shard))));
+  if (to.trainers != from.trainers) parts.push_back(absl::StrCat(to.trainers, " trainers"));
+  if (to.recompute_layers != from.recompute_layers) parts.push_back("recompute layers");
+  if (to.step_tokens != from.step_tokens) {
+    parts.push_back(absl::StrCat(to.step_tokens, " step tokens"));
+  }
+  return absl::StrJoin(parts, " + ");
+}
+
+int count_changes(const MemoryPlanInput& from, const MemoryPlanInput& to) {
+  return (to.shard != from.shard) + (to.trainers != from.trainers) +
+         (to.recompute_layers != from.recompute_layers) + (to.step_tokens != from.step_tokens);
+}
+
+// The total of `in`'s plan, or -1 when it cannot be planned.
+int64_t total_of(const MemoryPlanInput& in) {
+  absl::StatusOr<MemoryPlan> p = plan_training_memory(in);
+  return p.ok() ? p->total() : -1;
+}
+
+bool fits(int64_t total, int64_t budget) { return total >= 0 && total <= budget; }
+
+// Changes that make `in` fit `budget`: recompute and shard modes (with the smallest group that
+// fits when a shard mode alone does not), then fewer step tokens (halving) alone.
+std::vector<Change> fitting_changes(const MemoryPlanInput& in, int64_t budget) {
+  std::vector<Change> out;
+  auto consider = [&](const MemoryPlanInput& to) {
+    const int64_t t = total_of(to);
+    if (!fits(t, budget)) return false;
+    out.push_back({describe_change(in, to), count_changes(in, to), t});
+    return true;
+  };
+  for (bool recompute : {in.recompute_layers, true}) {
+    for (ShardMode mode : {in.shard, ShardMode::kGradsOptimizer, ShardMode::kParams}) {
+      MemoryPlanInput to = in;
+      to.recompute_layers = recompute;
+      to.shard = mode;
+      if (count_changes(in, to) == 0 || (mode != in.shard && mode == ShardMode::kGradsOptimizer &&
+                                         in.shard == ShardMode::kParams)) {
+        continue;  // nothing changed, or a step back from params
+      }
+      if (consider(to) || to.shard == ShardMode::kNone) continue;
+      for (int n = in.trainers + 1; n <= kMaxPlanTrainers; ++n) {
+        to.trainers = n;
+        if (consider(to)) break;
+      }
+    }
+  }
+  for (int64_t t = in.step_tokens / 2; t >= 1; t /= 2) {
+    MemoryPlanInput to = in;
+    to.step_tokens = t;
+    to.kv_cache_tokens = std::min(in.kv_cache_tokens, t);
+    if (consider(to)) break;
+  }
+  std::sort(out.begin(), out.end(), [](const Change& a, const Change& b) {
+    return a.changes != b.changes ? a.changes < b.changes : a.total < b.total;
+  });
+  std::vector<Change> unique;
+  for (Change& c : out) {
+    if (std::none_of(unique.begin(), unique.end(),
+                     [&](const Change& u) { return u.what == c.what; })) {
+      unique.push_back(std::move(c));
+    }
+  }
+  return unique;
+}
+
+}  // namespace
+
+std::string memory_verdict(const MemoryPlan& plan, int64_t budget_bytes) {
+  if (budget_bytes <= 0) return "no budget";
+  if (plan.total() <= budget_bytes) {
+    return absl::StrCat("fits: ", gib(plan.total()), " of ", gib(budget_bytes));
+  }
+  std::string out =
+      absl::StrCat("does not fit: ", gib(plan.total()), " > ", gib(budget_bytes), "; ");
+  const std::vector<Change> changes = fitting_changes(plan.input, budget_bytes);
+  if (changes.empty()) {
+    absl::StrAppend(&out, "no change tried fits (recompute, sharding, up to ", kMaxPlanTrainers,
+                    " trainers, fewer step tokens)");
+  } else {
+    absl::StrAppend(&out, "would fit with: ");
+    for (size_t i = 0; i < changes.size() && i < 3; ++i) {
+      absl::StrAppend(&out, i > 0 ? "; " : "", changes[i].what, " (", gib(changes[i].total), ")");
+    }
+  }
+  absl::StrAppend(&out, "; or a larger budget (--gpu-memory-fraction, a larger device)");
+  return out;
 }
 
 absl::Status check_memory_plan(const MemoryPlan& plan, int64_t budget_bytes) {
   if (budget_bytes <= 0 || plan.total() <= budget_bytes) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      plan.describe(), " does not fit the device budget of ", gib(budget_bytes),
-      " (--gpu-memory-fraction); lower --max-step-tokens, set --recompute layers, or raise "
-      "--gpu-memory-fraction"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat(plan.describe(), ": ", memory_verdict(plan, budget_bytes)));
 }
 
 }  // namespace fp8rl::train

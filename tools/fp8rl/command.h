@@ -30,6 +30,7 @@ int generate_main(const std::vector<std::string>& args);
 int score_main(const std::vector<std::string>& args);
 int tokenize_main(const std::vector<std::string>& args);  // cmd_tokenize.cc
 int export_main(const std::vector<std::string>& args);    // cmd_export.cc
+int plan_main(const std::vector<std::string>& args);      // cmd_plan.cc
 
 #if FP8RL_HAVE_SERVICES
 // The local cluster (cmd_cluster.cc) and the JobService client (cmd_jobs.cc); built only when the

@@ -36,6 +36,11 @@ const std::vector<Command> kCommands = {
      "export (--checkpoint DIR | --job ID [--coordinator HOST:PORT]) --out DIR --format hf|fp8 "
      "[--max-shard-bytes N] [--tokenizer DIR]",
      export_main},
+    {"plan",
+     "plan --model CONFIG.json --gpu-memory GIB [--trainers N] "
+     "[--shard none|grads_optimizer|params] [--step-tokens T] [--recompute] "
+     "[--gpu-memory-fraction F] [--training fp8|bf16]",
+     plan_main},
 #if FP8RL_HAVE_SERVICES
     {"up",
      "up [--workers N] [--trainers N] [--port-offset N] [--data-dir DIR] [--bin-dir DIR] "

@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/model.h"
 #include "model/rng.h"
+#include "tests/unit/train/group_util.h"
 #include "tests/unit/train/tiny_model.h"
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
@@ -45,6 +46,9 @@
 namespace fp8rl::train {
 namespace {
 
+using test_group::group_options;
+using test_group::make_group;
+using test_group::on_ranks;
 using test_model::kVocab;
 using test_model::tiny_config;
 struct Tolerance {
@@ -56,38 +60,6 @@ constexpr Tolerance kFp8{0.25, 5e-2};
 constexpr double kLr = 1e-3;
 // Optimizer steps: the SFT request's, then each GRPO request's (minibatches x epochs).
 constexpr int kSftUpdates = 2, kGrpoUpdates = 4;
-
-// Runs fn(rank) on `size` threads and returns each rank's result.
-template <typename F>
-auto on_ranks(int size, F fn) {
-  using R = decltype(fn(0));
-  std::vector<R> out(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) threads.emplace_back([&, r] { out[r] = fn(r); });
-  for (std::thread& t : threads) t.join();
-  return out;
-}
-
-GroupOptions group_options(int rank, int size, const std::string& prefix, int timeout_ms = 20000) {
-  GroupOptions o;
-  o.rank = rank;
-  o.size = size;
-  o.prefix = prefix;
-  o.timeout = std::chrono::milliseconds(timeout_ms);
-  return o;
-}
-
-std::vector<std::unique_ptr<Collectives>> make_group(int size, const std::string& prefix,
-                                                     int timeout_ms = 20000) {
-  auto store = make_memory_store();
-  auto groups = on_ranks(size, [&](int r) {
-    absl::StatusOr<std::unique_ptr<Collectives>> g =
-        make_gloo_collectives(store, group_options(r, size, prefix, timeout_ms));
-    EXPECT_TRUE(g.ok()) << g.status();
-    return g.ok() ? std::move(*g) : nullptr;
-  });
-  return groups;
-}
 
 TEST(TokenBalancedShares, ContiguousCoveringAndBalanced) {
   const std::vector<int64_t> lengths = {10, 10, 40, 10, 10, 10, 10};  // 100 tokens

@@ -499,6 +499,10 @@ TEST(MemoryPlan, LearnerRefusesAPlanOverBudget) {
   absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init);
   ASSERT_FALSE(l.ok());
   EXPECT_EQ(l.status().code(), absl::StatusCode::kResourceExhausted);
+  // The refusal is the plan and the verdict `fp8rl plan` prints (train/memory_plan.h).
+  EXPECT_NE(l.status().message().find("memory plan: weights"), std::string::npos) << l.status();
+  EXPECT_NE(l.status().message().find(": does not fit: "), std::string::npos) << l.status();
+  EXPECT_NE(l.status().message().find("--gpu-memory-fraction"), std::string::npos) << l.status();
   init.placement.memory_budget_bytes = 1 << 20;
   l = Learner::create(init);
   ASSERT_TRUE(l.ok()) << l.status();
