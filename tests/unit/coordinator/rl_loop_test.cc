@@ -140,6 +140,11 @@ class FakeTrainer : public TrainerClient {
   }
   absl::StatusOr<int64_t> load_checkpoint(const std::string& path) override {
     loaded.push_back(path);
+    for (const std::string& bad : unreadable) {
+      if (path.ends_with(bad)) {
+        return absl::DataLossError(absl::StrCat(path, "/model.safetensors: truncated"));
+      }
+    }
     return version;
   }
 
@@ -151,12 +156,13 @@ class FakeTrainer : public TrainerClient {
   std::set<std::string> lose_for;  // empty)
   int inits = 0;
   int64_t version = 0;
-  int64_t version_stride = 1;  // a publish adds this to the version
+  int64_t version_stride = 1;           // a publish adds this to the version
   std::vector<int64_t> above_versions;  // of every publish
   std::vector<std::vector<TrainSequence>> batches;
   std::vector<std::vector<TrainSequence>> sft_batches;
   std::vector<std::string> checkpoints;
   std::vector<std::string> loaded;
+  std::vector<std::string> unreadable;  // load_checkpoint of a path ending so fails (DATA_LOSS)
 };
 
 class FakeCluster : public Cluster {
@@ -775,6 +781,72 @@ TEST(JobManager, ResumesFromTheLastCheckpointWhenTheTrainerComesBack) {
   EXPECT_GT(row3_recorded_ms, 0);
   EXPECT_GE(rows[3].recorded_ms, row3_recorded_ms + 1000);  // after the 1.5 s outage
   EXPECT_TRUE(phases.contains("trainer_lost"));
+}
+
+// The trainer dies in step 5, after the step-4 checkpoint, which then cannot be read: the resume
+// falls back to step 2 (log line, metric, job event) and the job ends with every row once.
+// With step 2 unreadable too, it starts over from the beginning.
+TEST(JobManager, AnUnreadableCheckpointFallsBackToThePreviousOne) {
+  for (const bool both_bad : {false, true}) {
+    SCOPED_TRACE(both_bad ? "step-4 and step-2 unreadable" : "step-4 unreadable");
+    FakeCluster cluster;
+    cluster.add("w0");
+    auto store = JobStore::open(":memory:").value();
+    service::MetricsRegistry registry;
+    auto metrics = CoordinatorMetrics::create(&registry).value();
+    RlLoopOptions options = fast_options();
+    options.trainer_resume_wait = std::chrono::seconds(10);
+    FakeTrainer& t = *cluster.trainer_;
+    t.unreadable = {"/step-4"};
+    if (both_bad) t.unreadable.push_back("/step-2");
+    bool failed = false;
+    t.fail_step = [&](int64_t step) {
+      if (step != 5 || failed) return absl::OkStatus();
+      failed = true;
+      return absl::UnavailableError("Socket closed");
+    };
+    JobManager manager(store.get(), &cluster, nullptr, metrics.get(), options);
+    manager.start();
+    const std::string id = manager.submit(manager_config()).value().id;
+    JobRecord job;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    do {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      job = manager.get(id).value();
+    } while (!is_terminal(job.state) && std::chrono::steady_clock::now() < deadline);
+    manager.stop();
+    ASSERT_EQ(job.state, JobState::kSucceeded) << job.error;
+    const auto rows = store->get_metrics(id).value();
+    ASSERT_EQ(rows.size(), 6u);
+    for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i));
+    const std::vector<JobEvent> events = manager.events(id).value();
+    std::vector<std::string> kinds;
+    for (const JobEvent& e : events) kinds.push_back(e.kind);
+    if (!both_bad) {
+      ASSERT_EQ(t.loaded.size(), 2u);
+      EXPECT_TRUE(t.loaded[0].ends_with(id + "/step-4")) << t.loaded[0];
+      EXPECT_TRUE(t.loaded[1].ends_with(id + "/step-2")) << t.loaded[1];
+      EXPECT_EQ(t.inits, 1);
+      EXPECT_EQ(t.steps_trained, (std::vector<int64_t>{1, 2, 3, 4, 3, 4, 5}));
+      EXPECT_EQ(metrics->checkpoint_fallbacks->get().value(), 1.0);
+      EXPECT_EQ(kinds, (std::vector<std::string>{"trainer_lost", "checkpoint_fallback"}));
+      EXPECT_NE(events[1].message.find("step-4' unreadable"), std::string::npos)
+          << events[1].message;
+      EXPECT_NE(events[1].message.find("truncated); resuming from '"), std::string::npos)
+          << events[1].message;
+      // The job's record now points at the checkpoint that loaded.
+      EXPECT_TRUE(job.checkpoint.ends_with("/step-4")) << job.checkpoint;  // rewritten at 4
+    } else {
+      ASSERT_EQ(t.loaded.size(), 2u);
+      EXPECT_EQ(t.inits, 2);  // from the start
+      EXPECT_EQ(t.steps_trained, (std::vector<int64_t>{1, 2, 3, 4, 1, 2, 3, 4, 5}));
+      EXPECT_EQ(metrics->checkpoint_fallbacks->get().value(), 2.0);
+      EXPECT_EQ(kinds, (std::vector<std::string>{"trainer_lost", "checkpoint_fallback",
+                                                 "checkpoint_fallback"}));
+      EXPECT_NE(events[2].message.find("resuming from the start"), std::string::npos)
+          << events[2].message;
+    }
+  }
 }
 
 TEST(JobManager, FailsWithTheReasonWhenNoTrainerComesBack) {
