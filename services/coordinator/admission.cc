@@ -46,14 +46,14 @@ absl::Status check_token_cap(const rl::JobConfig& config, int64_t cap) {
 }
 
 absl::Status overloaded_error(std::string_view message, std::chrono::milliseconds retry_after) {
-  absl::Status status = absl::ResourceExhaustedError(message);
+  absl::Status status = absl::ResourceExhaustedError(std::string(message));
   status.SetPayload(kRetryAfterPayload, absl::Cord(absl::StrCat(retry_after.count())));
   return status;
 }
 
 std::optional<std::chrono::milliseconds> retry_after_of(const absl::Status& status) {
   if (status.code() != absl::StatusCode::kResourceExhausted) return std::nullopt;
-  std::optional<absl::Cord> payload = status.GetPayload(kRetryAfterPayload);
+  const auto payload = status.GetPayload(kRetryAfterPayload);
   int64_t ms = 0;
   if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) {
     return std::nullopt;
@@ -97,7 +97,7 @@ absl::Status AdmissionControl::enter(std::string_view api, Ticket* ticket) {
       absl::StrCat("overloaded: ", now_inflight, " job API requests in progress (limit ",
                    limits_.max_inflight_requests, ", --max-inflight-requests); retry after ",
                    limits_.retry_after.count(), " ms");
-  refused("inflight", absl::StrCat(api, ": ", message));
+  refused("inflight", absl::StrCat(std::string(api), ": ", message));
   return overloaded_error(message, limits_.retry_after);
 }
 
@@ -112,7 +112,7 @@ absl::Status AdmissionControl::check_queue(int64_t queued) {
 
 absl::Status AdmissionControl::check_tokens(const rl::JobConfig& config) {
   absl::Status status = check_token_cap(config, limits_.max_job_tokens);
-  if (!status.ok()) refused("token_quota", status.message());
+  if (!status.ok()) refused("token_quota", std::string(status.message()));
   return status;
 }
 

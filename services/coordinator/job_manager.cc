@@ -243,7 +243,7 @@ void JobManager::run_job(const JobRecord& job) {
   if (absl::Status s = check_token_cap(*config, admission_->limits().max_job_tokens); !s.ok()) {
     service::log_warn(kLog, "job over the token cap",
                       {{"job", id}, {"error", std::string(s.message())}});
-    add_event(id, "token_quota", s.message());
+    add_event(id, "token_quota", std::string(s.message()));
     finish(JobState::kFailed, absl::StrCat("token quota: ", s.message()));
     refresh_gauges();
     return;
@@ -325,7 +325,7 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
     if (progressed || resumes == 0) {
       service::log_warn(kLog, "trainer lost; waiting for a trainer to resume the job",
                         {{"job", id}, {"error", std::string(status.message())}});
-      add_event(id, "trainer_lost", status.message());
+      add_event(id, "trainer_lost", std::string(status.message()));
     }
     JobProgress waiting;
     waiting.phase = "trainer_lost";

@@ -85,7 +85,7 @@ std::optional<std::chrono::milliseconds> pushback_of(const grpc::ClientContext& 
   auto it = trailers.find("grpc-retry-pushback-ms");
   if (it == trailers.end()) return std::nullopt;
   int64_t ms = 0;
-  if (!absl::SimpleAtoi(std::string_view(it->second.data(), it->second.size()), &ms) || ms < 0) {
+  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms) || ms < 0) {
     return std::nullopt;
   }
   return std::chrono::milliseconds(ms);

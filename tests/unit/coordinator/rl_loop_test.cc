@@ -262,7 +262,8 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
   int progress = 0;
   service::MetricsRegistry registry;
   auto metrics = CoordinatorMetrics::create(&registry).value();
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, [&] { ++progress; }, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, [&] { ++progress; }, {}, {}},
+              fast_options());
   const auto run_start = std::chrono::steady_clock::now();
   ASSERT_TRUE(loop.run(job, config).ok());
   const double run_seconds =
@@ -492,7 +493,7 @@ TEST(RlLoop, UsesTheCheckpointsTokenizerChatTemplateAndStopIds) {
   rl::JobConfig config = small_config("/ckpt");
   config.model.checkpoint = dir.string();
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
 
   const rl::Task task = rl::make_task(config.task).value();
@@ -551,7 +552,7 @@ TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {
   auto store = JobStore::open(":memory:").value();
   service::MetricsRegistry registry;
   auto metrics = CoordinatorMetrics::create(&registry).value();
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}, {}}, fast_options());
   const auto samples = make_samples(24);
   GenParams params;
   auto results = loop.dispatch("t", samples, params);
@@ -578,7 +579,7 @@ TEST(RlLoop, StaleResultsAreRejectedAndRetried) {
   auto w = cluster.add("w0");
   auto store = JobStore::open(":memory:").value();
   RlLoopOptions options = fast_options();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, options);
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, options);
   GenParams params;
   params.min_weight_version = 1;  // the worker holds 0 and refuses
   auto results = loop.dispatch("t", make_samples(4), params);
@@ -593,14 +594,15 @@ TEST(RlLoop, FailsWithoutWorkersAndHonoursCancel) {
   rl::JobConfig config = small_config("/ckpt");
   config.sft.reset();
   const JobRecord job = store->create_job("{}", 3).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   const absl::Status none = loop.run(job, config);
   EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(none.message().find("no live generation worker"), std::string::npos) << none;
 
   cluster.add("w0");
   int rows_seen = 0;
-  RlLoopHooks hooks{store.get(), nullptr, [&] { return rows_seen >= 2; }, [&] { ++rows_seen; }, {}};
+  RlLoopHooks hooks{store.get(),          nullptr, [&] { return rows_seen >= 2; },
+                    [&] { ++rows_seen; }, {},      {}};
   RlLoop cancelling(&cluster, hooks, fast_options());
   const absl::Status cancelled = cancelling.run(job, config);
   EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
@@ -614,7 +616,8 @@ TEST(RlLoop, ReportsEveryPhase) {
   const rl::JobConfig config = small_config("/ckpt");
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
   std::vector<JobProgress> seen;
-  RlLoopHooks hooks{store.get(), nullptr, {}, {}, [&](const JobProgress& p) { seen.push_back(p); }};
+  RlLoopHooks hooks{store.get(), nullptr, {}, {}, [&](const JobProgress& p) { seen.push_back(p); },
+                    {}};
   RlLoop loop(&cluster, hooks, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
   EXPECT_EQ(loop.progress(), 2 + 1 + 3);  // SFT steps, row 0, RL steps
@@ -651,7 +654,7 @@ TEST(RlLoop, TrainerErrorsSayWhetherTheTrainerWasLost) {
     cluster.trainer_->fail_step = [failure = status](int64_t step) {
       return step == 2 ? failure : absl::OkStatus();
     };
-    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
     const absl::Status s = loop.run(job, config);
     EXPECT_EQ(s.code(), status.code());
     EXPECT_EQ(is_trainer_lost(s), lost) << s;
@@ -668,7 +671,7 @@ TEST(RlLoop, AVersionThatReachesNoWorkerIsResumable) {
   config.sft.reset();
   const JobRecord job = store->create_job("{}", 3).value();
   cluster.trainer_->lose_publish_at = 3;  // published after step 2
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   const absl::Status s = loop.run(job, config);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(is_trainer_lost(s)) << s;
@@ -684,7 +687,7 @@ TEST(RlLoop, AVersionThatReachesNoWorkerIsResumable) {
   const JobRecord job2 = store->create_job("{}", 3).value();
   lagging.trainer_->lose_publish_at = 3;
   lagging.trainer_->lose_for = {"b"};
-  RlLoop loop2(&lagging, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop2(&lagging, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   const absl::Status ok = loop2.run(job2, config);
   EXPECT_TRUE(ok.ok()) << ok;
   EXPECT_EQ(store->get_job(job2.id)->step, 3);
@@ -703,7 +706,7 @@ TEST(RlLoop, PublishesAboveTheVersionsWorkersHold) {
   auto store = JobStore::open(":memory:").value();
   const rl::JobConfig config = small_config("/ckpt");
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
   const FakeTrainer& t = *cluster.trainer_;
   // The first publish is floored by the highest held version, each later one by its predecessor.
@@ -992,7 +995,7 @@ TEST(AsyncRl, GeneratesUpToKStepsAheadAndTrainsWithinTheBound) {
     }
     return absl::OkStatus();
   };
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}, {}}, fast_options());
   const absl::Status status = loop.run(job, config);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(step4_ahead);
@@ -1033,7 +1036,7 @@ TEST(AsyncRl, TrainsTheSameBatchesAsTheSynchronousLoop) {
     auto store = JobStore::open(":memory:").value();
     const rl::JobConfig config = async_config(k, 4);
     const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
     const absl::Status status = loop.run(job, config);
     ASSERT_TRUE(status.ok()) << "K=" << k << ": " << status;
     batches.push_back(cluster.trainer_->batches);
@@ -1078,7 +1081,7 @@ TEST(AsyncRl, RegeneratesSamplesOlderThanTheBound) {
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
   service::MetricsRegistry registry;
   auto metrics = CoordinatorMetrics::create(&registry).value();
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}, {}}, fast_options());
   const absl::Status status = loop.run(job, config);
   ASSERT_TRUE(status.ok()) << status;
 
@@ -1123,7 +1126,7 @@ TEST(AsyncRl, ALostGenerationWorkersSamplesAreGeneratedOnceElsewhere) {
   auto store = JobStore::open(":memory:").value();
   const rl::JobConfig config = async_config(2, 5);
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   const absl::Status status = loop.run(job, config);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(dying->dead);
@@ -1154,7 +1157,7 @@ TEST(AsyncRl, FailsOrCancelsInsteadOfHangingWhenTheQueueRunsDry) {
     auto store = JobStore::open(":memory:").value();
     const rl::JobConfig config = async_config(2, 6);
     const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
     const auto start = std::chrono::steady_clock::now();
     const absl::Status status = loop.run(job, config);
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
@@ -1191,7 +1194,8 @@ TEST(AsyncRl, FailsOrCancelsInsteadOfHangingWhenTheQueueRunsDry) {
                  nullptr,
                  [&] { return cancel.load(); },
                  {},
-                 [&](const JobProgress& p) { phases.push_back(p); }},
+                 [&](const JobProgress& p) { phases.push_back(p); },
+                 {}},
                 options);
     const auto start = std::chrono::steady_clock::now();
     const absl::Status status = loop.run(job, config);
