@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""System test (storage): a job's checkpoint.dir is a 1 MiB tmpfs, too small for one checkpoint
+of the smoke model, so the trainer's first SaveCheckpoint fails with ENOSPC. On a local cluster
+under `fp8rl up`: the job must end FAILED (not hang, not SUCCEED) with an error that names the
+checkpoint step and the full disk; the rows recorded before the failure stay (rows 0..N-1 of a
+checkpoint at step N), no partial checkpoint folder is left, and the cluster keeps serving: a
+second job with its checkpoints on ordinary disk SUCCEEDS.
+
+Needs root (mount -t tmpfs); skipped with a message otherwise."""
+
+import os
+import subprocess
+
+import system_util as su
+
+
+def mount_tmpfs(path, size):
+    os.makedirs(path, exist_ok=True)
+    if os.geteuid() != 0:
+        print("SKIP: mounting a tmpfs needs root", flush=True)
+        raise SystemExit(su.SKIP)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"SKIP: mount -t tmpfs not permitted here: {p.stderr.strip()}", flush=True)
+        raise SystemExit(su.SKIP)
+
+
+def body(clusters):
+    su.require_binaries()
+    cluster = su.Cluster(workers=1)
+    clusters.append(cluster)
+    full = os.path.join(cluster.tmp, "full")
+    mount_tmpfs(full, "1m")
+    try:
+        cluster.wait_up()
+        config = su.smoke_config(cluster.tmp)
+        config["checkpoint"]["dir"] = os.path.join(full, "checkpoints")
+        every = config["checkpoint"]["every_steps"]
+        status, reply = su.http("POST", f"{cluster.rest}/v1/jobs", config)
+        su.check(status == 201, f"submit: {status} {reply}")
+        job = su.wait_job(cluster, reply["id"], timeout=300)
+        su.log(f"  job on a full disk: {job['state']}: {job['error']}")
+        su.check(job["state"] == "FAILED", f"expected FAILED, got {job['state']}")
+        su.check(f"checkpoint at step {every}" in job["error"] and
+                 "No space left on device" in job["error"],
+                 f"the error does not name the step and the full disk: {job['error']}")
+        status, metrics = su.http("GET", f"{cluster.rest}/v1/jobs/{reply['id']}/metrics")
+        steps = [r["step"] for r in metrics["steps"]]
+        su.check(steps == list(range(every)), f"rows {steps}, want 0..{every - 1}")
+        left = []
+        for root, dirs, files in os.walk(full):
+            left += [os.path.join(root, f) for f in files]
+        su.log(f"  files left on the full disk: {left}")
+        su.check(not any("/step-" in f for f in left), f"a partial checkpoint was left: {left}")
+        # The cluster still works.
+        status, reply = su.http("POST", f"{cluster.rest}/v1/jobs", su.smoke_config(cluster.tmp))
+        su.check(status == 201, f"second submit: {status} {reply}")
+        job = su.wait_job(cluster, reply["id"], timeout=300)
+        su.check(job["state"] == "SUCCEEDED", f"second job: {job['state']} {job['error']}")
+        cluster.stop(expect_rc=0)
+    finally:
+        subprocess.run(["umount", "-l", full], capture_output=True)
+
+
+if __name__ == "__main__":
+    su.main_guard(body)
