@@ -40,10 +40,21 @@ class Statement {
   absl::Status run() {
     if (absl::Status s = ok(); !s.ok()) return s;
     const int rc = step();
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
-      return absl::InternalError(absl::StrCat("job store: ", sqlite3_errmsg(db_)));
+    if (rc == SQLITE_DONE || rc == SQLITE_ROW) return absl::OkStatus();
+    switch (rc & 0xff) {  // the primary result code
+      case SQLITE_FULL:
+      case SQLITE_READONLY:
+      case SQLITE_IOERR:
+      case SQLITE_BUSY:
+      case SQLITE_LOCKED:
+        // The storage under the store refused the write (a full or read-only disk, an I/O
+        // error, a lock held too long): nothing was written, and the same call can succeed once
+        // that is fixed, so callers see UNAVAILABLE (HTTP 503), not an internal error.
+        return absl::UnavailableError(
+            absl::StrCat("job store: ", sqlite3_errmsg(db_), " (nothing was written)"));
+      default:
+        return absl::InternalError(absl::StrCat("job store: ", sqlite3_errmsg(db_)));
     }
-    return absl::OkStatus();
   }
   std::string text(int column) const {
     const auto* p = sqlite3_column_text(stmt_, column);

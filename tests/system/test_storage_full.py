@@ -6,10 +6,16 @@ checkpoint step and the full disk; the rows recorded before the failure stay (ro
 checkpoint at step N), no partial checkpoint folder is left, and the cluster keeps serving: a
 second job with its checkpoints on ordinary disk SUCCEEDS.
 
+Then a coordinator (no workers) whose job store lies on a 2 MiB tmpfs that is filled up: a
+submission answers 503 naming the job store and the full disk (UNAVAILABLE: nothing was
+written, the same call works once there is room), the jobs stored before stay listed, and after
+space is freed a submission is accepted again.
+
 Needs root (mount -t tmpfs); skipped with a message otherwise."""
 
 import os
 import subprocess
+import time
 
 import system_util as su
 
@@ -24,6 +30,47 @@ def mount_tmpfs(path, size):
     if p.returncode != 0:
         print(f"SKIP: mount -t tmpfs not permitted here: {p.stderr.strip()}", flush=True)
         raise SystemExit(su.SKIP)
+
+
+def check_full_job_store(tmp):
+    store = os.path.join(tmp, "store")
+    mount_tmpfs(store, "2m")
+    proc = None
+    try:
+        offset = su.free_port_offset(workers=0)
+        rest = f"http://127.0.0.1:{8080 + offset}"
+        log = open(os.path.join(tmp, "store-coordinator.log"), "w")
+        proc = subprocess.Popen(
+            [os.path.join(su.BIN_DIR, "fp8rl-coordinator"), "--listen-host", "127.0.0.1",
+             "--http-port", str(8080 + offset), "--grpc-port", str(50051 + offset),
+             "--data-dir", store, "--data-root", tmp, "--worker-wait-seconds", "600"],
+            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while su.http_quiet("GET", f"{rest}/healthz")[0] != 200:
+            su.check(proc.poll() is None and time.time() < deadline, "coordinator not up")
+            time.sleep(0.2)
+        config = su.smoke_config(tmp)
+        status, first = su.http("POST", f"{rest}/v1/jobs", config)
+        su.check(status == 201, f"submit before the disk is full: {status} {first}")
+        filler = os.path.join(store, "filler")
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
+        answers = [su.http("POST", f"{rest}/v1/jobs", config) for _ in range(20)]
+        su.log(f"  submit on a full job-store disk: {answers[-1]}")
+        su.check(all(a[0] == 503 for a in answers[-5:]),
+                 f"expected 503 once the disk is full: {[a[0] for a in answers]}")
+        su.check("job store: database or disk is full (nothing was written)" in
+                 answers[-1][1]["error"], f"unclear error: {answers[-1]}")
+        status, listing = su.http("GET", f"{rest}/v1/jobs")
+        su.check(status == 200 and first["id"] in [j["id"] for j in listing["jobs"]],
+                 f"the job stored before is gone: {status} {listing}")
+        os.remove(filler)
+        status, reply = su.http("POST", f"{rest}/v1/jobs", config)
+        su.check(status == 201, f"submit after freeing space: {status} {reply}")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        subprocess.run(["umount", "-l", store], capture_output=True)
 
 
 def body(clusters):
@@ -61,6 +108,7 @@ def body(clusters):
         cluster.stop(expect_rc=0)
     finally:
         subprocess.run(["umount", "-l", full], capture_output=True)
+    check_full_job_store(cluster.tmp)
 
 
 if __name__ == "__main__":
