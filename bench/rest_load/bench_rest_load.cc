@@ -7,6 +7,7 @@
 // already ended). Exit status 1 when a check fails. bench/rest_load/run.sh runs it for
 // docs/perf.md.
 //   fp8rl-bench-rest-load --url http://127.0.0.1:8080 --job job.json [--clients 200] [--seconds 60]
+//                         [--wait-on-429 1]   (wait out Retry-After after a refusal)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -47,11 +49,16 @@ struct Options {
   std::string job_json;
   int clients = 200;
   double seconds = 60;
+  // --wait-on-429: after a 429 the client waits its Retry-After (times a uniform 0.5-1.5 jitter)
+  // before its next request, as fp8rl's clients do; off by default (the worst case).
+  bool wait_on_429 = false;
 };
 
-// One request on a fresh connection; returns the status (0 on a transport error) and body.
+// One request on a fresh connection; returns the status (0 on a transport error) and body, and
+// the Retry-After seconds of a 429 in *retry_after (0 otherwise).
 std::pair<int, std::string> request(const Options& o, const std::string& method,
-                                    const std::string& path, const std::string& body, double* ms) {
+                                    const std::string& path, const std::string& body, double* ms,
+                                    int* retry_after = nullptr) {
   httplib::Client client(o.host, o.port);
   client.set_connection_timeout(30);
   client.set_read_timeout(60);
@@ -60,14 +67,26 @@ std::pair<int, std::string> request(const Options& o, const std::string& method,
       method == "POST" ? client.Post(path, body, "application/json") : client.Get(path);
   *ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   if (!r) return {0, httplib::to_string(r.error())};
+  if (retry_after != nullptr) {
+    *retry_after = 0;
+    if (r->status == 429 && !absl::SimpleAtoi(r->get_header_value("Retry-After"), retry_after)) {
+      *retry_after = 1;
+    }
+  }
   return {r->status, r->body};
 }
 
 void run_client(const Options& o, Clock::time_point end, ClientLog* log) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<double> jitter(0.5, 1.5);
   auto call = [&](Op op, const std::string& method, const std::string& path,
                   const std::string& body, int want) {
     double ms = 0;
-    auto [status, text] = request(o, method, path, body, &ms);
+    int retry_after = 0;
+    auto [status, text] = request(o, method, path, body, &ms, &retry_after);
+    if (o.wait_on_429 && status == 429) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(retry_after * jitter(rng)));
+    }
     log->ms[op].push_back(ms);
     ++log->statuses[status];
     if (status != want && log->errors.size() < 5) {
@@ -111,7 +130,7 @@ double percentile(std::vector<double>& v, double p) {
 int usage(const char* error) {
   std::fprintf(stderr,
                "fp8rl-bench-rest-load: %s\nusage: fp8rl-bench-rest-load --url http://HOST:PORT "
-               "--job FILE.json [--clients N] [--seconds S]\n",
+               "--job FILE.json [--clients N] [--seconds S] [--wait-on-429 0|1]\n",
                error);
   return 2;
 }
@@ -130,6 +149,9 @@ int main_impl(int argc, char** argv) {
     } else if (a == "--clients") {
       if (!absl::SimpleAtoi(v, &o.clients) || o.clients < 1 || o.clients > 2000)
         return usage("--clients: expected an integer in [1, 2000]");
+    } else if (a == "--wait-on-429") {
+      if (v != "0" && v != "1") return usage("--wait-on-429: expected 0 or 1");
+      o.wait_on_429 = v == "1";
     } else if (a == "--seconds") {
       if (!absl::SimpleAtod(v, &o.seconds) || !(o.seconds > 0) || o.seconds > 3600)
         return usage("--seconds: expected a number in (0, 3600]");

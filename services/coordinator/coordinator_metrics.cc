@@ -32,6 +32,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
                                      "Job API requests rejected as invalid (HTTP 400 / "
                                      "INVALID_ARGUMENT), by API (rest, grpc).",
                                      {"api"}));
+  FP8RL_ASSIGN(m->requests_refused,
+               registry->add_counter("fp8rl_coordinator_requests_refused_total",
+                                     "Job API requests refused by a configured limit, by reason "
+                                     "(inflight, queue_full: HTTP 429 / RESOURCE_EXHAUSTED; "
+                                     "token_quota: HTTP 400 / INVALID_ARGUMENT).",
+                                     {"reason"}));
+  FP8RL_ASSIGN(m->checkpoint_fallbacks,
+               registry->add_counter("fp8rl_coordinator_checkpoint_fallbacks_total",
+                                     "Resumes whose checkpoint the trainer could not read, so "
+                                     "the job went back to the checkpoint before it (or the "
+                                     "start)."));
   FP8RL_ASSIGN(
       m->live_workers,
       registry->add_gauge("fp8rl_coordinator_live_workers",
@@ -99,6 +110,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
   // Labelled series exist from the start, so a scrape before the first job shows them at 0.
   m->requests_rejected->with({"rest"});
   m->requests_rejected->with({"grpc"});
+  for (const char* reason : {"inflight", "queue_full", "token_quota"}) {
+    m->requests_refused->with({reason});
+  }
   for (std::string_view phase : kRlPhases) {
     m->step_phase_seconds->with({std::string(phase)});
     m->phase_seconds_total->with({std::string(phase)});

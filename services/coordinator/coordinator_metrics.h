@@ -1,6 +1,6 @@
 // The coordinator's Prometheus metrics, exactly the coordinator section of docs/metrics.md: jobs
-// by state, rejected API requests, live workers, and the RL loop's step, reward, validation
-// accuracy, mismatch metrics (from the trainer's TrainStep answer) and time per phase.
+// by state, rejected and refused API requests, live workers, and the RL loop's step, reward,
+// validation accuracy, mismatch metrics (from the trainer's TrainStep answer) and time per phase.
 #pragma once
 
 #include <array>
@@ -50,6 +50,8 @@ class CoordinatorMetrics {
   service::CounterFamily* job_resumes =
       nullptr;  // jobs resumed (coordinator restart, lost trainer)
   service::CounterFamily* requests_rejected = nullptr;      // {api}
+  service::CounterFamily* requests_refused = nullptr;       // {reason}, admission.h
+  service::CounterFamily* checkpoint_fallbacks = nullptr;   // unreadable checkpoint, previous one
   service::GaugeFamily* live_workers = nullptr;             // {kind}
   service::GaugeFamily* step = nullptr;                     // running job's completed steps
   service::CounterFamily* steps = nullptr;                  // RL steps completed

@@ -7,10 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
+#include "services/coordinator/admission.h"
 #include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
 namespace {
+
+// gRPC's trailing-metadata key for server push-back (gRPC retry design A6), in milliseconds.
+constexpr char kRetryPushbackKey[] = "grpc-retry-pushback-ms";
 
 v1::JobState to_proto(JobState state) {
   switch (state) {
@@ -70,18 +74,36 @@ grpc::Status counted(JobManager* jobs, grpc::Status status) {
   return status;
 }
 
+// The gRPC status for a JobManager error; a retry hint (admission.h) also goes out as the
+// trailing metadata gRPC clients read for server push-back, grpc-retry-pushback-ms.
+grpc::Status to_grpc(grpc::ServerContext* context, const absl::Status& status) {
+  if (std::optional<std::chrono::milliseconds> wait = retry_after_of(status)) {
+    context->AddTrailingMetadata(kRetryPushbackKey, absl::StrCat(wait->count()));
+  }
+  return service::to_grpc_status(status);
+}
+
+// A slot for one job API call (released with `ticket`), or RESOURCE_EXHAUSTED with a retry hint.
+grpc::Status admit(JobManager* jobs, grpc::ServerContext* context,
+                   AdmissionControl::Ticket* ticket) {
+  if (absl::Status s = jobs->admission().enter("grpc", ticket); !s.ok()) return to_grpc(context, s);
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* req,
                                        v1::SubmitJobResponse* resp) {
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
+  AdmissionControl::Ticket ticket;
+  if (grpc::Status admitted = admit(jobs_, context, &ticket); !admitted.ok()) return admitted;
   if (req->config().empty()) {
     return counted(jobs_, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                        "config: empty; expected a job config"));
   }
   absl::StatusOr<JobRecord> job = jobs_->submit_text(req->config());
-  if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
+  if (!job.ok()) return counted(jobs_, to_grpc(context, job.status()));
   fill_job(*jobs_, *job, true, resp->mutable_job());
   return grpc::Status::OK;
 }
@@ -89,6 +111,8 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* req,
                                     v1::Job* resp) {
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
+  AdmissionControl::Ticket ticket;
+  if (grpc::Status admitted = admit(jobs_, context, &ticket); !admitted.ok()) return admitted;
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<JobRecord> job = jobs_->get(req->id());
   if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
@@ -99,6 +123,8 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJ
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* resp) {
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
+  AdmissionControl::Ticket ticket;
+  if (grpc::Status admitted = admit(jobs_, context, &ticket); !admitted.ok()) return admitted;
   std::optional<JobState> state;
   switch (req->state()) {
     case v1::JOB_STATE_UNSPECIFIED:
@@ -135,6 +161,8 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* req,
                                        v1::CancelJobResponse* resp) {
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
+  AdmissionControl::Ticket ticket;
+  if (grpc::Status admitted = admit(jobs_, context, &ticket); !admitted.ok()) return admitted;
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<JobRecord> job = jobs_->cancel(req->id());
   if (!job.ok()) return counted(jobs_, service::to_grpc_status(job.status()));
@@ -145,6 +173,9 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context,
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
+  AdmissionControl::Ticket ticket;
+  if (grpc::Status admitted = admit(jobs_, context, &ticket); !admitted.ok()) return admitted;
+  ticket.release();  // checked on arrival only: a watch may last as long as its job
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   int64_t last_updated = -1, last_step = -1;
   JobState last_state = JobState::kQueued;
@@ -174,6 +205,8 @@ grpc::Status JobServiceImpl::GetJobMetrics(grpc::ServerContext* context,
                                            const v1::GetJobMetricsRequest* req,
                                            v1::GetJobMetricsResponse* resp) {
   if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
+  AdmissionControl::Ticket ticket;
+  if (grpc::Status admitted = admit(jobs_, context, &ticket); !admitted.ok()) return admitted;
   if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
   absl::StatusOr<std::vector<MetricsRow>> rows = jobs_->metrics(req->id());
   if (!rows.ok()) return counted(jobs_, service::to_grpc_status(rows.status()));

@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
+#include "common/service/log.h"
 #include "common/service/security.h"
 #include "fp8rl/v1/generation.grpc.pb.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
@@ -16,6 +20,8 @@
 
 namespace fp8rl::coordinator {
 namespace {
+
+constexpr char kLog[] = "cluster";
 
 void set_deadline(grpc::ClientContext& context, std::chrono::milliseconds timeout) {
   context.set_deadline(std::chrono::system_clock::now() + timeout);
@@ -143,13 +149,19 @@ class GrpcGenerationClient final : public GenerationClient {
   std::unique_ptr<v1::GenerationService::Stub> stub_;
 };
 
+// `alive` (optional) says whether the trainer still heartbeats (WorkerRegistry::is_live): a
+// call in progress is abandoned once it says no, so a trainer that hangs with its socket open
+// (SIGSTOP, a stuck driver) costs the job the registry's expiry time, not the call timeout.
 class GrpcTrainerClient final : public TrainerClient {
  public:
   GrpcTrainerClient(std::shared_ptr<grpc::Channel> channel, std::string weight_sync_address,
-                    std::chrono::milliseconds timeout)
+                    std::chrono::milliseconds timeout, std::string address = "",
+                    std::function<bool()> alive = {})
       : stub_(v1::TrainerService::NewStub(channel)),
         weight_sync_address_(std::move(weight_sync_address)),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        address_(std::move(address)),
+        alive_(std::move(alive)) {}
 
   absl::StatusOr<int64_t> init_policy(const std::string& job_id,
                                       const rl::JobConfig& config) override {
@@ -321,12 +333,50 @@ class GrpcTrainerClient final : public TrainerClient {
     }
     grpc::ClientContext context;
     set_deadline(context, timeout_);
-    return service::from_grpc_status(((*stub_).*method)(&context, req, resp));
+    if (!alive_) return service::from_grpc_status(((*stub_).*method)(&context, req, resp));
+    // The watchdog cancels the call once the trainer stops heartbeating.
+    std::mutex mu;
+    std::condition_variable done_cv;  // signalled when the call returned
+    bool done = false;                // guarded by mu
+    bool expired = false;             // guarded by mu
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (!done_cv.wait_for(lock, kLivenessPoll, [&] { return done; })) {
+        lock.unlock();
+        const bool alive = alive_();
+        lock.lock();
+        if (!alive && !done) {
+          expired = true;
+          context.TryCancel();
+          return;
+        }
+      }
+    });
+    const grpc::Status status = ((*stub_).*method)(&context, req, resp);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    done_cv.notify_all();
+    watchdog.join();
+    if (expired) {
+      service::log_warn(kLog, "trainer stopped heartbeating; call abandoned",
+                        {{"trainer", address_}, {"call", req.GetDescriptor()->name()}});
+      return absl::UnavailableError(absl::StrCat(
+          "trainer ", address_, " stopped heartbeating during ", req.GetDescriptor()->name(),
+          " (expired from the worker registry); call abandoned"));
+    }
+    return service::from_grpc_status(status);
   }
+
+  // How often a call in progress checks that the trainer still heartbeats.
+  static constexpr std::chrono::milliseconds kLivenessPoll{250};
 
   std::unique_ptr<v1::TrainerService::Stub> stub_;
   std::string weight_sync_address_;
   std::chrono::milliseconds timeout_;
+  std::string address_;
+  std::function<bool()> alive_;
 };
 
 // A data-parallel trainer group behind one TrainerClient (docs/design.md "Trainer groups"): the
@@ -465,8 +515,10 @@ absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer() {
   if (trainers.empty()) return absl::UnavailableError("no live trainer worker");
   const std::vector<WorkerInfo> syncs = registry_->live(WorkerKind::kWeightSync);
   if (syncs.empty()) return absl::UnavailableError("no live weight-sync service");
+  const WorkerInfo& t = trainers.front();
   return std::shared_ptr<TrainerClient>(std::make_shared<GrpcTrainerClient>(
-      channel(trainers.front().address), syncs.front().address, rpc_timeout_));
+      channel(t.address), syncs.front().address, rpc_timeout_, t.address,
+      [registry = registry_, id = t.id] { return registry->is_live(id); }));
 }
 
 absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(int size) {
@@ -483,8 +535,10 @@ absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(int si
   if (syncs.empty()) return absl::UnavailableError("no live weight-sync service");
   std::vector<GroupTrainerClient::Member> clients;
   for (const WorkerInfo& w : members) {
-    clients.push_back({w, std::make_shared<GrpcTrainerClient>(
-                              channel(w.address), syncs.front().address, rpc_timeout_)});
+    clients.push_back(
+        {w, std::make_shared<GrpcTrainerClient>(
+                channel(w.address), syncs.front().address, rpc_timeout_, w.address,
+                [registry = registry_, id = w.id] { return registry->is_live(id); })});
   }
   if (size == 1) {
     // A trainer that was in a group leaves it (an older trainer without JoinGroup has none).

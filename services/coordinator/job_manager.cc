@@ -31,7 +31,12 @@ absl::Status validate_inline_model_config(const rl::ModelSpec& model) {
 
 JobManager::JobManager(JobStore* store, Cluster* cluster, WorkerRegistry* registry,
                        CoordinatorMetrics* metrics, RlLoopOptions options)
-    : store_(store), cluster_(cluster), registry_(registry), metrics_(metrics), options_(options) {}
+    : store_(store),
+      cluster_(cluster),
+      registry_(registry),
+      metrics_(metrics),
+      options_(options),
+      admission_(std::make_unique<AdmissionControl>(AdmissionLimits{}, metrics)) {}
 
 JobManager::~JobManager() { stop(); }
 
@@ -66,8 +71,20 @@ absl::StatusOr<JobRecord> JobManager::submit(const rl::JobConfig& submitted) {
         rl::check_model_checkpoint(config.model.checkpoint);
     if (!ckpt.ok()) return ckpt.status();
   }
-  absl::StatusOr<JobRecord> job =
-      store_->create_job(rl::job_config_to_json(config).dump(), config.algorithm.steps);
+  if (absl::Status s = admission_->check_tokens(config); !s.ok()) return s;
+  const std::string config_json = rl::job_config_to_json(config).dump();
+  absl::StatusOr<JobRecord> job;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    absl::StatusOr<std::map<JobState, int64_t>> counts = store_->count_by_state();
+    if (!counts.ok()) return counts.status();
+    const auto queued = counts->find(JobState::kQueued);
+    if (absl::Status s = admission_->check_queue(queued == counts->end() ? 0 : queued->second);
+        !s.ok()) {
+      return s;
+    }
+    job = store_->create_job(config_json, config.algorithm.steps);
+  }
   if (!job.ok()) return job.status();
   service::log_info(kLog, "job submitted", {{"job", job->id}});
   if (metrics_ != nullptr) metrics_->jobs_submitted->get().inc();
@@ -89,6 +106,19 @@ absl::StatusOr<std::vector<JobRecord>> JobManager::list(std::optional<JobState> 
     for (JobRecord& job : *jobs) fill_progress(&job);
   }
   return jobs;
+}
+
+absl::StatusOr<std::vector<JobEvent>> JobManager::events(const std::string& id) const {
+  if (absl::StatusOr<JobRecord> job = store_->get_job(id); !job.ok()) return job.status();
+  return store_->get_events(id);
+}
+
+void JobManager::add_event(const std::string& id, std::string_view kind, std::string_view message) {
+  if (absl::Status s = store_->add_event(id, kind, message); !s.ok()) {
+    service::log_error(
+        kLog, "cannot record job event",
+        {{"job", id}, {"kind", std::string(kind)}, {"error", std::string(s.message())}});
+  }
 }
 
 void JobManager::set_progress(const std::string& id, JobProgress progress) {
@@ -208,6 +238,16 @@ void JobManager::run_job(const JobRecord& job) {
       return;
     }
   }
+  // The cap may have been lowered since the job was queued (a restart with another
+  // --max-job-tokens): the job fails before generating anything.
+  if (absl::Status s = check_token_cap(*config, admission_->limits().max_job_tokens); !s.ok()) {
+    service::log_warn(kLog, "job over the token cap",
+                      {{"job", id}, {"error", std::string(s.message())}});
+    add_event(id, "token_quota", std::string(s.message()));
+    finish(JobState::kFailed, absl::StrCat("token quota: ", s.message()));
+    refresh_gauges();
+    return;
+  }
   service::log_info(kLog, "job started", {{"job", id}, {"resume", job.resume ? "true" : "false"}});
   if (job.resume && metrics_ != nullptr) metrics_->job_resumes->get().inc();  // restart resume
   const absl::Status status = run_with_resumes(job, *config);
@@ -236,6 +276,9 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
   hooks.cancelled = [this, id] { return stopping_ || cancel_requested(id); };
   hooks.on_progress = [this] { refresh_gauges(); };
   hooks.on_phase = [this, id](const JobProgress& p) { set_progress(id, p); };
+  hooks.on_event = [this, id](std::string_view kind, std::string_view message) {
+    add_event(id, kind, message);
+  };
   using Clock = std::chrono::steady_clock;
   JobRecord attempt = job;
   int resumes = 0;
@@ -282,6 +325,7 @@ absl::Status JobManager::run_with_resumes(const JobRecord& job, const rl::JobCon
     if (progressed || resumes == 0) {
       service::log_warn(kLog, "trainer lost; waiting for a trainer to resume the job",
                         {{"job", id}, {"error", std::string(status.message())}});
+      add_event(id, "trainer_lost", std::string(status.message()));
     }
     JobProgress waiting;
     waiting.phase = "trainer_lost";

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "rl/job_config.h"
 #include "rl/job_paths.h"
+#include "services/coordinator/admission.h"
 #include "services/coordinator/job_store.h"
 #include "services/coordinator/rl_loop.h"
 #include "services/coordinator/worker_registry.h"
@@ -44,9 +46,19 @@ class JobManager {
   // them (unit tests) paths are stored as given. Call before start() and the front ends.
   void set_path_roots(rl::JobPathRoots roots) { path_roots_ = std::move(roots); }
 
+  // The job API's limits (admission.h); AdmissionLimits' defaults until set. Call before start()
+  // and the front ends.
+  void set_admission_limits(const AdmissionLimits& limits) {
+    admission_ = std::make_unique<AdmissionControl>(limits, metrics_);
+  }
+  // The front ends take a slot here for every job API call (AdmissionControl::enter).
+  AdmissionControl& admission() const { return *admission_; }
+
   // Job config as YAML or JSON text; InvalidArgument naming the field on bad input: a value out
-  // of range, a path outside its root, an inline model config that is not a valid config.json.
-  // The stored config carries the resolved paths.
+  // of range, a path outside its root, an inline model config that is not a valid config.json,
+  // rollouts over the per-job token cap. ResourceExhausted with a retry hint when
+  // AdmissionLimits::max_queued_jobs jobs are already queued. The stored config carries the
+  // resolved paths.
   absl::StatusOr<JobRecord> submit_text(std::string_view config_text);
   absl::StatusOr<JobRecord> submit(const rl::JobConfig& config);
 
@@ -57,6 +69,8 @@ class JobManager {
   absl::StatusOr<JobRecord> cancel(const std::string& id);
   absl::StatusOr<std::vector<MetricsRow>> metrics(const std::string& id) const;
   absl::StatusOr<std::optional<MetricsRow>> latest_metrics(const std::string& id) const;
+  // The faults handled for the job (JobStore::get_events); NotFound for an unknown job.
+  absl::StatusOr<std::vector<JobEvent>> events(const std::string& id) const;
   // NotFound for an unknown job (see JobStore::metrics_fingerprint).
   absl::StatusOr<JobStore::MetricsFingerprint> metrics_fingerprint(const std::string& id) const;
 
@@ -72,6 +86,8 @@ class JobManager {
   // back in time. Returns the final status of the last run.
   absl::Status run_with_resumes(const JobRecord& job, const rl::JobConfig& config);
   void set_progress(const std::string& id, JobProgress progress);
+  // Stores a job event (a failure to store it is logged, not returned).
+  void add_event(const std::string& id, std::string_view kind, std::string_view message);
   void clear_progress(const std::string& id);
   void fill_progress(JobRecord* job) const;
   bool cancel_requested(const std::string& id) const;
@@ -81,7 +97,11 @@ class JobManager {
   WorkerRegistry* registry_;
   CoordinatorMetrics* metrics_;
   RlLoopOptions options_;
-  std::optional<rl::JobPathRoots> path_roots_;  // set before serving, then read-only
+  std::optional<rl::JobPathRoots> path_roots_;   // set before serving, then read-only
+  std::unique_ptr<AdmissionControl> admission_;  // set before serving, then read-only
+  // Held from counting the queued jobs to storing a new one, so concurrent submissions cannot
+  // together pass AdmissionLimits::max_queued_jobs.
+  std::mutex submit_mu_;
   // The store, cluster, registry and metrics are thread-safe on their own; mu_ guards only the
   // in-memory state below that the API threads and the runner thread share.
   mutable std::mutex mu_;

@@ -40,10 +40,21 @@ class Statement {
   absl::Status run() {
     if (absl::Status s = ok(); !s.ok()) return s;
     const int rc = step();
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
-      return absl::InternalError(absl::StrCat("job store: ", sqlite3_errmsg(db_)));
+    if (rc == SQLITE_DONE || rc == SQLITE_ROW) return absl::OkStatus();
+    switch (rc & 0xff) {  // the primary result code
+      case SQLITE_FULL:
+      case SQLITE_READONLY:
+      case SQLITE_IOERR:
+      case SQLITE_BUSY:
+      case SQLITE_LOCKED:
+        // The storage under the store refused the write (a full or read-only disk, an I/O
+        // error, a lock held too long): nothing was written, and the same call can succeed once
+        // that is fixed, so callers see UNAVAILABLE (HTTP 503), not an internal error.
+        return absl::UnavailableError(
+            absl::StrCat("job store: ", sqlite3_errmsg(db_), " (nothing was written)"));
+      default:
+        return absl::InternalError(absl::StrCat("job store: ", sqlite3_errmsg(db_)));
     }
-    return absl::OkStatus();
   }
   std::string text(int column) const {
     const auto* p = sqlite3_column_text(stmt_, column);
@@ -156,6 +167,9 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::open(const std::string& path
            "INTEGER NOT NULL, updated_ms INTEGER NOT NULL)",
            "CREATE TABLE IF NOT EXISTS metrics (job_id TEXT NOT NULL, step INTEGER NOT NULL, "
            "metrics_json TEXT NOT NULL, recorded_ms INTEGER NOT NULL, PRIMARY KEY (job_id, step))",
+           "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT "
+           "NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL, recorded_ms INTEGER NOT NULL)",
+           "CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, seq)",
            "UPDATE jobs SET resume = 1 WHERE state = 'RUNNING'",
        }) {
     if (absl::Status s = store->exec(sql); !s.ok()) {
@@ -362,6 +376,28 @@ absl::StatusOr<JobStore::MetricsFingerprint> JobStore::metrics_fingerprint(
     out.max_recorded_ms = s.integer(2);
   }
   return out;
+}
+
+absl::Status JobStore::add_event(const std::string& id, std::string_view kind,
+                                 std::string_view message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_, "INSERT INTO events (job_id, kind, message, recorded_ms) VALUES (?, ?, ?, ?)");
+  s.bind(1, id);
+  s.bind(2, std::string(kind));
+  s.bind(3, std::string(message));
+  s.bind(4, now_unix_ms());
+  return s.run();
+}
+
+absl::StatusOr<std::vector<JobEvent>> JobStore::get_events(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_,
+              "SELECT kind, message, recorded_ms FROM events WHERE job_id = ? ORDER BY seq ASC");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  s.bind(1, id);
+  std::vector<JobEvent> events;
+  while (s.step() == SQLITE_ROW) events.push_back({s.text(0), s.text(1), s.integer(2)});
+  return events;
 }
 
 absl::StatusOr<std::map<JobState, int64_t>> JobStore::count_by_state() const {

@@ -6,6 +6,7 @@
 //   jobs(id TEXT PK, state TEXT, config_json TEXT, step INT, total_steps INT, error TEXT,
 //        resume INT, checkpoint TEXT, checkpoint_step INT, created_ms INT, updated_ms INT)
 //   metrics(job_id TEXT, step INT, metrics_json TEXT, recorded_ms INT, PK(job_id, step))
+//   events(job_id TEXT, seq INT PK autoincrement, kind TEXT, message TEXT, recorded_ms INT)
 #pragma once
 
 #include <cstdint>
@@ -68,6 +69,13 @@ struct MetricsRow {
   int64_t recorded_ms = 0;
 };
 
+// Something the coordinator did about a fault while running the job (JobStore::add_event).
+struct JobEvent {
+  std::string kind;  // "checkpoint_fallback"
+  std::string message;
+  int64_t recorded_ms = 0;
+};
+
 class JobStore {
  public:
   // Opens (creating when missing) the database at `path` (":memory:" for tests). Jobs found in
@@ -116,6 +124,11 @@ class JobStore {
   absl::StatusOr<MetricsFingerprint> metrics_fingerprint(const std::string& id) const;
   // The row with the highest step (nullopt when none).
   absl::StatusOr<std::optional<MetricsRow>> latest_metrics(const std::string& id) const;
+
+  // Faults the coordinator handled for a job (a checkpoint fallback, ...), kept with the job.
+  absl::Status add_event(const std::string& id, std::string_view kind, std::string_view message);
+  // The job's events in the order they were added.
+  absl::StatusOr<std::vector<JobEvent>> get_events(const std::string& id) const;
 
   // Number of jobs per state (every state present, 0 when none).
   absl::StatusOr<std::map<JobState, int64_t>> count_by_state() const;

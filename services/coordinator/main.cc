@@ -2,7 +2,9 @@
 // (50051) front ends together, and shuts them down gracefully on SIGTERM/SIGINT.
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -59,7 +61,15 @@ int run(const std::vector<std::string>& args) {
                     {"datasets_root", ""},
                     // Bearer tokens the job API (REST /v1/*, gRPC JobService) requires, one per
                     // line (common/service/auth.h); reloaded on SIGHUP. Empty: the API is open.
-                    {"auth_token_file", ""}};
+                    {"auth_token_file", ""},
+                    // Back-pressure (admission.h): job API calls served at once, QUEUED jobs
+                    // (beyond either: 429 / RESOURCE_EXHAUSTED with a retry hint), the wait the
+                    // refusal asks for, and a per-job cap on the tokens its rollouts may
+                    // generate (0: no limit / no cap).
+                    {"max_inflight_requests", "16"},
+                    {"max_queued_jobs", "256"},
+                    {"retry_after_ms", "1000"},
+                    {"max_job_tokens", "0"}};
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
       std::fputs(service::service_options_usage(defaults).c_str(), stdout);
@@ -84,6 +94,20 @@ int run(const std::vector<std::string>& args) {
   absl::StatusOr<int64_t> sync_seconds =
       service::extra_int_in_range(*options, "sync_wait_seconds", 1, 24 * 3600);
   if (!sync_seconds.ok()) return fail(std::string(sync_seconds.status().message()));
+  coordinator::AdmissionLimits limits;
+  for (auto [key, field, max] :
+       {std::tuple{"max_inflight_requests", &limits.max_inflight_requests, int64_t{1} << 20},
+        std::tuple{"max_queued_jobs", &limits.max_queued_jobs, int64_t{1} << 30},
+        std::tuple{"max_job_tokens", &limits.max_job_tokens,
+                   std::numeric_limits<int64_t>::max()}}) {
+    absl::StatusOr<int64_t> v = service::extra_int_in_range(*options, key, 0, max);
+    if (!v.ok()) return fail(std::string(v.status().message()));
+    *field = *v;
+  }
+  absl::StatusOr<int64_t> retry_after_ms =
+      service::extra_int_in_range(*options, "retry_after_ms", 1, 3600 * 1000);
+  if (!retry_after_ms.ok()) return fail(std::string(retry_after_ms.status().message()));
+  limits.retry_after = std::chrono::milliseconds(*retry_after_ms);
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) {
     return fail(std::string(s.message()));
   }
@@ -140,6 +164,7 @@ int run(const std::vector<std::string>& args) {
     *root = dir.string();
   }
   jobs.set_path_roots(roots);
+  jobs.set_admission_limits(limits);
 
   service::HttpServerOptions http_options;
   http_options.host = options->listen_host;
@@ -149,6 +174,10 @@ int run(const std::vector<std::string>& args) {
     http_options.tls_cert = security->tls.cert;
     http_options.tls_key = security->tls.key;
   }
+  // Threads beyond the admitted calls, so calls over the limit are answered 429 at once instead
+  // of waiting for a thread (and /healthz, /metrics and the console stay served).
+  http_options.threads = static_cast<int>(std::min<int64_t>(
+      limits.max_inflight_requests == 0 ? 64 : limits.max_inflight_requests + 8, 256));
   service::HttpServer http(http_options, &registry);
   // The job API under /v1/ needs a token when configured; /healthz, /metrics and anything else
   // (console assets) stay open.

@@ -1,9 +1,14 @@
 // REST handlers over JobManager (see rest_api.h).
 #include "services/coordinator/rest_api.h"
 
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/json_util.h"
+#include "services/coordinator/admission.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/metrics_downsample.h"
 
@@ -15,7 +20,14 @@ service::HttpResponse json_response(int status, const nlohmann::json& body) {
 }
 
 service::HttpResponse error_response(const absl::Status& status) {
-  return service::json_error(http_status_for(status), std::string(status.message()));
+  service::HttpResponse response =
+      service::json_error(http_status_for(status), std::string(status.message()));
+  if (std::optional<std::chrono::milliseconds> wait = retry_after_of(status)) {
+    // Whole seconds, rounded up, at least 1 (RFC 9110 section 10.2.3).
+    response.headers["Retry-After"] =
+        absl::StrCat(std::max<int64_t>(1, (wait->count() + 999) / 1000));
+  }
+  return response;
 }
 
 // True when the request says its body is YAML (Content-Type application/yaml, text/yaml, or
@@ -89,10 +101,15 @@ service::HttpResponse metrics_history(JobManager& jobs, const service::HttpReque
   return response;
 }
 
-// Counts the route's 400 answers as rejected requests
+// A job API route: holds an admission slot while the handler runs (429 with Retry-After when
+// none is free, admission.h) and counts the route's 400 answers as rejected requests
 // (fp8rl_coordinator_requests_rejected_total{api="rest"}).
 service::HttpHandler counting_rejects(JobManager& jobs, service::HttpHandler handler) {
   return [&jobs, handler = std::move(handler)](const service::HttpRequest& req) {
+    AdmissionControl::Ticket ticket;
+    if (absl::Status s = jobs.admission().enter("rest", &ticket); !s.ok()) {
+      return error_response(s);
+    }
     service::HttpResponse response = handler(req);
     if (response.status == 400 && jobs.coordinator_metrics() != nullptr) {
       jobs.coordinator_metrics()->count_rejected("rest");
@@ -117,6 +134,8 @@ int http_status_for(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kAlreadyExists:
       return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
     case absl::StatusCode::kUnavailable:
       return 503;
     default:
@@ -199,6 +218,19 @@ void add_rest_routes(service::HttpServer& server, JobManager& jobs) {
                 if (!job.ok()) return error_response(job.status());
                 return json_response(200, job_to_json(*job, std::nullopt, false));
               }));
+
+  server.get(
+      R"(/v1/jobs/([^/:]+)/events)",
+      counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {
+        absl::StatusOr<std::vector<JobEvent>> events = jobs.events(req.params[0]);
+        if (!events.ok()) return error_response(events.status());
+        nlohmann::json out = nlohmann::json::array();
+        for (const JobEvent& e : *events) {
+          out.push_back(
+              {{"kind", e.kind}, {"message", e.message}, {"recorded_unix_ms", e.recorded_ms}});
+        }
+        return json_response(200, {{"id", req.params[0]}, {"events", out}});
+      }));
 
   server.get(R"(/v1/jobs/([^/:]+)/metrics)",
              counting_rejects(jobs, [&jobs](const service::HttpRequest& req) {

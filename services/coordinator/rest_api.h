@@ -1,6 +1,8 @@
 // The coordinator's REST API on the HTTP server (port 8080): POST /v1/jobs, GET /v1/jobs,
-// GET /v1/jobs/{id}, POST /v1/jobs/{id}:cancel, GET /v1/jobs/{id}/metrics. Bad input answers
-// 400 {"error": "<field path>: ..."}, unknown jobs 404.
+// GET /v1/jobs/{id}, POST /v1/jobs/{id}:cancel, GET /v1/jobs/{id}/metrics, GET
+// /v1/jobs/{id}/events (faults handled: checkpoint fallback, trainer lost, token quota). Bad input
+// answers 400 {"error": "<field path>: ..."}, unknown jobs 404; beyond the admission limits
+// (admission.h) 429 with Retry-After.
 #pragma once
 
 #include "common/service/http_server.h"
@@ -20,7 +22,7 @@ nlohmann::json job_to_json(const JobRecord& job, const std::optional<MetricsRow>
                            bool with_config);
 nlohmann::json metrics_row_to_json(const MetricsRow& row);
 
-// HTTP status for an absl error code (400, 404, 409, 503, 500).
+// HTTP status for an absl error code (400, 404, 409, 429, 503, 500).
 int http_status_for(const absl::Status& status);
 
 }  // namespace fp8rl::coordinator

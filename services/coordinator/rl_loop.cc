@@ -119,6 +119,11 @@ void run_call(std::shared_ptr<DispatchState> state, std::shared_ptr<GenerationCl
 
 }  // namespace
 
+std::string checkpoint_path(const rl::JobConfig& config, const std::string& job_id, int64_t step) {
+  return (std::filesystem::path(config.checkpoint.dir) / job_id / absl::StrCat("step-", step))
+      .string();
+}
+
 bool is_trainer_lost(const absl::Status& status) {
   return !status.ok() && status.GetPayload(kTrainerLostPayload).has_value();
 }
@@ -351,9 +356,13 @@ absl::Status RlLoop::run(const JobRecord& job, const rl::JobConfig& config) {
 
   // Step 0: start or resume.
   if (absl::Status s = connect_trainer(run); !s.ok()) return s;
+  bool resumed = false;
   if (job.resume && !job.checkpoint.empty()) {
-    if (absl::Status s = resume_from_checkpoint(run); !s.ok()) return s;
-  } else {
+    absl::StatusOr<bool> loaded = resume_from_checkpoint(run);
+    if (!loaded.ok()) return loaded.status();
+    resumed = *loaded;
+  }
+  if (!resumed) {
     if (absl::Status s = init_policy(run); !s.ok()) return s;
     if (absl::Status s = sft_warm_start(run); !s.ok()) return s;
   }
@@ -429,15 +438,45 @@ absl::Status RlLoop::connect_trainer(JobRun& run) {
   }
 }
 
-absl::Status RlLoop::resume_from_checkpoint(JobRun& run) {
+absl::StatusOr<bool> RlLoop::resume_from_checkpoint(JobRun& run) {
   const JobRecord& job = run.job;
-  set_phase("loading_checkpoint", 0, 0, job.checkpoint);
-  absl::StatusOr<int64_t> version = run.trainer->load_checkpoint(job.checkpoint);
-  if (!version.ok()) {
-    return trainer_error(version.status(),
-                         absl::StrCat("resume from checkpoint '", job.checkpoint, "': "));
+  const int64_t every = run.config.checkpoint.every_steps;
+  std::string path = job.checkpoint;
+  int64_t step = job.checkpoint_step;
+  while (true) {
+    set_phase("loading_checkpoint", 0, 0, path);
+    absl::StatusOr<int64_t> version = run.trainer->load_checkpoint(path);
+    if (version.ok()) break;
+    const absl::Status error =
+        trainer_error(version.status(), absl::StrCat("resume from checkpoint '", path, "': "));
+    if (is_trainer_lost(error)) return error;
+    // The trainer answered but could not read the folder (corrupt, truncated, deleted): the
+    // checkpoint before it, which the same job wrote every_steps earlier, else the beginning.
+    const int64_t previous = every > 0 ? step - every : 0;
+    const std::string fallback =
+        previous > 0 ? checkpoint_path(run.config, job.id, previous) : std::string();
+    service::log_warn(kLog, "checkpoint unreadable; falling back to the previous one",
+                      {{"job", job.id},
+                       {"checkpoint", path},
+                       {"error", std::string(version.status().message())},
+                       {"fallback", fallback.empty() ? "(none: from the start)" : fallback}});
+    if (hooks_.metrics != nullptr) hooks_.metrics->checkpoint_fallbacks->get().inc();
+    if (hooks_.on_event) {
+      hooks_.on_event(
+          "checkpoint_fallback",
+          absl::StrCat("checkpoint '", path, "' unreadable (", version.status().message(),
+                       "); resuming from ",
+                       fallback.empty() ? "the start" : absl::StrCat("'", fallback, "'")));
+    }
+    if (fallback.empty()) return false;
+    path = fallback;
+    step = previous;
   }
-  run.start_step = job.checkpoint_step;
+  if (path != job.checkpoint) {
+    // A later resume starts from the checkpoint that loaded, not the unreadable one.
+    if (absl::Status s = hooks_.store->set_checkpoint(job.id, path, step); !s.ok()) return s;
+  }
+  run.start_step = step;
   // Steps after the checkpoint run again and record their rows again.
   if (absl::Status s = hooks_.store->set_step(job.id, run.start_step); !s.ok()) return s;
   if (absl::Status s = hooks_.store->delete_metrics_after(job.id, run.start_step); !s.ok()) {
@@ -445,7 +484,7 @@ absl::Status RlLoop::resume_from_checkpoint(JobRun& run) {
   }
   service::log_info(kLog, "resuming job",
                     {{"job", job.id}, {"from_step", absl::StrCat(run.start_step)}});
-  return absl::OkStatus();
+  return true;
 }
 
 absl::Status RlLoop::init_policy(JobRun& run) {
@@ -663,9 +702,7 @@ absl::Status RlLoop::validate_and_checkpoint(const JobRun& run, int64_t step,
   if (config.checkpoint.every_steps > 0 && step % config.checkpoint.every_steps == 0) {
     set_phase("rl", step - 1, steps, "checkpoint");
     const auto start = Clock::now();
-    const std::string path =
-        (std::filesystem::path(config.checkpoint.dir) / run.job.id / absl::StrCat("step-", step))
-            .string();
+    const std::string path = checkpoint_path(config, run.job.id, step);
     if (absl::Status s = run.trainer->save_checkpoint(path); !s.ok()) {
       return trainer_error(s, absl::StrCat("checkpoint at step ", step, ": "));
     }

@@ -151,7 +151,13 @@ struct RlLoopHooks {
   // Optional: the job's current phase (JobProgress without updated_ms), at every phase change
   // and after every SFT step.
   std::function<void(const JobProgress&)> on_phase;
+  // Optional: a fault the loop handled, for the job's event list (JobStore::add_event): kind
+  // ("checkpoint_fallback") and a sentence.
+  std::function<void(std::string_view kind, std::string_view message)> on_event;
 };
+
+// Where the loop saves the checkpoint taken after `step`: <checkpoint.dir>/<job id>/step-<step>.
+std::string checkpoint_path(const rl::JobConfig& config, const std::string& job_id, int64_t step);
 
 // A failed job whose error carries this payload lost its trainer (the trainer process died, was
 // restarted without the job's policy, or stopped answering) or a published weight version (it
@@ -230,8 +236,11 @@ class RlLoop {
   absl::Status log_prompt_format(const JobRun& run);
   // Step 0: waits (up to worker_wait) for a registered trainer.
   absl::Status connect_trainer(JobRun& run);
-  // Step 0: loads the job's last checkpoint; the steps after it run (and record rows) again.
-  absl::Status resume_from_checkpoint(JobRun& run);
+  // Step 0: loads the job's last checkpoint; the steps after it run (and record rows) again. A
+  // checkpoint the trainer cannot read (not a lost trainer) falls back to the one before it,
+  // saying so in a log line, fp8rl_coordinator_checkpoint_fallbacks_total and a job event;
+  // false when none is readable (the job starts over from the beginning).
+  absl::StatusOr<bool> resume_from_checkpoint(JobRun& run);
   // Step 0: initializes the policy from the config (a resumed job without a checkpoint restarts).
   absl::Status init_policy(JobRun& run);
   // Step 0: the SFT warm start, when the config has one (rl/sft_batch.h).

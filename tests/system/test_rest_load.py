@@ -3,7 +3,8 @@
 `fp8rl up` with concurrent clients (submit, get, watch, list, cancel, one connection per request)
 and fails on any 5xx or transport error, or a job that is not listed or did not end after its
 cancel; afterwards the coordinator still answers and the cluster stops cleanly.
-FP8RL_LOAD_CLIENTS (default 32) and FP8RL_LOAD_SECONDS (default 5) size it;
+FP8RL_LOAD_CLIENTS (default 32) and FP8RL_LOAD_SECONDS (default 5) size it; FP8RL_LOAD_WAIT_ON_429=1
+makes refused clients wait out Retry-After;
 bench/rest_load/run.sh runs it with 200 clients for 60 s for docs/perf.md."""
 
 import json
@@ -29,7 +30,8 @@ def body(clusters):
     with open(job, "w") as f:
         json.dump(su.smoke_config(cluster.tmp), f)
     args = [BENCH, "--url", cluster.rest, "--job", job, "--clients", str(clients),
-            "--seconds", str(seconds)]
+            "--seconds", str(seconds),
+            "--wait-on-429", os.environ.get("FP8RL_LOAD_WAIT_ON_429", "0")]
     su.log("running: " + " ".join(args))
     run = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 240)
     su.log(run.stdout + run.stderr)

@@ -8,9 +8,12 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <set>
+#include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fs.h"
@@ -76,7 +79,29 @@ double mean_over_steps(const std::vector<v1::StepMetrics>& rows, const std::stri
   return n == 0 ? std::nan("") : sum / n;
 }
 
+// The server's push-back (grpc-retry-pushback-ms trailing metadata), when it sent one.
+std::optional<std::chrono::milliseconds> pushback_of(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find("grpc-retry-pushback-ms");
+  if (it == trailers.end()) return std::nullopt;
+  int64_t ms = 0;
+  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &ms) || ms < 0) {
+    return std::nullopt;
+  }
+  return std::chrono::milliseconds(ms);
+}
+
 }  // namespace
+
+std::chrono::milliseconds retry_delay(const RetryPolicy& policy, int retry,
+                                      std::optional<std::chrono::milliseconds> hint, double u) {
+  double backoff = static_cast<double>(policy.initial_backoff.count());
+  for (int i = 1; i < retry && backoff < policy.max_backoff.count(); ++i) backoff *= 2;
+  backoff = std::min(backoff, static_cast<double>(policy.max_backoff.count()));
+  const auto jittered =
+      std::chrono::milliseconds(static_cast<int64_t>(backoff / 2 + u * (backoff / 2)));
+  return hint.has_value() ? std::max(jittered, *hint) : jittered;
+}
 
 // ---------------------------------------------------------------------------------------------
 // JobClient
@@ -147,6 +172,9 @@ absl::Status JobClient::to_status(const grpc::Status& status, const std::string&
       return absl::UnauthenticatedError(absl::StrCat(
           what, ": the coordinator at ", address_, " refused: ", status.error_message(),
           " (set FP8RL_TOKEN or pass --token-file FILE)"));
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return absl::ResourceExhaustedError(absl::StrCat(what, ": the coordinator at ", address_,
+                                                       " refused: ", status.error_message()));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::DeadlineExceededError(
           absl::StrCat(what, ": the coordinator at ", address_, " did not answer in time"));
@@ -159,58 +187,93 @@ absl::Status JobClient::to_status(const grpc::Status& status, const std::string&
   }
 }
 
+grpc::Status JobClient::with_retries(
+    const char* what, bool idempotent,
+    const std::function<grpc::Status(grpc::ClientContext&)>& call) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (int tries = 1;; ++tries) {
+    grpc::ClientContext context;
+    set_deadline(context);
+    const grpc::Status s = call(context);
+    const bool overloaded = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    const bool unavailable = idempotent && s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    if (!overloaded && !unavailable) return s;
+    const int limit = overloaded ? retry_.max_tries : retry_.max_unavailable_tries;
+    const std::chrono::milliseconds delay =
+        retry_delay(retry_, tries, pushback_of(context), uniform(rng));
+    const auto elapsed = Clock::now() - start;
+    if (tries >= limit || elapsed + delay > retry_.budget) {
+      return grpc::Status(s.error_code(),
+                          absl::StrFormat("%s; gave up after %d tries in %.1f s", s.error_message(),
+                                          tries, std::chrono::duration<double>(elapsed).count()));
+    }
+    std::fprintf(stderr, "fp8rl: %s: %s (%s); retrying in %.1f s (try %d of %d)\n", what,
+                 overloaded ? "coordinator overloaded" : "coordinator unavailable",
+                 s.error_message().c_str(), delay.count() / 1000.0, tries + 1, limit);
+    std::this_thread::sleep_for(delay);
+  }
+}
+
 absl::StatusOr<v1::Job> JobClient::submit(const std::string& config) {
-  grpc::ClientContext context;
-  set_deadline(context);
   v1::SubmitJobRequest request;
   request.set_config(config);
   v1::SubmitJobResponse response;
-  grpc::Status s = stub_->SubmitJob(&context, request, &response);
+  grpc::Status s = with_retries("SubmitJob", false, [&](grpc::ClientContext& context) {
+    response.Clear();
+    return stub_->SubmitJob(&context, request, &response);
+  });
   if (!s.ok()) return to_status(s, "SubmitJob");
   return response.job();
 }
 
 absl::StatusOr<v1::Job> JobClient::get(const std::string& id) {
-  grpc::ClientContext context;
-  set_deadline(context);
   v1::GetJobRequest request;
   request.set_id(id);
   v1::Job job;
-  grpc::Status s = stub_->GetJob(&context, request, &job);
+  grpc::Status s = with_retries("GetJob", true, [&](grpc::ClientContext& context) {
+    job.Clear();
+    return stub_->GetJob(&context, request, &job);
+  });
   if (!s.ok()) return to_status(s, "GetJob");
   return job;
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobClient::list(v1::JobState state, int limit) {
-  grpc::ClientContext context;
-  set_deadline(context);
   v1::ListJobsRequest request;
   request.set_state(state);
   request.set_limit(limit);
   v1::ListJobsResponse response;
-  grpc::Status s = stub_->ListJobs(&context, request, &response);
+  grpc::Status s = with_retries("ListJobs", true, [&](grpc::ClientContext& context) {
+    response.Clear();
+    return stub_->ListJobs(&context, request, &response);
+  });
   if (!s.ok()) return to_status(s, "ListJobs");
   return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
 }
 
 absl::StatusOr<v1::Job> JobClient::cancel(const std::string& id) {
-  grpc::ClientContext context;
-  set_deadline(context);
   v1::CancelJobRequest request;
   request.set_id(id);
   v1::CancelJobResponse response;
-  grpc::Status s = stub_->CancelJob(&context, request, &response);
+  grpc::Status s = with_retries("CancelJob", true, [&](grpc::ClientContext& context) {
+    response.Clear();
+    return stub_->CancelJob(&context, request, &response);
+  });
   if (!s.ok()) return to_status(s, "CancelJob");
   return response.job();
 }
 
 absl::StatusOr<std::vector<v1::StepMetrics>> JobClient::metrics(const std::string& id) {
-  grpc::ClientContext context;
-  set_deadline(context);
   v1::GetJobMetricsRequest request;
   request.set_id(id);
   v1::GetJobMetricsResponse response;
-  grpc::Status s = stub_->GetJobMetrics(&context, request, &response);
+  grpc::Status s = with_retries("GetJobMetrics", true, [&](grpc::ClientContext& context) {
+    response.Clear();
+    return stub_->GetJobMetrics(&context, request, &response);
+  });
   if (!s.ok()) return to_status(s, "GetJobMetrics");
   std::vector<v1::StepMetrics> rows(response.steps().begin(), response.steps().end());
   std::sort(rows.begin(), rows.end(),

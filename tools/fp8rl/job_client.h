@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,26 @@ inline constexpr const char* kSecurityFlags[] = {"token-file", "tls-ca", "tls-ce
 // environment. Errors name the flag or variable.
 absl::StatusOr<service::ClientSecurity> cli_security(const Args* args);
 
+// How JobClient retries a call the coordinator refused for load (RESOURCE_EXHAUSTED, its answer
+// beyond --max-inflight-requests or --max-queued-jobs) or could not take (UNAVAILABLE): after a
+// jittered, exponentially growing wait that is never shorter than the server's hint
+// (grpc-retry-pushback-ms), until a try limit or the time budget is reached. SubmitJob is not
+// retried on UNAVAILABLE: the API has no request id, so a submission the coordinator stored
+// before the connection broke would run twice.
+struct RetryPolicy {
+  int max_tries = 8;              // RESOURCE_EXHAUSTED: tries in all, the first included
+  int max_unavailable_tries = 3;  // UNAVAILABLE (every call but SubmitJob)
+  std::chrono::milliseconds initial_backoff{250};
+  std::chrono::milliseconds max_backoff{8000};
+  std::chrono::milliseconds budget{60'000};  // no retry starts after this much time in the call
+};
+
+// The wait before retry number `retry` (1 = the second try): uniform in [b/2, b] with
+// b = min(initial_backoff * 2^(retry-1), max_backoff), drawn by `u` in [0, 1), and at least
+// `hint` (the server's push-back) when given.
+std::chrono::milliseconds retry_delay(const RetryPolicy& policy, int retry,
+                                      std::optional<std::chrono::milliseconds> hint, double u);
+
 class JobClient {
  public:
   // Connects to "host:port" and waits up to `timeout` for the channel to be ready. Unavailable
@@ -44,6 +65,7 @@ class JobClient {
       const service::ClientSecurity& security = {});
 
   const std::string& address() const { return address_; }
+  void set_retry_policy(const RetryPolicy& policy) { retry_ = policy; }
 
   // `config` is YAML or JSON. INVALID_ARGUMENT keeps the server's message (it names the field).
   absl::StatusOr<v1::Job> submit(const std::string& config);
@@ -62,6 +84,12 @@ class JobClient {
  private:
   JobClient(std::string address, std::shared_ptr<grpc::Channel> channel);
   absl::Status to_status(const grpc::Status& status, const std::string& what) const;
+  // Runs `call` (a unary RPC on the fresh context it is given) under retry_, printing one line
+  // to stderr per retry; the last status gets "; gave up after N tries in S s" when retries ran
+  // out. `idempotent`: UNAVAILABLE is retried too.
+  grpc::Status with_retries(const char* what, bool idempotent,
+                            const std::function<grpc::Status(grpc::ClientContext&)>& call);
+  RetryPolicy retry_;
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;

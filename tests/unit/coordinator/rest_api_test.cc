@@ -1,7 +1,7 @@
 // Tests the coordinator REST API in-process on a free loopback port: bad bodies (malformed JSON,
 // unknown field, wrong type, out of range, oversized) answer 400 naming the field, unknown jobs
-// 404, a model.checkpoint folder that cannot work answers 400 naming the field, and the server
-// keeps serving valid requests afterwards.
+// 404, requests beyond the admission limits 429 with Retry-After, a model.checkpoint folder that
+// cannot work answers 400 naming the field, and the server keeps serving valid requests afterwards.
 #include "services/coordinator/rest_api.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "services/coordinator/admission.h"
 #include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
@@ -32,6 +33,18 @@ class RestApiTest : public testing::Test {
     store_ = JobStore::open(":memory:").value();
     metrics_ = CoordinatorMetrics::create(&registry_).value();
     jobs_ = std::make_unique<JobManager>(store_.get(), nullptr, nullptr, metrics_.get());
+    serve();
+  }
+
+  // Serves the routes again with these limits (set while no request is served).
+  void serve_with(const AdmissionLimits& limits) {
+    client_.reset();
+    server_.reset();
+    jobs_->set_admission_limits(limits);
+    serve();
+  }
+
+  void serve() {
     service::HttpServerOptions options;
     options.host = "127.0.0.1";
     options.max_body_bytes = 4096;
@@ -281,6 +294,114 @@ TEST_F(RestApiTest, AStoredJobThatEscapesTheRootsFailsWhenItStarts) {
     EXPECT_EQ(job.error.find("root:"), std::string::npos) << job.error;  // no file contents
   }
   jobs_->stop();
+}
+
+// Beyond --max-queued-jobs a submission answers 429 with Retry-After (rounded up to whole
+// seconds), names the flag, is counted and stores nothing; once a queued job leaves the queue a
+// submission is accepted again.
+TEST_F(RestApiTest, FullQueueAnswers429WithRetryAfter) {
+  AdmissionLimits limits;
+  limits.max_queued_jobs = 2;
+  limits.retry_after = std::chrono::milliseconds(1500);
+  serve_with(limits);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto [status, created] = post("/v1/jobs", kValidJob);
+    ASSERT_EQ(status, 201) << created;
+    ids.push_back(created["id"]);
+  }
+  auto res = client_->Post("/v1/jobs", kValidJob, "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429);
+  EXPECT_EQ(res->get_header_value("Retry-After"), "2");
+  const nlohmann::json body = nlohmann::json::parse(res->body, nullptr, false);
+  ASSERT_TRUE(body.contains("error")) << res->body;
+  EXPECT_NE(body["error"].get<std::string>().find("2 jobs queued (limit 2, --max-queued-jobs)"),
+            std::string::npos)
+      << body;
+  EXPECT_EQ(metrics_->requests_refused->with({"queue_full"}).value(), 1.0);
+  EXPECT_EQ(metrics_->requests_rejected->with({"rest"}).value(), 0.0);  // not a bad request
+  EXPECT_EQ(metrics_->jobs_submitted->get().value(), 2.0);
+  auto [list_status, list] = get("/v1/jobs");
+  EXPECT_EQ(list_status, 200);
+  EXPECT_EQ(list["jobs"].size(), 2u);
+  // Reads are not limited by the queue.
+  EXPECT_EQ(get(absl::StrCat("/v1/jobs/", ids[0])).first, 200);
+  auto [cancel_status, cancelled] = post(absl::StrCat("/v1/jobs/", ids[0], ":cancel"), "");
+  EXPECT_EQ(cancel_status, 200) << cancelled;
+  EXPECT_EQ(post("/v1/jobs", kValidJob).first, 201);
+}
+
+// Beyond --max-inflight-requests every job API route answers 429 at once; a freed slot lets the
+// next request through. The slots are held here directly, so the test does not depend on timing.
+TEST_F(RestApiTest, BusyApiAnswers429UntilASlotIsFree) {
+  AdmissionLimits limits;
+  limits.max_inflight_requests = 2;
+  serve_with(limits);
+  AdmissionControl::Ticket a, b;
+  ASSERT_TRUE(jobs_->admission().enter("test", &a).ok());
+  ASSERT_TRUE(jobs_->admission().enter("test", &b).ok());
+  EXPECT_EQ(jobs_->admission().inflight(), 2);
+  for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
+           {"GET", "/v1/jobs"}, {"POST", "/v1/jobs"}, {"GET", "/v1/jobs/job-x"}}) {
+    auto res = method == "GET" ? client_->Get(path.c_str())
+                               : client_->Post(path.c_str(), kValidJob, "application/json");
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, 429) << method << " " << path;
+    EXPECT_EQ(res->get_header_value("Retry-After"), "1") << path;
+    EXPECT_NE(res->body.find("2 job API requests in progress (limit 2, --max-inflight-requests)"),
+              std::string::npos)
+        << res->body;
+  }
+  EXPECT_EQ(metrics_->requests_refused->with({"inflight"}).value(), 3.0);
+  EXPECT_EQ(metrics_->jobs_submitted->get().value(), 0.0);
+  // Health and metrics are not job API calls.
+  EXPECT_EQ(client_->Get("/metrics")->status, 200);
+  b.release();
+  EXPECT_EQ(get("/v1/jobs").first, 200);
+  EXPECT_EQ(jobs_->admission().inflight(), 1);  // the request's own slot was given back
+}
+
+// A job whose rollouts may generate more tokens than --max-job-tokens is a 400 naming the fields
+// and the cap; one exactly at the cap is accepted.
+TEST_F(RestApiTest, JobOverTheTokenCapAnswers400) {
+  // kValidJob: 4 steps x 3 prompts x 4 samples x 16 new tokens (the default) = 768.
+  AdmissionLimits limits;
+  limits.max_job_tokens = 767;
+  serve_with(limits);
+  expect_400(kValidJob,
+             "algorithm.steps x prompts_per_step x samples_per_prompt x max_new_tokens: the "
+             "job's rollouts may generate 4 x 3 x 4 x 16 = 768 tokens, over the per-job cap of "
+             "767 (--max-job-tokens)");
+  EXPECT_EQ(metrics_->requests_refused->with({"token_quota"}).value(), 1.0);
+  EXPECT_EQ(metrics_->requests_rejected->with({"rest"}).value(), 1.0);
+  limits.max_job_tokens = 768;
+  serve_with(limits);
+  EXPECT_EQ(post("/v1/jobs", kValidJob).first, 201);
+}
+
+// A job queued under a higher cap (or none) fails when it starts under a lower one, with the
+// reason in its error, before any cluster call (this JobManager has no cluster).
+TEST_F(RestApiTest, AQueuedJobOverALoweredTokenCapFailsWhenItStarts) {
+  auto [status, created] = post("/v1/jobs", kValidJob);
+  ASSERT_EQ(status, 201) << created;
+  const std::string id = created["id"];
+  AdmissionLimits limits;
+  limits.max_job_tokens = 100;
+  serve_with(limits);
+  jobs_->start();
+  JobRecord job;
+  for (int i = 0; i < 500; ++i) {
+    job = jobs_->get(id).value();
+    if (is_terminal(job.state)) break;
+    usleep(10'000);
+  }
+  jobs_->stop();
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_NE(job.error.find("token quota: algorithm.steps x prompts_per_step"), std::string::npos)
+      << job.error;
+  EXPECT_NE(job.error.find("768 tokens, over the per-job cap of 100"), std::string::npos)
+      << job.error;
 }
 
 }  // namespace

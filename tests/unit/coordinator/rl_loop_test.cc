@@ -140,6 +140,11 @@ class FakeTrainer : public TrainerClient {
   }
   absl::StatusOr<int64_t> load_checkpoint(const std::string& path) override {
     loaded.push_back(path);
+    for (const std::string& bad : unreadable) {
+      if (path.ends_with(bad)) {
+        return absl::DataLossError(absl::StrCat(path, "/model.safetensors: truncated"));
+      }
+    }
     return version;
   }
 
@@ -151,12 +156,13 @@ class FakeTrainer : public TrainerClient {
   std::set<std::string> lose_for;  // empty)
   int inits = 0;
   int64_t version = 0;
-  int64_t version_stride = 1;  // a publish adds this to the version
+  int64_t version_stride = 1;           // a publish adds this to the version
   std::vector<int64_t> above_versions;  // of every publish
   std::vector<std::vector<TrainSequence>> batches;
   std::vector<std::vector<TrainSequence>> sft_batches;
   std::vector<std::string> checkpoints;
   std::vector<std::string> loaded;
+  std::vector<std::string> unreadable;  // load_checkpoint of a path ending so fails (DATA_LOSS)
 };
 
 class FakeCluster : public Cluster {
@@ -256,7 +262,8 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
   int progress = 0;
   service::MetricsRegistry registry;
   auto metrics = CoordinatorMetrics::create(&registry).value();
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, [&] { ++progress; }, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, [&] { ++progress; }, {}, {}},
+              fast_options());
   const auto run_start = std::chrono::steady_clock::now();
   ASSERT_TRUE(loop.run(job, config).ok());
   const double run_seconds =
@@ -486,7 +493,7 @@ TEST(RlLoop, UsesTheCheckpointsTokenizerChatTemplateAndStopIds) {
   rl::JobConfig config = small_config("/ckpt");
   config.model.checkpoint = dir.string();
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
 
   const rl::Task task = rl::make_task(config.task).value();
@@ -545,7 +552,7 @@ TEST(RlLoop, RedispatchesAfterWorkerDeathWithoutCountingTwice) {
   auto store = JobStore::open(":memory:").value();
   service::MetricsRegistry registry;
   auto metrics = CoordinatorMetrics::create(&registry).value();
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}, {}}, fast_options());
   const auto samples = make_samples(24);
   GenParams params;
   auto results = loop.dispatch("t", samples, params);
@@ -572,7 +579,7 @@ TEST(RlLoop, StaleResultsAreRejectedAndRetried) {
   auto w = cluster.add("w0");
   auto store = JobStore::open(":memory:").value();
   RlLoopOptions options = fast_options();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, options);
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, options);
   GenParams params;
   params.min_weight_version = 1;  // the worker holds 0 and refuses
   auto results = loop.dispatch("t", make_samples(4), params);
@@ -587,14 +594,15 @@ TEST(RlLoop, FailsWithoutWorkersAndHonoursCancel) {
   rl::JobConfig config = small_config("/ckpt");
   config.sft.reset();
   const JobRecord job = store->create_job("{}", 3).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   const absl::Status none = loop.run(job, config);
   EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(none.message().find("no live generation worker"), std::string::npos) << none;
 
   cluster.add("w0");
   int rows_seen = 0;
-  RlLoopHooks hooks{store.get(), nullptr, [&] { return rows_seen >= 2; }, [&] { ++rows_seen; }, {}};
+  RlLoopHooks hooks{store.get(),          nullptr, [&] { return rows_seen >= 2; },
+                    [&] { ++rows_seen; }, {},      {}};
   RlLoop cancelling(&cluster, hooks, fast_options());
   const absl::Status cancelled = cancelling.run(job, config);
   EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
@@ -608,7 +616,8 @@ TEST(RlLoop, ReportsEveryPhase) {
   const rl::JobConfig config = small_config("/ckpt");
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
   std::vector<JobProgress> seen;
-  RlLoopHooks hooks{store.get(), nullptr, {}, {}, [&](const JobProgress& p) { seen.push_back(p); }};
+  RlLoopHooks hooks{store.get(), nullptr, {}, {}, [&](const JobProgress& p) { seen.push_back(p); },
+                    {}};
   RlLoop loop(&cluster, hooks, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
   EXPECT_EQ(loop.progress(), 2 + 1 + 3);  // SFT steps, row 0, RL steps
@@ -645,7 +654,7 @@ TEST(RlLoop, TrainerErrorsSayWhetherTheTrainerWasLost) {
     cluster.trainer_->fail_step = [failure = status](int64_t step) {
       return step == 2 ? failure : absl::OkStatus();
     };
-    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
     const absl::Status s = loop.run(job, config);
     EXPECT_EQ(s.code(), status.code());
     EXPECT_EQ(is_trainer_lost(s), lost) << s;
@@ -662,7 +671,7 @@ TEST(RlLoop, AVersionThatReachesNoWorkerIsResumable) {
   config.sft.reset();
   const JobRecord job = store->create_job("{}", 3).value();
   cluster.trainer_->lose_publish_at = 3;  // published after step 2
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   const absl::Status s = loop.run(job, config);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(is_trainer_lost(s)) << s;
@@ -678,7 +687,7 @@ TEST(RlLoop, AVersionThatReachesNoWorkerIsResumable) {
   const JobRecord job2 = store->create_job("{}", 3).value();
   lagging.trainer_->lose_publish_at = 3;
   lagging.trainer_->lose_for = {"b"};
-  RlLoop loop2(&lagging, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop2(&lagging, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   const absl::Status ok = loop2.run(job2, config);
   EXPECT_TRUE(ok.ok()) << ok;
   EXPECT_EQ(store->get_job(job2.id)->step, 3);
@@ -697,7 +706,7 @@ TEST(RlLoop, PublishesAboveTheVersionsWorkersHold) {
   auto store = JobStore::open(":memory:").value();
   const rl::JobConfig config = small_config("/ckpt");
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   ASSERT_TRUE(loop.run(job, config).ok());
   const FakeTrainer& t = *cluster.trainer_;
   // The first publish is floored by the highest held version, each later one by its predecessor.
@@ -775,6 +784,72 @@ TEST(JobManager, ResumesFromTheLastCheckpointWhenTheTrainerComesBack) {
   EXPECT_GT(row3_recorded_ms, 0);
   EXPECT_GE(rows[3].recorded_ms, row3_recorded_ms + 1000);  // after the 1.5 s outage
   EXPECT_TRUE(phases.contains("trainer_lost"));
+}
+
+// The trainer dies in step 5, after the step-4 checkpoint, which then cannot be read: the resume
+// falls back to step 2 (log line, metric, job event) and the job ends with every row once.
+// With step 2 unreadable too, it starts over from the beginning.
+TEST(JobManager, AnUnreadableCheckpointFallsBackToThePreviousOne) {
+  for (const bool both_bad : {false, true}) {
+    SCOPED_TRACE(both_bad ? "step-4 and step-2 unreadable" : "step-4 unreadable");
+    FakeCluster cluster;
+    cluster.add("w0");
+    auto store = JobStore::open(":memory:").value();
+    service::MetricsRegistry registry;
+    auto metrics = CoordinatorMetrics::create(&registry).value();
+    RlLoopOptions options = fast_options();
+    options.trainer_resume_wait = std::chrono::seconds(10);
+    FakeTrainer& t = *cluster.trainer_;
+    t.unreadable = {"/step-4"};
+    if (both_bad) t.unreadable.push_back("/step-2");
+    bool failed = false;
+    t.fail_step = [&](int64_t step) {
+      if (step != 5 || failed) return absl::OkStatus();
+      failed = true;
+      return absl::UnavailableError("Socket closed");
+    };
+    JobManager manager(store.get(), &cluster, nullptr, metrics.get(), options);
+    manager.start();
+    const std::string id = manager.submit(manager_config()).value().id;
+    JobRecord job;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    do {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      job = manager.get(id).value();
+    } while (!is_terminal(job.state) && std::chrono::steady_clock::now() < deadline);
+    manager.stop();
+    ASSERT_EQ(job.state, JobState::kSucceeded) << job.error;
+    const auto rows = store->get_metrics(id).value();
+    ASSERT_EQ(rows.size(), 6u);
+    for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].step, static_cast<int64_t>(i));
+    const std::vector<JobEvent> events = manager.events(id).value();
+    std::vector<std::string> kinds;
+    for (const JobEvent& e : events) kinds.push_back(e.kind);
+    if (!both_bad) {
+      ASSERT_EQ(t.loaded.size(), 2u);
+      EXPECT_TRUE(t.loaded[0].ends_with(id + "/step-4")) << t.loaded[0];
+      EXPECT_TRUE(t.loaded[1].ends_with(id + "/step-2")) << t.loaded[1];
+      EXPECT_EQ(t.inits, 1);
+      EXPECT_EQ(t.steps_trained, (std::vector<int64_t>{1, 2, 3, 4, 3, 4, 5}));
+      EXPECT_EQ(metrics->checkpoint_fallbacks->get().value(), 1.0);
+      EXPECT_EQ(kinds, (std::vector<std::string>{"trainer_lost", "checkpoint_fallback"}));
+      EXPECT_NE(events[1].message.find("step-4' unreadable"), std::string::npos)
+          << events[1].message;
+      EXPECT_NE(events[1].message.find("truncated); resuming from '"), std::string::npos)
+          << events[1].message;
+      // The job's record now points at the checkpoint that loaded.
+      EXPECT_TRUE(job.checkpoint.ends_with("/step-4")) << job.checkpoint;  // rewritten at 4
+    } else {
+      ASSERT_EQ(t.loaded.size(), 2u);
+      EXPECT_EQ(t.inits, 2);  // from the start
+      EXPECT_EQ(t.steps_trained, (std::vector<int64_t>{1, 2, 3, 4, 1, 2, 3, 4, 5}));
+      EXPECT_EQ(metrics->checkpoint_fallbacks->get().value(), 2.0);
+      EXPECT_EQ(kinds, (std::vector<std::string>{"trainer_lost", "checkpoint_fallback",
+                                                 "checkpoint_fallback"}));
+      EXPECT_NE(events[2].message.find("resuming from the start"), std::string::npos)
+          << events[2].message;
+    }
+  }
 }
 
 TEST(JobManager, FailsWithTheReasonWhenNoTrainerComesBack) {
@@ -920,7 +995,7 @@ TEST(AsyncRl, GeneratesUpToKStepsAheadAndTrainsWithinTheBound) {
     }
     return absl::OkStatus();
   };
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}, {}}, fast_options());
   const absl::Status status = loop.run(job, config);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(step4_ahead);
@@ -961,7 +1036,7 @@ TEST(AsyncRl, TrainsTheSameBatchesAsTheSynchronousLoop) {
     auto store = JobStore::open(":memory:").value();
     const rl::JobConfig config = async_config(k, 4);
     const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
     const absl::Status status = loop.run(job, config);
     ASSERT_TRUE(status.ok()) << "K=" << k << ": " << status;
     batches.push_back(cluster.trainer_->batches);
@@ -1006,7 +1081,7 @@ TEST(AsyncRl, RegeneratesSamplesOlderThanTheBound) {
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
   service::MetricsRegistry registry;
   auto metrics = CoordinatorMetrics::create(&registry).value();
-  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), metrics.get(), {}, {}, {}, {}}, fast_options());
   const absl::Status status = loop.run(job, config);
   ASSERT_TRUE(status.ok()) << status;
 
@@ -1051,7 +1126,7 @@ TEST(AsyncRl, ALostGenerationWorkersSamplesAreGeneratedOnceElsewhere) {
   auto store = JobStore::open(":memory:").value();
   const rl::JobConfig config = async_config(2, 5);
   const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+  RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
   const absl::Status status = loop.run(job, config);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(dying->dead);
@@ -1082,7 +1157,7 @@ TEST(AsyncRl, FailsOrCancelsInsteadOfHangingWhenTheQueueRunsDry) {
     auto store = JobStore::open(":memory:").value();
     const rl::JobConfig config = async_config(2, 6);
     const JobRecord job = store->create_job("{}", config.algorithm.steps).value();
-    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}}, fast_options());
+    RlLoop loop(&cluster, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
     const auto start = std::chrono::steady_clock::now();
     const absl::Status status = loop.run(job, config);
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
@@ -1119,7 +1194,8 @@ TEST(AsyncRl, FailsOrCancelsInsteadOfHangingWhenTheQueueRunsDry) {
                  nullptr,
                  [&] { return cancel.load(); },
                  {},
-                 [&](const JobProgress& p) { phases.push_back(p); }},
+                 [&](const JobProgress& p) { phases.push_back(p); },
+                 {}},
                 options);
     const auto start = std::chrono::steady_clock::now();
     const absl::Status status = loop.run(job, config);
