@@ -5,7 +5,7 @@
 // per worker a WeightSubscriber receiving in place into two alternating buffers plus a
 // WeightRelay on its own gRPC server. A worker's install here only records the version (the real
 // install is fp8rl-bench-weight-install's figure), so the times are the data plane alone.
-// Usage: fp8rl-bench-weight-sync-fanout [--mib 96] [--versions 4] [--workers 1,2,4,8]
+// Usage: fp8rl-bench-weight-sync-fanout [--mib 64] [--versions 4] [--workers 1,2,4,8]
 //        [--modes direct,chain] [--chunk-kib 4096]
 #include <grpc/grpc.h>
 
@@ -58,7 +58,7 @@ model::WeightSet make_version(int64_t version, int mib) {
   set.config_json =
       R"({"model_type": "llama", "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", )"
       R"("activation_scheme": "dynamic", "weight_block_size": [128, 128]}})";
-  const int64_t n = 4096;                  // each linear is [4096, 1024]: 4 MiB of codes
+  const int64_t n = 4096;  // each linear is [4096, 1024]: 4 MiB of codes
   const int layers = std::max(1, mib / 4);
   for (int l = 0; l < layers; ++l) {
     std::vector<uint8_t> codes(static_cast<size_t>(n * 1024));
@@ -75,21 +75,24 @@ model::WeightSet make_version(int64_t version, int mib) {
   return set;
 }
 
-// One worker: subscriber (in place, two alternating buffers) and relay on its own server.
+// One worker: subscriber (in place, two alternating buffers) and, when `relays`, a relay on its
+// own server (direct mode runs without one, as workers do today).
 class Worker {
  public:
-  Worker(const std::string& id, const std::shared_ptr<grpc::Channel>& root) {
-    server_ = service::GrpcServer::start({.address = "127.0.0.1:0",
-                                          .max_message_bytes = service::kDataPathMessageBytes},
-                                         {&relay_.service()})
+  Worker(const std::string& id, const std::shared_ptr<grpc::Channel>& root, bool relays) {
+    server_ = service::GrpcServer::start(
+                  {.address = "127.0.0.1:0", .max_message_bytes = service::kDataPathMessageBytes},
+                  {&relay_.service()})
                   .value();
     SubscriberOptions options;
     options.worker_id = id;
     options.accept_delta = false;
     options.initial_backoff = 20ms;
     options.max_backoff = 200ms;
-    options.relay_address = absl::StrCat("127.0.0.1:", server_->port());
-    options.tap = &relay_;
+    if (relays) {
+      options.relay_address = absl::StrCat("127.0.0.1:", server_->port());
+      options.tap = &relay_;
+    }
     InPlaceReceiver receiver;
     receiver.target = [this](const v1::VersionManifest& m) -> absl::StatusOr<std::span<char>> {
       std::string& b = buffers_[next_++ % 2];
@@ -148,14 +151,14 @@ Run run_config(const std::string& mode, int n, const std::vector<model::WeightSe
       absl::StrCat("127.0.0.1:", server->port()), grpc::InsecureChannelCredentials(), args);
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < n; ++i) {
-    workers.push_back(std::make_unique<Worker>(absl::StrCat("w", i), channel));
+    workers.push_back(
+        std::make_unique<Worker>(absl::StrCat("w", i), channel, options.fanout.relays()));
     // Wait until it is placed (chain order = start order) or, direct, subscribed.
     const auto deadline = Clock::now() + 10s;
     while (Clock::now() < deadline) {
-      const bool placed =
-          options.fanout.relays()
-              ? sync.relay_topology().order().size() == static_cast<size_t>(i + 1)
-              : sync.workers().subscribed_workers() == i + 1;
+      const bool placed = options.fanout.relays()
+                              ? sync.relay_topology().order().size() == static_cast<size_t>(i + 1)
+                              : sync.workers().subscribed_workers() == i + 1;
       if (placed) break;
       std::this_thread::sleep_for(5ms);
     }
@@ -193,20 +196,21 @@ Run run_config(const std::string& mode, int n, const std::vector<model::WeightSe
 
 double median(std::vector<double> x) {
   std::sort(x.begin(), x.end());
-  return x.empty() ? 0 : x.size() % 2 ? x[x.size() / 2]
-                                      : 0.5 * (x[x.size() / 2 - 1] + x[x.size() / 2]);
+  return x.empty()      ? 0
+         : x.size() % 2 ? x[x.size() / 2]
+                        : 0.5 * (x[x.size() / 2 - 1] + x[x.size() / 2]);
 }
 
 int main_impl(int argc, char** argv) {
-  int mib = 96, versions = 4, chunk_kib = 4096;
+  int mib = 64, versions = 4, chunk_kib = 4096;
   std::vector<int> counts = {1, 2, 4, 8};
   std::vector<std::string> modes = {"direct", "chain"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const std::string value = i + 1 < argc ? argv[i + 1] : "";
     auto bad = [&] {
-      std::fprintf(stderr, "fp8rl-bench-weight-sync-fanout: bad value '%s' for %s\n",
-                   value.c_str(), a.c_str());
+      std::fprintf(stderr, "fp8rl-bench-weight-sync-fanout: bad value '%s' for %s\n", value.c_str(),
+                   a.c_str());
       return 2;
     };
     if (a == "--mib") {
@@ -217,16 +221,18 @@ int main_impl(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &chunk_kib) || chunk_kib < 64 || chunk_kib > 8191) return bad();
     } else if (a == "--workers") {
       counts.clear();
-      for (std::string_view p : absl::StrSplit(value, ',')) {
+      const std::vector<std::string> parts = absl::StrSplit(value, ',');
+      for (const std::string& p : parts) {
         int c = 0;
         if (!absl::SimpleAtoi(p, &c) || c < 0 || c > 64) return bad();
         counts.push_back(c);
       }
     } else if (a == "--modes") {
       modes.clear();
-      for (std::string_view p : absl::StrSplit(value, ',')) {
+      const std::vector<std::string> parts = absl::StrSplit(value, ',');
+      for (const std::string& p : parts) {
         if (!parse_fanout(p).ok()) return bad();
-        modes.emplace_back(p);
+        modes.push_back(p);
       }
     } else {
       std::fprintf(stderr, "fp8rl-bench-weight-sync-fanout: unknown argument '%s'\n", a.c_str());

@@ -39,7 +39,7 @@ struct GenerationWorkerConfig {
   int64_t max_samples_per_request = 4096;  // --max-samples-per-request
   // --weight-relay on|off: serve WeightSyncService Subscribe on the worker's gRPC port and pass
   // each version on to the workers behind it, when weight sync runs --fanout chain|tree:K
-  // (docs/design/weight-sync-fanout.md). Costs two extra versions in memory (the relay's store).
+  // (docs/design/weight-sync-fanout.md). Costs one more version in memory (the relay's store).
   bool weight_relay = false;
   // --relay-stall-ms: an upstream relay silent this long while a newer version exists is left.
   int64_t relay_stall_ms = 10000;

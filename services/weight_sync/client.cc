@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <span>
 
@@ -183,7 +184,7 @@ void WeightSubscriber::run() {
           options_.connect ? options_.connect(upstream_.upstream_address())
                            : insecure_data_channel(upstream_.upstream_address());
       upstream_stub_ = v1::WeightSyncService::NewStub(channel);
-      stream_once(channel.get(), upstream_stub_.get());
+      stream_once(channel, upstream_stub_.get());
       upstream_stub_.reset();
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
@@ -192,7 +193,7 @@ void WeightSubscriber::run() {
       upstream_.Clear();
       continue;
     }
-    if (stream_once(channel_.get(), nullptr)) backoff = options_.initial_backoff;
+    if (stream_once(channel_, nullptr)) backoff = options_.initial_backoff;
     if (!upstream_.upstream_worker_id().empty()) continue;  // redirected: connect there now
     // Up to 25% jitter, so many workers do not reconnect in lockstep.
     const auto delay = backoff + std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(
@@ -204,26 +205,45 @@ void WeightSubscriber::run() {
 }
 
 void WeightSubscriber::watch_upstream(grpc::ClientContext* context,
+                                      v1::WeightSyncService::Stub* upstream,
                                       const std::atomic<int64_t>* read_since_ns,
                                       const std::atomic<bool>* done, std::atomic<bool>* stalled) {
+  using std::chrono::steady_clock;
   const auto step = std::max(std::chrono::milliseconds(10), options_.relay_stall_timeout / 4);
   const int64_t limit_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(options_.relay_stall_timeout).count();
+  // The newest version `stub` knows of, stored or arriving (nullopt: no answer in time).
+  auto newest = [&](v1::WeightSyncService::Stub* stub) -> std::optional<int64_t> {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() +
+                   std::min(options_.ack_timeout, options_.relay_stall_timeout));
+    v1::WeightSyncStatus status;
+    if (!stub->GetStatus(&c, v1::GetWeightSyncStatusRequest(), &status).ok()) return std::nullopt;
+    return std::max(status.latest_version(), status.arriving_version());
+  };
+  int64_t owed_since_ns = 0;  // since when the upstream has owed this worker a version
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (cv_.wait_for(lock, step, [&] { return stopping_ || done->load(); })) return;
     }
     const int64_t since = read_since_ns->load();
-    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    if (since == 0 || now - since < limit_ns) continue;
-    // Waited for the whole timeout: stalled only if there is something it should be sending.
-    grpc::ClientContext status_context;
-    status_context.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
-    v1::WeightSyncStatus status;
-    if (!stub_->GetStatus(&status_context, v1::GetWeightSyncStatusRequest(), &status).ok()) continue;
+    if (since == 0) {  // this worker is busy with a message, not waiting for the upstream
+      owed_since_ns = 0;
+      continue;
+    }
+    // Owed: the relay holds (or receives) a version newer than any this worker received whole.
+    // A relay that does not answer owes one if weight sync has one.
     const int64_t have = std::max(held_version(), seen_version_.load());
-    if (status.latest_version() > have && read_since_ns->load() == since) {
+    std::optional<int64_t> relay = newest(upstream);
+    if (!relay) relay = newest(stub_.get());
+    if (!relay || *relay <= have) {
+      owed_since_ns = 0;
+      continue;
+    }
+    const int64_t now = steady_clock::now().time_since_epoch().count();
+    if (owed_since_ns == 0) owed_since_ns = now;
+    if (now - std::max(since, owed_since_ns) >= limit_ns && read_since_ns->load() == since) {
       stalled->store(true);
       context->TryCancel();
       return;
@@ -231,7 +251,7 @@ void WeightSubscriber::watch_upstream(grpc::ClientContext* context,
   }
 }
 
-bool WeightSubscriber::stream_once(grpc::ChannelInterface* channel,
+bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>& channel,
                                    v1::WeightSyncService::Stub* upstream) {
   grpc::ClientContext context;
   v1::SubscribeRequest request;
@@ -261,7 +281,7 @@ bool WeightSubscriber::stream_once(grpc::ChannelInterface* channel,
   const grpc::internal::RpcMethod method(kSubscribeMethod,
                                          grpc::internal::RpcMethod::SERVER_STREAMING, channel);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel, method, &context,
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &context,
                                                                     request));
   // Stall watch of an upstream relay (a thread that cancels `context`): when the current Read
   // began (steady clock ns; 0 while not reading).
@@ -269,7 +289,8 @@ bool WeightSubscriber::stream_once(grpc::ChannelInterface* channel,
   std::atomic<bool> watch_done{false}, stalled{false};
   std::thread watcher;
   if (upstream != nullptr) {
-    watcher = std::thread([&] { watch_upstream(&context, &read_since_ns, &watch_done, &stalled); });
+    watcher = std::thread(
+        [&] { watch_upstream(&context, upstream, &read_since_ns, &watch_done, &stalled); });
   }
   VersionTap* const tap = options_.tap;
   bool tapping = false;  // the tap has a version begun and not ended
@@ -482,22 +503,29 @@ bool WeightSubscriber::stream_once(grpc::ChannelInterface* channel,
   cv_.notify_all();
   if (watcher.joinable()) watcher.join();
   if (stalled.load()) {
-    service::log_warn(kComponent, "upstream relay stalled, leaving it",
-                      {{"worker", options_.worker_id},
-                       {"upstream", upstream_.upstream_worker_id()}});
+    service::log_warn(
+        kComponent, "upstream relay stalled, leaving it",
+        {{"worker", options_.worker_id}, {"upstream", upstream_.upstream_worker_id()}});
   }
   bool stopping = false;
+  // Weight sync ended the stream after a redirect: the next stream goes to the relay.
+  const bool redirected = upstream == nullptr && !upstream_.upstream_worker_id().empty();
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_context_ = nullptr;
     stopping = stopping_;
     // A stream this worker cancelled after a failed delta keeps the delta's error.
-    if (!stopping && !abandoned) {
+    if (!stopping && !abandoned && !redirected) {
       stats_.last_error =
           absl::StrCat("subscribe stream ended: ", status.ok() ? "OK" : status.error_message());
     }
   }
-  if (!stopping) {
+  if (redirected && !stopping) {
+    service::log_info(kComponent, "taking versions from an upstream relay",
+                      {{"worker", options_.worker_id},
+                       {"upstream", upstream_.upstream_worker_id()},
+                       {"address", upstream_.upstream_address()}});
+  } else if (!stopping) {
     service::log_warn(kComponent, "subscribe stream ended, reconnecting",
                       {{"worker", options_.worker_id},
                        {"code", absl::StrCat(static_cast<int>(status.error_code()))},
@@ -598,17 +626,6 @@ void WeightSubscriber::send_ack(int64_t version, bool ok, const std::string& err
   request.set_error(error);
   v1::AckResponse response;
   const grpc::Status status = stub_->Ack(&context, request, &response);
-  if (upstream_stub_ != nullptr) {
-    // The upstream relay times its pushes by acks too (full vs delta, push_choice.h).
-    grpc::ClientContext relay_context;
-    relay_context.set_deadline(std::chrono::system_clock::now() + options_.ack_timeout);
-    v1::AckResponse relay_response;
-    const grpc::Status relay_status = upstream_stub_->Ack(&relay_context, request, &relay_response);
-    if (!relay_status.ok()) {
-      service::log_debug(kComponent, "ack to the upstream relay failed",
-                         {{"worker", options_.worker_id}, {"error", relay_status.error_message()}});
-    }
-  }
   if (!status.ok()) {
     service::log_warn(kComponent, "ack failed",
                       {{"worker", options_.worker_id},

@@ -68,10 +68,10 @@ struct SubscriberOptions {
   bool accept_delta = true;
   // Fan-out through relays (docs/design/weight-sync-fanout.md): the address where this worker
   // serves its relay (empty: it does not relay). Weight sync may then redirect the subscription
-  // to an upstream relay; acks still go to weight sync (and to the upstream).
+  // to an upstream relay; acks still go to weight sync.
   std::string relay_address;
-  // An upstream relay that sends nothing for this long while weight sync holds a version newer
-  // than the one this worker last received is left as stalled (and reported to weight sync).
+  // An upstream relay that holds or receives a version newer than any this worker received, and
+  // sends nothing for this long, is left as stalled (and reported to weight sync).
   std::chrono::milliseconds relay_stall_timeout{10000};
   // Sees every version as it lands (the worker's relay); not owned, must outlive the subscriber.
   VersionTap* tap = nullptr;
@@ -145,12 +145,15 @@ class WeightSubscriber {
   void run();
   // One Subscribe call until it ends, to weight sync (upstream == nullptr) or to an upstream relay;
   // true when it delivered at least one message.
-  bool stream_once(grpc::ChannelInterface* channel, v1::WeightSyncService::Stub* upstream);
-  // While a stream to an upstream relay is open: cancels it once one Read has waited
-  // relay_stall_timeout (*read_since_ns: when it began, 0 while not reading) while weight sync
-  // holds a version newer than any this worker has received whole.
-  void watch_upstream(grpc::ClientContext* context, const std::atomic<int64_t>* read_since_ns,
-                      const std::atomic<bool>* done, std::atomic<bool>* stalled);
+  bool stream_once(const std::shared_ptr<grpc::ChannelInterface>& channel,
+                   v1::WeightSyncService::Stub* upstream);
+  // While a stream to an upstream relay is open: cancels it once the relay has owed this worker a
+  // version (its GetStatus shows one, stored or arriving, newer than any received whole here;
+  // when it does not answer, weight sync's does) for relay_stall_timeout of waiting in Read
+  // (*read_since_ns: when the current Read began, 0 while not reading).
+  void watch_upstream(grpc::ClientContext* context, v1::WeightSyncService::Stub* upstream,
+                      const std::atomic<int64_t>* read_since_ns, const std::atomic<bool>* done,
+                      std::atomic<bool>* stalled);
   void deliver(AssembledVersion version);
   // deliver() of a version received in place into `payload`.
   void deliver_in_place(const v1::VersionManifest& manifest, std::span<const char> payload);

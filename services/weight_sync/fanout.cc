@@ -12,12 +12,13 @@ absl::StatusOr<Fanout> parse_fanout(std::string_view text) {
   if (text == "direct") return Fanout{Fanout::Kind::kDirect, 1};
   if (text == "chain") return Fanout{Fanout::Kind::kChain, 1};
   int k = 0;
-  if (text.starts_with("tree:") && absl::SimpleAtoi(text.substr(5), &k) && k >= 1 &&
+  if (text.starts_with("tree:") && absl::SimpleAtoi(std::string(text.substr(5)), &k) && k >= 1 &&
       k <= kMaxTreeFanout) {
     return Fanout{Fanout::Kind::kTree, k};
   }
-  return absl::InvalidArgumentError(absl::StrCat("--fanout: must be direct, chain or tree:K with K in [1, ",
-                                                 kMaxTreeFanout, "], got '", text, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--fanout: must be direct, chain or tree:K with K in [1, ", kMaxTreeFanout,
+                   "], got '", std::string(text), "'"));
 }
 
 std::string fanout_name(const Fanout& fanout) {

@@ -22,7 +22,10 @@ void log_skipped(int64_t version, const absl::Status& status) {
 
 WeightSyncOptions relay_options() {
   WeightSyncOptions o;
-  o.keep_versions = 2;
+  // One version: successors take full versions, each chunk as it lands. A delta needs the whole
+  // version before it can be encoded, which would add a whole-version wait at every hop.
+  o.keep_versions = 1;
+  o.deltas = false;
   o.accept_uploads = false;
   return o;
 }
@@ -30,7 +33,8 @@ WeightSyncOptions relay_options() {
 WeightRelay::WeightRelay(WeightSyncOptions options) {
   options.accept_uploads = false;
   options.fanout = Fanout{};
-  absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> metrics = WeightSyncMetrics::create(&registry_);
+  absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> metrics =
+      WeightSyncMetrics::create(&registry_);
   // A fresh registry takes the fixed metric names: failure is a bug in this binary, not input.
   if (!metrics.ok()) std::abort();
   metrics_ = std::move(*metrics);

@@ -1,10 +1,9 @@
 // A generation worker's relay for fan-out through workers (docs/design/weight-sync-fanout.md):
 // the worker's WeightSubscriber hands it every version as it lands (VersionTap), and it serves
 // those bytes to the workers behind it through the same WeightSyncService Subscribe/Ack API that
-// weight sync serves, with cut-through (each chunk goes on as soon as it is in) and deltas
-// (encoded here against the previous version, for successors that accept them). Uploads to it
-// are refused. The worker registers service() on its gRPC server and advertises that address as
-// SubscriberOptions::relay_address.
+// weight sync serves, with cut-through (each chunk goes on as soon as it is in); full versions
+// only (relay_options()). Uploads to it are refused. The worker registers service() on its gRPC
+// server and advertises that address as SubscriberOptions::relay_address.
 #pragma once
 
 #include <memory>
@@ -17,8 +16,9 @@
 
 namespace fp8rl::weight_sync {
 
-// The options a relay runs with: keeps 2 versions (the served one is the base of the next delta),
-// takes no uploads, fans out directly to the successors weight sync sends it.
+// The options a relay runs with: keeps 1 version, pushes full versions only (no whole-version
+// wait per hop for a delta), takes no uploads, sends directly to the successors weight sync
+// places behind it.
 WeightSyncOptions relay_options();
 
 class WeightRelay final : public VersionTap {

@@ -2,7 +2,8 @@
 // (common/service/options.h) plus --metrics-port, --keep-versions, --chunk-bytes,
 // --max-version-bytes, the FP8 delta settings --deltas on|always|off, --delta-max-fraction F and
 // --delta-zstd-level N, and --fanout direct|chain|tree:K (docs/design/weight-sync-fanout.md),
-// resolved into the values main() wires together. --coordinator and --advertise-host say where the service registers (as WEIGHT_SYNC) and what address it gives.
+// resolved into the values main() wires together. --coordinator and --advertise-host say where the
+// service registers (as WEIGHT_SYNC) and what address it gives.
 #pragma once
 
 #include <string>

@@ -156,8 +156,8 @@ absl::Status validate_options(const WeightSyncOptions& options) {
         absl::StrCat("delta_zstd_level: must be in [1, 19], got ", options.delta_zstd_level));
   }
   if (options.fanout.k < 1 || options.fanout.k > kMaxTreeFanout) {
-    return absl::InvalidArgumentError(absl::StrCat("fanout.k: must be in [1, ", kMaxTreeFanout,
-                                                   "], got ", options.fanout.k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fanout.k: must be in [1, ", kMaxTreeFanout, "], got ", options.fanout.k));
   }
   return absl::OkStatus();
 }
@@ -425,11 +425,11 @@ WeightSyncServiceImpl::begin_local_upload(const v1::VersionManifest& manifest) {
   stored->arrived = std::chrono::steady_clock::now();
   auto arriving = std::make_shared<ArrivingVersion>(stored, stored->payload.data());
   store_.begin_arrival(arriving);
-  return std::unique_ptr<LocalUpload>(new LocalUpload(this, std::move(stored), std::move(arriving)));
+  return std::unique_ptr<LocalUpload>(
+      new LocalUpload(this, std::move(stored), std::move(arriving)));
 }
 
-absl::Status WeightSyncServiceImpl::LocalUpload::add(uint64_t offset,
-                                                     std::span<const char> bytes) {
+absl::Status WeightSyncServiceImpl::LocalUpload::add(uint64_t offset, std::span<const char> bytes) {
   const uint64_t total = arriving_->total_bytes();
   if (offset != received_ || bytes.size() > total - received_) {
     return absl::InvalidArgumentError(absl::StrCat("local upload of version ", version(),
@@ -446,8 +446,8 @@ absl::Status WeightSyncServiceImpl::LocalUpload::add(uint64_t offset,
 absl::Status WeightSyncServiceImpl::LocalUpload::finish() {
   if (received_ != arriving_->total_bytes()) {
     return absl::FailedPreconditionError(absl::StrCat("local upload of version ", version(), ": ",
-                                                      received_, " of ",
-                                                      arriving_->total_bytes(), " bytes given"));
+                                                      received_, " of ", arriving_->total_bytes(),
+                                                      " bytes given"));
   }
   service_->workers_.published(version(), std::chrono::steady_clock::now());
   if (absl::Status s = service_->store_.add(version_); !s.ok()) return s;
@@ -790,6 +790,7 @@ grpc::Status WeightSyncServiceImpl::GetStatus(grpc::ServerContext* context,
     out->set_subscribed(w.open_streams > 0);
   }
   response->set_rejected_uploads(rejected_.load());
+  response->set_arriving_version(store_.arriving_version());
   return grpc::Status::OK;
 }
 

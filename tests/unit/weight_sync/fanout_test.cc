@@ -3,6 +3,8 @@
 // the same bytes; a relay that dies or stalls mid-push is skipped and its successors re-attached
 // to its predecessor without losing the version. Real gRPC on loopback ports, one server per
 // worker relay.
+#include "services/weight_sync/fanout.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -16,7 +18,6 @@
 #include "absl/strings/match.h"
 #include "common/service/crc32c.h"
 #include "services/weight_sync/client.h"
-#include "services/weight_sync/fanout.h"
 #include "services/weight_sync/relay.h"
 #include "services/weight_sync/weight_sync_config.h"
 #include "tests/unit/weight_sync/test_server.h"
@@ -81,8 +82,8 @@ class GatedTap final : public VersionTap {
 // and records the CRC-32C of each version it installs.
 class RelayWorker {
  public:
-  RelayWorker(const std::string& id, std::shared_ptr<grpc::Channel> root,
-              int64_t gate_version = 0, std::chrono::milliseconds stall = 10s) {
+  RelayWorker(const std::string& id, std::shared_ptr<grpc::Channel> root, int64_t gate_version = 0,
+              std::chrono::milliseconds stall = 10s) {
     server_ = service::GrpcServer::start({.address = "127.0.0.1:0"}, {&relay_.service()}).value();
     VersionTap* tap = &relay_;
     if (gate_version > 0) {
@@ -153,10 +154,10 @@ class RelayWorker {
   std::unique_ptr<service::GrpcServer> server_;
   std::unique_ptr<WeightSubscriber> subscriber_;
   std::mutex mu_;
-  std::string buffers_[2];              // guarded by mu_
-  int64_t slot_version_[2] = {0, 0};    // guarded by mu_
-  int64_t installed_ = 0;               // guarded by mu_
-  std::map<int64_t, uint32_t> crcs_;    // guarded by mu_
+  std::string buffers_[2];            // guarded by mu_
+  int64_t slot_version_[2] = {0, 0};  // guarded by mu_
+  int64_t installed_ = 0;             // guarded by mu_
+  std::map<int64_t, uint32_t> crcs_;  // guarded by mu_
 };
 
 WeightSyncOptions root_options(const std::string& fanout) {
