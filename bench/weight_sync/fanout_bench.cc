@@ -6,7 +6,11 @@
 // WeightRelay on its own gRPC server. A worker's install here only records the version (the real
 // install is fp8rl-bench-weight-install's figure), so the times are the data plane alone.
 // Usage: fp8rl-bench-weight-sync-fanout [--mib 64] [--versions 4] [--workers 1,2,4,8]
-//        [--modes direct,chain] [--chunk-kib 4096]
+//        [--modes direct,chain] [--chunk-kib 4096] [--link-mbps 0]
+// --link-mbps R emulates one host per process: every chunk weight sync or a relay sends waits its
+// turn on a link of R MB/s shared by that process's streams (send_pacer.h), so direct's weight
+// sync carries N copies through one link and a chain's relays one each. The upload (trainer ->
+// weight sync) is not paced.
 #include <grpc/grpc.h>
 
 #include <algorithm>
@@ -79,7 +83,13 @@ model::WeightSet make_version(int64_t version, int mib) {
 // own server (direct mode runs without one, as workers do today).
 class Worker {
  public:
-  Worker(const std::string& id, const std::shared_ptr<grpc::Channel>& root, bool relays) {
+  Worker(const std::string& id, const std::shared_ptr<grpc::Channel>& root, bool relays,
+         double link_bytes_per_second)
+      : relay_([&] {
+          WeightSyncOptions o = relay_options();
+          o.emulated_link_bytes_per_second = link_bytes_per_second;
+          return o;
+        }()) {
     server_ = service::GrpcServer::start(
                   {.address = "127.0.0.1:0", .max_message_bytes = service::kDataPathMessageBytes},
                   {&relay_.service()})
@@ -113,11 +123,7 @@ class Worker {
   WeightSubscriber& subscriber() { return *subscriber_; }
 
  private:
-  WeightRelay relay_{[] {
-    WeightSyncOptions o = relay_options();
-    o.deltas = false;
-    return o;
-  }()};
+  WeightRelay relay_;
   std::unique_ptr<service::GrpcServer> server_;
   std::unique_ptr<WeightSubscriber> subscriber_;
   std::string buffers_[2];  // subscriber thread only
@@ -132,12 +138,13 @@ struct Run {
 // One configuration: a fresh weight sync and `n` workers (joined in order), `versions` versions
 // published; the first is not timed (it maps every buffer).
 Run run_config(const std::string& mode, int n, const std::vector<model::WeightSet>& versions,
-               uint64_t chunk_bytes) {
+               uint64_t chunk_bytes, double link_bytes_per_second) {
   WeightSyncOptions options;
   options.deltas = false;
   options.chunk_bytes = chunk_bytes;
   options.poll_interval = 20ms;
   options.fanout = parse_fanout(mode).value();
+  options.emulated_link_bytes_per_second = link_bytes_per_second;
   service::MetricsRegistry registry;
   std::unique_ptr<WeightSyncMetrics> metrics = WeightSyncMetrics::create(&registry).value();
   WeightSyncServiceImpl sync(options, metrics.get());
@@ -151,8 +158,8 @@ Run run_config(const std::string& mode, int n, const std::vector<model::WeightSe
       absl::StrCat("127.0.0.1:", server->port()), grpc::InsecureChannelCredentials(), args);
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < n; ++i) {
-    workers.push_back(
-        std::make_unique<Worker>(absl::StrCat("w", i), channel, options.fanout.relays()));
+    workers.push_back(std::make_unique<Worker>(absl::StrCat("w", i), channel,
+                                               options.fanout.relays(), link_bytes_per_second));
     // Wait until it is placed (chain order = start order) or, direct, subscribed.
     const auto deadline = Clock::now() + 10s;
     while (Clock::now() < deadline) {
@@ -203,6 +210,7 @@ double median(std::vector<double> x) {
 
 int main_impl(int argc, char** argv) {
   int mib = 64, versions = 4, chunk_kib = 4096;
+  double link_mbps = 0;  // MB/s of each emulated host's link (0: none)
   std::vector<int> counts = {1, 2, 4, 8};
   std::vector<std::string> modes = {"direct", "chain"};
   for (int i = 1; i < argc; ++i) {
@@ -217,6 +225,10 @@ int main_impl(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &mib) || mib < 4 || mib > 4096) return bad();
     } else if (a == "--versions") {
       if (!absl::SimpleAtoi(value, &versions) || versions < 2 || versions > 100) return bad();
+    } else if (a == "--link-mbps") {
+      if (!absl::SimpleAtod(value, &link_mbps) || !(link_mbps >= 0 && link_mbps <= 1e6)) {
+        return bad();
+      }
     } else if (a == "--chunk-kib") {
       if (!absl::SimpleAtoi(value, &chunk_kib) || chunk_kib < 64 || chunk_kib > 8191) return bad();
     } else if (a == "--workers") {
@@ -245,11 +257,13 @@ int main_impl(int argc, char** argv) {
   std::vector<model::WeightSet> sets;
   for (int v = 1; v <= versions; ++v) sets.push_back(make_version(v, mib));
   const double gb = 1e-9 * static_cast<double>(sets[0].nbytes());
-  std::printf("# version %.3f GB, %d versions per config (first untimed), chunk %d KiB\n", gb,
-              versions, chunk_kib);
+  std::printf(
+      "# version %.3f GB, %d versions per config (first untimed), chunk %d KiB, emulated link %s\n",
+      gb, versions, chunk_kib,
+      link_mbps > 0 ? absl::StrCat(link_mbps, " MB/s per sending process").c_str() : "none");
 
   // Upload alone (no worker): its CPU-seconds per GB.
-  const Run upload_only = run_config("direct", 0, sets, uint64_t(chunk_kib) << 10);
+  const Run upload_only = run_config("direct", 0, sets, uint64_t(chunk_kib) << 10, link_mbps * 1e6);
   const double upload_cpu_per_gb = median(upload_only.cpu_s) / gb;
   std::printf("upload only: all_hold_s %.3f  cpu_s %.3f  cpu_s_per_gb %.3f\n",
               median(upload_only.all_hold_s), median(upload_only.cpu_s), upload_cpu_per_gb);
@@ -258,7 +272,7 @@ int main_impl(int argc, char** argv) {
   std::map<std::string, double> first;
   for (int n : counts) {
     for (const std::string& mode : modes) {
-      const Run r = run_config(mode, n, sets, uint64_t(chunk_kib) << 10);
+      const Run r = run_config(mode, n, sets, uint64_t(chunk_kib) << 10, link_mbps * 1e6);
       const double wall = median(r.all_hold_s), cpu = median(r.cpu_s);
       if (!first.count(mode)) first[mode] = wall;
       // Everything beyond the upload, per worker and GB: one weight-sync -> worker copy (direct)

@@ -166,6 +166,7 @@ WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSy
     : options_(std::move(options)),
       metrics_(metrics),
       topology_(options_.fanout),
+      pacer_(options_.emulated_link_bytes_per_second),
       pool_(std::make_shared<PayloadPool>(options_.reuse_payload_buffers ? 1 : 0)),
       store_(options_.keep_versions) {
   cut_through_.store(options_.cut_through);
@@ -469,6 +470,7 @@ bool WeightSyncServiceImpl::send_chunks(int64_t version, std::string_view payloa
   for (uint64_t offset = 0; offset < payload.size(); offset += options_.chunk_bytes) {
     if (context->IsCancelled() || shutting_down_.load()) return false;
     const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, payload.size() - offset);
+    pacer_.take(n);
     if (!sink.write_chunk(version, offset, payload.substr(offset, n), owner)) return false;
     metrics_->sent_bytes->get().inc(static_cast<double>(n));
   }
@@ -505,6 +507,7 @@ bool WeightSyncServiceImpl::relay_version(const std::shared_ptr<ArrivingVersion>
       if (ready >= offset + n) break;
     }
     // Bytes below `ready` are final; the stored version keeps them alive while gRPC sends them.
+    pacer_.take(n);
     if (!sink.write_chunk(version->version(), offset, std::string_view(data + offset, n),
                           version)) {
       return false;

@@ -25,6 +25,7 @@
 #include "services/weight_sync/payload.h"
 #include "services/weight_sync/payload_pool.h"
 #include "services/weight_sync/push_choice.h"
+#include "services/weight_sync/send_pacer.h"
 #include "services/weight_sync/version_store.h"
 #include "services/weight_sync/weight_sync_metrics.h"
 #include "services/weight_sync/worker_table.h"
@@ -64,6 +65,10 @@ struct WeightSyncOptions {
   // False for a worker's relay (relay.h): its versions come from the worker's own subscriber
   // (LocalUpload), and UploadVersion is refused with FAILED_PRECONDITION.
   bool accept_uploads = true;
+  // > 0: benchmarks only. Every chunk this service sends waits its turn on one emulated link of
+  // this many bytes per second shared by all streams (send_pacer.h), as if the process were a
+  // host with that NIC.
+  double emulated_link_bytes_per_second = 0;
 };
 
 // InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
@@ -179,6 +184,7 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   const WeightSyncOptions options_;
   WeightSyncMetrics* metrics_;
   RelayTopology topology_;
+  SendPacer pacer_;
   // Before store_: evicted versions hand their buffers back to it (shared by their deleters, so
   // a version outliving the service is still safe to free).
   std::shared_ptr<PayloadPool> pool_;

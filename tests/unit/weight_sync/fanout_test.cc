@@ -13,12 +13,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "common/service/crc32c.h"
 #include "services/weight_sync/client.h"
 #include "services/weight_sync/relay.h"
+#include "services/weight_sync/send_pacer.h"
 #include "services/weight_sync/weight_sync_config.h"
 #include "tests/unit/weight_sync/test_server.h"
 #include "tests/unit/weight_sync/test_weights.h"
@@ -327,6 +329,21 @@ TEST(RelayFanout, DirectModeIgnoresRelayAddresses) {
   expect_all_hold(workers, {0, 1, 2}, v1);
   EXPECT_EQ(sent_bytes(root), 3.0 * v1.nbytes());
   for (auto& w : workers) EXPECT_EQ(w->subscriber().stats().relay_redirects, 0);
+}
+
+TEST(SendPacer, HoldsChunksToTheLinkRate) {
+  SendPacer unlimited(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 1000; ++i) unlimited.take(1 << 20);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  // 3 x 1 MB on a 10 MB/s link: at least 0.3 s, shared by two threads as one link.
+  SendPacer link(10e6);
+  const auto t1 = std::chrono::steady_clock::now();
+  std::thread other([&] { link.take(1000000); });
+  link.take(1000000);
+  link.take(1000000);
+  other.join();
+  EXPECT_GE(std::chrono::steady_clock::now() - t1, 300ms);
 }
 
 TEST(RelayFanout, RelayRefusesUploads) {
