@@ -15,9 +15,9 @@ non-blocking switch; chunk c GB; p cores per relay stream):
            (cut-through: every hop forwards chunk i while receiving chunk i + 1)
   tree:K = K * S / r + depth * K * (c / r + rtt) + S * c_inst,  depth = ceil(log_K(N (K-1) + 1))
 A delta of fraction f sends f * S per copy and adds encoding (once, one zstd thread) and decoding
-(on every worker) of the full version: c_enc * S + c_dec * S. The relay as built re-encodes at
-every hop (a delta needs the whole version first), so the table shows deltas for direct and for
-a pass-through relay (forwarding the delta bytes as they arrive: not built), and says so.
+(on every worker) of the full version: c_enc * S + c_dec * S. The relay as built forwards full
+versions only (deltas reach the first hop), so the delta rows for chain / tree describe a relay
+that forwards the delta frames as they arrive, which is not built, and the table says so.
 """
 import argparse
 import math
@@ -45,8 +45,10 @@ MODELS = {"8B": 8.5, "30B": 31.0}
 
 # Published refit times for comparison (as cited in issue 31; not re-measured here).
 PUBLISHED = [
-    ("NeMo RL, Qwen3-30B FP8 refit (NCCL broadcast / CUDA IPC)", "2.9-4.0 s"),
-    ("verl, 7B co-located (CUDA IPC)", "tens of ms"),
+    ("NeMo RL, Qwen3-30B FP8 refit (NCCL broadcast / CUDA IPC), as cited in issue 31", "2.9-4.0 s"),
+    ("NeMo RL PR #2413 (NCCL transfer refit, closed unmerged), 30B Megatron -> vLLM "
+     "(https://github.com/NVIDIA-NeMo/RL/pull/2413)", "0.48-0.67 s"),
+    ("verl, 7B co-located (CUDA IPC), as cited in issue 31", "tens of ms"),
 ]
 
 
@@ -110,9 +112,9 @@ def main(argv):
                     kind = f"delta ({cal['delta_fraction']:.2f})*" if delta else "full"
                     print(f"| {model} ({size:g} GB) | {kind} | {n} | {gbit} Gbit/s | "
                           + " | ".join(f"{t:.1f}" for t in row) + " |")
-    print("\n* delta rows for chain / tree assume a pass-through relay (delta bytes forwarded as they "
-          "arrive), which is not built: the relay as built re-encodes each hop.")
-    print("\nPublished, for comparison (cited in issue 31, not re-measured here):")
+    print("\n* delta rows for chain / tree assume relays that forward the delta frames as they "
+          "arrive, which is not built: relays as built forward full versions (the full rows).")
+    print("\nPublished, for comparison (not re-measured here):")
     for name, value in PUBLISHED:
         print(f"- {name}: {value}")
     return 0
