@@ -303,8 +303,9 @@ TEST(RelayFanout, KilledMiddleWorkerIsSkippedAndTheRestGetTheVersion) {
 
 TEST(RelayFanout, StalledMiddleWorkerIsSkippedByDeadlineThenCatchesUp) {
   testing::TestServer root(root_options("chain"));
-  // w1 stays up but stops forwarding inside version 2; w2 leaves it after 300 ms of silence.
-  auto workers = start_workers(root, 3, {{1, 2}}, 300ms);
+  // w1 stays up but stops forwarding inside version 2; w2 leaves it after 1.5 s of owing (long
+  // enough that a loaded machine's scheduling delays do not make a healthy relay look stalled).
+  auto workers = start_workers(root, 3, {{1, 2}}, 1500ms);
   const model::WeightSet v1 = random_fp8_set(1, 41), v2 = random_fp8_set(2, 42);
   publish(root, v1);
   expect_all_hold(workers, {0, 1, 2}, v1);
