@@ -58,8 +58,18 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   grpc_options.max_message_bytes = service::kDataPathMessageBytes;
   grpc_options.address = service::listen_address(config.service, config.service.grpc_port);
   grpc_options.credentials = security->grpc_credentials;
-  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc = service::GrpcServer::start(
-      grpc_options, {w->service_.get()}, {v1::GenerationService::service_full_name()});
+  std::vector<grpc::Service*> services = {w->service_.get()};
+  std::vector<std::string> service_names = {v1::GenerationService::service_full_name()};
+  if (config.weight_relay) {
+    w->relay_ = std::make_unique<weight_sync::WeightRelay>();
+    if (security->cluster_tokens != nullptr) {
+      w->relay_->service().require_tokens(security->cluster_tokens);
+    }
+    services.push_back(&w->relay_->service());
+    service_names.push_back(v1::WeightSyncService::service_full_name());
+  }
+  absl::StatusOr<std::unique_ptr<service::GrpcServer>> grpc =
+      service::GrpcServer::start(grpc_options, services, service_names);
   if (!grpc.ok()) return grpc.status();
   w->grpc_ = std::move(*grpc);
 
@@ -82,6 +92,14 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
 
   weight_sync::SubscriberOptions sub_options;
   sub_options.worker_id = w->name_;
+  if (w->relay_ != nullptr) {
+    sub_options.relay_address = address;
+    sub_options.relay_stall_timeout = std::chrono::milliseconds(config.relay_stall_ms);
+    sub_options.tap = w->relay_.get();
+    sub_options.connect = [client = security->client](const std::string& upstream) {
+      return channel_to(upstream, client);
+    };
+  }
   weight_sync::InPlaceReceiver receiver;
   receiver.target = [self](const v1::VersionManifest& manifest) {
     return self->weights_->receive_target(manifest.total_bytes());
@@ -182,7 +200,9 @@ void GenerationWorker::shutdown(std::chrono::milliseconds grace) {
   // 1. Stop admitting; running and queued samples get `grace` to finish (their callers get the
   //    results), the rest fail with UNAVAILABLE so the coordinator re-dispatches them.
   if (scheduler_) scheduler_->shutdown(grace);
-  // 2. No more weight versions (an install waiting for the drain has returned by now).
+  // 2. No more weight versions (an install waiting for the drain has returned by now); the
+  //    workers behind this one's relay go back to weight sync.
+  if (relay_) relay_->begin_shutdown();
   if (subscriber_) subscriber_->stop();
   // 3. Leave the registry so no new work is sent here.
   if (registration_) registration_->stop(/*deregister=*/true);

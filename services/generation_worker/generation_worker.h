@@ -25,6 +25,7 @@
 #include "services/generation_worker/weight_double_buffer.h"
 #include "services/generation_worker/worker_config.h"
 #include "services/weight_sync/client.h"
+#include "services/weight_sync/relay.h"
 
 namespace fp8rl::generation {
 
@@ -60,6 +61,8 @@ class GenerationWorker {
   Scheduler& scheduler() { return *scheduler_; }
   service::WorkerRegistration& registration() { return *registration_; }
   weight_sync::WeightSubscriber& subscriber() { return *subscriber_; }
+  // nullptr without --weight-relay on.
+  weight_sync::WeightRelay* relay() { return relay_.get(); }
   const WeightDoubleBuffer& weight_buffer() const { return *weights_; }
   service::MetricsRegistry& metrics_registry() { return registry_; }
 
@@ -80,6 +83,8 @@ class GenerationWorker {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WeightDoubleBuffer> weights_;
   std::unique_ptr<GenerationServiceImpl> service_;
+  // With --weight-relay on: versions passed on to the workers behind this one (on grpc_'s port).
+  std::unique_ptr<weight_sync::WeightRelay> relay_;
   std::unique_ptr<service::GrpcServer> grpc_;
   std::unique_ptr<service::HttpServer> http_;
   int http_port_ = 0;

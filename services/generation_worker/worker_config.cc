@@ -68,6 +68,8 @@ service::ServiceOptions default_generation_worker_options() {
       {"max_queued_samples", absl::StrCat(scheduler.max_queued_samples)},
       {"batch_wait_ms", absl::StrCat(scheduler.batch_wait.count())},
       {"max_samples_per_request", "4096"},
+      {"weight_relay", "off"},
+      {"relay_stall_ms", "10000"},
   };
   return o;
 }
@@ -145,6 +147,16 @@ absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
   config.scheduler.max_queued_samples = *max_queued;
   config.scheduler.batch_wait = std::chrono::milliseconds(*batch_wait);
   config.max_samples_per_request = *max_samples;
+  const std::string relay = service::extra_string(config.service, "weight_relay");
+  if (relay != "on" && relay != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight-relay: must be on or off, got '", relay, "'"));
+  }
+  config.weight_relay = relay == "on";
+  absl::StatusOr<int64_t> stall =
+      service::extra_int_in_range(config.service, "relay_stall_ms", 100, 3600000);
+  if (!stall.ok()) return stall.status();
+  config.relay_stall_ms = *stall;
   FP8RL_RETURN_IF_ERROR(validate_scheduler_options(config.scheduler));
   return config;
 }

@@ -1,7 +1,8 @@
 // Command-line and YAML configuration of fp8rl-generation-worker: the common service options
 // (common/service/options.h) plus --metrics-port, --weight-sync, --worker-id, --precision,
-// --kv-cache, --device, --gpu-memory-fraction, --max-batch-tokens and the scheduler limits
-// (--kv-cache-tokens, --kv-block-size, ...), resolved into typed values.
+// --kv-cache, --device, --gpu-memory-fraction, --max-batch-tokens, the scheduler limits
+// (--kv-cache-tokens, --kv-block-size, ...) and --weight-relay / --relay-stall-ms, resolved into
+// typed values.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,12 @@ struct GenerationWorkerConfig {
   // (weights, activations and KV blocks); unused on the CPU.
   double gpu_memory_fraction = 0.9;
   int64_t max_samples_per_request = 4096;  // --max-samples-per-request
+  // --weight-relay on|off: serve WeightSyncService Subscribe on the worker's gRPC port and pass
+  // each version on to the workers behind it, when weight sync runs --fanout chain|tree:K
+  // (docs/design/weight-sync-fanout.md). Costs one more version in memory (the relay's store).
+  bool weight_relay = false;
+  // --relay-stall-ms: an upstream relay silent this long while a newer version exists is left.
+  int64_t relay_stall_ms = 10000;
 };
 
 // The worker's device probe for --device: model::probe_cuda_device, except that a visible device

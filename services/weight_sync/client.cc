@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <span>
 
@@ -22,6 +23,13 @@ constexpr std::string_view kComponent = "weight-sync-client";
 
 // The Subscribe method, called with raw ByteBuffer responses (see read_message).
 constexpr char kSubscribeMethod[] = "/fp8rl.v1.WeightSyncService/Subscribe";
+
+// SubscriberOptions::connect's default.
+std::shared_ptr<grpc::Channel> insecure_data_channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  service::set_data_path_message_limits(&args);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
 
 }  // namespace
 
@@ -168,7 +176,25 @@ void WeightSubscriber::run() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
     }
-    if (stream_once()) backoff = options_.initial_backoff;
+    if (!upstream_.upstream_worker_id().empty()) {
+      // Weight sync redirected this worker to an upstream relay. However that stream ends (the
+      // relay died, stalled or stopped), go back to weight sync at once and report it there: the
+      // relay order then skips it and the version is taken from its predecessor.
+      std::shared_ptr<grpc::ChannelInterface> channel =
+          options_.connect ? options_.connect(upstream_.upstream_address())
+                           : insecure_data_channel(upstream_.upstream_address());
+      upstream_stub_ = v1::WeightSyncService::NewStub(channel);
+      stream_once(channel, upstream_stub_.get());
+      upstream_stub_.reset();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      ++stats_.upstream_failures;
+      failed_upstream_ = upstream_.upstream_worker_id();
+      upstream_.Clear();
+      continue;
+    }
+    if (stream_once(channel_, nullptr)) backoff = options_.initial_backoff;
+    if (!upstream_.upstream_worker_id().empty()) continue;  // redirected: connect there now
     // Up to 25% jitter, so many workers do not reconnect in lockstep.
     const auto delay = backoff + std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(
                                      0, backoff.count() / 4)(rng));
@@ -178,10 +204,63 @@ void WeightSubscriber::run() {
   }
 }
 
-bool WeightSubscriber::stream_once() {
+void WeightSubscriber::watch_upstream(grpc::ClientContext* context,
+                                      v1::WeightSyncService::Stub* upstream,
+                                      const std::atomic<int64_t>* read_since_ns,
+                                      const std::atomic<bool>* done, std::atomic<bool>* stalled) {
+  using std::chrono::steady_clock;
+  const auto step = std::max(std::chrono::milliseconds(10), options_.relay_stall_timeout / 4);
+  const int64_t limit_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(options_.relay_stall_timeout).count();
+  // The newest version `stub` knows of, stored or arriving (nullopt: no answer in time).
+  auto newest = [&](v1::WeightSyncService::Stub* stub) -> std::optional<int64_t> {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() +
+                   std::min(options_.ack_timeout, options_.relay_stall_timeout));
+    v1::WeightSyncStatus status;
+    if (!stub->GetStatus(&c, v1::GetWeightSyncStatusRequest(), &status).ok()) return std::nullopt;
+    return std::max(status.latest_version(), status.arriving_version());
+  };
+  int64_t owed_since_ns = 0;  // since when the upstream has owed this worker a version
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, step, [&] { return stopping_ || done->load(); })) return;
+    }
+    const int64_t since = read_since_ns->load();
+    if (since == 0) {  // this worker is busy with a message, not waiting for the upstream
+      owed_since_ns = 0;
+      continue;
+    }
+    // Owed: the relay holds (or receives) a version newer than any this worker received whole.
+    // A relay that does not answer owes one if weight sync has one.
+    const int64_t have = std::max(held_version(), seen_version_.load());
+    std::optional<int64_t> relay = newest(upstream);
+    if (!relay) relay = newest(stub_.get());
+    if (!relay || *relay <= have) {
+      owed_since_ns = 0;
+      continue;
+    }
+    const int64_t now = steady_clock::now().time_since_epoch().count();
+    if (owed_since_ns == 0) owed_since_ns = now;
+    if (now - std::max(since, owed_since_ns) >= limit_ns && read_since_ns->load() == since) {
+      stalled->store(true);
+      context->TryCancel();
+      return;
+    }
+  }
+}
+
+bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>& channel,
+                                   v1::WeightSyncService::Stub* upstream) {
   grpc::ClientContext context;
   v1::SubscribeRequest request;
   request.set_worker_id(options_.worker_id);
+  if (upstream == nullptr) {
+    request.set_relay_address(options_.relay_address);
+    request.set_failed_upstream(failed_upstream_);
+    failed_upstream_.clear();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
@@ -200,10 +279,25 @@ bool WeightSubscriber::stream_once() {
   // from them straight into the receive buffer (zero-copy receive); every other message is
   // parsed as a SubscribeResponse.
   const grpc::internal::RpcMethod method(kSubscribeMethod,
-                                         grpc::internal::RpcMethod::SERVER_STREAMING, channel_);
+                                         grpc::internal::RpcMethod::SERVER_STREAMING, channel);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
-                                                                    &context, request));
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &context,
+                                                                    request));
+  // Stall watch of an upstream relay (a thread that cancels `context`): when the current Read
+  // began (steady clock ns; 0 while not reading).
+  std::atomic<int64_t> read_since_ns{0};
+  std::atomic<bool> watch_done{false}, stalled{false};
+  std::thread watcher;
+  if (upstream != nullptr) {
+    watcher = std::thread(
+        [&] { watch_upstream(&context, upstream, &read_since_ns, &watch_done, &stalled); });
+  }
+  VersionTap* const tap = options_.tap;
+  bool tapping = false;  // the tap has a version begun and not ended
+  auto tap_end = [&](bool complete) {
+    if (tapping) tap->end(complete);
+    tapping = false;
+  };
   PayloadAssembler assembler(options_.max_version_bytes);
   int64_t skipping = 0;      // a rejected version whose remaining chunks are dropped
   std::span<char> in_place;  // receiver_.target of the version being received
@@ -215,6 +309,8 @@ bool WeightSubscriber::stream_once() {
     if (!assembler.complete()) return;
     const int64_t number = assembler.version();
     absl::StatusOr<AssembledVersion> version = assembler.finish();
+    tap_end(version.ok());
+    seen_version_.store(std::max(seen_version_.load(), number));
     if (version.ok() && !handler_) {
       deliver_in_place(version->manifest, in_place.first(version->manifest.total_bytes()));
     } else if (version.ok()) {
@@ -223,7 +319,13 @@ bool WeightSubscriber::stream_once() {
       reject(number, version.status());
     }
   };
-  while (reader->Read(&buffer)) {
+  while (true) {
+    // The stall watch counts only time spent waiting here, not this worker's own receive or
+    // install work.
+    read_since_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+    const bool got = reader->Read(&buffer);
+    read_since_ns.store(0);
+    if (!got) break;
     received = true;
     if (abandoned) continue;
     // Zero-copy receive: a chunk of the version being received in place lands in its buffer
@@ -244,10 +346,12 @@ bool WeightSubscriber::stream_once() {
         }
         if (s.ok()) s = assembler.commit_chunk();
         if (!s.ok()) {
+          tap_end(false);
           reject(version, s);
           skipping = version;
           continue;
         }
+        if (tapping) tap->bytes(h.offset, std::span<const char>(*at, h.size));
         finish_if_complete();
         continue;
       }
@@ -260,8 +364,18 @@ bool WeightSubscriber::stream_once() {
         continue;
       }
     }
+    if (message.has_redirect()) {
+      // Weight sync places this worker behind a relay (it ends the stream after this message).
+      if (upstream == nullptr && !message.redirect().upstream_address().empty()) {
+        upstream_ = message.redirect();
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.relay_redirects;
+      }
+      continue;
+    }
     if (message.has_delta()) {
       skipping = 0;
+      tap_end(false);
       assembler.reset();
       const int64_t version = message.delta().target().version();
       absl::Status s = absl::FailedPreconditionError(
@@ -323,6 +437,13 @@ bool WeightSubscriber::stream_once() {
         context.TryCancel();
         continue;
       }
+      seen_version_.store(std::max(seen_version_.load(), full.manifest.version()));
+      // Rebuilt and verified against the full manifest's CRC-32Cs: a relay passes it on whole.
+      if (tap != nullptr) {
+        tap->begin(full.manifest);
+        tap->bytes(0, out);
+        tap->end(true);
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.versions_from_delta;
@@ -341,6 +462,11 @@ bool WeightSubscriber::stream_once() {
       const int64_t version = message.manifest().version();
       skipping = 0;
       delta.reset();
+      tap_end(false);
+      if (tap != nullptr) {
+        tap->begin(message.manifest());
+        tapping = true;
+      }
       absl::Status s;
       if (handler_) {
         s = assembler.begin(std::move(*message.mutable_manifest()));
@@ -351,6 +477,7 @@ bool WeightSubscriber::stream_once() {
         if (s.ok()) in_place = *target;
       }
       if (!s.ok()) {
+        tap_end(false);
         reject(version, s);
         skipping = version;
         continue;
@@ -359,28 +486,46 @@ bool WeightSubscriber::stream_once() {
       if (skipping != 0 && message.chunk().version() == skipping) continue;
       const int64_t version = assembler.active() ? assembler.version() : message.chunk().version();
       if (absl::Status s = assembler.add(message.chunk()); !s.ok()) {
+        tap_end(false);
         reject(version, s);
         skipping = version;
         continue;
       }
+      if (tapping) tap->bytes(message.chunk().offset(), message.chunk().data());
     } else {
       continue;  // an empty message carries nothing
     }
     finish_if_complete();
   }
   const grpc::Status status = reader->Finish();
+  tap_end(false);  // a version cut off by the end of the stream
+  watch_done.store(true);
+  cv_.notify_all();
+  if (watcher.joinable()) watcher.join();
+  if (stalled.load()) {
+    service::log_warn(
+        kComponent, "upstream relay stalled, leaving it",
+        {{"worker", options_.worker_id}, {"upstream", upstream_.upstream_worker_id()}});
+  }
   bool stopping = false;
+  // Weight sync ended the stream after a redirect: the next stream goes to the relay.
+  const bool redirected = upstream == nullptr && !upstream_.upstream_worker_id().empty();
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_context_ = nullptr;
     stopping = stopping_;
     // A stream this worker cancelled after a failed delta keeps the delta's error.
-    if (!stopping && !abandoned) {
+    if (!stopping && !abandoned && !redirected) {
       stats_.last_error =
           absl::StrCat("subscribe stream ended: ", status.ok() ? "OK" : status.error_message());
     }
   }
-  if (!stopping) {
+  if (redirected && !stopping) {
+    service::log_info(kComponent, "taking versions from an upstream relay",
+                      {{"worker", options_.worker_id},
+                       {"upstream", upstream_.upstream_worker_id()},
+                       {"address", upstream_.upstream_address()}});
+  } else if (!stopping) {
     service::log_warn(kComponent, "subscribe stream ended, reconnecting",
                       {{"worker", options_.worker_id},
                        {"code", absl::StrCat(static_cast<int>(status.error_code()))},

@@ -43,6 +43,19 @@ absl::StatusOr<v1::UploadVersionResponse> upload(
     const std::shared_ptr<grpc::ChannelInterface>& channel, const model::WeightSet& set,
     v1::WeightFormat format, const UploadOptions& options = {});
 
+// Sees each version a WeightSubscriber receives while it lands, so a relay (relay.h) can pass it on
+// before the worker installs it. Called on the subscriber's thread only, in this order per
+// version: begin, bytes (in order from offset 0; every tensor ending in them passed its CRC-32C),
+// then end(true) once all bytes were given, or end(false) when the version was dropped (a bad
+// chunk, a broken stream, a new manifest first). A version rebuilt from a delta is given whole.
+class VersionTap {
+ public:
+  virtual ~VersionTap() = default;
+  virtual void begin(const v1::VersionManifest& manifest) = 0;
+  virtual void bytes(uint64_t offset, std::span<const char> data) = 0;
+  virtual void end(bool complete) = 0;
+};
+
 struct SubscriberOptions {
   std::string worker_id;                           // registry id of this worker (required)
   int64_t held_version = 0;                        // version already loaded (0: none)
@@ -53,6 +66,17 @@ struct SubscriberOptions {
   // Keep the bytes of the version last accepted and take new versions as deltas against it
   // (services/weight_sync/delta.h); costs one extra copy of a version in memory.
   bool accept_delta = true;
+  // Fan-out through relays (docs/design/weight-sync-fanout.md): the address where this worker
+  // serves its relay (empty: it does not relay). Weight sync may then redirect the subscription
+  // to an upstream relay; acks still go to weight sync.
+  std::string relay_address;
+  // An upstream relay that holds or receives a version newer than any this worker received, and
+  // sends nothing for this long, is left as stalled (and reported to weight sync).
+  std::chrono::milliseconds relay_stall_timeout{10000};
+  // Sees every version as it lands (the worker's relay); not owned, must outlive the subscriber.
+  VersionTap* tap = nullptr;
+  // Opens a channel to an upstream relay's address (empty: insecure, data-path message sizes).
+  std::function<std::shared_ptr<grpc::ChannelInterface>(const std::string& address)> connect;
 };
 
 // Receives a verified version and swaps it in. OK: the worker now serves it (acked ok).
@@ -107,6 +131,8 @@ class WeightSubscriber {
     int64_t delta_fallbacks = 0;        // deltas that failed (no base, bad CRC): full refetched
     uint64_t delta_bytes_received = 0;  // delta payload bytes
     double delta_decode_seconds = 0;    // the last delta's apply_delta time
+    int64_t relay_redirects = 0;        // streams weight sync sent to an upstream relay
+    int64_t upstream_failures = 0;      // upstream relays left because they broke or stalled
   };
   Stats stats() const;
 
@@ -117,8 +143,17 @@ class WeightSubscriber {
 
  private:
   void run();
-  // One Subscribe call until it ends; true when it delivered at least one message.
-  bool stream_once();
+  // One Subscribe call until it ends, to weight sync (upstream == nullptr) or to an upstream relay;
+  // true when it delivered at least one message.
+  bool stream_once(const std::shared_ptr<grpc::ChannelInterface>& channel,
+                   v1::WeightSyncService::Stub* upstream);
+  // While a stream to an upstream relay is open: cancels it once the relay has owed this worker a
+  // version (its GetStatus shows one, stored or arriving, newer than any received whole here;
+  // when it does not answer, weight sync's does) for relay_stall_timeout of waiting in Read
+  // (*read_since_ns: when the current Read began, 0 while not reading).
+  void watch_upstream(grpc::ClientContext* context, v1::WeightSyncService::Stub* upstream,
+                      const std::atomic<int64_t>* read_since_ns, const std::atomic<bool>* done,
+                      std::atomic<bool>* stalled);
   void deliver(AssembledVersion version);
   // deliver() of a version received in place into `payload`.
   void deliver_in_place(const v1::VersionManifest& manifest, std::span<const char> payload);
@@ -155,6 +190,15 @@ class WeightSubscriber {
   // none or !accept_delta), and whether the next stream must ask for full versions.
   AssembledVersion base_;
   bool want_full_ = false;
+  // Subscriber thread only: where weight sync redirected this worker (empty: weight sync itself),
+  // the stub acks also go to while attached there, and an upstream to report as failed on the
+  // next Subscribe to weight sync.
+  v1::RelayRedirect upstream_;
+  std::unique_ptr<v1::WeightSyncService::Stub> upstream_stub_;
+  std::string failed_upstream_;
+  // The newest version received whole on any stream, accepted or not (a rejected version is not
+  // a stalled upstream's fault). Written by the subscriber thread, read by the stall watch.
+  std::atomic<int64_t> seen_version_{0};
   std::atomic<bool> zero_copy_{true};
 };
 

@@ -122,7 +122,8 @@ int run(const std::vector<std::string>& args) {
                                     ? "always"
                                     : "on"},
                      {"delta_max_fraction", absl::StrCat(config->sync.delta_max_fraction)},
-                     {"delta_zstd_level", absl::StrCat(config->sync.delta_zstd_level)}});
+                     {"delta_zstd_level", absl::StrCat(config->sync.delta_zstd_level)},
+                     {"fanout", weight_sync::fanout_name(config->sync.fanout)}});
 
   service::wait_for_shutdown();
   service::log_info("weight-sync", "shutting down");

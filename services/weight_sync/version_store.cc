@@ -31,6 +31,11 @@ StoredVersionPtr VersionStore::latest() const {
   return versions_.empty() ? nullptr : versions_.back();
 }
 
+int64_t VersionStore::arriving_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return arriving_ != nullptr ? arriving_->version() : 0;
+}
+
 int64_t VersionStore::latest_version() const {
   std::lock_guard<std::mutex> lock(mu_);
   return versions_.empty() ? 0 : versions_.back()->version();

@@ -76,6 +76,8 @@ class VersionStore {
   // Newest version (nullptr when none) and its number (0 when none).
   StoredVersionPtr latest() const;
   int64_t latest_version() const;
+  // The version announced by begin_arrival() and not yet stored or withdrawn (0 when none).
+  int64_t arriving_version() const;
   // A stored version or nullptr.
   StoredVersionPtr get(int64_t version) const;
   // Stored version numbers, oldest first.

@@ -88,6 +88,7 @@ service::ServiceOptions default_weight_sync_service_options() {
       {"delta_max_fraction", absl::StrCat(WeightSyncOptions{}.delta_max_fraction)},
       {"delta_zstd_level", absl::StrCat(kDefaultDeltaZstdLevel)},
       {"cut_through", "on"},
+      {"fanout", "direct"},
   };
   return o;
 }
@@ -138,6 +139,10 @@ absl::StatusOr<WeightSyncConfig> parse_weight_sync_config(const std::vector<std:
         absl::StrCat("--cut-through: must be on or off, got '", cut_through, "'"));
   }
   config.sync.cut_through = cut_through == "on";
+  // --fanout direct|chain|tree:K: how a version reaches N workers (fanout.h).
+  absl::StatusOr<Fanout> fanout = parse_fanout(service::extra_string(config.service, "fanout"));
+  if (!fanout.ok()) return fanout.status();
+  config.sync.fanout = *fanout;
   FP8RL_RETURN_IF_ERROR(validate_options(config.sync));
   return config;
 }

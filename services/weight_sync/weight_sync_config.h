@@ -1,8 +1,9 @@
 // Command-line and YAML configuration of fp8rl-weight-sync: the common service options
 // (common/service/options.h) plus --metrics-port, --keep-versions, --chunk-bytes,
-// --max-version-bytes and the FP8 delta settings --deltas on|always|off, --delta-max-fraction F and
-// --delta-zstd-level N, resolved into the values main() wires together. --coordinator and
-// --advertise-host say where the service registers (as WEIGHT_SYNC) and what address it gives.
+// --max-version-bytes, the FP8 delta settings --deltas on|always|off, --delta-max-fraction F and
+// --delta-zstd-level N, and --fanout direct|chain|tree:K (docs/design/weight-sync-fanout.md),
+// resolved into the values main() wires together. --coordinator and --advertise-host say where the
+// service registers (as WEIGHT_SYNC) and what address it gives.
 #pragma once
 
 #include <string>

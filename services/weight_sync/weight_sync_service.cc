@@ -155,12 +155,18 @@ absl::Status validate_options(const WeightSyncOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("delta_zstd_level: must be in [1, 19], got ", options.delta_zstd_level));
   }
+  if (options.fanout.k < 1 || options.fanout.k > kMaxTreeFanout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fanout.k: must be in [1, ", kMaxTreeFanout, "], got ", options.fanout.k));
+  }
   return absl::OkStatus();
 }
 
 WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSyncMetrics* metrics)
     : options_(std::move(options)),
       metrics_(metrics),
+      topology_(options_.fanout),
+      pacer_(options_.emulated_link_bytes_per_second),
       pool_(std::make_shared<PayloadPool>(options_.reuse_payload_buffers ? 1 : 0)),
       store_(options_.keep_versions) {
   cut_through_.store(options_.cut_through);
@@ -231,6 +237,11 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
   }
   if (shutting_down_.load()) {
     return reject_upload(absl::UnavailableError("weight sync is shutting down"), 0);
+  }
+  if (!options_.accept_uploads) {
+    return reject_upload(absl::FailedPreconditionError(
+                             "this is a generation worker's relay: upload to weight sync instead"),
+                         0);
   }
   PayloadAssembler assembler(options_.max_version_bytes);
   v1::UploadVersionRequest request;
@@ -390,12 +401,76 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
   return grpc::Status::OK;
 }
 
+absl::StatusOr<std::unique_ptr<WeightSyncServiceImpl::LocalUpload>>
+WeightSyncServiceImpl::begin_local_upload(const v1::VersionManifest& manifest) {
+  if (shutting_down_.load()) return absl::UnavailableError("weight sync is shutting down");
+  const int64_t version = manifest.version();
+  if (const int64_t latest = store_.latest_version(); version <= latest) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "manifest.version: ", version, " is not newer than the latest stored version ", latest));
+  }
+  const uint64_t total = manifest.total_bytes();
+  if (total == 0 || total > options_.max_version_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.total_bytes: must be in [1, ",
+                                                   options_.max_version_bytes, "], got ", total));
+  }
+  // As an upload with cut-through: fixed from the first byte, its buffer back to the pool once
+  // evicted and no longer sent.
+  std::shared_ptr<StoredVersion> stored(new StoredVersion, [pool = pool_](StoredVersion* v) {
+    pool->give(std::move(v->payload));
+    delete v;
+  });
+  stored->manifest = manifest;
+  stored->payload = pool_->take(total);
+  stored->payload.resize(total);
+  stored->arrived = std::chrono::steady_clock::now();
+  auto arriving = std::make_shared<ArrivingVersion>(stored, stored->payload.data());
+  store_.begin_arrival(arriving);
+  return std::unique_ptr<LocalUpload>(
+      new LocalUpload(this, std::move(stored), std::move(arriving)));
+}
+
+absl::Status WeightSyncServiceImpl::LocalUpload::add(uint64_t offset, std::span<const char> bytes) {
+  const uint64_t total = arriving_->total_bytes();
+  if (offset != received_ || bytes.size() > total - received_) {
+    return absl::InvalidArgumentError(absl::StrCat("local upload of version ", version(),
+                                                   ": bytes at offset ", offset, " (", bytes.size(),
+                                                   " long) after ", received_, " of ", total));
+  }
+  std::memcpy(arriving_->data() + offset, bytes.data(), bytes.size());
+  received_ += bytes.size();
+  service_->metrics_->received_bytes->get().inc(static_cast<double>(bytes.size()));
+  arriving_->advance(received_);
+  return absl::OkStatus();
+}
+
+absl::Status WeightSyncServiceImpl::LocalUpload::finish() {
+  if (received_ != arriving_->total_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat("local upload of version ", version(), ": ",
+                                                      received_, " of ", arriving_->total_bytes(),
+                                                      " bytes given"));
+  }
+  service_->workers_.published(version(), std::chrono::steady_clock::now());
+  if (absl::Status s = service_->store_.add(version_); !s.ok()) return s;
+  arriving_->finish(true);
+  stored_ = true;  // add() ended the arrival
+  service_->metrics_->latest_version->get().set(static_cast<double>(version()));
+  return absl::OkStatus();
+}
+
+WeightSyncServiceImpl::LocalUpload::~LocalUpload() {
+  if (stored_) return;
+  arriving_->finish(false);
+  service_->store_.end_arrival(arriving_.get());
+}
+
 bool WeightSyncServiceImpl::send_chunks(int64_t version, std::string_view payload,
                                         std::shared_ptr<const void> owner,
                                         grpc::ServerContext* context, PushSink& sink) {
   for (uint64_t offset = 0; offset < payload.size(); offset += options_.chunk_bytes) {
     if (context->IsCancelled() || shutting_down_.load()) return false;
     const uint64_t n = std::min<uint64_t>(options_.chunk_bytes, payload.size() - offset);
+    pacer_.take(n);
     if (!sink.write_chunk(version, offset, payload.substr(offset, n), owner)) return false;
     metrics_->sent_bytes->get().inc(static_cast<double>(n));
   }
@@ -432,6 +507,7 @@ bool WeightSyncServiceImpl::relay_version(const std::shared_ptr<ArrivingVersion>
       if (ready >= offset + n) break;
     }
     // Bytes below `ready` are final; the stored version keeps them alive while gRPC sends them.
+    pacer_.take(n);
     if (!sink.write_chunk(version->version(), offset, std::string_view(data + offset, n),
                           version)) {
       return false;
@@ -542,6 +618,27 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
   }
   if (shutting_down_.load()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "weight sync is shutting down");
+  }
+  if (options_.fanout.relays() && !request->relay_address().empty()) {
+    // Fan-out through relays: a worker whose upstream died or stalled leaves the order (its
+    // successors move up to its predecessor), and a worker placed behind another relay is told
+    // where to take versions from.
+    if (!request->failed_upstream().empty() && topology_.remove(request->failed_upstream())) {
+      service::log_warn(kComponent, "relay dropped from the fan-out order",
+                        {{"relay", request->failed_upstream()}, {"reported_by", worker}});
+    }
+    if (std::optional<RelayTopology::Upstream> up =
+            topology_.join(worker, request->relay_address())) {
+      v1::SubscribeResponse message;
+      message.mutable_redirect()->set_upstream_worker_id(up->worker_id);
+      message.mutable_redirect()->set_upstream_address(up->address);
+      service::log_info(kComponent, "subscriber redirected to its upstream relay",
+                        {{"worker", worker}, {"upstream", up->worker_id}});
+      if (!sink.write(message)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "subscriber stream closed");
+      }
+      return grpc::Status::OK;
+    }
   }
   workers_.stream_opened(worker);
   metrics_->subscribers->get().set(workers_.subscribed_workers());
@@ -696,6 +793,7 @@ grpc::Status WeightSyncServiceImpl::GetStatus(grpc::ServerContext* context,
     out->set_subscribed(w.open_streams > 0);
   }
   response->set_rejected_uploads(rejected_.load());
+  response->set_arriving_version(store_.arriving_version());
   return grpc::Status::OK;
 }
 

@@ -14,15 +14,18 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <utility>
 
 #include "common/service/auth.h"
 #include "fp8rl/v1/weight_sync.grpc.pb.h"
 #include "services/weight_sync/delta.h"
+#include "services/weight_sync/fanout.h"
 #include "services/weight_sync/payload.h"
 #include "services/weight_sync/payload_pool.h"
 #include "services/weight_sync/push_choice.h"
+#include "services/weight_sync/send_pacer.h"
 #include "services/weight_sync/version_store.h"
 #include "services/weight_sync/weight_sync_metrics.h"
 #include "services/weight_sync/worker_table.h"
@@ -55,6 +58,17 @@ struct WeightSyncOptions {
   // upload and the push overlap instead of running one after the other. Needs the zero-copy
   // receive (set_zero_copy_receive); deltas still wait for the whole version.
   bool cut_through = true;
+  // direct: every Subscribe stream gets its own copy. chain / tree:K: a worker that subscribes
+  // with a relay_address is told (RelayRedirect) to take versions from the relay before it in the
+  // RelayTopology; only the first K are fed from here (docs/design/weight-sync-fanout.md).
+  Fanout fanout;
+  // False for a worker's relay (relay.h): its versions come from the worker's own subscriber
+  // (LocalUpload), and UploadVersion is refused with FAILED_PRECONDITION.
+  bool accept_uploads = true;
+  // > 0: benchmarks only. Every chunk this service sends waits its turn on one emulated link of
+  // this many bytes per second shared by all streams (send_pacer.h), as if the process were a
+  // host with that NIC.
+  double emulated_link_bytes_per_second = 0;
 };
 
 // InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
@@ -86,7 +100,35 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   // gRPC server's Shutdown does not wait on them. Call before GrpcServer::shutdown. Idempotent.
   void begin_shutdown();
 
+  // A version fed in process (a worker's relay: the bytes its subscriber has verified), stored
+  // and pushed to Subscribe streams as it arrives, like an upload with cut-through.
+  class LocalUpload {
+   public:
+    ~LocalUpload();  // an unfinished upload is withdrawn (streams relaying it stop)
+    // Appends verified bytes; `offset` must equal the bytes given so far (InvalidArgument).
+    absl::Status add(uint64_t offset, std::span<const char> bytes);
+    // Stores the version once every byte was given (FailedPrecondition before that).
+    absl::Status finish();
+    int64_t version() const { return arriving_->version(); }
+
+   private:
+    friend class WeightSyncServiceImpl;
+    LocalUpload(WeightSyncServiceImpl* service, std::shared_ptr<StoredVersion> version,
+                std::shared_ptr<ArrivingVersion> arriving)
+        : service_(service), version_(std::move(version)), arriving_(std::move(arriving)) {}
+    WeightSyncServiceImpl* service_;
+    std::shared_ptr<StoredVersion> version_;
+    std::shared_ptr<ArrivingVersion> arriving_;
+    uint64_t received_ = 0;
+    bool stored_ = false;
+  };
+  // InvalidArgument for a manifest that is not newer than the latest stored version or whose
+  // total_bytes is 0 or above max_version_bytes; Unavailable after begin_shutdown().
+  absl::StatusOr<std::unique_ptr<LocalUpload>> begin_local_upload(
+      const v1::VersionManifest& manifest);
+
   const VersionStore& store() const { return store_; }
+  const RelayTopology& relay_topology() const { return topology_; }
   const WorkerTable& workers() const { return workers_; }
   uint64_t rejected_uploads() const { return rejected_.load(); }
   // Buffers of evicted versions that uploads are received into (set_max_spares(0) turns reuse
@@ -141,6 +183,8 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
 
   const WeightSyncOptions options_;
   WeightSyncMetrics* metrics_;
+  RelayTopology topology_;
+  SendPacer pacer_;
   // Before store_: evicted versions hand their buffers back to it (shared by their deleters, so
   // a version outliving the service is still safe to free).
   std::shared_ptr<PayloadPool> pool_;

@@ -28,6 +28,7 @@
 #include "fp8rl/v1/worker_registry.grpc.pb.h"
 #include "services/generation_worker/generation_service.h"
 #include "services/weight_sync/client.h"
+#include "services/weight_sync/fanout.h"
 #include "services/weight_sync/weight_sync_service.h"
 #include "tests/unit/generation_worker/test_util.h"
 
@@ -793,6 +794,53 @@ TEST_F(GenerationWorkerTest, WeightSyncPushesVersionsThatAreServedAndAcked) {
   expect_reference(call(req), req, set2,
                    testing::policy_of(model::Precision::kBF16, model::KvCacheDtype::kBF16), 2);
   EXPECT_EQ(status().weight_format(), v1::WEIGHT_FORMAT_BF16);
+}
+
+// --weight-relay on behind weight sync's --fanout chain (docs/design/weight-sync-fanout.md): three
+// real workers, each placed behind the one before; weight sync streams the version once and the
+// last worker, two relays away, serves it with results equal to the reference bit for bit.
+TEST_F(GenerationWorkerTest, WorkersBehindRelaysServeTheVersionWeightSyncSentOnce) {
+  weight_sync::WeightSyncOptions options;
+  options.fanout = weight_sync::parse_fanout("chain").value();
+  options.poll_interval = 20ms;
+  service::MetricsRegistry chain_registry;
+  auto chain_metrics = weight_sync::WeightSyncMetrics::create(&chain_registry).value();
+  weight_sync::WeightSyncServiceImpl chain_sync(options, chain_metrics.get());
+  auto chain_server = service::GrpcServer::start({.address = "127.0.0.1:0"}, {&chain_sync});
+  ASSERT_TRUE(chain_server.ok()) << chain_server.status();
+  const std::string chain_address = absl::StrCat("127.0.0.1:", (*chain_server)->port());
+  std::vector<std::unique_ptr<GenerationWorker>> workers;
+  for (int i = 0; i < 3; ++i) {
+    GenerationWorkerConfig c = config();
+    c.weight_sync = chain_address;
+    c.worker_id = absl::StrCat("relay-", i);
+    c.weight_relay = true;
+    auto w = GenerationWorker::start(c);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_NE((*w)->relay(), nullptr);
+    workers.push_back(std::move(*w));
+    const size_t placed = static_cast<size_t>(i + 1);
+    ASSERT_TRUE(eventually([&] { return chain_sync.relay_topology().order().size() == placed; }));
+  }
+  auto m = random_model(71);
+  const model::WeightSet set = export_set(*m, model::WeightFormat::kFP8, 1);
+  auto ws_channel = grpc::CreateChannel(chain_address, grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(weight_sync::upload(ws_channel, set, v1::WEIGHT_FORMAT_FP8).ok());
+  for (auto& w : workers) {
+    ASSERT_TRUE(eventually([&] { return w->scheduler().snapshot().weight_version == 1; }, 20000ms))
+        << w->name();
+  }
+  EXPECT_EQ(chain_metrics->sent_bytes->get().value(), static_cast<double>(set.nbytes()));
+  EXPECT_EQ(workers[0]->subscriber().stats().relay_redirects, 0);
+  EXPECT_GE(workers[2]->subscriber().stats().relay_redirects, 1);
+  channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", workers[2]->grpc_port()),
+                                 grpc::InsecureChannelCredentials());
+  stub_ = v1::GenerationService::NewStub(channel_);
+  const v1::GenerateRequest req = make_request({3, 8}, 5, 9);
+  expect_reference(call(req), req, set, kFp8Policy, 1);
+  for (auto it = workers.rbegin(); it != workers.rend(); ++it) (*it)->shutdown(0ms);
+  chain_sync.begin_shutdown();
+  (*chain_server)->shutdown(0ms);
 }
 
 TEST_F(GenerationWorkerTest, RegistersHeartbeatsReregistersAndDeregisters) {

@@ -54,6 +54,17 @@ TEST(WorkerConfigTest, ComposeFlags) {
   }
 }
 
+TEST(WorkerConfigTest, WeightRelayIsOffByDefault) {
+  auto c = parse_generation_worker_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->weight_relay);
+  EXPECT_EQ(c->relay_stall_ms, 10000);
+  c = parse_generation_worker_config({"--weight-relay=on", "--relay-stall-ms=2500"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->weight_relay);
+  EXPECT_EQ(c->relay_stall_ms, 2500);
+}
+
 TEST(WorkerConfigTest, BadValuesNameTheFlag) {
   const std::pair<std::vector<std::string>, std::string> cases[] = {
       {{"--max-batch-tokens=0"}, "--max-batch-tokens"},
@@ -74,6 +85,8 @@ TEST(WorkerConfigTest, BadValuesNameTheFlag) {
       {{"--kv-block-size=0"}, "--kv-block-size"},
       {{"--kv-block-size=4096"}, "--kv-block-size"},
       {{"--kv-cache-tokens=8"}, "--kv-cache-tokens"},  // under one block of 16
+      {{"--weight-relay=yes"}, "--weight-relay"},
+      {{"--relay-stall-ms=10"}, "--relay-stall-ms"},
   };
   for (const auto& [args, flag] : cases) {
     auto c = parse_generation_worker_config(args);
