@@ -1,4 +1,4 @@
-// Collectives for data-parallel trainer groups (docs/design.md "Trainer groups"): the few
+// Collectives for data-parallel trainer groups (docs/design/training.md "Trainer groups"): the few
 // operations a group of trainers needs (in-place all-reduce of float, double and int64 arrays with
 // sum, min or max), behind one interface with two backends: Gloo over TCP for CPU trainers
 // (make_gloo_collectives) and NCCL for GPU trainers (train/collectives_nccl.h, built with CUDA).
@@ -43,9 +43,9 @@ class Collectives {
   virtual CollectiveStats stats() const = 0;
 };
 
-// The key-value store a group meets through (docs/design.md "Trainer groups": the coordinator
-// serves one over gRPC). Keys are set once; get waits until the key exists or the timeout passes
-// (DEADLINE_EXCEEDED naming the key).
+// The key-value store a group meets through (docs/design/training.md "Trainer groups": the
+// coordinator serves one over gRPC). Keys are set once; get waits until the key exists or the
+// timeout passes (DEADLINE_EXCEEDED naming the key).
 class RendezvousStore {
  public:
   virtual ~RendezvousStore() = default;

@@ -5,7 +5,7 @@
 // device buffer, reduces it there on the backend's stream and copies it back (a GPU engine with
 // device-resident gradients would call a device-pointer entry point instead; not written yet).
 // A reduction that has not finished within the timeout aborts the communicator and fails with
-// DEADLINE_EXCEEDED. See docs/design.md "Trainer groups".
+// DEADLINE_EXCEEDED. See docs/design/training.md "Trainer groups".
 #pragma once
 
 #include <memory>

@@ -1,7 +1,7 @@
 // The device memory a training step needs, computed from the model config, the training precision
-// policy and the step's shape before anything is allocated (docs/design.md "Training on the GPU",
-// memory plan): printed when a policy is created, and a RESOURCE_EXHAUSTED error naming the parts
-// when it exceeds the --gpu-memory-fraction budget.
+// policy and the step's shape before anything is allocated (docs/design/gpu-training.md "Training
+// on the GPU", memory plan): printed when a policy is created, and a RESOURCE_EXHAUSTED error
+// naming the parts when it exceeds the --gpu-memory-fraction budget.
 //
 // What each part counts (bytes):
 //   weights      working copies the forward and backward read: an FP8 linear its E4M3 codes (1 B)
