@@ -151,7 +151,7 @@ class FakeTrainer : public TrainerClient {
   std::set<std::string> lose_for;  // empty)
   int inits = 0;
   int64_t version = 0;
-  int64_t version_stride = 1;  // a publish adds this to the version
+  int64_t version_stride = 1;           // a publish adds this to the version
   std::vector<int64_t> above_versions;  // of every publish
   std::vector<std::vector<TrainSequence>> batches;
   std::vector<std::vector<TrainSequence>> sft_batches;
