@@ -1,7 +1,7 @@
 // Paths that arrive from outside (job configs submitted over REST or gRPC) are confined to folders
 // the operator chose (the services' --data-root, --models-root, --datasets-root flags): a path is
 // resolved first, symlinks and ".." included, and must then lie in its root. Nothing is opened or
-// read here, so an error never carries a file's contents. See docs/design.md "Job paths".
+// read here, so an error never carries a file's contents. See docs/design/services.md "Job paths".
 #pragma once
 
 #include <string>

@@ -1,7 +1,8 @@
 // The precision policy: which number format the linear layers and the KV cache use. One plain-data
 // type shared by rl/ (job configs), model/ (the engine) and the services (payloads, checkpoints),
-// with one JSON encoding, so generation and training compute the same function (docs/design.md,
-// "FP8 recipe"). The proto <-> struct converter lives beside the protos (proto/precision_proto.h).
+// with one JSON encoding, so generation and training compute the same function
+// (docs/design/fp8-recipe.md, "FP8 recipe"). The proto <-> struct converter lives beside the protos
+// (proto/precision_proto.h).
 #pragma once
 
 #include <cstdint>

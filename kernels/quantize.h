@@ -1,7 +1,7 @@
 // Block-scaled FP8 quantization: the scaling mode is carried by the tensor (per-tensor, 1x128
 // tiles, 128x128 blocks) and one `quantize` entry point dispatches on it. CPU reference.
 //
-// Recipe (docs/design.md "The FP8 recipe"):
+// Recipe (docs/design/fp8-recipe.md "The FP8 recipe"):
 //   scale_inv = amax / 448 (fp32), a block with amax 0 gets scale_inv 1;
 //   with pow2 scales scale_inv = 2^ceil(log2(amax / 448));
 //   q = e4m3(x / scale_inv)   (a true fp32 division, not a multiply by the reciprocal);

@@ -13,7 +13,7 @@ namespace fp8rl::model {
 
 // Rotary frequency scaling, HF "rope_scaling" (or "rope_parameters"). "default": plain
 // theta^(-2i/d) frequencies; "llama3": Llama 3.1's piecewise rescaling of the low and medium
-// frequencies (docs/design.md "Architectures").
+// frequencies (docs/design/model.md "Architectures").
 struct RopeScaling {
   std::string rope_type = "default";  // "default" or "llama3"
   double factor = 1.0;
@@ -24,7 +24,7 @@ struct RopeScaling {
   bool llama3() const { return rope_type == "llama3"; }
 };
 
-// Mixture-of-experts MLP of qwen3_moe / qwen2_moe checkpoints (docs/design.md "Mixture of
+// Mixture-of-experts MLP of qwen3_moe / qwen2_moe checkpoints (docs/design/model.md "Mixture of
 // experts"). num_experts == 0: every layer is a dense MLP.
 struct MoeConfig {
   int64_t num_experts = 0;               // E
@@ -83,7 +83,7 @@ absl::StatusOr<ModelConfig> parse_model_config(const std::string& json_text);
 absl::Status validate_model_config(const ModelConfig& config);
 
 // HF-style config.json text. With fp8_block_quantization, adds the quantization_config of the
-// FP8 checkpoint format (docs/design.md "FP8 checkpoint format").
+// FP8 checkpoint format (docs/design/fp8-recipe.md "FP8 checkpoint format").
 std::string model_config_to_json(const ModelConfig& config, bool fp8_block_quantization = false);
 
 }  // namespace fp8rl::model

@@ -1,7 +1,7 @@
 // Where the model engine runs: `--device cuda|cpu` on the generation worker and on `fp8rl
 // generate|score`, the CUDA device probe, and the `--gpu-memory-fraction` byte budget (see
-// docs/design.md "The GPU path", device selection). The probe works in every build: a binary built
-// without CUDA sees no device.
+// docs/design/gpu.md "The GPU path", device selection). The probe works in every build: a binary
+// built without CUDA sees no device.
 #pragma once
 
 #include <cstdint>

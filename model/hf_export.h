@@ -1,6 +1,6 @@
 // Writes a trained policy as a checkpoint folder that other tools load unchanged: a Hugging Face
 // BF16 checkpoint (transformers, vLLM, SGLang) or the block-FP8 checkpoint vLLM and SGLang serve
-// with their "fp8" quantization method (docs/design.md "Export").
+// with their "fp8" quantization method (docs/design/training.md "Export").
 //
 // Folder layout (both formats):
 //   config.json               model_config_to_json + "torch_dtype": "bfloat16" (and for fp8 the

@@ -1,7 +1,7 @@
 // The device boundary of generation and scoring: one interface over the KV-cache forward (batched
 // prefill + incremental decode over a block-budgeted KV cache, then logits or sampled tokens) so
 // the generator, the scheduler and `fp8rl generate|score` run on the CPU or on a CUDA device
-// through the same calls (docs/design.md "GPU engine").
+// through the same calls (docs/design/gpu.md "GPU engine").
 //
 // The CPU implementation (make_cpu_backend) is a thin wrapper of Model::forward_cached / KvCache /
 // Sampler / Model::forward and computes exactly what they compute. The CUDA implementation

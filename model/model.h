@@ -139,14 +139,14 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> FromWeightView(const WeightView& view,
                                                                const PrecisionPolicy& policy);
 
-  // An inference-only model (docs/design.md "Installing a weight version in place"): it holds
-  // what the KV-cache forward reads and nothing else -- FP8 layers: the E4M3 codes and 128x128
-  // scales as received (no re-quantization, no transposed blocks); BF16 layers and lm_head: the
-  // double-accumulation operand; the embedding table as bf16 values (tied to lm_head: held once,
-  // as the double operand, and looked up from there); norms, biases, KV scales.
-  // No fp32 master: params() is empty, refresh() does nothing, export_weights()/save() fail and
-  // backward() must not be called. Starts without weights; install() writes a version into it.
-  // InvalidArgument for a bad config or policy.linear fp32 (use FromWeightView for fp32).
+  // An inference-only model (docs/design/weight-sync.md "Installing a weight version in place"): it
+  // holds what the KV-cache forward reads and nothing else -- FP8 layers: the E4M3 codes and
+  // 128x128 scales as received (no re-quantization, no transposed blocks); BF16 layers and lm_head:
+  // the double-accumulation operand; the embedding table as bf16 values (tied to lm_head: held
+  // once, as the double operand, and looked up from there); norms, biases, KV scales. No fp32
+  // master: params() is empty, refresh() does nothing, export_weights()/save() fail and backward()
+  // must not be called. Starts without weights; install() writes a version into it. InvalidArgument
+  // for a bad config or policy.linear fp32 (use FromWeightView for fp32).
   static absl::StatusOr<std::unique_ptr<Model>> ForInference(const ModelConfig& config,
                                                              const PrecisionPolicy& policy);
   // A description of a model whose weights live elsewhere (a device training backend,
@@ -202,7 +202,7 @@ class Model {
   // `on_final` (optional) is told as gradients become final: after a call with `from`,
   // grads[from, num_params()) do not change again in this backward; `from` only decreases and the
   // last call has 0. A data-parallel group all-reduces those while the backward goes on
-  // (docs/design.md "Trainer groups").
+  // (docs/design/training.md "Trainer groups").
   using GradientsFinal = std::function<void(int64_t from)>;
   absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp, float* grads,
                         const GradientsFinal& on_final = {}) const;

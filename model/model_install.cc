@@ -1,6 +1,6 @@
 // Inference-only models: construction and in-place install of a weight version (model.h,
-// Model::ForInference / Model::install; docs/design.md "Installing a weight version in place").
-// Only storage is written here; the forward reads it exactly as it reads a model built by
+// Model::ForInference / Model::install; docs/design/weight-sync.md "Installing a weight version in
+// place"). Only storage is written here; the forward reads it exactly as it reads a model built by
 // Model::FromWeightView, which is what keeps generation bit-identical between the two.
 #include <algorithm>
 #include <cmath>

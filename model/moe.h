@@ -2,7 +2,7 @@
 // picks the top-k of E experts per token, tokens are grouped by expert, and each expert's SwiGLU
 // runs as three linears over its contiguous token group (a grouped GEMM: the layout a GPU grouped
 // FP8 GEMM would take, one problem per expert). Forward, backward, routing replay and the
-// load-balancing statistics (docs/design.md "Mixture of experts").
+// load-balancing statistics (docs/design/model.md "Mixture of experts").
 #pragma once
 
 #include <array>

@@ -12,7 +12,7 @@ namespace fp8rl::model {
 
 // kRouter: a mixture-of-experts router (mlp.gate) or qwen2_moe's shared_expert_gate, a [out, H]
 // matrix that stays bf16 (fp32 in an fp32 policy) and is never quantized to FP8
-// (docs/design.md "Mixture of experts").
+// (docs/design/model.md "Mixture of experts").
 enum class ParamKind { kEmbedding, kLinear, kBias, kNorm, kLmHead, kRouter };
 
 struct ParamInfo {

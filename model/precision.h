@@ -1,5 +1,5 @@
 // The engine's view of the precision policy: the shared plain-data type of common/precision.h
-// under the names model/ has always used (docs/design.md "The FP8 recipe").
+// under the names model/ has always used (docs/design/fp8-recipe.md "The FP8 recipe").
 #pragma once
 
 #include <string_view>

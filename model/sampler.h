@@ -11,7 +11,7 @@
 // with top_p < 1 or top_k > 0 every sampled token carries a real mismatch log M <= 0 on top of any
 // precision mismatch: the IS weight exp(prev - gen) corrects it and the mismatch metrics show it
 // (rl/mismatch.h splits the two with the full logprob). Tokens outside K are never sampled and
-// cannot be corrected for; see docs/design.md.
+// cannot be corrected for; see docs/design/fp8-recipe.md.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // current policy's per-token logprobs (trainer; the model engine backpropagates that gradient
 // through the network). Also the SFT token-NLL loss used for warm starts.
 //
-// Policy loss (docs/design.md "The RL step"), over the N valid tokens of a batch:
+// Policy loss (docs/design/rl-step.md "The RL step"), over the N valid tokens of a batch:
 //   w_t   = IS weight of token t after the truncation rule (rl/importance.h), detached
 //   r_t   = exp(cur_t - prev_t)
 //   pg_t  = w_t * max(-A * r_t, -A * clip(r_t, 1 - eps, 1 + eps))     (A: the sequence advantage)

@@ -1,7 +1,7 @@
 // Importance-sampling (IS) correction between the sampler and the learner: the per-token weight
-// w = exp(prev_logprobs - gen_logprobs) and its truncation rules (docs/design.md "The RL step").
-// Used by the GRPO loss and the mismatch metrics alike, so the two always agree on which tokens
-// were truncated.
+// w = exp(prev_logprobs - gen_logprobs) and its truncation rules (docs/design/rl-step.md "The RL
+// step"). Used by the GRPO loss and the mismatch metrics alike, so the two always agree on which
+// tokens were truncated.
 //
 // Layout: every per-token array is a padded batch of B sequences x L positions, row-major
 // (index b * L + t); mask[i] != 0 marks a valid response token. Padding and prompt positions

@@ -41,7 +41,7 @@ std::string join_path(const std::string& parent, std::string_view key) {
 // Matchers of the core schema's plain scalars, written out rather than with std::regex: the
 // libstdc++ regex executor recurses once per character, so a long scalar (100k digits) overflowed
 // the stack and took the coordinator down (found while writing the job-config fuzz target;
-// docs/testing.md).
+// docs/results/history/2026-12-03-fuzzing.md).
 bool is_one_of(std::string_view s, std::initializer_list<std::string_view> words) {
   return std::find(words.begin(), words.end(), s) != words.end();
 }

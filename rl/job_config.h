@@ -90,12 +90,12 @@ struct AlgorithmConfig {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
-  // Asynchronous RL (docs/design.md "Asynchronous RL"): 0 = synchronous (each step generates
-  // with the version the previous step published); K >= 1 = rollouts of the next K steps run
-  // while the trainer trains, each sample at most K versions behind the version it trains.
+  // Asynchronous RL (docs/design/rl-step.md "Asynchronous RL"): 0 = synchronous (each step
+  // generates with the version the previous step published); K >= 1 = rollouts of the next K steps
+  // run while the trainer trains, each sample at most K versions behind the version it trains.
   int64_t max_staleness = 0;
   // Mixture-of-experts policies: train with the experts generation chose (routing replay), and
-  // the weight of the load-balancing loss (docs/design.md "Mixture of experts").
+  // the weight of the load-balancing loss (docs/design/model.md "Mixture of experts").
   bool routing_replay = false;
   double router_aux_loss_coef = 0.0;
   int64_t batch_size() const { return prompts_per_step * samples_per_prompt; }
@@ -121,7 +121,7 @@ struct CheckpointConfig {
   bool operator==(const CheckpointConfig&) const = default;
 };
 
-// The trainers of a job (docs/design.md "Trainer groups").
+// The trainers of a job (docs/design/training.md "Trainer groups").
 struct TrainerConfig {
   // Trainers in the job's data-parallel group; the job waits until this many are registered.
   int64_t data_parallel = 1;

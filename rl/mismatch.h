@@ -1,6 +1,6 @@
 // Sampler/learner mismatch metrics, named and defined as in NeMo RL so users can compare runs
-// (docs/design.md, "Mismatch metrics"). Computed by the trainer on every step from the generation
-// worker's logprobs (gen) and its own pre-update logprobs (prev) of the same tokens.
+// (docs/design/mismatch.md, "Mismatch metrics"). Computed by the trainer on every step from the
+// generation worker's logprobs (gen) and its own pre-update logprobs (prev) of the same tokens.
 //
 // Over the N valid response tokens (mask != 0), with d = prev - gen, w = exp(d) and w_rule the
 // weight the loss applies (rl/importance.h):

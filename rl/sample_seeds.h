@@ -1,5 +1,5 @@
-// Sampling seeds of the RL loop's generation requests (docs/design.md "The RL step", steps 1-2
-// and 8): a pure function of (job seed, step, prompt, sample), so a re-dispatched sample or a
+// Sampling seeds of the RL loop's generation requests (docs/design/rl-step.md "The RL step", steps
+// 1-2 and 8): a pure function of (job seed, step, prompt, sample), so a re-dispatched sample or a
 // resumed job draws the same tokens, and the samples of one job never share a seed.
 #pragma once
 

@@ -1,7 +1,7 @@
-// Scoring of one RL step's rollout (docs/design.md "The RL step", step 3): every response is
-// decoded (decode_completion: up to the first stop id, with the job's tokenizer) and judged by the
-// task's verifier, and the rewards become group-relative advantages.
-// Pure: the same inputs give the same scores, bit for bit.
+// Scoring of one RL step's rollout (docs/design/rl-step.md "The RL step", step 3): every response
+// is decoded (decode_completion: up to the first stop id, with the job's tokenizer) and judged by
+// the task's verifier, and the rewards become group-relative advantages. Pure: the same inputs give
+// the same scores, bit for bit.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// The batches of the SFT warm start (docs/design.md "The RL step", step 0): SFT step s trains on
-// batch_size training examples, each tokenized as the job's prompt tokens (encode_prompt in
-// rl/prompt_format.h) + answer + end-of-answer id, with the loss on the answer and that id.
+// The batches of the SFT warm start (docs/design/rl-step.md "The RL step", step 0): SFT step s
+// trains on batch_size training examples, each tokenized as the job's prompt tokens (encode_prompt
+// in rl/prompt_format.h) + answer + end-of-answer id, with the loss on the answer and that id.
 // Stateless like prompt_indices: a step's batch depends only on the split, the seed, the step and
 // the prompt format.
 #pragma once

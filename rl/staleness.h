@@ -1,4 +1,4 @@
-// The staleness rule of asynchronous RL (docs/design.md "Asynchronous RL"): with
+// The staleness rule of asynchronous RL (docs/design/rl-step.md "Asynchronous RL"): with
 // algorithm.max_staleness = K >= 1, the rollout of step s may be generated once the version
 // published after step s-1-K exists, and a train step uses a sample only when the version it was
 // generated with is at most K behind the version being trained; older samples are regenerated

@@ -1,5 +1,5 @@
-// The metrics rows of an RL job (docs/design.md "The RL step"): row 0 describes the start (SFT
-// warm start, first validation), row s >= 1 describes RL step s. The job store keeps each row
+// The metrics rows of an RL job (docs/design/rl-step.md "The RL step"): row 0 describes the start
+// (SFT warm start, first validation), row s >= 1 describes RL step s. The job store keeps each row
 // as a flat {key: number} object and the REST and gRPC APIs serve it as is, so the key names
 // are user-visible (dashboards, tools/fp8rl): to_row() below is the one place that spells them.
 // Phase times are keyed time_<phase>_seconds, the phases of the coordinator's metrics.
@@ -56,8 +56,8 @@ struct StepMetrics {
   std::optional<double> checkpoint_seconds;
   // The whole step, wall clock.
   double step_seconds = 0.0;
-  // Asynchronous RL only (algorithm.max_staleness = K >= 1; docs/design.md "Asynchronous RL"):
-  // absent from a synchronous job's rows.
+  // Asynchronous RL only (algorithm.max_staleness = K >= 1; docs/design/rl-step.md "Asynchronous
+  // RL"): absent from a synchronous job's rows.
   struct Async {
     int64_t max_staleness = 0;  // K
     // samples_staleness_<k>, k = 0..K: trained samples generated k versions before the trained

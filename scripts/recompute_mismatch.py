@@ -4,7 +4,7 @@
 The trainer writes, when started with --logprob-log-dir (the local cluster of `fp8rl up` / `fp8rl
 run` does: <data dir>/trainer/logprobs), one file per RL step: <dir>/<job id>/step-<N>.jsonl with
 the generation and the trainer's (prev) logprobs of every loss token. This script recomputes the
-step's mismatch metrics from that file, with the definitions of docs/design.md "Mismatch
+step's mismatch metrics from that file, with the definitions of docs/design/mismatch.md "Mismatch
 metrics" written here independently of the C++ code, and compares them with the job's stored
 metrics rows (GET /v1/jobs/{id}/metrics).
 

@@ -15,15 +15,14 @@
 # scripts/sanitizers/. Heavy: run it under `nice -n 10` on a shared machine. Needs clang and
 # libclang-rt-dev (scripts/setup.sh).
 #
-# Slow tests (none is skipped; docs/testing.md has the measured times): the system tests bound a
-# job at 150-170 s and ctest at 180 s, which a sanitized build meets at a load average up to ~12
-# on 2 cores (ASan kill_worker 151 s, TSan smoke_grpc 128 s) but not at 30-40 (2026-12-03: ASan
-# math_job, TSan kill_worker and metrics ran out of time with no sanitizer report and passed
-# alone); under TSan, worker_registration_test's 20 ms heartbeats and a 30 s generation wait in
-# generation_worker_test miss under the same load. Rerun such a test alone (-R) before reading it
-# as a bug.
-# With FP8RL_SANITIZE_TARGETS, the tests of binaries not built appear as <name>_NOT_BUILT: pass a
-# matching -R (or -E _NOT_BUILT).
+# Slow tests (none is skipped; docs/results/history/2026-12-03-sanitizers.md has the measured
+# times): the system tests bound a job at 150-170 s and ctest at 180 s, which a sanitized build
+# meets at a load average up to ~12 on 2 cores (ASan kill_worker 151 s, TSan smoke_grpc 128 s) but
+# not at 30-40 (2026-12-03: ASan math_job, TSan kill_worker and metrics ran out of time with no
+# sanitizer report and passed alone); under TSan, worker_registration_test's 20 ms heartbeats and a
+# 30 s generation wait in generation_worker_test miss under the same load. Rerun such a test alone
+# (-R) before reading it as a bug. With FP8RL_SANITIZE_TARGETS, the tests of binaries not built
+# appear as <name>_NOT_BUILT: pass a matching -R (or -E _NOT_BUILT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

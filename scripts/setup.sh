@@ -15,6 +15,7 @@ PACKAGES=(
   libpcre2-dev libicu-dev
   curl prometheus docker-compose iperf3
   clang libclang-rt-dev  # scripts/fuzz.sh, scripts/sanitize.sh: libFuzzer, ASan/UBSan, TSan
+  clang-format clang-tidy  # scripts/check_format.sh, scripts/check_tidy.sh (CI: scripts/test.sh)
   llvm  # llvm-symbolizer: file:line in sanitizer reports
   python3 python3-numpy python3-torch python3-yaml python3-jinja2
   python3-grpcio python3-grpc-tools python3-protobuf
@@ -27,7 +28,7 @@ PACKAGES=(
 if [ -n "${FP8RL_SETUP_BUILD_ONLY:-}" ]; then
   build_only=()
   for p in "${PACKAGES[@]}"; do
-    case "$p" in python3-*|curl|prometheus|docker-compose|iperf3|clang|libclang-rt-dev|llvm|chromium|fonts-*|openssl) ;; *) build_only+=("$p") ;; esac
+    case "$p" in python3-*|curl|prometheus|docker-compose|iperf3|clang|libclang-rt-dev|clang-format|clang-tidy|llvm|chromium|fonts-*|openssl) ;; *) build_only+=("$p") ;; esac
   done
   PACKAGES=("${build_only[@]}")
 fi

@@ -61,7 +61,7 @@ absl::StatusOr<float> logprob_temperature(double t, std::string_view field);
 
 // Response-token logprobs of `batch` under `model`, [B*L] (0 at padding). With `ctx`, the forward
 // keeps what backward needs; with `calibrator`, records each sequence's K/V amax per layer (the KV
-// calibration taken in the step's own forward, docs/design.md "The FP8 recipe").
+// calibration taken in the step's own forward, docs/design/fp8-recipe.md "The FP8 recipe").
 // With `routing` (mixture of experts), receives the routing the forward used. With
 // `recompute_layers` and `ctx`, keeps only each layer's input (model::TrainForwardOptions).
 absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,

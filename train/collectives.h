@@ -1,4 +1,4 @@
-// Collectives for data-parallel trainer groups (docs/design.md "Trainer groups"): the few
+// Collectives for data-parallel trainer groups (docs/design/training.md "Trainer groups"): the few
 // operations a group of trainers needs (in-place all-reduce of float, double and int64 arrays with
 // sum, min or max; reduce-scatter of float sums and all-gather of float, bf16 bit patterns and
 // E4M3 codes into per-rank pieces, for sharded groups: docs/design/sharding.md), behind one
@@ -69,9 +69,9 @@ class Collectives {
   virtual CollectiveStats stats() const = 0;
 };
 
-// The key-value store a group meets through (docs/design.md "Trainer groups": the coordinator
-// serves one over gRPC). Keys are set once; get waits until the key exists or the timeout passes
-// (DEADLINE_EXCEEDED naming the key).
+// The key-value store a group meets through (docs/design/training.md "Trainer groups": the
+// coordinator serves one over gRPC). Keys are set once; get waits until the key exists or the
+// timeout passes (DEADLINE_EXCEEDED naming the key).
 class RendezvousStore {
  public:
   virtual ~RendezvousStore() = default;

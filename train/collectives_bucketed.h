@@ -1,9 +1,10 @@
-// Bucketed gradient all-reduce that overlaps the backward (docs/design.md "Trainer groups"): the
-// gradient array is cut into fixed buckets from its end, and a bucket is all-reduced (sum) on a
-// communication thread as soon as the backward says its gradients are final, while the backward
-// goes on with earlier layers. The result equals one all-reduce of the whole array up to the order
-// in which each element's N rank terms are added (bit for bit with 2 ranks, where a + b = b + a);
-// every rank still ends with bit-identical values (each bucket is one all-reduce of the backend).
+// Bucketed gradient all-reduce that overlaps the backward (docs/design/training.md "Trainer
+// groups"): the gradient array is cut into fixed buckets from its end, and a bucket is all-reduced
+// (sum) on a communication thread as soon as the backward says its gradients are final, while the
+// backward goes on with earlier layers. The result equals one all-reduce of the whole array up to
+// the order in which each element's N rank terms are added (bit for bit with 2 ranks, where a + b =
+// b + a); every rank still ends with bit-identical values (each bucket is one all-reduce of the
+// backend).
 //
 // For sharded groups (docs/design/sharding.md) the same buckets can be reduce-scattered instead
 // (begin_scatter): each bucket is one reduce_scatter whose pieces are the parts of the ranks'

@@ -8,7 +8,7 @@
 // entry point instead; not written yet). Completion is polled on an event recorded after the
 // last copy, with the communicator's asynchronous error, until the group's deadline; a timeout or
 // an NCCL error aborts the communicator and fails with DEADLINE_EXCEEDED / UNAVAILABLE naming the
-// operation and the rank. Never run on a GPU. See docs/design.md "Trainer groups" and
+// operation and the rank. Never run on a GPU. See docs/design/training.md "Trainer groups" and
 // docs/design/sharding.md.
 #pragma once
 

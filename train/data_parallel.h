@@ -1,5 +1,5 @@
-// The pieces of a data-parallel update (docs/design.md "Trainer groups"): which sequences of a
-// minibatch each rank takes, the weight hash ranks compare after every optimizer step, and the
+// The pieces of a data-parallel update (docs/design/training.md "Trainer groups"): which sequences
+// of a minibatch each rank takes, the weight hash ranks compare after every optimizer step, and the
 // gathering of every rank's KV amax records so KV calibration sees the whole step.
 #pragma once
 

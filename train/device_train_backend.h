@@ -3,7 +3,7 @@
 // step engine that runs the training forward and backward over the same device memory: the CUDA
 // backend (train/cuda_train_backend.h: CudaTrainStep) and its host mirror (HostTrainOps over a
 // host model refreshed from the state's master, with the state on make_host_train_device), which
-// runs the whole backend's logic on any machine. docs/design.md "Training on the GPU".
+// runs the whole backend's logic on any machine. docs/design/gpu-training.md "Training on the GPU".
 //
 // Per minibatch: the forward runs on the engine (activations in its buffers, the K/V amax of each
 // sequence into the learner's host calibrator); the backward accumulates into the state's

@@ -1,6 +1,6 @@
-// One whole GRPO step in one process, without services (docs/design.md "Training on the GPU",
-// in-process GRPO step): generate G samples for each of P prompts on the published weights,
-// score them, train on them (train/learner.h grpo_update over the learner's backend), then
+// One whole GRPO step in one process, without services (docs/design/gpu-training.md "Training on
+// the GPU", in-process GRPO step): generate G samples for each of P prompts on the published
+// weights, score them, train on them (train/learner.h grpo_update over the learner's backend), then
 // publish the new weights to the generation engine (export_for_generation, then an install into
 // the generation backend). Every phase is timed; bench/grpo_step runs it for BF16, FP8 linears
 // and FP8 linears + FP8 KV cache.

@@ -1,7 +1,7 @@
 // The learner: the policy under training (fp32 master weights + AdamW state, an optional frozen
 // reference copy) and the updates that change it, with plain C++ requests and results (no gRPC,
 // no protobuf; services/trainer_worker translates its proto messages to these).
-//   - GRPO update (docs/design.md "The RL step", steps 5-6): prev logprobs, then epochs x
+//   - GRPO update (docs/design/rl-step.md "The RL step", steps 5-6): prev logprobs, then epochs x
 //     minibatches of IS-corrected policy loss, backward and AdamW.
 //   - SFT update: NLL of the masked response tokens, minibatches of AdamW steps.
 //   - Export for generation: the KV scales from the K/V amax the step's own forward recorded (no
@@ -34,8 +34,8 @@
 
 namespace fp8rl::train {
 
-// KV-cache calibration (docs/design.md "The FP8 recipe"): percentile 99.9 of the per-sequence
-// amax of each layer's K and V, x 1.05 margin, / 448 (E4M3 max).
+// KV-cache calibration (docs/design/fp8-recipe.md "The FP8 recipe"): percentile 99.9 of the
+// per-sequence amax of each layer's K and V, x 1.05 margin, / 448 (E4M3 max).
 inline constexpr double kKvCalibrationPercentile = 99.9;
 inline constexpr double kKvCalibrationMargin = 1.05;
 // Passes over a GRPO batch accepted in one update.
@@ -211,9 +211,9 @@ class Learner {
   // InitRequest.calibration on the model generation runs.
   absl::StatusOr<Export> export_for_generation(Precision format, int64_t version,
                                                bool calibrate_kv);
-  // Makes the GRPO and SFT updates data-parallel over `group` (docs/design.md "Trainer groups"):
-  // every rank of the group is sent the same request and takes a token-balanced share of each
-  // minibatch (train/data_parallel.h); gradients are summed across ranks with each rank's loss
+  // Makes the GRPO and SFT updates data-parallel over `group` (docs/design/training.md "Trainer
+  // groups"): every rank of the group is sent the same request and takes a token-balanced share of
+  // each minibatch (train/data_parallel.h); gradients are summed across ranks with each rank's loss
   // normalized by the whole minibatch's token count, so every rank applies the same AdamW step
   // (the single-trainer step up to summation order), then the ranks compare weight hashes (INTERNAL
   // on a mismatch). The prev logprobs and K/V amax records are gathered, so metrics and KV

@@ -1,8 +1,8 @@
 // The device memory a training step needs, computed from the model config, the training precision
-// policy and the step's shape before anything is allocated (docs/design.md "Training on the GPU",
-// memory plan): printed when a policy is created, and a RESOURCE_EXHAUSTED error naming the parts
-// and what would make it fit when it exceeds the --gpu-memory-fraction budget; `fp8rl plan`
-// prints the same plan and verdict for a config, a group size and a shard mode
+// policy and the step's shape before anything is allocated (docs/design/gpu-training.md "Training
+// on the GPU", memory plan): printed when a policy is created, and a RESOURCE_EXHAUSTED error
+// naming the parts and what would make it fit when it exceeds the --gpu-memory-fraction budget;
+// `fp8rl plan` prints the same plan and verdict for a config, a group size and a shard mode
 // (docs/design/sharding.md). The parts are per rank: in a sharded group, those of the rank with
 // the largest total.
 //

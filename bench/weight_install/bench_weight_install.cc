@@ -2,9 +2,9 @@
 // worker to take in one FP8 weight version, the previous way (assemble into a string, copy into a
 // WeightSet, build a whole Model with its fp32 master, re-quantization and transposed blocks) next
 // to installing in place (chunks straight into the idle slot's receive buffer, then written into
-// that slot's inference-only model; docs/design.md "Installing a weight version in place").
-// Both paths start from the same manifest and 4 MiB chunks, so the gRPC receive itself is not in
-// either number. Usage: fp8rl-bench-weight-install [config.json] [versions]
+// that slot's inference-only model; docs/design/weight-sync.md "Installing a weight version in
+// place"). Both paths start from the same manifest and 4 MiB chunks, so the gRPC receive itself is
+// not in either number. Usage: fp8rl-bench-weight-install [config.json] [versions]
 #include <sys/resource.h>
 
 #include <chrono>

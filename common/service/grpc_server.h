@@ -23,9 +23,9 @@ void set_reconnect_backoff(grpc::ChannelArguments* args,
                            std::chrono::milliseconds max_backoff = std::chrono::seconds(2));
 
 // The per-message limit of the service-to-service data path (generation results to the
-// coordinator, train batches to the trainer; docs/design.md "Message sizes"): the generation
-// worker's and the trainer's servers and the coordinator's channels to them all use it, so a
-// message one side may send the other may receive. gRPC's own default is 4 MB, which one long
+// coordinator, train batches to the trainer; docs/design/services.md "Message sizes"): the
+// generation worker's and the trainer's servers and the coordinator's channels to them all use it,
+// so a message one side may send the other may receive. gRPC's own default is 4 MB, which one long
 // mixture-of-experts sample's routing record exceeds. Generation splits a response into messages
 // under it; a train request over it fails before sending (FAILED_PRECONDITION).
 inline constexpr int kDataPathMessageBytes = 256 << 20;

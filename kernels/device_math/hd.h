@@ -7,7 +7,7 @@
 // compiled with --fmad=false, so a*b+c is two IEEE roundings on both sides; sqrt and division are
 // IEEE on both sides (nvcc's -prec-sqrt/-prec-div defaults). Only exp/log differ: the host calls
 // glibc, the device CUDA's libdevice (expf within 2 ulp), so ops that use them agree to a few ulp,
-// not bit for bit (docs/design.md, "CUDA kernels").
+// not bit for bit (docs/design/gpu.md, "CUDA kernels").
 #pragma once
 
 #include <cmath>

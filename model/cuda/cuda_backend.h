@@ -1,4 +1,4 @@
-// The CUDA implementation of model/inference_backend.h (docs/design.md "GPU engine"): weights
+// The CUDA implementation of model/inference_backend.h (docs/design/gpu.md "GPU engine"): weights
 // copied to the device as the model holds them (FP8 linears: the E4M3 codes and 128x128 block
 // scales of the payload, never re-quantized; BF16/F32 tensors as BF16/F32) through two pinned
 // staging buffers, one compute stream, one cudaMalloc of the byte budget carved by ArenaPlan into

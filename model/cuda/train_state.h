@@ -1,8 +1,8 @@
-// The trainer's state on the device (docs/design.md "Optimizer, re-quantization and calibration
-// on the device"): fp32 master weights, gradients and AdamW moments in ParamLayout order, the
-// 128x128-block FP8 working copy of every linear the policy runs in FP8, KV-scale calibration
-// from per-layer per-call amaxes, export of a publishable weight set (FP8 codes + scales and BF16
-// tensors only), and optimizer checkpoints in the CPU trainer's format.
+// The trainer's state on the device (docs/design/gpu-training.md "Optimizer, re-quantization and
+// calibration on the device"): fp32 master weights, gradients and AdamW moments in ParamLayout
+// order, the 128x128-block FP8 working copy of every linear the policy runs in FP8, KV-scale
+// calibration from per-layer per-call amaxes, export of a publishable weight set (FP8 codes +
+// scales and BF16 tensors only), and optimizer checkpoints in the CPU trainer's format.
 //
 // The logic is written once over TrainDevice, a small set of memory and arithmetic primitives:
 // the CUDA device (make_cuda_train_device, kernels/cuda/optim_cuda.h) or host memory

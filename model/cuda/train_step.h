@@ -4,7 +4,8 @@
 // operations with the same BF16 rounding points, the same FP8 KV fake-quantization and the same
 // backward as Model::forward / Model::backward (model/model_forward.cc, the reference). The CPU
 // mirror is tested against Model::forward / Model::backward on this machine; the device ops are
-// tested op by op against the host ops in tests/gpu (docs/design.md "Training step on the device").
+// tested op by op against the host ops in tests/gpu (docs/design/gpu-training.md "Training step on
+// the device").
 //
 // Use (one micro-batch):
 //   auto t = build_train_tables(batch, config);            // host

@@ -1,4 +1,4 @@
-// The RL loop's asynchronous mode (algorithm.max_staleness = K >= 1, docs/design.md
+// The RL loop's asynchronous mode (algorithm.max_staleness = K >= 1, docs/design/rl-step.md
 // "Asynchronous RL"): the same phases as RlLoop::run's synchronous steps, but the rollouts come
 // from a RolloutQueue whose producer generates up to K steps ahead, the staleness rule
 // (rl/staleness.h) is applied to each taken rollout, and a publish does not wait for the workers

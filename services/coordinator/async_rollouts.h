@@ -1,4 +1,4 @@
-// The rollout producer of asynchronous RL (docs/design.md "Asynchronous RL"): one thread
+// The rollout producer of asynchronous RL (docs/design/rl-step.md "Asynchronous RL"): one thread
 // generates the rollouts of the next steps, in step order, while the RL loop trains, and hands
 // them over through a bounded ready queue. Back-pressure is the staleness gate
 // (rl/staleness.h): the rollout of step s starts only once the version published after step

@@ -82,11 +82,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
                                    "Latest policy version published by the trainer."));
   for (std::string_view name : kRlMismatchMetrics) {
     service::GaugeFamily* family = nullptr;
-    FP8RL_ASSIGN(family,
-                 registry->add_gauge(
-                     absl::StrCat("fp8rl_rl_", std::string(name)),
-                     absl::StrCat("Last RL step's ", std::string(name),
-                                  " (docs/design.md, Mismatch metrics), from the trainer.")));
+    FP8RL_ASSIGN(
+        family, registry->add_gauge(absl::StrCat("fp8rl_rl_", std::string(name)),
+                                    absl::StrCat("Last RL step's ", std::string(name),
+                                                 " (docs/design/mismatch.md), from the trainer.")));
     m->mismatch.emplace(std::string(name), family);
   }
   FP8RL_ASSIGN(m->sample_staleness,

@@ -21,7 +21,7 @@ namespace fp8rl::coordinator {
 inline constexpr std::array<std::string_view, 8> kRlPhases = {
     "sft", "validate", "generate", "score", "train", "publish", "sync", "checkpoint"};
 
-// The mismatch metrics (docs/design.md "Mismatch metrics") the coordinator re-exports as
+// The mismatch metrics (docs/design/mismatch.md "Mismatch metrics") the coordinator re-exports as
 // fp8rl_rl_<name>.
 inline constexpr std::array<std::string_view, 6> kRlMismatchMetrics = {
     "token_mult_prob_error", "gen_kl_error",    "sampling_importance_ratio",
@@ -39,8 +39,8 @@ class CoordinatorMetrics {
   // The mismatch gauges from a train step's statistics (keys of kRlMismatchMetrics); keys the
   // trainer did not send leave their gauge unchanged.
   void record_mismatch(const std::map<std::string, double>& values);
-  // Asynchronous RL (docs/design.md "Asynchronous RL"): one step's staleness histogram, stale
-  // samples regenerated, trainer and generation idle time.
+  // Asynchronous RL (docs/design/rl-step.md "Asynchronous RL"): one step's staleness histogram,
+  // stale samples regenerated, trainer and generation idle time.
   void record_staleness(const rl::StepMetrics::Async& step);
   // One request rejected as invalid; api is "rest" or "grpc".
   void count_rejected(std::string_view api);

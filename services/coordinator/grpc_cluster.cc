@@ -379,11 +379,12 @@ class GrpcTrainerClient final : public TrainerClient {
   std::function<bool()> alive_;
 };
 
-// A data-parallel trainer group behind one TrainerClient (docs/design.md "Trainer groups"): the
-// same call goes to every rank at once (each computes its share, the ranks all-reduce), except
-// SaveCheckpoint (rank 0 writes it). Results are rank 0's (every rank computed the same update).
-// A failure names every rank that failed, lost ranks first; its code is the failed call's, so the
-// RL loop's trainer-loss handling re-forms the group and resumes from the last checkpoint.
+// A data-parallel trainer group behind one TrainerClient (docs/design/training.md "Trainer
+// groups"): the same call goes to every rank at once (each computes its share, the ranks
+// all-reduce), except SaveCheckpoint (rank 0 writes it). Results are rank 0's (every rank computed
+// the same update). A failure names every rank that failed, lost ranks first; its code is the
+// failed call's, so the RL loop's trainer-loss handling re-forms the group and resumes from the
+// last checkpoint.
 class GroupTrainerClient final : public TrainerClient {
  public:
   struct Member {

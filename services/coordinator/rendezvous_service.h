@@ -1,7 +1,7 @@
-// fp8rl.v1.Rendezvous: the key-value store trainer groups meet through (docs/design.md "Trainer
-// groups"). Values live in memory: a group is formed again (new group id) after a coordinator
-// restart anyway. Keys are limited in size and number so a misbehaving client cannot grow it
-// without bound: the oldest group's keys go first.
+// fp8rl.v1.Rendezvous: the key-value store trainer groups meet through (docs/design/training.md
+// "Trainer groups"). Values live in memory: a group is formed again (new group id) after a
+// coordinator restart anyway. Keys are limited in size and number so a misbehaving client cannot
+// grow it without bound: the oldest group's keys go first.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

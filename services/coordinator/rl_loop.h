@@ -1,11 +1,11 @@
-// The coordinator's RL loop (docs/design.md "The RL step"): optional SFT warm start, then per
-// step: P prompts x G samples spread over the live generation workers (unfinished samples of a
+// The coordinator's RL loop (docs/design/rl-step.md "The RL step"): optional SFT warm start, then
+// per step: P prompts x G samples spread over the live generation workers (unfinished samples of a
 // failed or dead worker are re-dispatched, a sample is never counted twice), rewards and group
 // advantages via rl/, TrainStep and Publish on the trainer, wait until every live generation
 // worker holds the new version, validation at step 0 and every k steps, checkpoints every c
 // steps, one metrics row per step in the job store. Cancellation is honoured between phases.
 // With algorithm.max_staleness = K >= 1 the rollouts of the next K steps are generated while the
-// trainer trains (docs/design.md "Asynchronous RL", async_rollouts.h).
+// trainer trains (docs/design/rl-step.md "Asynchronous RL", async_rollouts.h).
 //
 // It talks to workers only through the interfaces below, so tests drive it with in-process fakes
 // and the binary with gRPC clients (grpc_cluster.h).
@@ -118,9 +118,9 @@ class Cluster {
   virtual std::shared_ptr<GenerationClient> generation_client(const WorkerRef& worker) = 0;
   // The trainer; Unavailable when none is registered.
   virtual absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() = 0;
-  // A data-parallel group of `size` trainers behind one TrainerClient (docs/design.md "Trainer
-  // groups"), formed anew on every call; Unavailable saying how many are live while fewer than
-  // `size` are registered. Clusters without groups serve size 1 only.
+  // A data-parallel group of `size` trainers behind one TrainerClient (docs/design/training.md
+  // "Trainer groups"), formed anew on every call; Unavailable saying how many are live while fewer
+  // than `size` are registered. Clusters without groups serve size 1 only.
   virtual absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size) {
     if (size == 1) return trainer();
     return absl::UnimplementedError("this cluster has no trainer groups");
@@ -231,7 +231,7 @@ class RlLoop {
   };
   using Rollout = StepRollout;
 
-  // The phases of run(), numbered as in docs/design.md "The RL step".
+  // The phases of run(), numbered as in docs/design/rl-step.md "The RL step".
   // Logs the job's prompt format and the first training prompt's ids (what the model is fed).
   absl::Status log_prompt_format(const JobRun& run);
   // Step 0: waits (up to worker_wait) for a registered trainer.
@@ -270,8 +270,8 @@ class RlLoop {
   // After step 8: stores the step's metrics row, advances the job's step, updates the gauges.
   absl::Status record_step(const JobRun& run, int64_t step, const rl::StepMetrics& row);
 
-  // Asynchronous RL (max_staleness >= 1, docs/design.md "Asynchronous RL"): steps 1-8 with the
-  // rollouts produced ahead by a RolloutQueue; stops the producer before returning.
+  // Asynchronous RL (max_staleness >= 1, docs/design/rl-step.md "Asynchronous RL"): steps 1-8 with
+  // the rollouts produced ahead by a RolloutQueue; stops the producer before returning.
   absl::Status run_async(JobRun& run);
   absl::Status run_async_steps(JobRun& run, RolloutQueue& queue);
   // On the producer thread: waits until the live workers hold min_version, then generates.

@@ -27,7 +27,8 @@ struct GenerationMetrics {
   service::GaugeFamily* weight_version = nullptr;       // weight version in use
   service::CounterFamily* weight_swaps = nullptr;       // versions swapped in
   service::HistogramFamily* request_seconds = nullptr;  // request arrival -> last token
-  // Weight versions (docs/design.md "Installing a weight version in place", "Delta versions").
+  // Weight versions (docs/design/weight-sync.md "Installing a weight version in place", "Delta
+  // versions").
   service::CounterFamily* weight_installs = nullptr;              // {mode: in_place|rebuilt}
   service::CounterFamily* weight_delta_versions = nullptr;        // versions rebuilt from a delta
   service::CounterFamily* weight_delta_fallbacks = nullptr;       // deltas refused: full refetched

@@ -19,8 +19,8 @@
 namespace fp8rl::generation {
 
 // Finished samples as Generate stream messages, in order, each message at most `max_bytes` when
-// encoded (docs/design.md "Message sizes": long mixture-of-experts samples carry megabytes of
-// routing record): as many samples per message as fit, one per message when a sample alone is
+// encoded (docs/design/services.md "Message sizes": long mixture-of-experts samples carry megabytes
+// of routing record): as many samples per message as fit, one per message when a sample alone is
 // larger (the channel limit then refuses it). The outcomes are moved from.
 std::vector<v1::GenerateResponse> result_messages(std::vector<SampleOutcome>& ready,
                                                   size_t max_bytes);

@@ -2,7 +2,7 @@
 // ceil((prompt + max_new_tokens) / block_size) blocks from admission to its end, so continuous
 // batching admits a sample only while enough blocks are free. On the CUDA path the blocks are
 // the device pool's pages; on the CPU path the model's KV cache keeps its own storage and this is
-// the accounting only (see docs/design.md "The GPU path", paged KV budget).
+// the accounting only (see docs/design/gpu.md "The GPU path", paged KV budget).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// The generation worker's two weight slots (docs/design.md "Installing a weight version in
-// place"): one serves, the other receives the next version. Each slot holds a receive buffer
+// The generation worker's two weight slots (docs/design/weight-sync.md "Installing a weight version
+// in place"): one serves, the other receives the next version. Each slot holds a receive buffer
 // (anonymous memory with transparent huge pages where the kernel allows, allocated once and grown
 // only for a larger version) that weight-sync chunks are written straight into, and an
 // inference-only model::Model (model.h, Model::ForInference) that the verified version is

@@ -88,9 +88,9 @@ class Trainer {
       const v1::LoadCheckpointRequest& request);
   v1::TrainerStatus status() const;
   // Forms (size > 1) or leaves (size 1) a data-parallel group (trainer.proto JoinGroup; the
-  // updates in docs/design.md "Trainer groups"). Blocks until every rank joined or the timeout.
-  // Replaces any earlier group. In a group, Publish on rank != 0 only sets the KV scales (every
-  // rank's forward must use the same ones) and uploads nothing.
+  // updates in docs/design/training.md "Trainer groups"). Blocks until every rank joined or the
+  // timeout. Replaces any earlier group. In a group, Publish on rank != 0 only sets the KV scales
+  // (every rank's forward must use the same ones) and uploads nothing.
   absl::StatusOr<v1::JoinGroupResponse> join_group(const v1::JoinGroupRequest& request);
 
   // The loss and parameter gradient TrainStep would apply for the whole request batch taken as

@@ -26,7 +26,7 @@ service::ServiceOptions default_trainer_service_options() {
       {"data_root", ""},
       {"models_root", ""},
       // Trainer groups: gradient all-reduce buckets (MiB) sent while the backward runs; 0: one
-      // all-reduce after the backward (docs/design.md "Trainer groups"; 4 measured in
+      // all-reduce after the backward (docs/design/training.md "Trainer groups"; 4 measured in
       // docs/perf.md).
       {"allreduce_bucket_mb", "4"},
       // Where the policy trains: cuda, cpu or auto (cuda when an sm_90 device is visible and

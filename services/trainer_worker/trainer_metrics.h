@@ -31,8 +31,8 @@ struct TrainerMetrics {
   service::GaugeFamily* recalibration_seconds = nullptr;  // quantize + calibrate, last publish
   service::GaugeFamily* weight_scale_inv = nullptr;       // {stat: min|mean|max}
   service::GaugeFamily* kv_scale = nullptr;               // {tensor: k|v, stat: min|mean|max}
-  // Data-parallel group (docs/design.md "Trainer groups"): size and this trainer's rank, time
-  // in the last step's all-reduces, payload bytes all-reduced.
+  // Data-parallel group (docs/design/training.md "Trainer groups"): size and this trainer's rank,
+  // time in the last step's all-reduces, payload bytes all-reduced.
   service::GaugeFamily* group_size = nullptr;
   service::GaugeFamily* group_rank = nullptr;
   service::GaugeFamily* all_reduce_seconds = nullptr;

@@ -83,11 +83,11 @@ struct SubscriberOptions {
 // An error: the version is acknowledged as rejected with the error's message.
 using WeightSetHandler = std::function<absl::Status(model::WeightSet set)>;
 
-// The in-place receive of a generation worker (docs/design.md "Installing a weight version in
-// place"): `target(manifest)` returns the buffer a version's chunks are written into as they land
-// (the inactive half of the worker's double buffer; an error rejects the version), checked per
-// tensor (CRC-32C) as with a WeightSetHandler; `install(manifest, payload)` gets the verified
-// bytes, payload = target[0, total_bytes), and returns as a WeightSetHandler does.
+// The in-place receive of a generation worker (docs/design/weight-sync.md "Installing a weight
+// version in place"): `target(manifest)` returns the buffer a version's chunks are written into as
+// they land (the inactive half of the worker's double buffer; an error rejects the version),
+// checked per tensor (CRC-32C) as with a WeightSetHandler; `install(manifest, payload)` gets the
+// verified bytes, payload = target[0, total_bytes), and returns as a WeightSetHandler does.
 // Optional `base(version)`: the verified bytes of `version` when the receiver still holds them
 // (empty otherwise), which a delta (delta.h) is applied to; `target` must never hand out the buffer
 // holding them. Without `base` the subscriber takes full versions only.

@@ -16,7 +16,8 @@
 namespace fp8rl::weight_sync {
 namespace {
 
-constexpr int64_t kBlock = 128;  // FP8 weight block edge (docs/design.md "The FP8 recipe")
+constexpr int64_t kBlock =
+    128;  // FP8 weight block edge (docs/design/fp8-recipe.md "The FP8 recipe")
 constexpr char kScaleSuffix[] = "_scale_inv";
 
 std::string shape_text(const google::protobuf::RepeatedField<int64_t>& shape) {

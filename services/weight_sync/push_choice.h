@@ -5,7 +5,7 @@
 // starts one to the worker's ack and keeps, per kind, a running estimate of those seconds per
 // full-version byte; it sends whichever kind is cheaper and, to notice when the link or the load
 // changes, sends the other kind once after kReprobeAfter choices in a row
-// (docs/design.md "Choosing full or delta per worker").
+// (docs/design/weight-sync.md "Choosing full or delta per worker").
 #pragma once
 
 #include <cstdint>

@@ -29,7 +29,8 @@ GRAFANA = os.path.join(DEPLOY, "grafana")
 K8S = os.path.join(DEPLOY, "k8s")
 SKIP = 77
 
-# The fp8rl services: binary, gRPC port, metrics (HTTP) port flag and port, as docs/design.md "Services and ports".
+# The fp8rl services: binary, gRPC port, metrics (HTTP) port flag and port, as
+# docs/design/services.md "Services and ports".
 SERVICES = {
     "coordinator": ("fp8rl-coordinator", 50051, "--http-port", 8080),
     "weight-sync": ("fp8rl-weight-sync", 50052, "--metrics-port", 9402),

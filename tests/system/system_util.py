@@ -25,7 +25,7 @@ SERVICES = ["fp8rl-coordinator", "fp8rl-weight-sync", "fp8rl-trainer-worker",
             "fp8rl-generation-worker"]
 SKIP = 77  # ctest SKIP_RETURN_CODE
 
-# Default ports (docs/design.md "Services and ports"); generation worker i adds i.
+# Default ports (docs/design/services.md "Services and ports"); generation worker i adds i.
 CORE_PORTS = [50051, 8080, 50052, 9402, 50053, 9403]
 
 

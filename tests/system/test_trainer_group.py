@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""System test: data-parallel trainer groups on Gloo over loopback (docs/design.md "Trainer
+"""System test: data-parallel trainer groups on Gloo over loopback (docs/design/training.md "Trainer
 groups"). One `fp8rl up --trainers 3` cluster runs the same job (same seeds) with
 trainer.data_parallel 1, 2 and 3; every job SUCCEEDS with rows 0..N, the training metrics of every
 step agree across group sizes and so do the checkpointed weights after every step. Then a rank of a

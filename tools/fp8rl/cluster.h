@@ -1,10 +1,10 @@
 // The local launcher behind `fp8rl up` and `fp8rl run`: plans the services of a one-host cluster
 // (coordinator, weight sync, trainer, N generation workers) on the default ports of
-// docs/design.md "Services and ports" plus an offset, spawns them as child processes with logs
-// under the data dir, waits until each is healthy, supervises them (a child that exits is restarted
-// with a back-off, like docker compose's `restart: unless-stopped`) and stops them cleanly
-// (SIGTERM, bounded wait, SIGKILL). Children die with the launcher (PR_SET_PDEATHSIG), so nothing
-// is ever orphaned.
+// docs/design/services.md "Services and ports" plus an offset, spawns them as child processes with
+// logs under the data dir, waits until each is healthy, supervises them (a child that exits is
+// restarted with a back-off, like docker compose's `restart: unless-stopped`) and stops them
+// cleanly (SIGTERM, bounded wait, SIGKILL). Children die with the launcher (PR_SET_PDEATHSIG), so
+// nothing is ever orphaned.
 #pragma once
 
 #include <sys/types.h>
@@ -22,7 +22,8 @@
 
 namespace fp8rl::cli {
 
-// Default ports (docs/design.md "Services and ports"); generation worker i adds i to its two ports.
+// Default ports (docs/design/services.md "Services and ports"); generation worker i adds i to its
+// two ports.
 inline constexpr int kCoordinatorGrpcPort = 50051;
 inline constexpr int kCoordinatorHttpPort = 8080;
 inline constexpr int kWeightSyncGrpcPort = 50052;
@@ -33,8 +34,8 @@ inline constexpr int kGenerationGrpcPort = 50061;
 inline constexpr int kGenerationMetricsPort = 9461;
 // Worker i uses 50061+i and 9461+i; more than this would run into other services' ranges.
 inline constexpr int kMaxGenerationWorkers = 32;
-// Trainers beyond the first ("trainer-1", ...; a data-parallel group, docs/design.md "Trainer
-// groups") listen on these ports + their index.
+// Trainers beyond the first ("trainer-1", ...; a data-parallel group, docs/design/training.md
+// "Trainer groups") listen on these ports + their index.
 inline constexpr int kExtraTrainerGrpcPort = 50100;
 inline constexpr int kExtraTrainerMetricsPort = 9500;
 inline constexpr int kMaxTrainers = 8;

@@ -1,6 +1,6 @@
 // `fp8rl quantize`: turns a Hugging Face checkpoint into the FP8 block checkpoint of
-// docs/design.md "FP8 checkpoint format" (E4M3 linear weights + 128x128 `_scale_inv` tensors +
-// quantization_config).
+// docs/design/fp8-recipe.md "FP8 checkpoint format" (E4M3 linear weights + 128x128 `_scale_inv`
+// tensors + quantization_config).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -42,7 +42,7 @@ struct QuantizeOptions {
 // model.layers.{i}.mlp.{gate,up,down}_proj.weight, or a Qwen3-MoE/Qwen2-MoE expert's
 // mlp.experts.{e}.{gate,up,down}_proj.weight / mlp.shared_expert.{gate,up,down}_proj.weight. The
 // routers (mlp.gate.weight, mlp.shared_expert_gate.weight) never match: they stay BF16
-// (docs/design.md "Mixture of experts").
+// (docs/design/model.md "Mixture of experts").
 struct LinearWeight {
   int64_t layer = 0;
   std::string module;  // the name without ".weight"

@@ -592,7 +592,7 @@ std::string format_summary(const v1::Job& job, const std::vector<v1::StepMetrics
                                               *find_value(*before, "val_accuracy")));
   }
 
-  // Mismatch metrics (docs/design.md "Mismatch metrics"), averaged over the RL steps.
+  // Mismatch metrics (docs/design/mismatch.md "Mismatch metrics"), averaged over the RL steps.
   std::string mismatch;
   for (const char* key :
        {"token_mult_prob_error", "gen_kl_error", "sampling_importance_ratio", "is_oob_ratio"}) {

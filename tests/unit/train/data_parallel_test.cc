@@ -1,7 +1,7 @@
-// Trainer groups in one process (docs/design.md "Trainer groups"): the token-balanced share
-// split, Gloo collectives over loopback (results, bit-identical ranks, a rank that never joins
-// or never reduces is named / timed out), and the learner's data-parallel SFT and GRPO updates
-// against one trainer running the same requests from the same seed; the bucketed all-reduce
+// Trainer groups in one process (docs/design/training.md "Trainer groups"): the token-balanced
+// share split, Gloo collectives over loopback (results, bit-identical ranks, a rank that never
+// joins or never reduces is named / timed out), and the learner's data-parallel SFT and GRPO
+// updates against one trainer running the same requests from the same seed; the bucketed all-reduce
 // that overlaps the backward against one all-reduce after it.
 //
 // Tolerances, group vs one trainer (named below, per training precision):
@@ -14,11 +14,12 @@
 //    updates: kBf16.weight_change = 1e-3 (measured: 2e-6 after SFT, 1e-5 after step 3), and
 //    the metrics (sums of the same terms) agree to kBf16.metric = 1e-4 relative.
 //  - FP8 training additionally quantizes the backward's operands in blocks that run along the
-//    token dimension (docs/design.md "The FP8 recipe"); a rank's share puts different tokens in a
-//    block, so block scales, and with them the E4M3 rounding (<= 2^-4 relative per operand, two
-//    operands per product), differ between the runs: up to 2 x 2 x 2^-4 = 25% per gradient element
-//    in the worst case, far less on average. kFp8.weight_change = 0.25 (measured: 0.12 after the
-//    SFT updates, 0.06 after step 3); metrics within kFp8.metric = 5e-2 (measured <= 1e-2).
+//    token dimension (docs/design/fp8-recipe.md "The FP8 recipe"); a rank's share puts different
+//    tokens in a block, so block scales, and with them the E4M3 rounding (<= 2^-4 relative per
+//    operand, two operands per product), differ between the runs: up to 2 x 2 x 2^-4 = 25% per
+//    gradient element in the worst case, far less on average. kFp8.weight_change = 0.25 (measured:
+//    0.12 after the SFT updates, 0.06 after step 3); metrics within kFp8.metric = 5e-2 (measured <=
+//    1e-2).
 //  - Both: every element within 2 lr per update (the most an AdamW step moves it; measured FP8:
 //    0.008 after 14 updates at lr 1e-3).
 // A group that lost a rank's gradient, or normalized by the share's tokens instead of the

@@ -152,8 +152,9 @@ TEST(Learner, KvScalesComeFromTheUpdatesForwardWithoutAnExtraPass) {
 }
 
 // BF16 training, FP8 generation: the step has no FP8 forward, so the amax comes from the BF16
-// prev-logprobs forward (docs/design.md "The FP8 recipe" says why). No extra pass either; the
-// scales stay within the 5% calibration margin of what the FP8 generation model would record.
+// prev-logprobs forward (docs/design/fp8-recipe.md "The FP8 recipe" says why). No extra pass
+// either; the scales stay within the 5% calibration margin of what the FP8 generation model would
+// record.
 TEST(Learner, MixedPrecisionKvScalesComeFromTheTrainingForward) {
   std::unique_ptr<Learner> l = make(init_request(Precision::kBF16, Precision::kFP8));
   ASSERT_NE(l, nullptr);

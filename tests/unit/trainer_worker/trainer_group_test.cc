@@ -1,7 +1,7 @@
-// Trainer groups through the service path (docs/design.md "Trainer groups"): the coordinator's
-// rendezvous service on loopback, Trainers joining a group through it (JoinGroup), the same
-// InitPolicy / TrainStep / Publish sent to every rank against one Trainer alone; the worker
-// registry's group selection; JoinGroup's argument errors.
+// Trainer groups through the service path (docs/design/training.md "Trainer groups"): the
+// coordinator's rendezvous service on loopback, Trainers joining a group through it (JoinGroup),
+// the same InitPolicy / TrainStep / Publish sent to every rank against one Trainer alone; the
+// worker registry's group selection; JoinGroup's argument errors.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -372,7 +372,8 @@ TEST_F(TrainerTest, PublishFp8TrainingRequantizesAndCalibrates) {
   check_publish(trainer_, publisher_, want);
 }
 
-// The step's forward is BF16: its amax calibrates the FP8 generation's KV cache (docs/design.md).
+// The step's forward is BF16: its amax calibrates the FP8 generation's KV cache
+// (docs/design/fp8-recipe.md).
 TEST_F(TrainerTest, PublishFp8FromBf16Training) {
   init(init_request(v1::WEIGHT_FORMAT_BF16, v1::WEIGHT_FORMAT_FP8));
   v1::TrainStepRequest step = random_step(18, 3);

@@ -283,8 +283,9 @@ TEST_F(AssemblerErrors, GapOverlapOverrunShortAndWrongVersion) {
   EXPECT_NE(s.message().find("chunk before a manifest"), std::string::npos) << s;
 }
 
-// docs/design.md "FP8 checkpoint format": FP8 payloads carry 1 byte per linear parameter plus the
-// 128x128 block scales; embedding, lm_head and norms stay BF16; k_scale/v_scale are F32 scalars.
+// docs/design/fp8-recipe.md "FP8 checkpoint format": FP8 payloads carry 1 byte per linear parameter
+// plus the 128x128 block scales; embedding, lm_head and norms stay BF16; k_scale/v_scale are F32
+// scalars.
 TEST(Fp8Payload, OneBytePerLinearParameterPlusScalesPlusBf16Rest) {
   model::ModelConfig config;
   config.vocab_size = 300;
