@@ -10,7 +10,8 @@
 // batch x context tokens; a decode cell whose fill would not fit in what is left of
 // --budget-seconds (estimated from the prefill cell's rate) is printed as skipped, not run.
 //
-//   fp8rl-bench-decode-gpu [--layers 4] [--vocab 128256] [--batches 1,32,256] [--contexts 1024,4096]
+//   fp8rl-bench-decode-gpu [--layers 4] [--vocab 128256] [--batches 1,32,256] [--contexts
+//   1024,4096]
 //                          [--decode-steps 8] [--prefill-tokens 16384] [--budget-seconds 150]
 //                          [--gpu-memory-fraction 0.9] [--probe] [--setup-only]
 // --setup-only times the host-side set-up (random model, exports, one model per variant) without
@@ -392,8 +393,8 @@ int run(int argc, char** argv) {
   std::printf(
       "fp8rl-bench-decode-gpu: %s; Llama-3.1-8B shapes, %lld of 32 layers + a %lld-token "
       "vocabulary (Llama 3.1: 128256); random weights (set up in %.0f s); budget %.0f s\n",
-      probe.device->name.c_str(), static_cast<long long>(o.layers),
-      static_cast<long long>(o.vocab), seconds_since(start), o.budget_seconds);
+      probe.device->name.c_str(), static_cast<long long>(o.layers), static_cast<long long>(o.vocab),
+      seconds_since(start), o.budget_seconds);
 
   const Variant variants[] = {{"bf16", model::Precision::kBF16, model::KvCacheDtype::kBF16},
                               {"fp8", model::Precision::kFP8, model::KvCacheDtype::kBF16},
