@@ -3,6 +3,7 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -118,8 +119,24 @@ absl::Status AdmissionControl::check_tokens(const rl::JobConfig& config) {
 
 void AdmissionControl::refused(std::string_view reason, std::string_view message) {
   if (metrics_ != nullptr) metrics_->requests_refused->with({std::string(reason)}).inc();
+  int64_t left_out = 0;
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    const auto now = std::chrono::steady_clock::now();
+    auto it = refusal_log_.find(reason);
+    if (it == refusal_log_.end()) {
+      it = refusal_log_.emplace(std::string(reason), RefusalLog{}).first;
+    } else if (now - it->second.last < kRefusalLogInterval) {
+      ++it->second.left_out;
+      return;
+    }
+    it->second.last = now;
+    left_out = std::exchange(it->second.left_out, 0);
+  }
   service::log_warn(kLog, "request refused",
-                    {{"reason", std::string(reason)}, {"error", std::string(message)}});
+                    {{"reason", std::string(reason)},
+                     {"error", std::string(message)},
+                     {"refusals_not_logged_since_last_line", absl::StrCat(left_out)}});
 }
 
 }  // namespace fp8rl::coordinator

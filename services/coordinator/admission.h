@@ -7,8 +7,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -83,12 +85,21 @@ class AdmissionControl {
   int64_t inflight() const;
 
  private:
-  // Counts (fp8rl_coordinator_requests_refused_total{reason}) and logs one refusal.
+  // Counts every refusal (fp8rl_coordinator_requests_refused_total{reason}) and logs at most one
+  // line per reason per kRefusalLogInterval, with how many it left out since the last one: a
+  // burst of clients that ignore Retry-After is refused thousands of times a second.
   void refused(std::string_view reason, std::string_view message);
+  static constexpr std::chrono::seconds kRefusalLogInterval{1};
+  struct RefusalLog {
+    std::chrono::steady_clock::time_point last;
+    int64_t left_out = 0;
+  };
   const AdmissionLimits limits_;
   CoordinatorMetrics* const metrics_;
   mutable std::mutex mu_;
   int64_t inflight_ = 0;  // guarded by mu_
+  std::mutex log_mu_;
+  std::map<std::string, RefusalLog, std::less<>> refusal_log_;  // guarded by log_mu_
 };
 
 }  // namespace fp8rl::coordinator
