@@ -6,7 +6,7 @@
 // data-parallel collectives, versions) on the host, so one learner drives either backend.
 //   - CPU (make_cpu_train_backend): model::Model + model::AdamW, exactly the engine the learner
 //     ran before this boundary existed (bit-identical updates).
-//   - CUDA (train/cuda_train_backend.h, built with CUDA, never run on a GPU): the device training
+//   - CUDA (train/cuda_train_backend.h, with CUDA; ran on an H200): the device training
 //     step and the device trainer state (docs/design/gpu-training.md "Training on the GPU").
 //     Without CUDA in the build, or without an sm_90 device, asking for it is FAILED_PRECONDITION,
 //     never a silent CPU fallback.

@@ -13,7 +13,7 @@
 // Errors (InvalidArgumentError, naming the argument) come from host-side checks before any
 // launch; a failed launch is InternalError. Nothing here synchronizes the stream.
 //
-// Never run on a GPU yet (no sm_90 device on the development machines); tests/gpu checks every op
+// Ran on an H200 (docs/results/gpu-check-2026-12-04.md); tests/gpu checks every op
 // against the CPU reference when one is present.
 #pragma once
 

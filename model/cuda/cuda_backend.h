@@ -9,7 +9,7 @@
 // double-accumulating fp32 GEMM for fp32 linears, the kernels of kernels/cuda for everything else,
 // sampling on the device.
 //
-// Never run on a GPU yet: tests/gpu/model_cuda_test.cc compares it with the CPU when an sm_90
+// Ran on an H200 (2026-12-04): tests/gpu/model_cuda_test.cc compares it with the CPU when sm_90
 // device is present; the orchestration it shares with the CPU mirror is tested on the CPU
 // (tests/unit/model/decoder_step_test.cc).
 #pragma once

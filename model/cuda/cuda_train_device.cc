@@ -1,6 +1,6 @@
 // The CUDA TrainDevice: cudaMalloc'd buffers owned by the device object, the optimizer kernels of
 // kernels/cuda/optim_cuda.h and the quantization kernels of kernels/cuda/fp8_cuda.h on one
-// stream. Never run on a GPU yet (tests/gpu/train_state_cuda_test.cc compares it with the host
+// stream. Ran on an H200 (tests/gpu/train_state_cuda_test.cc compares it with the host
 // mirror when an sm_90 device is present).
 #include <memory>
 #include <vector>

@@ -16,7 +16,7 @@
 // KV scales); the device optimizer (helper-owned model/cuda/train_state.*) can re-upload them
 // with upload_weights() after an update.
 //
-// Never run on a GPU yet: tests/gpu/train_ops_cuda_test.cc compares every op with the host ops
+// Ran on an H200 (docs/results/gpu-check-*.md): tests/gpu/train_ops_cuda_test.cc compares ops
 // and a whole forward + backward with Model::backward when an sm_90 device is present; the step
 // it runs is tested on the CPU through HostTrainOps (tests/unit/model/train_step_test.cc).
 #pragma once

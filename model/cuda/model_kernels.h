@@ -4,7 +4,7 @@
 // GEMM accumulated in double (the CPU's fp32/bf16 linears accumulate in double, model/linear.h),
 // and the row gather of the output rows. Each is the loop of its CPU counterpart in
 // model/cuda/host_decoder_ops.cc / model/linear.cc with the same float arithmetic (built with
-// --fmad=false). Device pointers, one stream, nothing synchronizes. Never run on a GPU yet.
+// --fmad=false). Device pointers, one stream, nothing synchronizes. Ran on an H200.
 #pragma once
 
 #include <cstdint>
