@@ -74,10 +74,10 @@ class Cluster:
     """A local cluster started on first use and stopped by close(); a fresh state folder per
     invocation, so a job left RUNNING by a killed invocation is not resumed behind our back."""
 
-    def __init__(self, out, bin_dir):
-        self.out, self.bin_dir = out, bin_dir
+    def __init__(self, out, bin_dir, port_offset=PORT_OFFSET):
+        self.out, self.bin_dir, self.port_offset = out, bin_dir, port_offset
         self.proc = self.log = None
-        self.url = f"http://127.0.0.1:{8080 + PORT_OFFSET}"
+        self.url = f"http://127.0.0.1:{8080 + port_offset}"
 
     def ensure(self):
         if self.proc is not None:
@@ -89,7 +89,7 @@ class Cluster:
         root = os.path.commonpath([REPO, os.path.abspath(self.out)])
         state = f"cluster-{time.strftime('%Y%m%d-%H%M%S')}"
         self.proc, self.log = base.start_cluster(
-            fp8rl, self.out, self.bin_dir, PORT_OFFSET,
+            fp8rl, self.out, self.bin_dir, self.port_offset,
             extra_args=["--models-root", root, "--datasets-root", os.path.abspath(self.out)],
             cluster_dir=state)
         base.wait_healthy(self.url, self.proc, 180)
@@ -270,7 +270,11 @@ def run_main(args):
     for s in setups:
         if s not in base.SETUPS:
             raise SystemExit(f"experiment_fp8_table: unknown setup '{s}' ({list(base.SETUPS)})")
-    cluster = Cluster(out, args.bin_dir)
+    cluster = Cluster(out, args.bin_dir, args.port_offset)
+    phases = args.only.split(",") if args.only else ["sweep", "sweep-models", "table"]
+    for p in phases:
+        if p not in ("sweep", "sweep-models", "table"):
+            raise SystemExit(f"experiment_fp8_table: --only: unknown phase '{p}'")
 
     def stop(signum, frame):
         raise SystemExit(f"experiment_fp8_table: signal {signum}, stopping")
@@ -278,15 +282,19 @@ def run_main(args):
     try:
         data_unit(cfg, out)
         ws = cfg["warm_start"]
-        warm = sft_unit(cluster, cfg, out, "warm-start", ws["model"], ws["sft"], ws["init_seed"])
-        phases = args.only.split(",") if args.only else ["sweep", "table"]
-        if "sweep" in phases:
-            sweep_unit(cfg, out, args.bin_dir, "sweep-" + cfg.get("sweep", {}).get(
-                "warm_label", "warm-start"), warm["checkpoint"])
-            for m in cfg.get("sweep", {}).get("models", []):
+        sw = cfg.get("sweep", {})
+        if "sweep-models" in phases:
+            # Each sweep model gets its own short BF16 SFT; no need for the warm start.
+            for m in sw.get("models", []):
                 s = sft_unit(cluster, cfg, out, f"sft-{m['label']}", m["model"], m["sft"],
                              ws["init_seed"])
                 sweep_unit(cfg, out, args.bin_dir, f"sweep-{m['label']}", s["checkpoint"])
+        if "sweep" in phases or "table" in phases:
+            warm = sft_unit(cluster, cfg, out, "warm-start", ws["model"], ws["sft"],
+                            ws["init_seed"])
+        if "sweep" in phases:
+            sweep_unit(cfg, out, args.bin_dir, "sweep-" + sw.get("warm_label", "warm-start"),
+                       warm["checkpoint"])
         if "table" in phases:
             for seed in seeds:
                 for setup in setups:
@@ -488,7 +496,12 @@ def main():
                                                        os.path.join(REPO, "build/bin")))
     r.add_argument("--seeds", default=None, help="override the config's seeds (comma-separated)")
     r.add_argument("--setups", default=None, help="override the config's setups")
-    r.add_argument("--only", default=None, help="sweep, table or both (default both)")
+    r.add_argument("--only", default=None,
+                   help="comma-separated phases: sweep (on the warm start), sweep-models (their "
+                        "own SFT, then the sweep), table (default: all three)")
+    r.add_argument("--port-offset", type=int, default=PORT_OFFSET,
+                   help="ports of this invocation's local cluster (two concurrent invocations "
+                        "need different offsets)")
     p = sub.add_parser("report", help="tables and plots from the finished units")
     p.add_argument("--out", required=True)
     p.add_argument("--docs", default=os.path.join(REPO, "docs/results"))
