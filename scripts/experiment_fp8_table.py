@@ -172,6 +172,8 @@ def sft_unit(cluster, cfg, out, name, model_config, sft, seed):
                "model_config": model_config, "sft": sft, "init_seed": seed,
                "checkpoint": os.path.join(ckpt_root, f"step-{steps[-1]}"),
                "val_accuracy": val, "wall_seconds": wall,
+               "sft_loss": next((r["metrics"]["sft_loss"] for r in rows
+                                 if "sft_loss" in r["metrics"]), None),
                "sft_seconds": sum(r["metrics"].get("time_sft_seconds", 0) for r in rows),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                "load_avg_end": os.getloadavg()[0]}
@@ -428,8 +430,16 @@ def report_main(args):
     # Copy every small unit summary (RL, SFT, sweep) into the repository.
     for name in sorted(os.listdir(os.path.join(out, "units"))):
         f = os.path.join(out, "units", name, "summary.json")
-        if os.path.exists(f):
-            shutil.copy(f, os.path.join(runs_dir, f"{name}.json"))
+        if not os.path.exists(f):
+            continue
+        s = read_json(f)
+        rows_f = os.path.join(out, "units", name, "rows.json")
+        if s.get("kind") == "sft" and "sft_loss" not in s and os.path.exists(rows_f):
+            # The SFT loss the job reported (its step-0 row), for units summarized before the
+            # summary carried it.
+            s["sft_loss"] = next((r["metrics"]["sft_loss"] for r in read_json(rows_f)
+                                  if "sft_loss" in r["metrics"]), None)
+        write_json(os.path.join(runs_dir, f"{name}.json"), s)
     shutil.copy(os.path.join(out, "config.yaml"), os.path.join(runs_dir, "config.yaml"))
     write_json(os.path.join(runs_dir, "aggregate.json"),
                {"planned_units": len(planned), "finished_units": len(finished),

@@ -94,6 +94,27 @@ def seq_metrics(d_rows, lengths, eos_pos):
     return out
 
 
+# Position windows compared by position_trend: the first 64 new tokens against later windows
+# (64..128 is still inside a typical answer of this task; 256..512 is after its EOS).
+TREND_WINDOWS = [(0, 64), (64, 128), (256, 512)]
+
+
+def position_trend(d_rows):
+    """Per-token mismatch by position, paired over sequences: for each window after the first,
+    the per-sequence mean of exp|d| - 1 in that window minus the same in the first window, with
+    the paired t interval and sign-flip p (experiment_stats.paired_compare)."""
+    def window_mean(d, a, b):
+        xs = [math.exp(abs(x)) - 1.0 for x in d[a:b] if math.isfinite(x)]
+        return sum(xs) / len(xs) if xs else None
+    first = [window_mean(d, *TREND_WINDOWS[0]) for d in d_rows]
+    out = {}
+    for a, b in TREND_WINDOWS[1:]:
+        later = [window_mean(d, a, b) for d in d_rows]
+        if any(x is not None for x in later):
+            out[f"{a}-{b} minus 0-64"] = st.paired_compare(later, first)
+    return out
+
+
 def unit_main(args):
     fp8rl = os.path.join(args.bin_dir, "fp8rl")
     os.makedirs(args.out, exist_ok=True)
@@ -120,7 +141,7 @@ def unit_main(args):
              "--in", prompts, "--out", path, "--max-new-tokens", str(max_len), "--temperature",
              "1", "--seed", str(args.seed), "--device", "cpu"], log)
         gens[gen_prec] = read_jsonl(path)
-    d_all, eos_all, metrics = {}, {}, {}
+    d_all, eos_all, metrics, trends = {}, {}, {}, {}
     for setup, gen_prec, _, score_prec, score_kv in PAIRS:
         samples = gens[gen_prec]
         seqs = os.path.join(args.out, f"seqs-{gen_prec}.jsonl")
@@ -141,6 +162,7 @@ def unit_main(args):
             eos_pos.append(s["tokens"].index(EOS) if EOS in s["tokens"] else n)
         d_all[setup], eos_all[setup] = d_rows, eos_pos
         metrics[setup] = seq_metrics(d_rows, lengths, eos_pos)
+        trends[setup] = position_trend(d_rows)
     summary = {
         "label": args.label or os.path.basename(os.path.normpath(args.model)),
         "model": os.path.abspath(args.model),
@@ -149,7 +171,7 @@ def unit_main(args):
         "prompts": len(rows), "lengths": lengths, "seed": args.seed,
         "median_first_eos": {s: sorted(e)[len(e) // 2] for s, e in eos_all.items()},
         "eos_before_max_len": {s: sum(1 for x in e if x < max_len) for s, e in eos_all.items()},
-        "metrics": metrics, "seconds": seconds,
+        "metrics": metrics, "position_trend": trends, "seconds": seconds,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.uname().nodename} ({os.cpu_count()} cores), load {os.getloadavg()[0]:.1f}",
         "note": "FP8 is emulated bit-exactly on the CPU (fp8rl's reference path)",
@@ -168,12 +190,24 @@ def unit_main(args):
 
 
 def load_units(paths):
+    """Finished units' summaries; a summary written before position_trend existed gets it from
+    the unit's d.json when that is at hand."""
     units = []
     for p in paths:
         f = p if p.endswith(".json") else os.path.join(p, "summary.json")
-        if os.path.exists(f):
-            with open(f) as fh:
-                units.append(json.load(fh))
+        if not os.path.exists(f):
+            continue
+        with open(f) as fh:
+            u = json.load(fh)
+        d_file = os.path.join(os.path.dirname(f), "d.json")
+        if "position_trend" not in u and os.path.exists(d_file):
+            with open(d_file) as fh:
+                d = json.load(fh)["d"]
+            u["position_trend"] = {s: position_trend(rows) for s, rows in d.items()}
+            with open(f + ".tmp", "w") as fh:
+                json.dump(u, fh, indent=1)
+            os.replace(f + ".tmp", f)
+        units.append(u)
     return units
 
 
@@ -224,6 +258,16 @@ def report_main(args):
                 lines.append(f"| {L} | {s} | {fmt_tmpe(a['token_mult_prob_error'])} | {kl_s} | "
                              f"{sa_s} | {fmt_tmpe(e['token_mult_prob_error'])} |")
         lines.append("")
+        trend = u.get("position_trend", {}).get("fp8-gen-only", {})
+        if trend:
+            lines += ["Per-token mismatch by position, FP8 generation-only (per-sequence mean of "
+                      "exp|d| - 1 in a window minus the same in new tokens 0..64, paired over "
+                      "sequences: mean difference [95% t CI], paired t p, sign-flip p):", ""]
+            for k, c in trend.items():
+                lines.append(f"- tokens {k}: {c['mean_diff']:+.5f} [{c['lo']:+.5f}, "
+                             f"{c['hi']:+.5f}], p_t={c['p_t']:.3f}, p_flip={c['p_sign_flip']:.3f}"
+                             f" (n={c['n']})")
+            lines.append("")
     with open(args.md, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     if args.plot:

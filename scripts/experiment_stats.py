@@ -7,7 +7,8 @@ hundred sequences, so they need exact small-sample tools, not normal approximati
   mean_ci(xs)            mean and the 95% Student-t confidence interval (n - 1 degrees of freedom)
   paired_compare(a, b)   a[i] - b[i] over pairs (same seed): mean difference, its t interval, the
                          two-sided paired t-test p-value and the exact sign-flip permutation p-value
-                         (all 2^n sign patterns for n <= 16: no normality assumption)
+                         (all 2^n sign patterns for n <= 16, else a seeded Monte Carlo; no
+                         normality assumption)
   ratio_ci(num, den)     a ratio of sums (a token-weighted mean over sequences: num = per-sequence
                          sum, den = per-sequence token count) with a percentile bootstrap interval
                          that resamples whole sequences (tokens of one sequence are not independent)
@@ -109,24 +110,32 @@ def mean_ci(xs, level=0.95):
     return {"n": n, "mean": m, "sd": sd, "lo": m - half, "hi": m + half, "half": half}
 
 
-def sign_flip_p(diffs, max_exact=16):
+def sign_flip_p(diffs, max_exact=16, draws=20000, seed=12345):
     """Two-sided p-value of the paired sign-flip permutation test of mean(diffs) == 0: the share of
-    the 2^n sign patterns whose |sum| is >= the observed |sum| (exact for n <= max_exact)."""
+    the 2^n sign patterns whose |sum| is >= the observed |sum|. Exact (all patterns) for
+    n <= max_exact; above, `draws` random patterns with a fixed seed, counting the observed one
+    ((k + 1) / (draws + 1), a valid p-value)."""
     diffs = _finite(diffs)
     n = len(diffs)
     if n == 0:
         return float("nan")
-    if n > max_exact:
-        raise ValueError(f"sign_flip_p: {n} pairs; exact enumeration is limited to {max_exact}")
     observed = abs(sum(diffs))
     # Tolerance for float sums that are equal in exact arithmetic (ties count as extreme).
     tol = 1e-12 * max(1.0, sum(abs(d) for d in diffs))
+    if n <= max_exact:
+        extreme = 0
+        for mask in range(1 << n):
+            s = sum(-d if (mask >> i) & 1 else d for i, d in enumerate(diffs))
+            if abs(s) >= observed - tol:
+                extreme += 1
+        return extreme / (1 << n)
+    rng = random.Random(seed)
     extreme = 0
-    for mask in range(1 << n):
-        s = sum(-d if (mask >> i) & 1 else d for i, d in enumerate(diffs))
+    for _ in range(draws):
+        s = sum(d if rng.random() < 0.5 else -d for d in diffs)
         if abs(s) >= observed - tol:
             extreme += 1
-    return extreme / (1 << n)
+    return (extreme + 1) / (draws + 1)
 
 
 def paired_compare(a, b, level=0.95):

@@ -78,6 +78,16 @@ class Paired(unittest.TestCase):
         # Ties count: [1, 1] -> sums 2, 0, 0, -2 -> 2 of 4.
         self.assertAlmostEqual(st.sign_flip_p([1, 1]), 0.5)
 
+    def test_sign_flip_monte_carlo(self):
+        # 30 positive differences: the exact p is 2 / 2^30; the Monte Carlo estimate is its floor
+        # 1 / (draws + 1).
+        self.assertAlmostEqual(st.sign_flip_p([1.0] * 30, draws=2000), 1 / 2001)
+        # Symmetric differences: p near 1, and the same value on every call (fixed seed).
+        d = [(-1) ** i * (1 + i % 3) for i in range(24)]
+        p = st.sign_flip_p(d, draws=2000)
+        self.assertGreater(p, 0.9)
+        self.assertEqual(p, st.sign_flip_p(d, draws=2000))
+
     def test_paired_t(self):
         a = [0.61, 0.58, 0.64, 0.60, 0.62]
         b = [0.60, 0.55, 0.60, 0.59, 0.58]
