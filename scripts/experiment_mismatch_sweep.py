@@ -99,10 +99,12 @@ def seq_metrics(d_rows, lengths, eos_pos):
 TREND_WINDOWS = [(0, 64), (64, 128), (256, 512)]
 
 
-def position_trend(d_rows):
+def position_trend(d_rows, eos_pos=None):
     """Per-token mismatch by position, paired over sequences: for each window after the first,
     the per-sequence mean of exp|d| - 1 in that window minus the same in the first window, with
-    the paired t interval and sign-flip p (experiment_stats.paired_compare)."""
+    the paired t interval and sign-flip p (experiment_stats.paired_compare). With eos_pos, also
+    tokens 64 up to (and with) the sequence's first EOS against the first 64: the growth inside
+    the answer, apart from what the model samples after it ended."""
     def window_mean(d, a, b):
         xs = [math.exp(abs(x)) - 1.0 for x in d[a:b] if math.isfinite(x)]
         return sum(xs) / len(xs) if xs else None
@@ -112,6 +114,11 @@ def position_trend(d_rows):
         later = [window_mean(d, a, b) for d in d_rows]
         if any(x is not None for x in later):
             out[f"{a}-{b} minus 0-64"] = st.paired_compare(later, first)
+    if eos_pos is not None:
+        a = TREND_WINDOWS[0][1]
+        later = [window_mean(d, a, e + 1) for d, e in zip(d_rows, eos_pos)]
+        if any(x is not None for x in later):
+            out[f"{a}-EOS minus 0-{a}"] = st.paired_compare(later, first)
     return out
 
 
@@ -162,7 +169,7 @@ def unit_main(args):
             eos_pos.append(s["tokens"].index(EOS) if EOS in s["tokens"] else n)
         d_all[setup], eos_all[setup] = d_rows, eos_pos
         metrics[setup] = seq_metrics(d_rows, lengths, eos_pos)
-        trends[setup] = position_trend(d_rows)
+        trends[setup] = position_trend(d_rows, eos_pos)
     summary = {
         "label": args.label or os.path.basename(os.path.normpath(args.model)),
         "model": os.path.abspath(args.model),
@@ -190,8 +197,9 @@ def unit_main(args):
 
 
 def load_units(paths):
-    """Finished units' summaries; a summary written before position_trend existed gets it from
-    the unit's d.json when that is at hand."""
+    """Finished units' summaries; where the unit's d.json is at hand, position_trend is
+    recomputed from it (and stored), so units summarized by an older version get the current
+    windows."""
     units = []
     for p in paths:
         f = p if p.endswith(".json") else os.path.join(p, "summary.json")
@@ -200,13 +208,15 @@ def load_units(paths):
         with open(f) as fh:
             u = json.load(fh)
         d_file = os.path.join(os.path.dirname(f), "d.json")
-        if "position_trend" not in u and os.path.exists(d_file):
+        if os.path.exists(d_file):
             with open(d_file) as fh:
-                d = json.load(fh)["d"]
-            u["position_trend"] = {s: position_trend(rows) for s, rows in d.items()}
-            with open(f + ".tmp", "w") as fh:
-                json.dump(u, fh, indent=1)
-            os.replace(f + ".tmp", f)
+                d = json.load(fh)
+            trend = {s: position_trend(rows, d["eos"][s]) for s, rows in d["d"].items()}
+            if trend != u.get("position_trend"):
+                u["position_trend"] = trend
+                with open(f + ".tmp", "w") as fh:
+                    json.dump(u, fh, indent=1)
+                os.replace(f + ".tmp", f)
         units.append(u)
     return units
 
