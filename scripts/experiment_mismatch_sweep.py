@@ -221,13 +221,22 @@ def load_units(paths):
     return units
 
 
+def fmt_one(v):
+    """A value near 1 without hiding a small deviation: 1 exactly, '1+3.5e-05', or '1.02637'."""
+    if v == 1.0:
+        return "1"
+    if abs(v - 1.0) < 1e-3:
+        return f"1{v - 1.0:+.1e}"
+    return f"{v:.5f}"
+
+
 def fmt_tmpe(ci):
     v = ci.get("value", ci.get("mean"))
     if v is None or not math.isfinite(v):
         return "n/a"
     if not math.isfinite(ci["lo"]):
-        return f"{v:.5f}"
-    return f"{v:.5f} [{ci['lo']:.5f}, {ci['hi']:.5f}]"
+        return fmt_one(v)
+    return f"{fmt_one(v)} [{fmt_one(ci['lo'])}, {fmt_one(ci['hi'])}]"
 
 
 def report_main(args):
@@ -307,14 +316,13 @@ def plot(units, path):
                 ax.plot(Ls, v, linestyle=styles[i % len(styles)], color=colors[s], marker="o",
                         markersize=3, label=label)
                 ax.fill_between(Ls, lo, hi, color=colors[s], alpha=0.15)
-    # Third panel: every model at one length (128, else the largest measured), FP8 gen-only
-    # and FP8 end to end, with the 95% CI as error bars.
+    # Third panel: every model over its answers (the new tokens up to each sample's first EOS,
+    # what an RL job trains on), FP8 gen-only and FP8 end to end, with the 95% CI as error bars.
     ax = axes[2]
     for k, s in enumerate(("fp8-gen-only", "fp8")):
         xs, ys, err = [], [], [[], []]
         for i, u in enumerate(units):
-            L = 128 if 128 in u["lengths"] else max(u["lengths"])
-            c = u["metrics"][s][str(L)]["all"]["token_mult_prob_error"]
+            c = u["metrics"][s][str(max(u["lengths"]))]["to_eos"]["token_mult_prob_error"]
             xs.append(i + 0.1 * k)
             ys.append(c["value"] - 1.0)
             err[0].append(c["value"] - c["lo"])
@@ -322,7 +330,7 @@ def plot(units, path):
         ax.errorbar(xs, ys, yerr=err, fmt="o", color=colors[s], capsize=3, label=s)
     ax.set_xticks(range(len(units)))
     ax.set_xticklabels([u["label"] for u in units], rotation=30, fontsize=8)
-    ax.set_ylabel("token_mult_prob_error - 1 at L = 128")
+    ax.set_ylabel("token_mult_prob_error - 1, tokens up to the first EOS")
     ax.set_title("By model width (w) and depth (d), 95% CI")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
