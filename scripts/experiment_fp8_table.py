@@ -473,11 +473,18 @@ def report_main(args):
         " Every setup of a seed starts from the same warm start (paired seeds).", "",
         "Cells: mean ± half-width of the 95% Student-t interval over seeds. Paired column: "
         "setup minus BF16 over the seeds both finished, mean difference [95% t CI], two-sided "
-        "paired t-test p (p_t) and exact sign-flip permutation p (p_flip). Mismatch metrics: "
+        "paired t-test p (p_t) and sign-flip permutation p (p_flip, exact up to 16 seeds). "
+        "Mismatch metrics: "
         "each run's mean over its RL steps. Step times are of fp8rl's CPU reference path, where "
         "FP8 is emulated (quantize, then fp32 GEMM per block); they say nothing about GPU speed, "
         "and the machine was shared with other jobs (load average per unit below).", ""]
-    tail = ["", "![curves](experiment-fp8-table.png)", "", "Units:", ""]
+    if not finished:
+        lines = ["**No GRPO unit has finished yet, so there is no table.** Warm start: "
+                 + (f"finished ({warm['date']})." if warm else
+                    "not finished when this report was written (the GRPO units start from it)."),
+                 ""]
+    tail = ["", "![curves](experiment-fp8-table.png)"] if finished else []
+    tail += ["", "Units:", ""] if units else []
     for u in sorted(units, key=lambda u: (u["seed"], u["setup"])):
         tail.append(
             f"- {u['unit']}: {u['state']}, held-out {fnum(u.get('start_accuracy'))} -> "
@@ -487,7 +494,7 @@ def report_main(args):
             f"{u.get('date', '?')}, load {fnum(u.get('load_avg_start'), 1)}"
             f"->{fnum(u.get('load_avg_end'), 1)}")
     total = sum(u["wall_seconds"] for u in units) / 3600
-    tail += ["", f"Wall time of the finished RL units: {total:.1f} h"
+    tail += ["", f"Wall time of the GRPO units run so far: {total:.1f} h"
              + (f"; warm start {warm['wall_seconds'] / 60:.0f} min" if warm else "") + "."]
     with open(os.path.join(args.docs, "experiment-fp8-table.md"), "w") as fh:
         fh.write("\n".join(head + lines + tail) + "\n")
