@@ -336,7 +336,11 @@ def plot(units, path):
     ax.legend(fontsize=7)
     axes[0].set_ylabel("token_mult_prob_error (mean exp|prev - gen|)")
     axes[1].set_ylabel("mean |sum over the sequence of (prev - gen)|")
+    eos = sorted(v for u in units for v in u["median_first_eos"].values())
     for ax in axes[:2]:
+        ax.axvline(eos[len(eos) // 2], color="gray", linestyle=":", linewidth=1)
+        ax.text(eos[len(eos) // 2], ax.get_ylim()[1], " median first EOS", color="gray",
+                fontsize=7, va="top")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("new tokens L (first L of each sample)")
         ax.grid(alpha=0.3)
