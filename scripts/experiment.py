@@ -86,15 +86,35 @@ def wait_healthy(base_url, proc, timeout):
     raise SystemExit(f"experiment: coordinator not ready at {base_url} after {timeout} s")
 
 
-def start_cluster(fp8rl, out_dir, bin_dir, port_offset):
-    """`fp8rl up` on loopback ports + port_offset, its state and job data under out_dir, its
-    output in out_dir/cluster.log; returns (process, log file) for stop_cluster."""
-    log = open(os.path.join(out_dir, "cluster.log"), "w")
-    proc = subprocess.Popen([fp8rl, "up", "--data-dir", os.path.join(out_dir, "cluster"),
+def start_cluster(fp8rl, out_dir, bin_dir, port_offset, extra_args=(), cluster_dir="cluster"):
+    """`fp8rl up` on loopback ports + port_offset, its state and job data under
+    out_dir/cluster_dir, its output in out_dir/cluster.log (appended); extra_args go to `fp8rl up`
+    (e.g. --models-root). Returns (process, log file) for stop_cluster."""
+    log = open(os.path.join(out_dir, "cluster.log"), "a")
+    proc = subprocess.Popen([fp8rl, "up", "--data-dir", os.path.join(out_dir, cluster_dir),
                              "--port-offset", str(port_offset), "--bin-dir", bin_dir,
-                             "--data-root", os.path.abspath(out_dir)],
+                             "--data-root", os.path.abspath(out_dir), *extra_args],
                             stdout=log, stderr=subprocess.STDOUT)
     return proc, log
+
+
+def wait_job(base_url, job_id, label, t0, poll=2.0):
+    """Polls GET /v1/jobs/{id} until the job ends, printing one line per change of state or step;
+    returns (final job record, its metrics rows)."""
+    last = None
+    while True:
+        job = http("GET", f"{base_url}/v1/jobs/{job_id}")
+        state = job["state"]
+        if state in TERMINAL:
+            break
+        progress = (state, job.get("step"))
+        if progress != last:
+            print(f"[{time.time() - t0:6.0f} s] {label}: {state} step {job.get('step', 0)}/"
+                  f"{job.get('total_steps', '?')}", flush=True)
+            last = progress
+        time.sleep(poll)
+    rows = http("GET", f"{base_url}/v1/jobs/{job_id}/metrics")["steps"]
+    return job, rows
 
 
 def stop_cluster(proc, log):
