@@ -77,6 +77,10 @@ double AdamW::lr_at(int64_t step) const { return adamw_lr_at(config_, step); }
 
 absl::StatusOr<OptimizerStepStats> AdamW::step(Model& model, float* grads, float grad_scale) {
   const int64_t n = model.num_params();
+  if (sharded_) {
+    return absl::FailedPreconditionError(
+        "optimizer: sharded (ZeRO-2); step_shard takes the shard's gradients");
+  }
   if (n != static_cast<int64_t>(m_.size())) {
     return absl::InvalidArgumentError("optimizer: model does not match the optimizer's size");
   }
@@ -85,11 +89,52 @@ absl::StatusOr<OptimizerStepStats> AdamW::step(Model& model, float* grads, float
     grads[i] *= grad_scale;
     sq += static_cast<double>(grads[i]) * grads[i];
   }
-  OptimizerStepStats stats;
-  stats.grad_norm = std::sqrt(sq);
-  if (!std::isfinite(stats.grad_norm)) {
+  const double grad_norm = std::sqrt(sq);
+  if (!std::isfinite(grad_norm)) {
     return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");
   }
+  OptimizerStepStats stats = apply(model.params().data(), grads, n, grad_norm);
+  model.refresh();
+  return stats;
+}
+
+absl::Status AdamW::shard(int64_t begin, int64_t end) {
+  if (sharded_) return absl::InvalidArgumentError("optimizer: already sharded");
+  if (begin < 0 || begin > end || end > static_cast<int64_t>(m_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: shard [", begin, ", ", end, ") is outside [0, ", m_.size(), ")"));
+  }
+  // New vectors, so the memory of the other ranks' parameters is returned.
+  auto slice = [&](auto& v) {
+    std::remove_reference_t<decltype(v)> part(v.begin() + begin, v.begin() + end);
+    v.swap(part);
+  };
+  slice(m_);
+  slice(v_);
+  slice(decay_);
+  begin_ = begin;
+  sharded_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OptimizerStepStats> AdamW::step_shard(std::span<float> params,
+                                                     std::span<float> grads, double grad_norm) {
+  const int64_t n = shard_size();
+  if (!sharded_) return absl::FailedPreconditionError("optimizer: step_shard before shard()");
+  if (static_cast<int64_t>(grads.size()) != n || static_cast<int64_t>(params.size()) < begin_ + n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: step_shard got ", grads.size(), " gradients and ", params.size(),
+                     " parameters for the shard [", begin_, ", ", begin_ + n, ")"));
+  }
+  if (!std::isfinite(grad_norm)) {
+    return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");
+  }
+  return apply(params.data() + begin_, grads.data(), n, grad_norm);
+}
+
+OptimizerStepStats AdamW::apply(float* p, float* grads, int64_t n, double grad_norm) {
+  OptimizerStepStats stats;
+  stats.grad_norm = grad_norm;
   const float clip = kernels::dm::clip_factor(stats.grad_norm, config_.max_grad_norm);
   stats.clipped = kernels::dm::clip_applies(stats.grad_norm, config_.max_grad_norm);
   stats.lr = lr_at(step_);
@@ -97,13 +142,11 @@ absl::StatusOr<OptimizerStepStats> AdamW::step(Model& model, float* grads, float
   stats.step = step_;
   const kernels::dm::AdamWCoeffs coeffs = kernels::dm::adamw_coeffs(
       stats.lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_);
-  float* p = model.params().data();
   for (int64_t i = 0; i < n; ++i) {
     const float g = grads[i] * clip;
     grads[i] = g;
     kernels::dm::adamw_update(g, decay_[i] != 0, coeffs, p[i], m_[i], v_[i]);
   }
-  model.refresh();
   return stats;
 }
 
@@ -143,11 +186,22 @@ absl::StatusOr<AdamWState> load_adamw_state(const std::string& path, int64_t num
   return state;
 }
 
+namespace {
+absl::Status sharded_state_error(const std::string& path) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      path,
+      ": the optimizer is sharded (trainer.shard grads_optimizer) and sharded optimizer "
+      "checkpoints are not implemented yet"));
+}
+}  // namespace
+
 absl::Status AdamW::save_state(const std::string& path) const {
+  if (sharded_) return sharded_state_error(path);
   return save_adamw_state(path, m_, v_, step_);
 }
 
 absl::Status AdamW::load_state(const std::string& path) {
+  if (sharded_) return sharded_state_error(path);
   auto state = load_adamw_state(path, static_cast<int64_t>(m_.size()));
   if (!state.ok()) return state.status();
   m_ = std::move(state->m);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,23 @@ class AdamW {
   // fail without touching the model. grads is left scaled/clipped.
   absl::StatusOr<OptimizerStepStats> step(Model& model, float* grads, float grad_scale = 1.0f);
   int64_t steps() const { return step_; }
+
+  // ZeRO-2 (docs/design/sharding.md): keeps m, v (and the decay mask) for the parameters
+  // [begin, end) of the flat layout only and frees the rest; the step count is kept. After this,
+  // step() is FAILED_PRECONDITION and step_shard() takes the shard's gradients; save_state() is
+  // FAILED_PRECONDITION (sharded optimizer checkpoints are not built). INVALID_ARGUMENT unless
+  // 0 <= begin <= end <= the current range's size and the optimizer is not sharded yet.
+  absl::Status shard(int64_t begin, int64_t end);
+  bool sharded() const { return sharded_; }
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_size() const { return static_cast<int64_t>(m_.size()); }
+  // One AdamW step on the shard: `grads` are the shard's summed gradients (shard_size() floats,
+  // clipped in place), `grad_norm` the norm of the whole gradient (every rank's shard), which sets
+  // the clip factor exactly as step() does; `params` is the whole fp32 master (only
+  // [shard_begin(), shard_begin() + shard_size()) changes). The caller re-derives the working
+  // copies once every rank's shard is gathered. Non-finite grad_norm fails without a change.
+  absl::StatusOr<OptimizerStepStats> step_shard(std::span<float> params, std::span<float> grads,
+                                                double grad_norm);
   const AdamWConfig& config() const { return config_; }
   // Changes the base learning rate (config().lr) for every later step; the warmup and cosine
   // schedule apply on top of it exactly as for the constructor's lr, and m, v and the step count
@@ -66,7 +84,12 @@ class AdamW {
   absl::Status load_state(const std::string& path);
 
  private:
+  // Clips grads[0, n) by the norm `grad_norm` and updates params[0, n) with m_, v_, decay_ from 0.
+  OptimizerStepStats apply(float* params, float* grads, int64_t n, double grad_norm);
+
   AdamWConfig config_;
+  bool sharded_ = false;
+  int64_t begin_ = 0;           // the first parameter m_[0] belongs to (sharded)
   std::vector<uint8_t> decay_;  // per parameter element: 1 when weight decay applies
   std::vector<float> m_, v_;
   int64_t step_ = 0;

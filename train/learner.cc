@@ -406,7 +406,7 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
 absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
     const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
     const rl::PolicyLossConfig& config, std::vector<float>* grads, BucketedAllReduce* bucketed,
-    const std::string& what) const {
+    const std::string& what, std::span<float> shard) const {
   std::unique_ptr<ForwardState> saved = backend_->new_forward_state();
   absl::StatusOr<std::vector<float>> cur = backend_->logprobs(mb, saved.get());
   if (!cur.ok()) return cur.status();
@@ -427,7 +427,7 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
   }
   model::Model::GradientsFinal on_final;
   if (bucketed != nullptr) {
-    bucketed->begin(std::span<float>(*grads), what);
+    begin_buckets(bucketed, grads, shard, what);
     on_final = [bucketed](int64_t from) { bucketed->final_from(from); };
   }
   if (auto s = backend_->backward(*saved, mb, loss->dloss_dcur, out, on_final); !s.ok()) {
@@ -447,18 +447,109 @@ void Learner::set_group(Collectives* group, int64_t bucket_bytes) {
   }
 }
 
+void Learner::begin_buckets(BucketedAllReduce* bucketed, std::vector<float>* grads,
+                            std::span<float> shard, const std::string& what) const {
+  if (sharded()) {
+    bucketed->begin_scatter(std::span<const float>(*grads), *shard_layout_, shard, what);
+  } else {
+    bucketed->begin(std::span<float>(*grads), what);
+  }
+}
+
 absl::Status Learner::reduce_gradients(std::vector<float>* grads, bool begun,
-                                       const std::string& what, double* wait_seconds) {
+                                       const std::string& what, double* wait_seconds,
+                                       std::span<float> shard) {
   const auto start = Clock::now();
   absl::Status s;
   if (bucketed_ != nullptr) {
-    if (!begun) bucketed_->begin(std::span<float>(*grads), what);
+    if (!begun) begin_buckets(bucketed_.get(), grads, shard, what);
     s = bucketed_->finish();
+  } else if (sharded()) {
+    const std::vector<int64_t> counts = shard_layout_->counts();
+    s = group_->reduce_scatter(std::span<const float>(*grads), shard, counts, what);
   } else {
     s = group_->all_reduce(std::span<float>(*grads), ReduceOp::kSum, what);
   }
   *wait_seconds += seconds_since(start);
   return s;
+}
+
+absl::Status Learner::set_shard_mode(ShardMode mode) {
+  if (mode == ShardMode::kParams) {
+    return absl::InvalidArgumentError(
+        "trainer.shard: 'params' (ZeRO-3) is not implemented yet; use none or grads_optimizer");
+  }
+  if (mode == ShardMode::kNone) {
+    if (sharded()) {
+      return absl::FailedPreconditionError(
+          "trainer.shard: this learner's optimizer is already sharded; it cannot return to none");
+    }
+    shard_mode_ = mode;
+    return absl::OkStatus();
+  }
+  if (sharded()) return check_shard_group();
+  shard_mode_ = mode;
+  if (!data_parallel()) return absl::OkStatus();  // one trainer shards nothing
+  absl::StatusOr<ShardLayout> layout =
+      shard_parameters(backend_->host_model().layout(), group_->size());
+  if (!layout.ok()) return layout.status();
+  const int rank = group_->rank();
+  if (absl::Status s = backend_->shard_optimizer(layout->begin(rank), layout->end(rank)); !s.ok()) {
+    shard_mode_ = ShardMode::kNone;
+    return s;
+  }
+  shard_layout_ = std::move(*layout);
+  shard_rank_ = rank;
+  return absl::OkStatus();
+}
+
+absl::Status Learner::check_shard_group() const {
+  if (!sharded()) return absl::OkStatus();
+  const int size = group_ != nullptr ? group_->size() : 1;
+  const int rank = group_ != nullptr ? group_->rank() : 0;
+  if (size == shard_layout_->ranks() && rank == shard_rank_) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "trainer.shard grads_optimizer: the optimizer holds the shard of rank ", shard_rank_, " of ",
+      shard_layout_->ranks(), ", and this trainer is now rank ", rank, " of ", size,
+      "; resharding is not implemented yet (re-create the learner)"));
+}
+
+absl::StatusOr<double> Learner::sharded_grad_norm(std::span<const float> shard,
+                                                  const std::string& what) {
+  // running: the sum of squares over the shards of ranks [0, r), added element by element from
+  // the first parameter on, as model::AdamW::step adds them. The other ranks add 0 (exact).
+  double running = 0;
+  for (int r = 0; r < group_->size(); ++r) {
+    std::vector<double> v = {0.0};
+    if (r == group_->rank()) {
+      double sq = running;
+      for (float g : shard) sq += static_cast<double>(g) * g;
+      v[0] = sq;
+    }
+    if (absl::Status s = group_->all_reduce(std::span<double>(v), ReduceOp::kSum, what); !s.ok()) {
+      return s;
+    }
+    running = v[0];
+  }
+  return std::sqrt(running);
+}
+
+absl::StatusOr<model::OptimizerStepStats> Learner::step_optimizer(std::vector<float>* grads,
+                                                                  std::span<float> shard,
+                                                                  const std::string& where) {
+  if (!data_parallel()) return backend_->optimizer_step(nullptr);
+  if (!sharded()) return backend_->optimizer_step(grads->data());
+  absl::StatusOr<double> norm = sharded_grad_norm(shard, absl::StrCat(where, "gradient norm"));
+  if (!norm.ok()) return norm.status();
+  // The norm is the same on every rank, so a non-finite one fails every rank before the gather.
+  absl::StatusOr<model::OptimizerStepStats> stats = backend_->optimizer_step_shard(shard, *norm);
+  if (!stats.ok()) return stats.status();
+  if (absl::Status s = backend_->gather_master(*group_, *shard_layout_,
+                                               absl::StrCat(where, "master all-gather"));
+      !s.ok()) {
+    return s;
+  }
+  return stats;
 }
 
 absl::Status Learner::set_learning_rate(double lr) {
@@ -481,6 +572,7 @@ absl::StatusOr<PolicyGradient> Learner::gradient(const GrpoRequest& request) con
 absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
                                                 const std::atomic<bool>* stop) {
   // The KV calibration of the next export rides on the prev-logprobs forward.
+  if (absl::Status s = check_shard_group(); !s.ok()) return s;
   std::unique_ptr<model::KvCalibrator> records = new_kv_records();
   const bool dp = data_parallel();
   const CollectiveStats group_before = dp ? group_->stats() : CollectiveStats{};
@@ -517,6 +609,9 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
   // The gradient buffer of a group (all-reduced on the host); alone, the gradients stay in the
   // backend's own buffer (on a device backend they never leave the device).
   std::vector<float> grads;
+  // Sharded: this rank's shard of the summed gradient (the reduce-scatter's output).
+  std::vector<float> shard(sharded() ? static_cast<size_t>(shard_layout_->size(group_->rank()))
+                                     : 0);
   // In a group: this rank's sequences of each minibatch (the whole minibatch when alone).
   const std::vector<std::pair<int64_t, int64_t>> shares = rank_shares(batch, m);
   // Epoch e, minibatch i is update u = e * m + i; every pass sees the same minibatches in the
@@ -547,7 +642,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
                       : std::span<const float>(ref.data() + s0 * L, (s1 - s0) * L);
       result = minibatch_gradient(mb, prev_mb, ref_mb, mb_config, dp ? &grads : nullptr,
                                   dp ? bucketed_.get() : nullptr,
-                                  absl::StrCat(where, "gradient all-reduce"));
+                                  absl::StrCat(where, "gradient all-reduce"), shard);
     } else {
       // No sequence of this minibatch fell to this rank: it adds nothing but still takes part.
       result = rl::PolicyLossResult{};
@@ -557,15 +652,14 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
     r.forward_backward_seconds += seconds_since(start);
     if (dp) {
       if (auto s = reduce_gradients(&grads, s1 > s0, absl::StrCat(where, "gradient all-reduce"),
-                                    &r.gradient_wait_seconds);
+                                    &r.gradient_wait_seconds, shard);
           !s.ok()) {
         return interrupted(u, s);
       }
       if (auto s = reduce_loss_stats(*group_, &*result); !s.ok()) return interrupted(u, s);
     }
     start = Clock::now();
-    absl::StatusOr<model::OptimizerStepStats> step =
-        backend_->optimizer_step(dp ? grads.data() : nullptr);
+    absl::StatusOr<model::OptimizerStepStats> step = step_optimizer(&grads, shard, where);
     if (!step.ok()) return interrupted(u, with_prefix(step.status(), where));
     r.optimizer_seconds += seconds_since(start);
     if (dp) {
@@ -620,6 +714,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
 
 absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
                                               const std::atomic<bool>* stop) {
+  if (absl::Status s = check_shard_group(); !s.ok()) return s;
   absl::StatusOr<PackedBatch> batch =
       pack_sequences(request.batch, policy(), "batch", /*require_gen=*/false);
   if (!batch.ok()) return batch.status();
@@ -647,6 +742,9 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
   SftResult r;
   std::vector<float> grads;  // a group's all-reduce buffer (alone: the backend's own buffer)
   const bool dp = data_parallel();
+  // Sharded: this rank's shard of the summed gradient (the reduce-scatter's output).
+  std::vector<float> shard(sharded() ? static_cast<size_t>(shard_layout_->size(group_->rank()))
+                                     : 0);
   const CollectiveStats group_before = dp ? group_->stats() : CollectiveStats{};
   // In a group: this rank's sequences of each minibatch (the whole minibatch when alone).
   const std::vector<std::pair<int64_t, int64_t>> shares = rank_shares(*batch, m);
@@ -668,8 +766,8 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
       if (!nll.ok()) return interrupted(i, nll.status());
       model::Model::GradientsFinal on_final;
       if (dp && bucketed_ != nullptr) {
-        bucketed_->begin(std::span<float>(grads),
-                         absl::StrCat("minibatch ", i, ": gradient all-reduce"));
+        begin_buckets(bucketed_.get(), &grads, shard,
+                      absl::StrCat("minibatch ", i, ": gradient all-reduce"));
         on_final = [this](int64_t from) { bucketed_->final_from(from); };
       }
       if (auto s = backend_->backward(*saved, mb, nll->dloss_dlogp, dp ? grads.data() : nullptr,
@@ -684,7 +782,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     if (dp) {
       const std::string where = absl::StrCat("minibatch ", i, ": ");
       if (auto s = reduce_gradients(&grads, s1 > s0, absl::StrCat(where, "gradient all-reduce"),
-                                    &r.gradient_wait_seconds);
+                                    &r.gradient_wait_seconds, shard);
           !s.ok()) {
         return interrupted(i, s);
       }
@@ -698,7 +796,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     }
     start = Clock::now();
     absl::StatusOr<model::OptimizerStepStats> step =
-        backend_->optimizer_step(dp ? grads.data() : nullptr);
+        step_optimizer(&grads, shard, absl::StrCat("minibatch ", i, ": "));
     if (!step.ok()) {
       return interrupted(i, with_prefix(step.status(), absl::StrCat("minibatch ", i, ": ")));
     }

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
 #include "train/memory_plan.h"
+#include "train/shard.h"
 #include "train/train_backend.h"
 
 namespace fp8rl::train {
@@ -223,6 +225,20 @@ class Learner {
   // runs (train/collectives_bucketed.h); 0: in one all-reduce after the backward.
   void set_group(Collectives* group, int64_t bucket_bytes = 0);
   Collectives* group() const { return group_; }
+  // ZeRO-2 (trainer.shard, docs/design/sharding.md), after set_group. kGradsOptimizer in a group
+  // of 2 or more: the flat parameters are cut into block-aligned shards (train::shard_parameters);
+  // each rank keeps the AdamW moments of its own shard only, receives only its shard of the summed
+  // gradient (reduce-scatter, bucketed as set_group says), steps AdamW on that shard (the clip
+  // norm summed across the shards in the order one trainer sums it) and all-gathers the ranks'
+  // updated master shards before re-deriving the working copies. Irreversible for this learner:
+  // the group must not change afterwards, and checkpoints of its optimizer state are
+  // FAILED_PRECONDITION (sharded checkpoints are not built). Alone (no group or one rank) the mode
+  // is recorded and nothing is sharded. kParams: INVALID_ARGUMENT (not implemented yet);
+  // kNone after sharding, or a backend that cannot shard: FAILED_PRECONDITION.
+  absl::Status set_shard_mode(ShardMode mode);
+  ShardMode shard_mode() const { return shard_mode_; }
+  // The cut in use (null unless sharded).
+  const ShardLayout* shard_layout() const { return shard_layout_ ? &*shard_layout_ : nullptr; }
   // After a successful upload of `version`.
   void set_published(int64_t version) { version_ = published_version_ = version; }
 
@@ -263,14 +279,33 @@ class Learner {
   bool data_parallel() const { return group_ != nullptr && group_->size() > 1; }
   // `grads` null: into the backend's own gradient buffer (TrainBackend::backward), which the
   // next optimizer_step(nullptr) reads.
+  // Sharded: `bucketed` reduce-scatters into `shard` instead (begin_buckets).
   absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(
       const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
       const rl::PolicyLossConfig& config, std::vector<float>* grads,
-      BucketedAllReduce* bucketed = nullptr, const std::string& what = "") const;
+      BucketedAllReduce* bucketed = nullptr, const std::string& what = "",
+      std::span<float> shard = {}) const;
+  // Starts the buckets over `grads`: an all-reduce in place, or sharded a reduce-scatter into
+  // `shard` (this rank's shard_layout_ piece).
+  void begin_buckets(BucketedAllReduce* bucketed, std::vector<float>* grads, std::span<float> shard,
+                     const std::string& what) const;
   // Sums this rank's `grads` over the group: with bucketed_, waits for the buckets begun in
-  // minibatch_gradient (begun = true); else one all-reduce now. Adds the wait to *wait_seconds.
+  // minibatch_gradient (begun = true); else one all-reduce now (sharded: one reduce-scatter into
+  // `shard`, and `grads` is left as this rank's own). Adds the wait to *wait_seconds.
   absl::Status reduce_gradients(std::vector<float>* grads, bool begun, const std::string& what,
-                                double* wait_seconds);
+                                double* wait_seconds, std::span<float> shard = {});
+  // The optimizer step of an update: alone on the backend's own buffer, in a group on `grads`
+  // (the sum), sharded on `shard` followed by the master all-gather.
+  absl::StatusOr<model::OptimizerStepStats> step_optimizer(std::vector<float>* grads,
+                                                           std::span<float> shard,
+                                                           const std::string& where);
+  // Sharded: the norm of the whole summed gradient from the ranks' shards, each rank adding its
+  // squares to the total of the ranks before it (one 8-byte all-reduce per rank), so the double
+  // sum runs over the elements in the order model::AdamW::step adds them on one trainer.
+  absl::StatusOr<double> sharded_grad_norm(std::span<const float> shard, const std::string& what);
+  bool sharded() const { return shard_layout_.has_value(); }
+  // FAILED_PRECONDITION when sharded for a group size other than the current group's.
+  absl::Status check_shard_group() const;
   absl::Status set_learning_rate(double lr);
   // A calibrator for an update's forwards (null unless the KV cache is FP8).
   std::unique_ptr<model::KvCalibrator> new_kv_records() const;
@@ -288,6 +323,9 @@ class Learner {
   Collectives* group_ = nullptr;   // see set_group
   // With a bucket size and a group of 2 or more: the overlapping all-reduce (see set_group).
   std::unique_ptr<BucketedAllReduce> bucketed_;
+  ShardMode shard_mode_ = ShardMode::kNone;  // see set_shard_mode
+  std::optional<ShardLayout> shard_layout_;  // set when sharded (a group of 2 or more)
+  int shard_rank_ = 0;                       // the rank whose shard the optimizer holds
 };
 
 // Checks a PrecisionConfig the services can run: fp8 or bf16 formats, layer counts >= 0. Errors

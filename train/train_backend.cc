@@ -66,6 +66,29 @@ class CpuTrainBackend final : public TrainBackend {
     }
     return optimizer_->step(*model_, grads);
   }
+  absl::Status shard_optimizer(int64_t begin, int64_t end) override {
+    return optimizer_->shard(begin, end);
+  }
+  absl::StatusOr<model::OptimizerStepStats> optimizer_step_shard(std::span<float> grads,
+                                                                 double grad_norm) override {
+    if (pending_) return gradients_pending_error("optimizer_step_shard");
+    return optimizer_->step_shard(model_->params(), grads, grad_norm);
+  }
+  absl::Status gather_master(Collectives& group, const ShardLayout& layout,
+                             std::string_view what) override {
+    std::span<float> master = model_->params();
+    const int rank = group.rank();
+    // The input may not alias the output: this rank's shard travels from a copy.
+    const std::vector<float> mine(master.begin() + layout.begin(rank),
+                                  master.begin() + layout.end(rank));
+    const std::vector<int64_t> counts = layout.counts();
+    if (absl::Status s = group.all_gather(std::span<const float>(mine), master, counts, what);
+        !s.ok()) {
+      return s;
+    }
+    model_->refresh();
+    return absl::OkStatus();
+  }
   int64_t gradient_transfer_bytes() const override { return 0; }
   void requantize() override { model_->refresh(); }
   const model::AdamWConfig& optimizer_config() const override { return optimizer_->config(); }
@@ -109,6 +132,23 @@ class CpuTrainBackend final : public TrainBackend {
 };
 
 }  // namespace
+
+namespace {
+absl::Status no_sharding(const TrainBackend& backend) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "trainer.shard grads_optimizer: not implemented yet on the ",
+      std::string(model::device_name(backend.device())), " training backend (CPU only)"));
+}
+}  // namespace
+
+absl::Status TrainBackend::shard_optimizer(int64_t, int64_t) { return no_sharding(*this); }
+absl::StatusOr<model::OptimizerStepStats> TrainBackend::optimizer_step_shard(std::span<float>,
+                                                                             double) {
+  return no_sharding(*this);
+}
+absl::Status TrainBackend::gather_master(Collectives&, const ShardLayout&, std::string_view) {
+  return no_sharding(*this);
+}
 
 absl::Status gradients_pending_error(std::string_view call) {
   return absl::FailedPreconditionError(

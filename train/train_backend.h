@@ -24,6 +24,8 @@
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "train/batch.h"
+#include "train/collectives.h"
+#include "train/shard.h"
 
 namespace fp8rl::train {
 
@@ -83,6 +85,22 @@ class TrainBackend {
   // copy (FP8 128x128 blocks, bf16 rounding) from the new master weights. grads == nullptr: the
   // backend's own buffer (see backward; zeros when no backward ran since the last step).
   virtual absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) = 0;
+
+  // ZeRO-2 (trainer.shard grads_optimizer, docs/design/sharding.md). Only the CPU backend shards
+  // today; the defaults are FAILED_PRECONDITION naming the device.
+  // Keeps the AdamW moments of the flat parameters [begin, end) only (model::AdamW::shard);
+  // optimizer_step() is then FAILED_PRECONDITION and the optimizer state cannot be saved.
+  virtual absl::Status shard_optimizer(int64_t begin, int64_t end);
+  // One AdamW step on the shard: `grads` are the shard's gradients summed over the group (clipped
+  // in place), `grad_norm` the whole gradient's norm. Only the shard of the fp32 master changes;
+  // nothing is re-quantized until gather_master().
+  virtual absl::StatusOr<model::OptimizerStepStats> optimizer_step_shard(std::span<float> grads,
+                                                                         double grad_norm);
+  // Every rank calls it after optimizer_step_shard: all-gathers the ranks' master shards
+  // (`layout`, cut as the optimizer was) over `group` into the whole master, then re-derives the
+  // working copies. The collective's error is returned as is.
+  virtual absl::Status gather_master(Collectives& group, const ShardLayout& layout,
+                                     std::string_view what);
   // Bytes of gradients copied between the host buffer and the device so far (0 on the CPU
   // backend; 0 on a device backend while the learner keeps gradients in the backend's buffer).
   virtual int64_t gradient_transfer_bytes() const = 0;

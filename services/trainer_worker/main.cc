@@ -92,6 +92,7 @@ int run(const std::vector<std::string>& args) {
     *root = dir.string();
   }
   options.allreduce_bucket_bytes = config->allreduce_bucket_bytes;
+  options.shard = config->shard;
   // --device: cuda when an sm_90 device is visible and this build trains on it (auto), else cpu;
   // `cuda` without one is a one-line error (exit 2), never a silent CPU fallback.
   absl::StatusOr<model::DeviceSelection> device =

@@ -116,6 +116,11 @@ Trainer::Trainer(TrainerOptions options, WeightPublisher* publisher, TrainerMetr
   status_.set_worker_id(options_.worker_id);
 }
 
+absl::Status Trainer::attach_group() {
+  learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
+  return learner_->set_shard_mode(options_.shard);
+}
+
 train::TrainPlacement Trainer::placement() const {
   train::TrainPlacement p;
   p.device = options_.device == "cuda" ? model::Device::kCuda : model::Device::kCpu;
@@ -177,7 +182,7 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
   learner_ = std::move(*learner);
   service::log_info("trainer", learner_->memory_plan().describe(),
                     {{"job", learner_->job_id()}, {"device", options_.device}});
-  learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
+  if (absl::Status s = attach_group(); !s.ok()) return s;
   update_status();
 
   v1::InitPolicyResponse response;
@@ -434,7 +439,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
   learner_ = std::move(loaded->learner);
   service::log_info("trainer", learner_->memory_plan().describe(),
                     {{"job", learner_->job_id()}, {"device", options_.device}});
-  learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
+  if (absl::Status s = attach_group(); !s.ok()) return s;
   update_status();
   v1::LoadCheckpointResponse response;
   response.set_version(learner_->version());
@@ -553,7 +558,9 @@ absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupReq
     }
     if (!group.ok()) return group.status();
     group_ = std::move(*group);
-    if (learner_) learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
+    if (learner_) {
+      if (absl::Status s = attach_group(); !s.ok()) return s;
+    }
     response.set_backend(std::string(train::backend_name(*backend)));
     service::log_info("trainer", "joined trainer group",
                       {{"group", request.group_id()},

@@ -65,6 +65,9 @@ struct TrainerOptions {
   // all-reduce after it (train::Learner::set_group; --allreduce-bucket-mb, 4 MiB by default
   // there; 0 here for tests that build a Trainer directly).
   int64_t allreduce_bucket_bytes = 0;
+  // What the ranks of a group shard (--shard; train::Learner::set_shard_mode after every
+  // set_group). kParams is refused by the flag.
+  train::ShardMode shard = train::ShardMode::kNone;
   // The coordinator (its fp8rl.v1.Rendezvous) when JoinGroup names no rendezvous address.
   std::string coordinator_address;
   // TLS and the cluster token for calls to the rendezvous (as for the trainer's other calls).
@@ -117,6 +120,9 @@ class Trainer {
   absl::Status check_job(const std::string& job_id) const;
   // Where new policies train (options_.device, budget, recompute, step shape).
   train::TrainPlacement placement() const;
+  // learner_ joins group_ (options_' buckets), then takes options_.shard
+  // (train::Learner::set_shard_mode: FAILED_PRECONDITION when it cannot).
+  absl::Status attach_group();
   // The GRPO request of a TrainStep (validation of the proto-only fields).
   absl::StatusOr<train::GrpoRequest> grpo_request(const v1::TrainStepRequest& request) const;
   void update_status();

@@ -37,6 +37,8 @@ service::ServiceOptions default_trainer_service_options() {
       // forward, in tokens, the memory plan budgets for.
       {"recompute", "none"},
       {"max_step_tokens", "16384"},
+      // Trainer groups: what the ranks shard (none | grads_optimizer; docs/design/sharding.md).
+      {"shard", "none"},
   };
   return o;
 }
@@ -99,6 +101,14 @@ absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string
       service::extra_int_in_range(config.service, "max_step_tokens", 1, int64_t{1} << 30);
   if (!step_tokens.ok()) return step_tokens.status();
   config.max_step_tokens = *step_tokens;
+  absl::StatusOr<train::ShardMode> shard =
+      train::parse_shard_mode(service::extra_string(config.service, "shard"), "--shard");
+  if (!shard.ok()) return shard.status();
+  if (*shard == train::ShardMode::kParams) {
+    return absl::InvalidArgumentError(
+        "--shard: 'params' (ZeRO-3) is not implemented yet; use none or grads_optimizer");
+  }
+  config.shard = *shard;
   if (config.service.data_dir.empty()) {
     return absl::InvalidArgumentError("--data-dir: must not be empty");
   }

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/service/options.h"
 #include "model/device.h"
+#include "train/shard.h"
 #include "train/train_backend.h"
 
 namespace fp8rl::trainer {
@@ -38,6 +39,9 @@ struct TrainerConfig {
   train::Recompute recompute = train::Recompute::kNone;
   // --max-step-tokens: tokens of the largest training forward the memory plan budgets for.
   int64_t max_step_tokens = 16384;
+  // --shard none|grads_optimizer: ZeRO-2 in a trainer group (train::Learner::set_shard_mode);
+  // params (ZeRO-3) is refused.
+  train::ShardMode shard = train::ShardMode::kNone;
 };
 
 // The trainer's device probe: model::probe_cuda_device, then no device (with the reason) when

@@ -182,6 +182,79 @@ AdamWState read_state(const AdamW& opt, const std::string& path) {
   return {std::move(*m), std::move(*v)};
 }
 
+// ZeRO-2's optimizer (docs/design/sharding.md): AdamW cut into shards at uneven points (one
+// shard empty), each stepped with the whole gradient's norm, gives the whole optimizer's master
+// weights bit for bit over several clipped, decayed steps; the moments of the other shards are
+// freed.
+TEST(Training, ShardedAdamWEqualsTheWholeStep) {
+  const ModelConfig c = testing::make_config(29, 48, 64, 2, 4, 2, false);
+  const AdamWConfig cfg{.lr = 2e-2, .weight_decay = 0.1, .max_grad_norm = 0.5, .warmup_steps = 2};
+  auto whole_model = Model::Init(c, {}, 17);
+  ASSERT_TRUE(whole_model.ok());
+  testing::randomize(**whole_model, 17);
+  Model& whole = **whole_model;
+  const int64_t n = whole.num_params();
+  const std::vector<int64_t> bounds = {0, n / 3 + 1, n / 3 + 1, n - 37, n};
+  const int shards = static_cast<int>(bounds.size()) - 1;
+  std::vector<std::unique_ptr<Model>> models;
+  std::vector<std::unique_ptr<AdamW>> opts;
+  AdamW whole_opt(whole, cfg);
+  for (int r = 0; r < shards; ++r) {
+    auto m = Model::Init(c, {}, 17);
+    ASSERT_TRUE(m.ok());
+    testing::randomize(**m, 17);
+    opts.push_back(std::make_unique<AdamW>(**m, cfg));
+    ASSERT_TRUE(opts.back()->shard(bounds[r], bounds[r + 1]).ok());
+    EXPECT_EQ(opts.back()->shard_size(), bounds[r + 1] - bounds[r]);
+    models.push_back(std::move(*m));
+  }
+  Rng rng(9);
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<float> g = random_grads(rng, n);
+    double sq = 0;
+    for (float x : g) sq += static_cast<double>(x) * x;
+    std::vector<float> gw = g;
+    absl::StatusOr<OptimizerStepStats> want = whole_opt.step(whole, gw.data());
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_TRUE(want->clipped);  // the clip factor is exercised
+    for (int r = 0; r < shards; ++r) {
+      std::vector<float> gs(g.begin() + bounds[r], g.begin() + bounds[r + 1]);
+      absl::StatusOr<OptimizerStepStats> got =
+          opts[r]->step_shard(models[r]->params(), gs, std::sqrt(sq));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->grad_norm, want->grad_norm);
+      EXPECT_EQ(got->lr, want->lr);
+      EXPECT_EQ(got->step, want->step);
+      for (int64_t i = bounds[r]; i < bounds[r + 1]; ++i) {
+        ASSERT_EQ(models[r]->params()[i], whole.params()[i]) << "step " << step << " param " << i;
+        ASSERT_EQ(gs[i - bounds[r]], gw[i]) << "clipped gradient " << i;
+      }
+    }
+    // The shards are gathered before the next step, as the learner's all-gather does.
+    for (int r = 0; r < shards; ++r) {
+      std::copy(whole.params().begin(), whole.params().end(), models[r]->params().begin());
+    }
+  }
+  // Whole-model calls are refused on a sharded optimizer, and a bad range names it.
+  std::vector<float> g(n, 0.5f);
+  EXPECT_EQ(opts[0]->step(*models[0], g.data()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(opts[0]->save_state("/tmp/zero_never_written").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(opts[0]->shard(0, 1).code(), absl::StatusCode::kInvalidArgument);
+  AdamW fresh(whole, cfg);
+  absl::Status out_of_range = fresh.shard(5, n + 1);
+  EXPECT_EQ(out_of_range.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(out_of_range.message(), "outside")) << out_of_range;
+  std::vector<float> nan_grads(static_cast<size_t>(opts[1]->shard_size()), 1.0f);
+  EXPECT_EQ(
+      opts[1]
+          ->step_shard(models[1]->params(), nan_grads, std::numeric_limits<double>::quiet_NaN())
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Training, SetLrEqualsRebuildingWithSavedState) {
   const ModelConfig c = testing::make_config(29, 48, 64, 2, 4, 2, false);
   const AdamWConfig cfg{.lr = 2e-2,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "common/service/grpc_server.h"
@@ -174,6 +175,69 @@ TEST_P(TrainerGroup, TwoTrainersTakeTheSingleTrainersStep) {
     norm2 += double(wa[i]) * wa[i];
   }
   EXPECT_LE(std::sqrt(diff2 / norm2), 1e-5);
+}
+
+// --shard grads_optimizer (docs/design/sharding.md): a pair of sharded trainers takes the same
+// GRPO step and publish as an unsharded pair, bit for bit (2 ranks: the reduce-scatter's sum
+// equals the all-reduce's), with each learner holding its own shard.
+TEST(TrainerGroup, ShardedPairEqualsUnshardedPair) {
+  const v1::InitPolicyRequest init =
+      init_request(v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_FP8, false, 1e-3);
+  v1::TrainStepRequest step = random_step(12, 6);
+  step.mutable_algorithm()->set_minibatches(2);
+  RendezvousServer rv;
+  RecordingPublisher publishers[5];  // outlive the trainers that point at them
+  auto run_pair = [&](train::ShardMode shard, const std::string& group_id) {
+    std::vector<std::unique_ptr<Trainer>> trainers;
+    const int first = shard == train::ShardMode::kNone ? 0 : 2;
+    for (int r = 0; r < 2; ++r) {
+      TrainerOptions o;
+      o.worker_id = absl::StrCat(group_id, "-", r);
+      o.coordinator_address = rv.address;
+      o.allreduce_bucket_bytes = 4096;
+      o.shard = shard;
+      trainers.push_back(std::make_unique<Trainer>(o, &publishers[first + r]));
+    }
+    std::vector<absl::StatusOr<v1::TrainStepResponse>> got(2, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        v1::JoinGroupRequest join;
+        join.set_group_id(group_id);
+        join.set_rank(r);
+        join.set_size(2);
+        join.set_timeout_ms(20000);
+        absl::StatusOr<v1::JoinGroupResponse> joined = trainers[r]->join_group(join);
+        ASSERT_TRUE(joined.ok()) << joined.status();
+        ASSERT_TRUE(trainers[r]->init_policy(init).ok());
+        got[r] = trainers[r]->train_step(step);
+        if (got[r].ok()) got[r] = trainers[r]->train_step(random_step(13, 6));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r].status();
+    return trainers;
+  };
+  auto plain = run_pair(train::ShardMode::kNone, "plain-pair");
+  auto sharded = run_pair(train::ShardMode::kGradsOptimizer, "sharded-pair");
+  ASSERT_NE(sharded[0]->learner(), nullptr);
+  ASSERT_NE(sharded[0]->learner()->shard_layout(), nullptr);
+  EXPECT_EQ(sharded[0]->learner()->shard_layout()->ranks(), 2);
+  EXPECT_EQ(plain[0]->learner()->shard_layout(), nullptr);
+  const auto want = plain[0]->policy()->params();
+  double change2 = 0;
+  for (int r = 0; r < 2; ++r) {
+    const auto got = sharded[r]->policy()->params();
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float))) << "rank " << r;
+  }
+  // The steps changed the weights (so the comparison is not of two untouched copies).
+  Trainer fresh(TrainerOptions{}, &publishers[4]);
+  ASSERT_TRUE(fresh.init_policy(init).ok());
+  const auto w0 = fresh.policy()->params();
+  for (size_t i = 0; i < want.size(); ++i)
+    change2 += (double(want[i]) - w0[i]) * (double(want[i]) - w0[i]);
+  EXPECT_GT(change2, 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Buckets, TrainerGroup, ::testing::Values(int64_t{0}, int64_t{4096}),

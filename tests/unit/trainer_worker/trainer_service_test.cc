@@ -327,6 +327,17 @@ TEST(TrainerConfigTest, DeviceFlags) {
   EXPECT_EQ(c->gpu_memory_fraction, 0.9);
   EXPECT_EQ(c->recompute, train::Recompute::kNone);
   EXPECT_EQ(c->max_step_tokens, 16384);
+  EXPECT_EQ(c->shard, train::ShardMode::kNone);
+  c = parse_trainer_config({"--shard", "grads_optimizer"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shard, train::ShardMode::kGradsOptimizer);
+  // ZeRO-3 is refused by name until it exists.
+  c = parse_trainer_config({"--shard", "params"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("--shard: 'params' (ZeRO-3) is not implemented yet"),
+            std::string::npos)
+      << c.status();
   c = parse_trainer_config({"--device", "cpu", "--gpu-memory-fraction", "0.5", "--recompute",
                             "layers", "--max-step-tokens", "4096"});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -339,6 +350,7 @@ TEST(TrainerConfigTest, DeviceFlags) {
                                                         {"--gpu-memory-fraction", "0"},
                                                         {"--gpu-memory-fraction", "1.5"},
                                                         {"--recompute", "all"},
+                                                        {"--shard", "zero2"},
                                                         {"--max-step-tokens", "0"}}) {
     c = parse_trainer_config({flag, bad});
     ASSERT_FALSE(c.ok()) << flag << " " << bad;
