@@ -306,20 +306,8 @@ def main():
                 jobs.append((setup, seed, job["id"]))
         total = len(jobs)
         for i, (setup, seed, job_id) in enumerate(jobs):
-            last = None
-            while True:
-                job = http("GET", f"{base_url}/v1/jobs/{job_id}")
-                state = job["state"]
-                if state in TERMINAL:
-                    break
-                progress = (state, job.get("step"))
-                if progress != last:
-                    print(f"[{time.time() - t0:6.0f} s] run {i + 1}/{total} {setup} seed {seed}: "
-                          f"{state} step {job.get('step', 0)}/{job.get('total_steps', '?')}",
-                          flush=True)
-                    last = progress
-                time.sleep(2)
-            rows = http("GET", f"{base_url}/v1/jobs/{job_id}/metrics")["steps"]
+            job, rows = wait_job(base_url, job_id, f"run {i + 1}/{total} {setup} seed {seed}", t0)
+            state = job["state"]
             runs.append({"setup": setup, "seed": seed, "job": job_id, "state": state,
                          "error": job.get("error", ""), "rows": rows})
             val = [r["metrics"]["val_accuracy"] for r in rows if "val_accuracy" in r["metrics"]]

@@ -73,9 +73,14 @@ void swiglu(const float* g, const float* u, int64_t n, bool to_bf16, float* act)
   }
 }
 
-void attention_prefill(const float* q, const float* k, const float* v, const int32_t* seq_start,
-                       int64_t n_seq, int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
-                       float* out) {
+namespace {
+
+// Causal GQA prefill over packed sequences: `attend(q_row, keys, values, n, out_row)` attends one
+// query row of one head over the first n positions of its sequence.
+template <typename Attend>
+void prefill_rows(const float* q, const float* k, const float* v, const int32_t* seq_start,
+                  int64_t n_seq, int64_t n_heads, int64_t n_kv, int64_t head_dim, float* out,
+                  Attend attend) {
   const int64_t qd = n_heads * head_dim, kvd = n_kv * head_dim, group = n_heads / n_kv;
   for (int64_t s = 0; s < n_seq; ++s) {
     const int64_t r0 = seq_start[s], r1 = seq_start[s + 1];
@@ -84,29 +89,31 @@ void attention_prefill(const float* q, const float* k, const float* v, const int
         const int64_t g = hh / group;
         const dm::FloatRows keys{k + r0 * kvd + g * head_dim, kvd};
         const dm::FloatRows values{v + r0 * kvd + g * head_dim, kvd};
-        dm::attend_row(q + r * qd + hh * head_dim, keys, values, r - r0 + 1, head_dim, scale,
-                       out + r * qd + hh * head_dim);
+        attend(q + r * qd + hh * head_dim, keys, values, r - r0 + 1, out + r * qd + hh * head_dim);
       }
     }
   }
 }
 
+}  // namespace
+
+void attention_prefill(const float* q, const float* k, const float* v, const int32_t* seq_start,
+                       int64_t n_seq, int64_t n_heads, int64_t n_kv, int64_t head_dim, float scale,
+                       float* out) {
+  prefill_rows(
+      q, k, v, seq_start, n_seq, n_heads, n_kv, head_dim, out,
+      [&](const float* qr, const dm::FloatRows& keys, const dm::FloatRows& values, int64_t n,
+          float* o) { dm::attend_row(qr, keys, values, n, head_dim, scale, o); });
+}
+
 void attention_prefill_split(const float* q, const float* k, const float* v,
                              const int32_t* seq_start, int64_t n_seq, int64_t n_heads, int64_t n_kv,
                              int64_t head_dim, float scale, float* out) {
-  const int64_t qd = n_heads * head_dim, kvd = n_kv * head_dim, group = n_heads / n_kv;
-  for (int64_t s = 0; s < n_seq; ++s) {
-    const int64_t r0 = seq_start[s], r1 = seq_start[s + 1];
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t hh = 0; hh < n_heads; ++hh) {
-        const int64_t g = hh / group;
-        const dm::FloatRows keys{k + r0 * kvd + g * head_dim, kvd};
-        const dm::FloatRows values{v + r0 * kvd + g * head_dim, kvd};
-        dm::attend_row_split(q + r * qd + hh * head_dim, keys, values, r - r0 + 1, head_dim, scale,
-                             dm::kDecodeStripes, out + r * qd + hh * head_dim);
-      }
-    }
-  }
+  prefill_rows(q, k, v, seq_start, n_seq, n_heads, n_kv, head_dim, out,
+               [&](const float* qr, const dm::FloatRows& keys, const dm::FloatRows& values,
+                   int64_t n, float* o) {
+                 dm::attend_row_split(qr, keys, values, n, head_dim, scale, dm::kDecodeStripes, o);
+               });
 }
 
 void kv_write_paged(const float* k, const float* v, int64_t rows, const int32_t* row_seq,
