@@ -292,7 +292,12 @@ void check_paged_kv(int64_t hd) {
         cpu::attention_paged(q.data(), qrows, q_seq.data(), q_pos.data(), hkv, n_heads, scale,
                              ref.data());
       }
-      expect_close(to_host<float>(*dout, qrows * qd), ref, kExpReductionRel, true,
+      const std::vector<float> got = to_host<float>(*dout, qrows * qd);
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += got[i] != ref[i];
+      std::printf("[ decoder %s %s: %zu of %zu outputs not bit-equal ]\n", what.c_str(),
+                  split ? "split" : "simple", differ, got.size());
+      expect_close(got, ref, kExpReductionRel, true,
                    what + (split ? " split kernel" : " simple kernel"));
     }
   }

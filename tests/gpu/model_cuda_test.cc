@@ -27,9 +27,13 @@
 //     the flips cost more than the bf16-cache derivation above allows. Measured on an H200, the
 //     FP8 cache about doubles calc_diff against the same linears with an fp32 cache (the fp32
 //     linears' case, whose K and V agree, stays at ~1e-14): bar x kFp8KvFactor = 4. With
-//     exact_bf16_linears and an FP8 cache the two sides were expected to agree exactly, as they
-//     do with a bf16 cache, but an H200 measured calc_diff 3.8e-6 (scoring max |d| 3.9e-3): the
-//     cause is not found yet, so that case has the bf16 x FP8-KV bar like the others.
+//     exact_bf16_linears the linears agree exactly but the attention does not: CUDA's expf and
+//     glibc's round differently, so ~1/3 of attention outputs differ by ulps (tests/gpu/
+//     decoder_cuda_test.cc prints the count), hidden by the bf16 rounding of the attention output
+//     unless a value sits on a rounding boundary. With a bf16 cache the test's draw has no such
+//     value (calc_diff 0: the fp32 bar stays as a tripwire for this fixed, deterministic draw);
+//     with an FP8 cache one flip in the first prefill grows to calc_diff 3.8e-6 on an H200, so
+//     that case has the bf16 x FP8-KV bar like the others.
 //   Scoring logprobs, max |d|: fp32 1e-4 (model_test_util.h kConsistencyMaxAbsTol); bf16 / fp8
 //     mean |d| 2e-2 (a logit's error is ~ calc_diff^0.5 * max |logit|, ~0.3% * ~5).
 //   GPU generation vs GPU scoring (same device, other batch shape): token_mult_prob_error =
@@ -208,6 +212,13 @@ TEST_P(ModelCudaTest, LayerByLayerThenLogits) {
       ASSERT_EQ(layers[l].size() % h, 0u);
       const double d = kernels::calc_diff(layers[l], ref_layers[l]);
       worst = std::max(worst, d);
+      if (c.exact_bf16 && d > 0) {  // where exact cases part (the FP8-KV one is open)
+        size_t differ = 0;
+        for (size_t i = 0; i < layers[l].size(); ++i) differ += layers[l][i] != ref_layers[l][i];
+        std::printf("[%s] step %d layer %lld: %zu of %zu values differ, calc_diff %.3g\n",
+                    case_name(c).c_str(), step, static_cast<long long>(l), differ,
+                    layers[l].size(), d);
+      }
       EXPECT_LT(d, bar_for(c)) << "step " << step << " layer " << l;
     }
     const double d = kernels::calc_diff(logits, ref_logits);
