@@ -216,8 +216,8 @@ TEST_P(ModelCudaTest, LayerByLayerThenLogits) {
         size_t differ = 0;
         for (size_t i = 0; i < layers[l].size(); ++i) differ += layers[l][i] != ref_layers[l][i];
         std::printf("[%s] step %d layer %lld: %zu of %zu values differ, calc_diff %.3g\n",
-                    case_name(c).c_str(), step, static_cast<long long>(l), differ,
-                    layers[l].size(), d);
+                    case_name(c).c_str(), step, static_cast<long long>(l), differ, layers[l].size(),
+                    d);
       }
       EXPECT_LT(d, bar_for(c)) << "step " << step << " layer " << l;
     }
