@@ -61,7 +61,8 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
   std::vector<grpc::Service*> services = {w->service_.get()};
   std::vector<std::string> service_names = {v1::GenerationService::service_full_name()};
   if (config.weight_relay) {
-    w->relay_ = std::make_unique<weight_sync::WeightRelay>();
+    w->relay_ =
+        std::make_unique<weight_sync::WeightRelay>(weight_sync::relay_options(), &w->registry_);
     if (security->cluster_tokens != nullptr) {
       w->relay_->service().require_tokens(security->cluster_tokens);
     }

@@ -30,12 +30,14 @@ WeightSyncOptions relay_options() {
   return o;
 }
 
-WeightRelay::WeightRelay(WeightSyncOptions options) {
+WeightRelay::WeightRelay(WeightSyncOptions options, service::MetricsRegistry* registry) {
   options.accept_uploads = false;
   options.fanout = Fanout{};
-  absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> metrics =
-      WeightSyncMetrics::create(&registry_);
-  // A fresh registry takes the fixed metric names: failure is a bug in this binary, not input.
+  absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> metrics = WeightSyncMetrics::create(
+      registry != nullptr ? registry : &own_registry_, "fp8rl_worker_relay",
+      /*process_metrics=*/false);
+  // The fixed names are taken once per registry (one relay per worker): failure is a bug in this
+  // binary, not input.
   if (!metrics.ok()) std::abort();
   metrics_ = std::move(*metrics);
   service_ = std::make_unique<WeightSyncServiceImpl>(std::move(options), metrics_.get());

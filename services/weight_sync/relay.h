@@ -23,8 +23,11 @@ WeightSyncOptions relay_options();
 
 class WeightRelay final : public VersionTap {
  public:
-  // `options.accept_uploads` and `options.fanout` are forced to false and direct.
-  explicit WeightRelay(WeightSyncOptions options = relay_options());
+  // `options.accept_uploads` and `options.fanout` are forced to false and direct. The relay's
+  // metrics are registered as fp8rl_worker_relay_* in `registry` (the worker's, which must outlive
+  // the relay), or in a registry of its own when `registry` is nullptr.
+  explicit WeightRelay(WeightSyncOptions options = relay_options(),
+                       service::MetricsRegistry* registry = nullptr);
   ~WeightRelay() override;
 
   // The gRPC service successors subscribe to.
@@ -39,8 +42,8 @@ class WeightRelay final : public VersionTap {
   void end(bool complete) override;
 
  private:
-  // The relay's own counters (not exported on the worker's /metrics yet).
-  service::MetricsRegistry registry_;
+  // Used only without a registry from the caller.
+  service::MetricsRegistry own_registry_;
   std::unique_ptr<WeightSyncMetrics> metrics_;
   std::unique_ptr<WeightSyncServiceImpl> service_;
   // The version being passed on (subscriber thread only; nullptr: none, or skipped).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "common/service/metrics.h"
@@ -11,9 +12,14 @@
 namespace fp8rl::weight_sync {
 
 struct WeightSyncMetrics {
-  // Registers every family in `registry` (which must outlive the result).
+  // Registers every family in `registry` (which must outlive the result), named
+  // `<prefix>_latest_version` etc.; the weight-sync service's fp8rl_build_info /
+  // fp8rl_process_start_time_seconds pair too unless `process_metrics` is false (a generation
+  // worker's relay registers its families as fp8rl_worker_relay_* on the worker's registry, which
+  // has the worker's pair).
   static absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> create(
-      service::MetricsRegistry* registry);
+      service::MetricsRegistry* registry, const std::string& prefix = "fp8rl_weight_sync",
+      bool process_metrics = true);
 
   service::GaugeFamily* latest_version = nullptr;    // newest complete version
   service::CounterFamily* uploads = nullptr;         // {result: accepted|rejected}

@@ -842,6 +842,21 @@ TEST_F(GenerationWorkerTest, WorkersBehindRelaysServeTheVersionWeightSyncSentOnc
   EXPECT_EQ(chain_metrics->sent_bytes->get().value(), static_cast<double>(set.nbytes()));
   EXPECT_EQ(workers[0]->subscriber().stats().relay_redirects, 0);
   EXPECT_GE(workers[2]->subscriber().stats().relay_redirects, 1);
+  // Each relay's counters are on its worker's /metrics as fp8rl_worker_relay_*: the first relay
+  // streamed the whole version to the second, the last one (nobody behind it) sent nothing.
+  auto relay_metrics = [](const GenerationWorker& w) {
+    httplib::Client http("127.0.0.1", w.metrics_port());
+    auto res = http.Get("/metrics");
+    return res && res->status == 200 ? res->body : std::string();
+  };
+  const std::string first = relay_metrics(*workers[0]), last = relay_metrics(*workers[2]);
+  EXPECT_NE(first.find(absl::StrCat("fp8rl_worker_relay_sent_bytes_total ", set.nbytes())),
+            std::string::npos)
+      << first;
+  EXPECT_NE(first.find("fp8rl_worker_relay_latest_version 1"), std::string::npos) << first;
+  EXPECT_NE(last.find("fp8rl_worker_relay_sent_bytes_total 0"), std::string::npos) << last;
+  EXPECT_EQ(first.find("fp8rl_weight_sync_"), std::string::npos) << first;
+  EXPECT_EQ(first.find("fp8rl_build_info{service=\"weight-sync\"}"), std::string::npos) << first;
   channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", workers[2]->grpc_port()),
                                  grpc::InsecureChannelCredentials());
   stub_ = v1::GenerationService::NewStub(channel_);
