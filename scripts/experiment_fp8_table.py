@@ -132,15 +132,22 @@ def task_section(cfg, out):
     return task
 
 
-def sft_job_config(cfg, out, name, model_config, sft, seed):
+def sft_job_config(cfg, out, name, model_config, sft, seed, start=None, task_seed_offset=0):
     """A BF16 SFT job that ends with one GRPO step at a negligible learning rate (a job needs
-    algorithm.steps >= 1) and a checkpoint of that step, which the other units start from."""
+    algorithm.steps >= 1) and a checkpoint of that step, which the other units start from. With
+    `start` (a checkpoint folder) it continues from those weights instead of a random init, and
+    `task_seed_offset` moves the task seed, which orders the SFT examples (a part of a chained
+    warm start then draws other examples than the part before it)."""
     job = copy.deepcopy(cfg["job"])
     ws = cfg["warm_start"]
     job["name"] = name
-    job["model"] = {"init": {"config": os.path.join(REPO, model_config), "seed": seed}}
+    if start is None:
+        job["model"] = {"init": {"config": os.path.join(REPO, model_config), "seed": seed}}
+    else:
+        job["model"] = {"checkpoint": start}
     job["task"] = task_section(cfg, out)
-    job["sft"] = dict(sft)
+    job["task"]["seed"] = job["task"].get("seed", 0) + task_seed_offset
+    job["sft"] = {k: v for k, v in sft.items() if k != "parts"}
     job["algorithm"].update({"steps": 1, "learning_rate": 1e-9, "warmup_steps": 0,
                              "prompts_per_step": 2, "samples_per_prompt": 2, "seed": seed})
     job["precision"] = {**job.get("precision", {}), **ws["precision"]}
@@ -151,14 +158,54 @@ def sft_job_config(cfg, out, name, model_config, sft, seed):
     return job
 
 
-def sft_unit(cluster, cfg, out, name, model_config, sft, seed):
+def warm_start_parts(sft):
+    """The SFT step counts of a warm start run as `sft.parts` chained jobs (default 1): equal
+    parts, the remainder spread over the first ones."""
+    parts = int(sft.get("parts", 1))
+    if parts < 1 or parts > sft["steps"]:
+        raise SystemExit(f"experiment_fp8_table: warm_start.sft.parts must be in [1, "
+                         f"{sft['steps']}] (sft.steps), got {parts}")
+    q, r = divmod(sft["steps"], parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+def chained_sft_unit(cluster, cfg, out, name, model_config, sft, seed):
+    """An SFT unit run as `sft.parts` jobs, each continuing from the checkpoint of the one before
+    (a finished part is a unit of its own, so an interrupted warm start resumes at its first
+    unfinished part instead of from the beginning). Each part starts with fresh AdamW moments and
+    draws its examples with the task seed + its index. The summary is the last part's, with the
+    parts' wall and SFT seconds added up."""
+    steps = warm_start_parts(sft)
+    if len(steps) == 1:
+        return sft_unit(cluster, cfg, out, name, model_config, sft, seed)
+    done = os.path.join(out, "units", name, "summary.json")
+    if os.path.exists(done):
+        return read_json(done)
+    start, parts = None, []
+    for i, n in enumerate(steps):
+        part = sft_unit(cluster, cfg, out, f"{name}-part{i + 1}", model_config,
+                        {**sft, "steps": n}, seed, start=start, task_seed_offset=i)
+        parts.append(part)
+        start = part["checkpoint"]
+    summary = dict(parts[-1])
+    summary.update({"unit": name, "sft": dict(sft),
+                    "parts": [p["unit"] for p in parts],
+                    "wall_seconds": sum(p["wall_seconds"] for p in parts),
+                    "sft_seconds": sum(p.get("sft_seconds", 0) for p in parts)})
+    os.makedirs(os.path.dirname(done), exist_ok=True)
+    write_json(done, summary)
+    log(f"{name}: all {len(parts)} parts done")
+    return summary
+
+
+def sft_unit(cluster, cfg, out, name, model_config, sft, seed, start=None, task_seed_offset=0):
     """Runs (or finds) an SFT unit; returns its summary (with the checkpoint folder)."""
     udir = os.path.join(out, "units", name)
     done = os.path.join(udir, "summary.json")
     if os.path.exists(done):
         return read_json(done)
     os.makedirs(udir, exist_ok=True)
-    job_cfg = sft_job_config(cfg, out, name, model_config, sft, seed)
+    job_cfg = sft_job_config(cfg, out, name, model_config, sft, seed, start, task_seed_offset)
     log(f"{name}: SFT {sft['steps']} steps on {model_config}")
     final, rows, wall = cluster.job(job_cfg, name)
     write_json(os.path.join(udir, "rows.json"), rows)
@@ -170,6 +217,7 @@ def sft_unit(cluster, cfg, out, name, model_config, sft, seed):
            if "val_accuracy" in r["metrics"]]
     summary = {"unit": name, "kind": "sft", "state": final["state"], "job": final["id"],
                "model_config": model_config, "sft": sft, "init_seed": seed,
+               "start_checkpoint": start, "task_seed_offset": task_seed_offset,
                "checkpoint": os.path.join(ckpt_root, f"step-{steps[-1]}"),
                "val_accuracy": val, "wall_seconds": wall,
                "sft_loss": next((r["metrics"]["sft_loss"] for r in rows
@@ -292,8 +340,8 @@ def run_main(args):
                              ws["init_seed"])
                 sweep_unit(cfg, out, args.bin_dir, f"sweep-{m['label']}", s["checkpoint"])
         if "sweep" in phases or "table" in phases:
-            warm = sft_unit(cluster, cfg, out, "warm-start", ws["model"], ws["sft"],
-                            ws["init_seed"])
+            warm = chained_sft_unit(cluster, cfg, out, "warm-start", ws["model"], ws["sft"],
+                                    ws["init_seed"])
         if "sweep" in phases:
             sweep_unit(cfg, out, args.bin_dir, "sweep-" + sw.get("warm_label", "warm-start"),
                        warm["checkpoint"])

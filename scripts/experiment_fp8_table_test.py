@@ -24,6 +24,32 @@ def unit(setup, seed, final, step_s=10.0, state="SUCCEEDED", tmpe=1.0):
             "state": state, "wall_seconds": 60.0, **t.summarize_rl(rows)}
 
 
+class ChainedWarmStart(unittest.TestCase):
+    def test_parts_split_the_steps(self):
+        self.assertEqual(t.warm_start_parts({"steps": 800, "parts": 8}), [100] * 8)
+        self.assertEqual(t.warm_start_parts({"steps": 10, "parts": 4}), [3, 3, 2, 2])
+        self.assertEqual(t.warm_start_parts({"steps": 7}), [7])
+        for bad in (0, 11):
+            with self.assertRaises(SystemExit):
+                t.warm_start_parts({"steps": 10, "parts": bad})
+
+    def test_a_later_part_continues_from_the_checkpoint(self):
+        cfg = {"warm_start": {"precision": {"training": "bf16"}},
+               "job": {"task": {"name": "jsonl", "seed": 1234}, "algorithm": {},
+                       "precision": {}},
+               "data": {}}
+        sft = {"steps": 100, "learning_rate": 1e-3, "batch_size": 32, "parts": 8}
+        first = t.sft_job_config(cfg, "/tmp/x", "warm-start-part1", "m.json", sft, 1)
+        later = t.sft_job_config(cfg, "/tmp/x", "warm-start-part3", "m.json", sft, 1,
+                                 start="/tmp/x/ckpt/step-1", task_seed_offset=2)
+        self.assertIn("init", first["model"])
+        self.assertEqual(later["model"], {"checkpoint": "/tmp/x/ckpt/step-1"})
+        self.assertEqual(first["task"]["seed"], 1234)
+        self.assertEqual(later["task"]["seed"], 1236)
+        self.assertNotIn("parts", later["sft"])  # not a job key
+        self.assertEqual(later["sft"]["steps"], 100)
+
+
 class Aggregation(unittest.TestCase):
     def test_summarize_rl(self):
         u = unit("bf16", 1, 0.5, tmpe=1.02)
