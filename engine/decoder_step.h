@@ -1,9 +1,9 @@
 // One KV-cache forward step of the decoder (batched prefill + decode rows over a paged KV cache)
-// written once against an abstract set of ops, so the CUDA backend (device ops, cuda_backend.cc)
-// and its CPU mirror (CpuDecoderOps, kernels/cpu + model/linear.h) run the same sequence of
-// operations with the same BF16 rounding points as Model::forward_cached (model/model_forward.cc
-// layer_forward). The CPU mirror is tested against Model::forward_cached on this machine; the
-// device ops are tested op by op against kernels/cpu in tests/gpu.
+// written once against an abstract set of ops, so the CUDA backend (device ops,
+// cuda/cuda_backend.cc) and the CPU ops (CpuDecoderOps, kernels/cpu + model/linear.h) run the same
+// sequence of operations with the same BF16 rounding points as Model::forward_cached
+// (model/model_forward.cc layer_forward). The CPU ops are tested against Model::forward_cached on
+// this machine; the device ops are tested op by op against kernels/cpu in tests/gpu.
 //
 // Plain C++ (no CUDA headers): built and tested in every build.
 #pragma once

@@ -1,9 +1,9 @@
 // The training forward and backward of the decoder over packed sequences, written once against an
 // abstract set of ops (TrainOps), so the CUDA trainer (CudaTrainOps, engine/cuda/cuda_train_ops.h)
-// and its CPU mirror (CpuTrainOps, engine/cpu/train_ops.h) run the same sequence of
+// and the CPU ops (CpuTrainOps, engine/cpu/train_ops.h) run the same sequence of
 // operations with the same BF16 rounding points, the same FP8 KV fake-quantization and the same
 // backward as Model::forward / Model::backward (model/model_forward.cc, the reference). The CPU
-// mirror is tested against Model::forward / Model::backward on this machine; the device ops are
+// ops are tested against Model::forward / Model::backward on this machine; the device ops are
 // tested op by op against the host ops in tests/gpu (docs/design/gpu-training.md "Training step on
 // the device").
 //

@@ -1,4 +1,4 @@
-// The CPU mirror of the CUDA backend's ops: decoder_step() over host memory with kernels/cpu (the
+// The engine's decode-step ops on the CPU: decoder_step() over host memory with kernels/cpu (the
 // CPU reference of every CUDA kernel), model/linear.h linear_forward and a host paged KV pool in
 // the device layout (kernels/device_math/paged_kv.h). Tests run it against Model::forward_cached
 // to check the step's orchestration, rounding points and block tables without a GPU.

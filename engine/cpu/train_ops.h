@@ -1,5 +1,5 @@
-// The CPU mirror of the CUDA training ops: train_forward / train_backward (model/cuda/
-// train_step.h) over host memory with kernels/cpu (the CPU reference of every CUDA kernel) and
+// The engine's training ops on the CPU: train_forward / train_backward (engine/train_step.h)
+// over host memory with kernels/cpu (the CPU reference of every CUDA kernel) and
 // model/linear.h's fprop/dgrad/wgrad on the model's own weights. Tests run it against
 // Model::forward / Model::backward to check the step's orchestration, rounding points and backward
 // math without a GPU; on the device CudaTrainOps (engine/cuda/cuda_train_ops.h) replaces it.

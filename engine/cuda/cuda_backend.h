@@ -11,7 +11,7 @@
 //
 // Ran on an H200 (2026-12-04): tests/gpu/model_cuda_test.cc compares it with the CPU when sm_90
 // device is present; the orchestration it shares with the CPU mirror is tested on the CPU
-// (tests/unit/model/decoder_step_test.cc).
+// (tests/unit/engine/decoder_step_test.cc).
 #pragma once
 
 #include <memory>

@@ -18,7 +18,7 @@
 //
 // Ran on an H200 (docs/results/gpu-check-*.md): tests/gpu/train_ops_cuda_test.cc compares ops
 // and a whole forward + backward with Model::backward when an sm_90 device is present; the step
-// it runs is tested on the CPU through CpuTrainOps (tests/unit/model/train_step_test.cc).
+// it runs is tested on the CPU through CpuTrainOps (tests/unit/engine/train_step_test.cc).
 #pragma once
 
 #include <memory>
