@@ -5,7 +5,7 @@
 //
 // The CPU implementation (make_cpu_backend) is a thin wrapper of Model::forward_cached / KvCache /
 // Sampler / Model::forward and computes exactly what they compute. The CUDA implementation
-// (model/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on the device.
+// (engine/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on the device.
 //
 // KV memory is counted in blocks of `kv_block_tokens` positions on both devices: a sequence of
 // capacity C holds ceil(C / kv_block_tokens) blocks from new_sequence() until its KvSequence is
@@ -168,10 +168,10 @@ absl::Status check_backend_options(const BackendOptions& options);
 absl::StatusOr<std::unique_ptr<InferenceBackend>> make_cpu_backend(
     std::shared_ptr<const Model> model, const BackendOptions& options);
 
-// The CUDA backend (model/cuda/): weights copied to the device as the payload holds them.
+// The CUDA backend (engine/cuda/): weights copied to the device as the payload holds them.
 // FailedPrecondition when this build has no CUDA ("built without CUDA"), when no sm_90 device is
 // visible, or for a model the CUDA path does not run ("MoE not on CUDA"). Defined in
-// model/cuda/cuda_backend.cc, or in inference_backend.cc when CUDA is not built.
+// engine/cuda/cuda_backend.cc, or in inference_backend.cc when CUDA is not built.
 absl::StatusOr<std::unique_ptr<InferenceBackend>> make_cuda_backend(
     std::shared_ptr<const Model> model, const BackendOptions& options);
 // True when this build has CUDA and an sm_90 device is visible (the --device default).

@@ -223,7 +223,7 @@ class Model {
                               InferenceWorkspace* ws) const;
 
   // Read-only access to the KV-cache forward's operands for another device's backend
-  // (model/cuda/): linear j of layer l (j = 0..6: q k v o gate up down), the embedding table and
+  // (engine/cuda/): linear j of layer l (j = 0..6: q k v o gate up down), the embedding table and
   // lm_head as the forward uses them, norm weights and biases by layout offset (bf16-rounded when
   // activations are bf16), and the RoPE tables [max_position_embeddings, head_dim / 2].
   const LinearWeight& layer_linear(int64_t l, int64_t j) const { return linears_[l][j]; }

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace fp8rl::generation {
+namespace fp8rl::model {
 namespace {
 
 class CpuStepGenerator final : public StepGenerator {
@@ -183,4 +183,4 @@ absl::Status BackendGenerator::set_model(std::shared_ptr<const model::Model> mod
   return backend_->set_model(std::move(model));
 }
 
-}  // namespace fp8rl::generation
+}  // namespace fp8rl::model

@@ -1,9 +1,8 @@
 // The generation loop of the generation worker's scheduler and of `fp8rl generate`, on either
-// device (in namespace fp8rl::generation, where the worker uses it): model::Generator on the CPU
-// model (the reference, also for mixture-of-experts routing), or BackendGenerator over a
-// model::InferenceBackend (the CUDA backend on --device cuda; docs/design/gpu.md "The GPU path").
-// Both keep model::Generator's contract: a sample's stream is derive_seed(seed, stream), so its
-// tokens do not depend on what shares its batch; cancel() frees its KV blocks at once.
+// device: Generator on the CPU model (the reference, also for mixture-of-experts routing), or
+// BackendGenerator over an InferenceBackend (the CUDA backend on --device cuda; docs/design/gpu.md
+// "The GPU path"). Both keep Generator's contract: a sample's stream is derive_seed(seed, stream),
+// so its tokens do not depend on what shares its batch; cancel() frees its KV blocks at once.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +17,7 @@
 #include "model/rng.h"
 #include "model/sampler.h"
 
-namespace fp8rl::generation {
+namespace fp8rl::model {
 
 class StepGenerator {
  public:
@@ -87,4 +86,4 @@ class BackendGenerator final : public StepGenerator {
   std::vector<model::GenerationResult> finished_;
 };
 
-}  // namespace fp8rl::generation
+}  // namespace fp8rl::model

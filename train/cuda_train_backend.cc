@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "model/cuda/cuda_train_ops.h"
+#include "engine/cuda/cuda_train_ops.h"
 #include "train/device_train_backend.h"
 
 namespace fp8rl::train {
@@ -13,18 +13,17 @@ namespace {
 
 class CudaStepEngine final : public DeviceStepEngine {
  public:
-  explicit CudaStepEngine(std::unique_ptr<model::gpu::CudaTrainStep> step)
-      : step_(std::move(step)) {}
+  explicit CudaStepEngine(std::unique_ptr<engine::CudaTrainStep> step) : step_(std::move(step)) {}
   absl::StatusOr<model::TokenValues> forward(const model::Model& host,
                                              const model::TokenBatch& batch,
-                                             const model::gpu::TrainStepOptions& opts) override {
+                                             const engine::TrainStepOptions& opts) override {
     return step_->forward(host, batch, opts);
   }
   absl::Status backward_into(const model::Model& host, const model::TokenValues& dlogp,
                              float* device_grads) override {
     return step_->backward_into(host, dlogp, device_grads);
   }
-  absl::Status refresh(const model::gpu::DeviceTrainState& state) override {
+  absl::Status refresh(const engine::DeviceTrainState& state) override {
     return step_->ops().refresh_from_device(state.master());
   }
   absl::Status set_kv_scales(const model::KvScales& scales) override {
@@ -32,23 +31,23 @@ class CudaStepEngine final : public DeviceStepEngine {
   }
 
  private:
-  std::unique_ptr<model::gpu::CudaTrainStep> step_;
+  std::unique_ptr<engine::CudaTrainStep> step_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_cuda_train_backend_impl(
     std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw) {
-  absl::StatusOr<std::unique_ptr<model::gpu::CudaTrainStep>> step =
-      model::gpu::CudaTrainStep::Create(*model);
+  absl::StatusOr<std::unique_ptr<engine::CudaTrainStep>> step =
+      engine::CudaTrainStep::Create(*model);
   if (!step.ok()) return step.status();
-  absl::StatusOr<std::unique_ptr<model::gpu::TrainDevice>> device =
-      model::gpu::make_cuda_train_device((*step)->ops().stream());
+  absl::StatusOr<std::unique_ptr<engine::TrainDevice>> device =
+      engine::make_cuda_train_device((*step)->ops().stream());
   if (!device.ok()) return device.status();
-  model::gpu::TrainStateOptions options;
+  engine::TrainStateOptions options;
   options.adamw = adamw;
-  absl::StatusOr<std::unique_ptr<model::gpu::DeviceTrainState>> state =
-      model::gpu::DeviceTrainState::Create(*model, options, std::move(*device));
+  absl::StatusOr<std::unique_ptr<engine::DeviceTrainState>> state =
+      engine::DeviceTrainState::Create(*model, options, std::move(*device));
   if (!state.ok()) return state.status();
   // The device holds everything now: the initial host model (fp32 master and working copies)
   // goes here, and the backend keeps only a description of it.

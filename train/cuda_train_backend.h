@@ -1,6 +1,6 @@
 // The CUDA training backend (train/train_backend.h), assembled from the device training step
-// (model/cuda/cuda_train_ops.h CudaTrainStep: forward and backward over TrainOps) and the device
-// trainer state (model/cuda/train_state.h DeviceTrainState: fp32 master, gradients, AdamW moments,
+// (engine/cuda/cuda_train_ops.h CudaTrainStep: forward and backward over TrainOps) and the device
+// trainer state (engine/train_state.h DeviceTrainState: fp32 master, gradients, AdamW moments,
 // re-quantization, export, optimizer checkpoints). Built only with CUDA (FP8RL_HAVE_CUDA); reached
 // through make_train_backend(Device::kCuda, ...). Never run on a GPU.
 #pragma once

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "model/cuda/host_train_ops.h"
+#include "engine/cpu/train_ops.h"
 #include "train/data_parallel.h"
 
 namespace fp8rl::train {
@@ -25,7 +25,7 @@ class DeviceTrainBackend final : public TrainBackend {
  public:
   DeviceTrainBackend(model::Device kind, std::unique_ptr<model::Model> description,
                      std::unique_ptr<DeviceStepEngine> engine,
-                     std::unique_ptr<model::gpu::DeviceTrainState> state)
+                     std::unique_ptr<engine::DeviceTrainState> state)
       : kind_(kind),
         host_(std::move(description)),
         engine_(std::move(engine)),
@@ -49,11 +49,11 @@ class DeviceTrainBackend final : public TrainBackend {
       return absl::FailedPreconditionError(
           "mixture-of-experts training is not built on the device backend");
     }
-    model::gpu::TrainStepOptions opts;
+    engine::TrainStepOptions opts;
     opts.temperature = batch.temperature;
     opts.calibrator = calibrator;
     // --recompute layers: the step keeps each layer's input only and re-runs the layer in the
-    // backward (model/cuda/train_step.h), bit-identical to keeping everything.
+    // backward (engine/train_step.h), bit-identical to keeping everything.
     opts.recompute_layers = saved != nullptr && recompute_ == Recompute::kLayers;
     absl::StatusOr<model::TokenValues> lp = engine_->forward(*host_, batch.tokens, opts);
     if (!lp.ok()) return lp.status();
@@ -64,7 +64,7 @@ class DeviceTrainBackend final : public TrainBackend {
       int64_t rows = 0;
       for (const auto& t : batch.tokens) rows += static_cast<int64_t>(t.size());
       s->bytes = static_cast<int64_t>(sizeof(float)) *
-                 model::gpu::train_buffer_floats(host_->config(), rows, opts);
+                 engine::train_buffer_floats(host_->config(), rows, opts);
     }
     // Model layout (value [i-1] belongs to token i) -> the padded [B*L] response layout.
     const int64_t L = batch.length;
@@ -148,7 +148,7 @@ class DeviceTrainBackend final : public TrainBackend {
   }
   absl::Status calibration_forward(const model::TokenBatch& sequences,
                                    model::KvCalibrator* calibrator) const override {
-    model::gpu::TrainStepOptions opts;
+    engine::TrainStepOptions opts;
     opts.calibrator = calibrator;
     ++forward_id_;
     return engine_->forward(*host_, sequences, opts).status();
@@ -195,7 +195,7 @@ class DeviceTrainBackend final : public TrainBackend {
   // The description (Model::ForDescription): config, policy, layout, KV scales; no weights.
   std::unique_ptr<model::Model> host_;
   std::unique_ptr<DeviceStepEngine> engine_;
-  std::unique_ptr<model::gpu::DeviceTrainState> state_;
+  std::unique_ptr<engine::DeviceTrainState> state_;
   Recompute recompute_ = Recompute::kNone;
   mutable int64_t forward_id_ = 0;  // forwards run on the device so far
   // The state's gradient array holds the backwards of a step not yet taken (backward(nullptr)).
@@ -203,7 +203,7 @@ class DeviceTrainBackend final : public TrainBackend {
   int64_t transfer_bytes_ = 0;  // gradient_transfer_bytes()
 };
 
-// The host mirror's engine: it owns the model HostTrainOps read (the mirror's "device" weights),
+// The host mirror's engine: it owns the model CpuTrainOps read (the mirror's "device" weights),
 // buffers in host memory; refresh() copies the state's master into the model and re-derives its
 // working copies (Model::refresh).
 class HostStepEngine final : public DeviceStepEngine {
@@ -213,27 +213,25 @@ class HostStepEngine final : public DeviceStepEngine {
 
   absl::StatusOr<model::TokenValues> forward(const model::Model& host,
                                              const model::TokenBatch& batch,
-                                             const model::gpu::TrainStepOptions& opts) override {
-    absl::StatusOr<model::gpu::TrainTables> t =
-        model::gpu::build_train_tables(batch, host.config());
+                                             const engine::TrainStepOptions& opts) override {
+    absl::StatusOr<engine::TrainTables> t = engine::build_train_tables(batch, host.config());
     if (!t.ok()) return t.status();
     tables_ = std::move(*t);
     opts_ = opts;
     if (auto s = ops_.load_tables(tables_); !s.ok()) return s;
     storage_.assign(
-        static_cast<size_t>(model::gpu::train_buffer_floats(host.config(), tables_.rows, opts_)),
-        0.0f);
-    buffers_ = model::gpu::carve_train_buffers(host.config(), tables_.rows, opts_, storage_.data());
-    return model::gpu::train_forward(host.config(), host.policy(), host.layout(), ops_, buffers_,
-                                     tables_, opts_);
+        static_cast<size_t>(engine::train_buffer_floats(host.config(), tables_.rows, opts_)), 0.0f);
+    buffers_ = engine::carve_train_buffers(host.config(), tables_.rows, opts_, storage_.data());
+    return engine::train_forward(host.config(), host.policy(), host.layout(), ops_, buffers_,
+                                 tables_, opts_);
   }
   absl::Status backward_into(const model::Model& host, const model::TokenValues& dlogp,
                              float* device_grads) override {
     if (buffers_.layers.empty()) return absl::FailedPreconditionError("backward: no forward ran");
-    return model::gpu::train_backward(host.config(), host.policy(), host.layout(), ops_, buffers_,
-                                      tables_, dlogp, device_grads, opts_);
+    return engine::train_backward(host.config(), host.policy(), host.layout(), ops_, buffers_,
+                                  tables_, dlogp, device_grads, opts_);
   }
-  absl::Status refresh(const model::gpu::DeviceTrainState& state) override {
+  absl::Status refresh(const engine::DeviceTrainState& state) override {
     absl::StatusOr<std::vector<float>> master = state.download(state.master());
     if (!master.ok()) return master.status();
     std::copy(master->begin(), master->end(), model_->params().begin());
@@ -246,18 +244,18 @@ class HostStepEngine final : public DeviceStepEngine {
 
  private:
   std::unique_ptr<model::Model> model_;  // before ops_, which points at it
-  model::gpu::HostTrainOps ops_;
-  model::gpu::TrainTables tables_;
-  model::gpu::TrainStepOptions opts_;
+  engine::CpuTrainOps ops_;
+  engine::TrainTables tables_;
+  engine::TrainStepOptions opts_;
   std::vector<float> storage_;
-  model::gpu::TrainBuffers buffers_;
+  engine::TrainBuffers buffers_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_device_train_backend(
     model::Device kind, std::unique_ptr<DeviceStepEngine> engine,
-    std::unique_ptr<model::gpu::DeviceTrainState> state) {
+    std::unique_ptr<engine::DeviceTrainState> state) {
   absl::StatusOr<std::unique_ptr<model::Model>> description =
       model::Model::ForDescription(state->config(), state->policy());
   if (!description.ok()) return description.status();
@@ -268,10 +266,10 @@ absl::StatusOr<std::unique_ptr<TrainBackend>> make_device_train_backend(
 
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_host_mirror_train_backend(
     std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw) {
-  model::gpu::TrainStateOptions options;
+  engine::TrainStateOptions options;
   options.adamw = adamw;
-  absl::StatusOr<std::unique_ptr<model::gpu::DeviceTrainState>> state =
-      model::gpu::DeviceTrainState::Create(*model, options, model::gpu::make_host_train_device());
+  absl::StatusOr<std::unique_ptr<engine::DeviceTrainState>> state =
+      engine::DeviceTrainState::Create(*model, options, engine::make_cpu_train_device());
   if (!state.ok()) return state.status();
   return make_device_train_backend(
       model::Device::kCpu, std::make_unique<HostStepEngine>(std::move(model)), std::move(*state));

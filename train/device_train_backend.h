@@ -1,8 +1,8 @@
-// A training backend over the device trainer state (model/cuda/train_state.h DeviceTrainState:
+// A training backend over the device trainer state (engine/train_state.h DeviceTrainState:
 // fp32 master, gradients, AdamW moments, re-quantization, export, optimizer checkpoints) and a
 // step engine that runs the training forward and backward over the same device memory: the CUDA
-// backend (train/cuda_train_backend.h: CudaTrainStep) and its host mirror (HostTrainOps over a
-// host model refreshed from the state's master, with the state on make_host_train_device), which
+// backend (train/cuda_train_backend.h: CudaTrainStep) and its host mirror (CpuTrainOps over a
+// host model refreshed from the state's master, with the state on make_cpu_train_device), which
 // runs the whole backend's logic on any machine. docs/design/gpu-training.md "Training on the GPU".
 //
 // Per minibatch: the forward runs on the engine (activations in its buffers, the K/V amax of each
@@ -19,8 +19,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "model/cuda/train_state.h"
-#include "model/cuda/train_step.h"
+#include "engine/train_state.h"
+#include "engine/train_step.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "train/train_backend.h"
@@ -31,15 +31,15 @@ namespace fp8rl::train {
 class DeviceStepEngine {
  public:
   virtual ~DeviceStepEngine() = default;
-  // model::gpu::train_forward over the engine's ops; keeps one forward's activations.
+  // engine::train_forward over the engine's ops; keeps one forward's activations.
   virtual absl::StatusOr<model::TokenValues> forward(const model::Model& host,
                                                      const model::TokenBatch& batch,
-                                                     const model::gpu::TrainStepOptions& opts) = 0;
-  // model::gpu::train_backward of the last forward, accumulating into device_grads.
+                                                     const engine::TrainStepOptions& opts) = 0;
+  // engine::train_backward of the last forward, accumulating into device_grads.
   virtual absl::Status backward_into(const model::Model& host, const model::TokenValues& dlogp,
                                      float* device_grads) = 0;
   // Re-derives the working copies the ops read from the state's master weights.
-  virtual absl::Status refresh(const model::gpu::DeviceTrainState& state) = 0;
+  virtual absl::Status refresh(const engine::DeviceTrainState& state) = 0;
   virtual absl::Status set_kv_scales(const model::KvScales& scales) = 0;
 };
 
@@ -48,10 +48,10 @@ class DeviceStepEngine {
 // scales): no fp32 master and no working copies on the host.
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_device_train_backend(
     model::Device kind, std::unique_ptr<DeviceStepEngine> engine,
-    std::unique_ptr<model::gpu::DeviceTrainState> state);
+    std::unique_ptr<engine::DeviceTrainState> state);
 
-// The host mirror: a DeviceTrainState on make_host_train_device() and an engine that owns `model`
-// (its "device" weights: HostTrainOps read it, and it is refreshed from the state's master after
+// The host mirror: a DeviceTrainState on make_cpu_train_device() and an engine that owns `model`
+// (its "device" weights: CpuTrainOps read it, and it is refreshed from the state's master after
 // each step). device() reports kCpu; host_model() is the description, as on CUDA. Tests compare
 // it with the CPU backend (it exercises the device backend's logic without a GPU).
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_host_mirror_train_backend(

@@ -78,8 +78,8 @@ absl::Status InProcessGrpo::publish(int64_t version, GrpoStepTimes* times) {
         config_.generation_device == model::Device::kCuda ? model::make_cuda_backend(*m, options)
                                                           : model::make_cpu_backend(*m, options);
     if (!backend.ok()) return with_prefix(backend.status(), "generation backend: ");
-    generator_ = std::make_unique<generation::BackendGenerator>(std::move(*backend),
-                                                                config_.max_step_tokens);
+    generator_ =
+        std::make_unique<model::BackendGenerator>(std::move(*backend), config_.max_step_tokens);
   } else if (auto s = generator_->set_model(*m); !s.ok()) {
     return with_prefix(s, "install: ");
   }

@@ -80,7 +80,7 @@ class InProcessGrpo {
   Learner* learner_;
   GrpoStepConfig config_;
   RewardFn reward_;
-  std::unique_ptr<generation::StepGenerator> generator_;
+  std::unique_ptr<model::StepGenerator> generator_;
   int64_t steps_ = 0;
 };
 

@@ -46,7 +46,7 @@ inline constexpr int64_t kMaxEpochs = 64;
 // Where and how a policy trains (the trainer worker's --device, --gpu-memory-fraction,
 // --recompute and --max-step-tokens).
 struct TrainPlacement {
-  // train/train_backend.h; cuda is FAILED_PRECONDITION until the CUDA training backend exists.
+  // train/train_backend.h; cuda is FAILED_PRECONDITION in a build without CUDA.
   model::Device device = model::Device::kCpu;
   int64_t memory_budget_bytes = 0;  // device memory the backend may take (0: unchecked)
   // Activation recomputation of the training forwards (the gradients are the same).

@@ -10,6 +10,7 @@
 namespace fp8rl::generation {
 
 using Clock = std::chrono::steady_clock;
+using model::BackendGenerator, model::StepGenerator, model::make_cpu_step_generator;
 
 absl::Status validate_scheduler_options(const SchedulerOptions& o) {
   if (o.max_batch_tokens < 1) {

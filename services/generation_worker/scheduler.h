@@ -215,7 +215,7 @@ class Scheduler {
   // A generator for current_.model on options_.device (the CUDA backend on cuda; the old
   // generator must be gone first, so two never hold device memory at once). On cuda it also sets
   // the KV block budget to the backend's pool.
-  absl::StatusOr<std::unique_ptr<StepGenerator>> make_generator_locked();
+  absl::StatusOr<std::unique_ptr<model::StepGenerator>> make_generator_locked();
   // Copies stats_ into the metric gauges.
   void publish_gauges_locked();
 
@@ -246,7 +246,7 @@ class Scheduler {
   LoadedWeights current_;  // guarded by mu_
   // Owned by the scheduler thread: no other thread reads the pointer or calls the generator.
   // step() runs with mu_ released, everything else with mu_ held.
-  std::unique_ptr<StepGenerator> generator_;
+  std::unique_ptr<model::StepGenerator> generator_;
   std::deque<Queued> queue_;                      // guarded by mu_
   std::unordered_map<int64_t, Running> running_;  // guarded by mu_; by generator id
   KvBlockBudget kv_blocks_;                       // guarded by mu_

@@ -45,8 +45,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "engine/cuda/cuda_backend.h"
 #include "kernels/calc_diff.h"
-#include "model/cuda/cuda_backend.h"
 #include "model/inference_backend.h"
 #include "model/weight_view.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -167,9 +167,9 @@ absl::StatusOr<Generated> generate_on(InferenceBackend& be,
 class ModelCudaTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override { FP8RL_REQUIRE_SM90(); }
-  absl::StatusOr<std::unique_ptr<gpu::CudaBackend>> cuda(std::shared_ptr<const Model> m) {
-    return gpu::create_cuda_backend(std::move(m), {.memory_budget_bytes = int64_t{1} << 30},
-                                    {.exact_bf16_linears = GetParam().exact_bf16});
+  absl::StatusOr<std::unique_ptr<engine::CudaBackend>> cuda(std::shared_ptr<const Model> m) {
+    return engine::create_cuda_backend(std::move(m), {.memory_budget_bytes = int64_t{1} << 30},
+                                       {.exact_bf16_linears = GetParam().exact_bf16});
   }
 };
 
@@ -356,7 +356,7 @@ TEST(ModelCudaBudget, BlocksWeightsAndReinstall) {
   const Case c{Precision::kFP8, KvCacheDtype::kFP8, false, false};
   auto model = make_model(c);
   const int64_t budget = (int64_t{64} << 20);
-  auto gpu = gpu::create_cuda_backend(
+  auto gpu = engine::create_cuda_backend(
       model, {.memory_budget_bytes = budget, .kv_block_tokens = 16, .max_step_tokens = 64});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const BackendMemory m = (*gpu)->memory();
@@ -392,7 +392,7 @@ TEST(ModelCudaBudget, BlocksWeightsAndReinstall) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
   EXPECT_GT(std::fabs(a[0]) + std::fabs(a[1]), 0.0f);
   // Too small a budget: a clear error, not a crash.
-  auto tiny = gpu::create_cuda_backend(model, {.memory_budget_bytes = 40 << 20});
+  auto tiny = engine::create_cuda_backend(model, {.memory_budget_bytes = 40 << 20});
   EXPECT_FALSE(tiny.ok());
 }
 

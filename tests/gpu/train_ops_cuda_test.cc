@@ -1,6 +1,6 @@
 // The CUDA training step against the CPU: every training kernel (kernels/cuda/train_cuda.h)
 // against its CPU reference (kernels/cpu/train_ops.h), every training GEMM of CudaTrainOps
-// (fprop / dgrad / wgrad per linear kind) against model/linear.h through HostTrainOps, and a
+// (fprop / dgrad / wgrad per linear kind) against model/linear.h through CpuTrainOps, and a
 // whole forward + backward (CudaTrainStep) against Model::forward / Model::backward for fp32,
 // bf16 and fp8 policies with the KV fake-quantization. Skips without an sm_90 device. Each
 // comparison prints "measured ... bar ..." (the H200 runs' figures: docs/results/gpu-check-*.md).
@@ -35,20 +35,20 @@
 #include <cstdio>
 #include <cstring>
 
+#include "engine/cpu/train_ops.h"
+#include "engine/cuda/cuda_train_ops.h"
 #include "kernels/calc_diff.h"
 #include "kernels/cpu/decoder_ops.h"
 #include "kernels/cpu/train_ops.h"
 #include "kernels/cuda/train_cuda.h"
 #include "kernels/formats.h"
 #include "kernels/tolerances.h"
-#include "model/cuda/cuda_train_ops.h"
-#include "model/cuda/host_train_ops.h"
 #include "model/ops.h"
 #include "model/rng.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/model/model_test_util.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
 namespace kc = kernels::cuda;
@@ -115,7 +115,8 @@ TEST(TrainKernels, RopeInverseBitExact) {
   FP8RL_REQUIRE_SM90();
   const int64_t rows = 29, heads = 3, hd = 48, max_pos = 64;
   std::vector<float> cos(max_pos * hd / 2), sin(max_pos * hd / 2);
-  ops::rope_fill(ops::rope_inv_freq(10000.0, hd, {}), max_pos, cos.data(), sin.data());
+  model::ops::rope_fill(model::ops::rope_inv_freq(10000.0, hd, {}), max_pos, cos.data(),
+                        sin.data());
   std::vector<int32_t> pos(rows);
   for (int64_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>((r * 7) % max_pos);
   std::vector<float> x = random_matrix(rows, heads * hd, 5);
@@ -272,8 +273,8 @@ TEST(TrainKernels, EmbeddingKvQuantAmaxTransposeSumsGemmsBitExact) {
 // ---- Model-level: the training GEMMs and the whole step ----
 
 struct StepCase {
-  Precision linear;
-  KvCacheDtype kv;
+  model::Precision linear;
+  model::KvCacheDtype kv;
   bool qwen3;
   bool mixed;  // fp8 with layer 0 in bf16 and power-of-two scales
 };
@@ -283,8 +284,8 @@ std::string step_name(const StepCase& c) {
          (c.qwen3 ? "_qwen3" : "_qwen2") + (c.mixed ? "_mixed" : "");
 }
 
-std::unique_ptr<Model> make_model(const StepCase& c) {
-  PrecisionPolicy policy;
+std::unique_ptr<model::Model> make_model(const StepCase& c) {
+  model::PrecisionPolicy policy;
   policy.linear = c.linear;
   policy.kv_cache = c.kv;
   if (c.mixed) {
@@ -292,15 +293,15 @@ std::unique_ptr<Model> make_model(const StepCase& c) {
     policy.pow2_scales = true;
   }
   // Widths meet cuBLASLt's FP8 rules in all three training GEMMs (multiples of 16).
-  const ModelConfig config =
-      c.qwen3 ? testing::make_qwen3_config(160, 128, 256, 2, 4, 2, 48, true)
-              : testing::make_config(160, 128, 256, 2, 4, 2, false, /*qwen2=*/true);
-  auto m = Model::Init(config, policy, 5, 0.05f);
+  const model::ModelConfig config =
+      c.qwen3 ? model::testing::make_qwen3_config(160, 128, 256, 2, 4, 2, 48, true)
+              : model::testing::make_config(160, 128, 256, 2, 4, 2, false, /*qwen2=*/true);
+  auto m = model::Model::Init(config, policy, 5, 0.05f);
   EXPECT_TRUE(m.ok()) << m.status();
   if (!m.ok()) return nullptr;
-  testing::randomize(**m, 11);
-  if (c.kv == KvCacheDtype::kFP8) {
-    KvScales s = (*m)->kv_scales();
+  model::testing::randomize(**m, 11);
+  if (c.kv == model::KvCacheDtype::kFP8) {
+    model::KvScales s = (*m)->kv_scales();
     for (auto& k : s.k) k = 0.03f;
     for (auto& v : s.v) v = 0.02f;
     EXPECT_TRUE((*m)->set_kv_scales(s).ok());
@@ -308,31 +309,31 @@ std::unique_ptr<Model> make_model(const StepCase& c) {
   return *std::move(m);
 }
 
-double gemm_bar(Precision p) {
-  return p == Precision::kF32    ? kFp32GemmCalcDiff
-         : p == Precision::kBF16 ? kBf16GemmCalcDiff
-                                 : kernels::kCudaVsCpuGemmMaxCalcDiff;
+double gemm_bar(model::Precision p) {
+  return p == model::Precision::kF32    ? kFp32GemmCalcDiff
+         : p == model::Precision::kBF16 ? kBf16GemmCalcDiff
+                                        : kernels::kCudaVsCpuGemmMaxCalcDiff;
 }
 
 class TrainOpsCudaTest : public ::testing::TestWithParam<StepCase> {};
 
 // fprop, dgrad, wgrad (+ bias gradient) of every linear of layer 1 and lm_head: CudaTrainOps vs
-// HostTrainOps (model/linear.h) on the same random operands, 45 rows (padding exercised).
+// CpuTrainOps (model/linear.h) on the same random operands, 45 rows (padding exercised).
 TEST_P(TrainOpsCudaTest, TrainingGemmsMatchTheCpu) {
   FP8RL_REQUIRE_SM90();
-  std::unique_ptr<Model> model = make_model(GetParam());
+  std::unique_ptr<model::Model> model = make_model(GetParam());
   ASSERT_NE(model, nullptr);
   auto dev = CudaTrainOps::Create(*model);
   ASSERT_TRUE(dev.ok()) << dev.status();
   CudaTrainOps& ops = **dev;
-  HostTrainOps host(*model);
+  CpuTrainOps host(*model);
   const int64_t rows = 45, padded = train_padded_rows(rows);
   for (int64_t j = -1; j < 7; ++j) {
     const int64_t layer = j < 0 ? -1 : 1;
-    const LinearWeight& w = j < 0 ? model->lm_head_weight() : model->layer_linear(1, j);
+    const model::LinearWeight& w = j < 0 ? model->lm_head_weight() : model->layer_linear(1, j);
     std::vector<float> x = random_matrix(rows, w.in, 30 + j),
                        dy = random_matrix(rows, w.out, 40 + j);
-    if (w.precision != Precision::kF32) {
+    if (w.precision != model::Precision::kF32) {
       for (float& v : x) v = kernels::round_bf16(v);  // linear inputs are bf16-valued there
     }
     std::vector<float> dw = random_matrix(w.out, w.in, 50 + j),
@@ -375,23 +376,23 @@ TEST_P(TrainOpsCudaTest, TrainingGemmsMatchTheCpu) {
 TEST_P(TrainOpsCudaTest, WholeStepMatchesModelBackward) {
   FP8RL_REQUIRE_SM90();
   const StepCase c = GetParam();
-  std::unique_ptr<Model> model = make_model(c);
+  std::unique_ptr<model::Model> model = make_model(c);
   ASSERT_NE(model, nullptr);
-  Rng rng(3);
-  TokenBatch batch;
-  for (int64_t n : {9, 2, 71}) batch.push_back(testing::random_tokens(rng, n, 160));
+  model::Rng rng(3);
+  model::TokenBatch batch;
+  for (int64_t n : {9, 2, 71}) batch.push_back(model::testing::random_tokens(rng, n, 160));
   const float temperature = 0.7f;
-  ForwardContext ctx;
-  KvCalibrator ref_cal(2), cal(2);
+  model::ForwardContext ctx;
+  model::KvCalibrator ref_cal(2), cal(2);
   auto ref = model->forward(batch, {.temperature = temperature, .calibrator = &ref_cal}, &ctx);
   ASSERT_TRUE(ref.ok()) << ref.status();
   auto step = CudaTrainStep::Create(*model);
   ASSERT_TRUE(step.ok()) << step.status();
   auto got = (*step)->forward(*model, batch, {.temperature = temperature, .calibrator = &cal});
   ASSERT_TRUE(got.ok()) << got.status();
-  const double bar = c.linear == Precision::kF32    ? kStepCalcDiffFp32
-                     : c.linear == Precision::kBF16 ? kStepCalcDiffBf16
-                                                    : kStepCalcDiffFp8;
+  const double bar = c.linear == model::Precision::kF32    ? kStepCalcDiffFp32
+                     : c.linear == model::Precision::kBF16 ? kStepCalcDiffBf16
+                                                           : kStepCalcDiffFp8;
   std::vector<float> lp_got, lp_ref;
   for (size_t s = 0; s < batch.size(); ++s) {
     lp_got.insert(lp_got.end(), (*got)[s].begin(), (*got)[s].end());
@@ -400,7 +401,7 @@ TEST_P(TrainOpsCudaTest, WholeStepMatchesModelBackward) {
   expect_close(lp_got, lp_ref, bar, step_name(c) + " logprobs");
   expect_close(cal.k_records()[1], ref_cal.k_records()[1], bar, "k amax records");
 
-  TokenValues dlogp(batch.size());
+  model::TokenValues dlogp(batch.size());
   for (size_t s = 0; s < batch.size(); ++s) {
     dlogp[s].resize(batch[s].size() - 1);
     for (float& v : dlogp[s]) v = static_cast<float>(rng.normal());
@@ -421,38 +422,39 @@ TEST_P(TrainOpsCudaTest, WholeStepMatchesModelBackward) {
   FP8RL_ASSERT_OK((*re)->backward(*model, dlogp));
   FP8RL_ASSERT_OK((*re)->download_grads(&re_grads));
   expect_bits(re_grads, grads, "recompute gradients");
-  for (const ParamInfo& info : model->layout().params()) {
+  for (const model::ParamInfo& info : model->layout().params()) {
     const std::vector<float> a(grads.begin() + info.offset,
                                grads.begin() + info.offset + info.numel),
         b(ref_grads.begin() + info.offset, ref_grads.begin() + info.offset + info.numel);
     const double grad_bar =
-        c.linear == Precision::kFP8 && !c.mixed ? kStepCalcDiffFp8ExactScales : bar;
+        c.linear == model::Precision::kFP8 && !c.mixed ? kStepCalcDiffFp8ExactScales : bar;
     expect_close(a, b, grad_bar, step_name(c) + " grad " + info.name);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, TrainOpsCudaTest,
-    ::testing::Values(StepCase{Precision::kF32, KvCacheDtype::kF32, false, false},
-                      StepCase{Precision::kF32, KvCacheDtype::kFP8, true, false},
-                      StepCase{Precision::kBF16, KvCacheDtype::kBF16, false, false},
-                      StepCase{Precision::kFP8, KvCacheDtype::kFP8, false, false},
-                      StepCase{Precision::kFP8, KvCacheDtype::kFP8, true, true}),
+    ::testing::Values(StepCase{model::Precision::kF32, model::KvCacheDtype::kF32, false, false},
+                      StepCase{model::Precision::kF32, model::KvCacheDtype::kFP8, true, false},
+                      StepCase{model::Precision::kBF16, model::KvCacheDtype::kBF16, false, false},
+                      StepCase{model::Precision::kFP8, model::KvCacheDtype::kFP8, false, false},
+                      StepCase{model::Precision::kFP8, model::KvCacheDtype::kFP8, true, true}),
     [](const auto& info) { return step_name(info.param); });
 
 // What the model asks of the device is refused before the device is touched (runs everywhere):
 // MoE, and FP8 linears whose widths cuBLASLt's training GEMMs cannot take.
 TEST(TrainOpsCuda, RefusesMoeAndFp8ShapesBeforeTheDevice) {
-  PrecisionPolicy fp8;
-  fp8.linear = Precision::kFP8;
-  auto moe = Model::Init(
-      testing::make_qwen3_moe_config(64, 64, 128, 1, 2, 1, 32, false, 4, 2, 32, true), fp8, 1);
+  model::PrecisionPolicy fp8;
+  fp8.linear = model::Precision::kFP8;
+  auto moe = model::Model::Init(
+      model::testing::make_qwen3_moe_config(64, 64, 128, 1, 2, 1, 32, false, 4, 2, 32, true), fp8,
+      1);
   ASSERT_TRUE(moe.ok()) << moe.status();
   absl::Status st = CudaTrainOps::Create(**moe).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("MoE"), std::string::npos) << st;
   // intermediate 200: gate/up out and down in are not multiples of 16.
-  auto odd = Model::Init(testing::make_config(64, 64, 200, 1, 2, 1, true), fp8, 1);
+  auto odd = model::Model::Init(model::testing::make_config(64, 64, 200, 1, 2, 1, true), fp8, 1);
   ASSERT_TRUE(odd.ok()) << odd.status();
   st = CudaTrainOps::Create(**odd).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
@@ -464,8 +466,8 @@ TEST(TrainOpsCuda, RefusesMoeAndFp8ShapesBeforeTheDevice) {
 
 // Without a device the ops refuse to start (the skip path of every test above).
 TEST(TrainOpsCuda, CreateNeedsAnSm90Device) {
-  PrecisionPolicy policy;
-  auto m = Model::Init(testing::make_config(64, 64, 128, 1, 2, 1, true), policy, 1);
+  model::PrecisionPolicy policy;
+  auto m = model::Model::Init(model::testing::make_config(64, 64, 128, 1, 2, 1, true), policy, 1);
   ASSERT_TRUE(m.ok());
   auto ops = CudaTrainOps::Create(**m);
   if (kc::require_sm90().ok()) {
@@ -476,4 +478,4 @@ TEST(TrainOpsCuda, CreateNeedsAnSm90Device) {
 }
 
 }  // namespace
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

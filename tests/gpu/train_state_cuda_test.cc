@@ -11,20 +11,20 @@
 #include <random>
 #include <vector>
 
+#include "engine/train_state.h"
 #include "kernels/cuda/optim_cuda.h"
-#include "model/cuda/train_state.h"
 #include "model/optimizer.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/unit/model/train_state_test_util.h"
+#include "tests/unit/engine/train_state_test_util.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
 namespace kc = kernels::cuda;
 using kc::testing::same_float;
 
-const AdamWConfig& kAdamW = testing::kTrainStateAdamW;
-using testing::random_grads;
+const model::AdamWConfig& kAdamW = model::testing::kTrainStateAdamW;
+using model::testing::random_grads;
 
 // Relative bound on |norm_gpu - norm_cpu| / norm_cpu for n non-negative exact terms summed in two
 // orders (kernels/cuda/optim_cuda.h), plus the final sqrt roundings.
@@ -38,12 +38,12 @@ int64_t count_differing(const std::vector<float>& a, const float* b, int64_t n) 
 
 TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
   FP8RL_REQUIRE_SM90();
-  const PrecisionPolicy policy{
-      .linear = Precision::kFP8, .kv_cache = Precision::kFP8, .bf16_first_layers = 1};
-  auto made = Model::Init(testing::train_state_config(), policy, 11);
+  const model::PrecisionPolicy policy{
+      .linear = model::Precision::kFP8, .kv_cache = model::Precision::kFP8, .bf16_first_layers = 1};
+  auto made = model::Model::Init(model::testing::train_state_config(), policy, 11);
   ASSERT_TRUE(made.ok());
-  Model& cpu = **made;
-  testing::randomize(cpu, 5);
+  model::Model& cpu = **made;
+  model::testing::randomize(cpu, 5);
   cpu.refresh();
   auto dev = make_cuda_train_device();
   ASSERT_TRUE(dev.ok()) << dev.status();
@@ -51,9 +51,9 @@ TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
       cpu, {.adamw = kAdamW, .keep_bf16_copy = true, .keep_transposed = true}, *std::move(dev));
   ASSERT_TRUE(st.ok()) << st.status();
   DeviceTrainState& s = **st;
-  AdamW opt(cpu, kAdamW);
+  model::AdamW opt(cpu, kAdamW);
   const int64_t n = cpu.num_params();
-  testing::TempDir dir;
+  model::testing::TempDir dir;
   for (int step = 0; step < 4; ++step) {
     std::vector<float> g = random_grads(n, 100 + step);
     ASSERT_TRUE(s.device().upload(s.grads(), g.data(), 4 * n).ok());
@@ -72,15 +72,15 @@ TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
     EXPECT_EQ(count_differing(*s.download(s.master()), cpu.params().data(), n), 0);
     EXPECT_EQ(count_differing(*s.download(s.grads()), g.data(), n), 0);
     ASSERT_TRUE(opt.save_state(dir / "opt.safetensors").ok());
-    auto cs = load_adamw_state(dir / "opt.safetensors", n);
+    auto cs = model::load_adamw_state(dir / "opt.safetensors", n);
     ASSERT_TRUE(cs.ok());
     EXPECT_EQ(count_differing(*s.download(s.exp_avg()), cs->m.data(), n), 0);
     EXPECT_EQ(count_differing(*s.download(s.exp_avg_sq()), cs->v.data(), n), 0);
     // Re-quantized working copies, bit for bit: codes and scales, and the transposes.
     for (const Fp8Weight& w : s.fp8_weights()) {
-      const ParamInfo& p = cpu.layout().params()[w.param];
+      const model::ParamInfo& p = cpu.layout().params()[w.param];
       const float* master = cpu.params().data() + p.offset;
-      const LinearWeight* lw = nullptr;
+      const model::LinearWeight* lw = nullptr;
       for (int64_t l = 0; l < 3; ++l) {
         for (int64_t j = 0; j < 7; ++j) {
           if (cpu.layer_linear(l, j).master == master) lw = &cpu.layer_linear(l, j);
@@ -93,7 +93,7 @@ TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
       EXPECT_TRUE(q->data == lw->q.data && q->scale_inv == lw->q.scale_inv) << p.name;
       EXPECT_TRUE(qt->data == lw->qt.data && qt->scale_inv == lw->qt.scale_inv) << p.name;
     }
-    auto want_set = cpu.export_weights(WeightFormat::kFP8, step);
+    auto want_set = cpu.export_weights(model::WeightFormat::kFP8, step);
     auto got_set = s.export_fp8(step);
     ASSERT_TRUE(want_set.ok() && got_set.ok()) << got_set.status();
     ASSERT_EQ(want_set->tensors.size(), got_set->tensors.size());
@@ -104,7 +104,7 @@ TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
           << want_set->tensors[i].name;
     }
     // BF16 export: rounded on the device, bf16 bits only to the host.
-    auto want_bf16 = cpu.export_weights(WeightFormat::kBF16, step);
+    auto want_bf16 = cpu.export_weights(model::WeightFormat::kBF16, step);
     auto got_bf16 = s.export_bf16(step);
     ASSERT_TRUE(want_bf16.ok() && got_bf16.ok()) << got_bf16.status();
     ASSERT_EQ(want_bf16->tensors.size(), got_bf16->tensors.size());
@@ -119,7 +119,7 @@ TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
 
 TEST(TrainStateCuda, KvRecordsEqualTheCpuCalibrator) {
   FP8RL_REQUIRE_SM90();
-  auto made = Model::Init(testing::make_config(97, 64, 96, 2, 4, 2, true), {}, 3);
+  auto made = model::Model::Init(model::testing::make_config(97, 64, 96, 2, 4, 2, true), {}, 3);
   ASSERT_TRUE(made.ok());
   auto dev = make_cuda_train_device();
   ASSERT_TRUE(dev.ok()) << dev.status();
@@ -127,7 +127,7 @@ TEST(TrainStateCuda, KvRecordsEqualTheCpuCalibrator) {
       DeviceTrainState::Create(**made, {.adamw = kAdamW, .kv_record_capacity = 5}, *std::move(dev));
   ASSERT_TRUE(st.ok()) << st.status();
   DeviceTrainState& s = **st;
-  KvCalibrator want(2);
+  model::KvCalibrator want(2);
   std::mt19937 gen(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   // 4 calls of 3 sequences (the capacity of 5 forces flushes); lengths up to 100k elements so the
@@ -171,7 +171,7 @@ TEST(OptimCuda, AmaxOfFloatAndBf16EqualsTheHostMirror) {
   x[12345] = std::numeric_limits<float>::quiet_NaN();  // skipped on both
   std::vector<uint16_t> b(n);
   for (int64_t i = 0; i < n; ++i) b[i] = kernels::dm::float_to_bf16(x[i]);
-  auto host = make_host_train_device();
+  auto host = make_cpu_train_device();
   float want = 0, want_b = 0;
   ASSERT_TRUE(host->amax_into(x.data(), n, &want).ok());
   ASSERT_TRUE(host->amax_into_bf16(b.data(), n, &want_b).ok());
@@ -208,4 +208,4 @@ TEST(OptimCuda, SumOfSquaresIsDeterministicAndWithinItsBoundOfTheCpuSum) {
 }
 
 }  // namespace
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

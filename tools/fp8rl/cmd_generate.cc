@@ -26,7 +26,7 @@ namespace {
 constexpr char kName[] = "generate";
 constexpr int64_t kStepTokens = 2048;  // rows per forward (model::Generator's default)
 
-// Runs every prompt through `gen` (model::Generator on the CPU, generation::BackendGenerator on
+// Runs every prompt through `gen` (model::Generator on the CPU, model::BackendGenerator on
 // CUDA) and stores the results in prompt order. A prompt is admitted when the generator has room:
 // a backend's KV pool answers ResourceExhausted while its blocks are taken, and the prompt waits
 // for running samples to finish; a prompt that does not fit an idle generator is an error naming
@@ -123,7 +123,7 @@ int generate_main(const std::vector<std::string>& argv) {
     }
     sp.stop_tokens.push_back(id);
   }
-  // cuda: generation::BackendGenerator over the CUDA inference backend (the generation worker's
+  // cuda: model::BackendGenerator over the CUDA inference backend (the generation worker's
   // loop on --device cuda), offered only when this build has the backend; cpu: model::Generator.
   absl::StatusOr<CliDevice> device = resolve_device_flags(
       *args, kName,
@@ -149,7 +149,7 @@ int generate_main(const std::vector<std::string>& argv) {
     }
     auto made = model::make_cuda_backend(m, options);
     if (!made.ok()) return failure(kName, std::string(made.status().message()));
-    generation::BackendGenerator gen(std::move(*made), options.max_step_tokens);
+    model::BackendGenerator gen(std::move(*made), options.max_step_tokens);
     generated = generate_all(gen, *lines, sp, v[2], &results);
   } else {
     model::Generator gen(m, kStepTokens);

@@ -13,6 +13,7 @@
 namespace fp8rl::generation {
 namespace {
 
+using model::BackendGenerator;
 using testing::export_set;
 using testing::prompt_for;
 using testing::random_model;

@@ -1,29 +1,29 @@
-// The training step of the device trainer (model/cuda/train_step.h) without a GPU: the step over
-// its CPU mirror (HostTrainOps: kernels/cpu + model/linear.h) against the reference training
+// The training step of the device trainer (engine/train_step.h) without a GPU: the step over
+// its CPU mirror (CpuTrainOps: kernels/cpu + model/linear.h) against the reference training
 // engine (Model::forward / Model::backward), per precision policy, with the KV fake-quantization
 // on and off, over several packed sequences. The mirror runs the same operations in the same
 // order as the reference, so logprobs, KV calibration records and every gradient must be equal
 // bit for bit.
-#include "model/cuda/train_step.h"
+#include "engine/train_step.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
+#include "engine/cpu/train_ops.h"
 #include "kernels/gemm.h"
 #include "kernels/quantize.h"
-#include "model/cuda/host_train_ops.h"
 #include "model/linear.h"
 #include "model/rng.h"
 #include "tests/unit/model/model_test_util.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
 struct Case {
-  Precision linear;
-  KvCacheDtype kv;
+  model::Precision linear;
+  model::KvCacheDtype kv;
   bool kv_fake_quant;
   int arch;            // 0: Llama (tied embedding), 1: Qwen2 (q/k/v bias), 2: Qwen3 (q/k norm)
   bool mixed = false;  // FP8 recipe with layer 0 kept in bf16 and power-of-two scales
@@ -35,14 +35,14 @@ std::string case_name(const Case& c) {
          (c.kv_fake_quant ? "_fq_" : "_nofq_") + kArch[c.arch] + (c.mixed ? "_mixed" : "");
 }
 
-ModelConfig config_for(int arch, int64_t vocab) {
+model::ModelConfig config_for(int arch, int64_t vocab) {
   switch (arch) {
     case 1:
-      return testing::make_config(vocab, 128, 256, 2, 4, 2, false, /*qwen2=*/true);
+      return model::testing::make_config(vocab, 128, 256, 2, 4, 2, false, /*qwen2=*/true);
     case 2:
-      return testing::make_qwen3_config(vocab, 128, 256, 2, 4, 2, 48, false);
+      return model::testing::make_qwen3_config(vocab, 128, 256, 2, 4, 2, 48, false);
     default:
-      return testing::make_config(vocab, 128, 256, 2, 4, 1, true);
+      return model::testing::make_config(vocab, 128, 256, 2, 4, 1, true);
   }
 }
 
@@ -56,7 +56,7 @@ class TrainStepMirrorTest : public ::testing::TestWithParam<Case> {};
 TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
   const Case c = GetParam();
   constexpr int64_t kVocab = 160;
-  PrecisionPolicy policy;
+  model::PrecisionPolicy policy;
   policy.linear = c.linear;
   policy.kv_cache = c.kv;
   policy.train_kv_fake_quant = c.kv_fake_quant;
@@ -64,27 +64,27 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
     policy.bf16_first_layers = 1;
     policy.pow2_scales = true;
   }
-  const ModelConfig config = config_for(c.arch, kVocab);
-  auto made = Model::Init(config, policy, 5, 0.05f);
+  const model::ModelConfig config = config_for(c.arch, kVocab);
+  auto made = model::Model::Init(config, policy, 5, 0.05f);
   ASSERT_TRUE(made.ok()) << made.status();
-  Model& model = **made;
-  testing::randomize(model, 11);
-  if (c.kv == KvCacheDtype::kFP8) {
-    KvScales s = model.kv_scales();
+  model::Model& model = **made;
+  model::testing::randomize(model, 11);
+  if (c.kv == model::KvCacheDtype::kFP8) {
+    model::KvScales s = model.kv_scales();
     for (auto& k : s.k) k = 0.03f;
     for (auto& v : s.v) v = 0.02f;
     ASSERT_TRUE(model.set_kv_scales(s).ok());
   }
-  Rng rng(3);
-  TokenBatch batch;
-  for (int64_t n : {9, 2, 71}) batch.push_back(testing::random_tokens(rng, n, kVocab));
+  model::Rng rng(3);
+  model::TokenBatch batch;
+  for (int64_t n : {9, 2, 71}) batch.push_back(model::testing::random_tokens(rng, n, kVocab));
   const float temperature = 0.7f;
 
-  KvCalibrator ref_cal(config.num_hidden_layers), cal(config.num_hidden_layers);
-  ForwardContext ctx;
+  model::KvCalibrator ref_cal(config.num_hidden_layers), cal(config.num_hidden_layers);
+  model::ForwardContext ctx;
   auto ref = model.forward(batch, {.temperature = temperature, .calibrator = &ref_cal}, &ctx);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  HostTrainStep step;
+  CpuTrainStep step;
   auto got = step.forward(model, batch, {.temperature = temperature, .calibrator = &cal});
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), ref->size());
@@ -102,7 +102,7 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
   EXPECT_EQ(cal.v_records(), ref_cal.v_records());
   EXPECT_EQ(cal.num_records(), 3);
 
-  TokenValues dlogp(batch.size());
+  model::TokenValues dlogp(batch.size());
   for (size_t s = 0; s < batch.size(); ++s) {
     dlogp[s].resize(batch[s].size() - 1);
     for (float& v : dlogp[s]) v = s == 1 ? 0.0f : static_cast<float>(rng.normal());
@@ -118,7 +118,7 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
                              [&](int64_t from) { finals.push_back(from); })
                   .ok());
   // Every parameter tensor received a gradient, and each equals the reference's bit for bit.
-  for (const ParamInfo& info : model.layout().params()) {
+  for (const model::ParamInfo& info : model.layout().params()) {
     double moved = 0;
     for (int64_t i = 0; i < info.numel; ++i) {
       const int64_t at = info.offset + i;
@@ -129,7 +129,7 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
     EXPECT_GT(moved, 0.0) << info.name << " got no gradient";
   }
   // Activation recomputation per layer: fewer saved floats, the same logprobs and gradients.
-  HostTrainStep re;
+  CpuTrainStep re;
   const TrainStepOptions re_opts{.temperature = temperature, .recompute_layers = true};
   auto re_lp = re.forward(model, batch, re_opts);
   ASSERT_TRUE(re_lp.ok()) << re_lp.status();
@@ -147,33 +147,33 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
   for (size_t i = 1; i < finals.size(); ++i) EXPECT_LT(finals[i], finals[i - 1]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, TrainStepMirrorTest,
-                         ::testing::Values(Case{Precision::kF32, KvCacheDtype::kF32, true, 0},
-                                           Case{Precision::kF32, KvCacheDtype::kFP8, true, 2},
-                                           Case{Precision::kF32, KvCacheDtype::kFP8, false, 1},
-                                           Case{Precision::kBF16, KvCacheDtype::kBF16, true, 1},
-                                           Case{Precision::kBF16, KvCacheDtype::kFP8, true, 0},
-                                           Case{Precision::kBF16, KvCacheDtype::kFP8, false, 2},
-                                           Case{Precision::kFP8, KvCacheDtype::kFP8, true, 0},
-                                           Case{Precision::kFP8, KvCacheDtype::kFP8, false, 1},
-                                           Case{Precision::kFP8, KvCacheDtype::kBF16, true, 2},
-                                           Case{Precision::kFP8, KvCacheDtype::kFP8, true, 2,
-                                                true}),
-                         [](const auto& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Policies, TrainStepMirrorTest,
+    ::testing::Values(Case{model::Precision::kF32, model::KvCacheDtype::kF32, true, 0},
+                      Case{model::Precision::kF32, model::KvCacheDtype::kFP8, true, 2},
+                      Case{model::Precision::kF32, model::KvCacheDtype::kFP8, false, 1},
+                      Case{model::Precision::kBF16, model::KvCacheDtype::kBF16, true, 1},
+                      Case{model::Precision::kBF16, model::KvCacheDtype::kFP8, true, 0},
+                      Case{model::Precision::kBF16, model::KvCacheDtype::kFP8, false, 2},
+                      Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, true, 0},
+                      Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, false, 1},
+                      Case{model::Precision::kFP8, model::KvCacheDtype::kBF16, true, 2},
+                      Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, true, 2, true}),
+    [](const auto& info) { return case_name(info.param); });
 
-// The device's FP8 wgrad (model/cuda/cuda_train_ops.h) pads the token dimension of dY^T and X^T
+// The device's FP8 wgrad (engine/cuda/cuda_train_ops.h) pads the token dimension of dY^T and X^T
 // with zeros to a multiple of 16 before the 1x128 tiling; on the CPU recipe (model/linear.h) the
 // last tile is a partial one. Zeros change no tile's amax, hence no scale and no code, and add
 // exact zeros to the sums: the padded wgrad equals linear_backward's bit for bit.
 TEST(TrainStep, ZeroPaddedTokensLeaveFp8WgradUnchanged) {
   const int64_t m = 145, n = 32, k = 48, ld = 160;  // a full tile of 128 tokens and 17 padded to 32
-  Rng rng(9);
+  model::Rng rng(9);
   std::vector<float> x(m * k), dy(m * n), master(n * k);
   for (float& v : x) v = static_cast<float>(rng.normal());
   for (float& v : dy) v = static_cast<float>(rng.normal());
   for (float& v : master) v = static_cast<float>(0.05 * rng.normal());
-  LinearWeight w;
-  prepare_linear(master.data(), n, k, Precision::kFP8, false, &w);
+  model::LinearWeight w;
+  prepare_linear(master.data(), n, k, model::Precision::kFP8, false, &w);
   std::vector<float> want(n * k, 0.0f), got(n * k, 0.0f);
   ASSERT_TRUE(linear_backward(w, x.data(), dy.data(), m, nullptr, want.data(), nullptr).ok());
   // What the device does: transpose with zero padding, 1x128 tiles along the tokens, one GEMM.
@@ -196,7 +196,7 @@ TEST(TrainStep, ZeroPaddedTokensLeaveFp8WgradUnchanged) {
 }
 
 TEST(TrainStep, TablesAndBadInput) {
-  const ModelConfig config = config_for(0, 50);
+  const model::ModelConfig config = config_for(0, 50);
   auto t = build_train_tables({{1, 2, 3}, {4}, {5, 6}}, config);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->rows, 6);
@@ -222,17 +222,17 @@ TEST(TrainStep, TablesAndBadInput) {
 }
 
 TEST(TrainStep, RefusesMoeBadTemperatureAndBadDlogp) {
-  PrecisionPolicy policy;
-  const ModelConfig moe =
-      testing::make_qwen3_moe_config(64, 64, 128, 1, 2, 1, 32, false, 4, 2, 32, true);
-  auto m = Model::Init(moe, policy, 1);
+  model::PrecisionPolicy policy;
+  const model::ModelConfig moe =
+      model::testing::make_qwen3_moe_config(64, 64, 128, 1, 2, 1, 32, false, 4, 2, 32, true);
+  auto m = model::Model::Init(moe, policy, 1);
   ASSERT_TRUE(m.ok()) << m.status();
-  HostTrainStep step;
+  CpuTrainStep step;
   auto r = step.forward(**m, {{1, 2, 3}}, {});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("MoE"), std::string::npos) << r.status();
 
-  auto d = Model::Init(config_for(0, 50), policy, 1);
+  auto d = model::Model::Init(config_for(0, 50), policy, 1);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(step.forward(**d, {{1, 2, 3}}, {.temperature = 0.0f}).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -248,4 +248,4 @@ TEST(TrainStep, RefusesMoeBadTemperatureAndBadDlogp) {
 }
 
 }  // namespace
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,12 +1,12 @@
-// Kernels of model/cuda/model_kernels.h: one thread per output element, obviously right first.
+// Kernels of engine/cuda/step_kernels.h: one thread per output element, obviously right first.
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/step_kernels.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/device_math/hd.h"
-#include "model/cuda/model_kernels.h"
 
-namespace fp8rl::model::gpu::cuda {
+namespace fp8rl::engine::cuda {
 namespace {
 
 namespace dm = kernels::dm;
@@ -119,4 +119,4 @@ absl::Status gather_rows(const float* x, int64_t h, const int32_t* rows, int64_t
   return launched("gather_rows");
 }
 
-}  // namespace fp8rl::model::gpu::cuda
+}  // namespace fp8rl::engine::cuda

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/train_state.h"
 #include "kernels/device_math/adamw.h"
 #include "kernels/device_math/hd.h"
 #include "kernels/quantize.h"
-#include "model/cuda/train_state.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
 constexpr std::align_val_t kHostAlign{256};
@@ -131,14 +131,6 @@ class HostTrainDevice : public TrainDevice {
 
 }  // namespace
 
-std::unique_ptr<TrainDevice> make_host_train_device() {
-  return std::make_unique<HostTrainDevice>();
-}
+std::unique_ptr<TrainDevice> make_cpu_train_device() { return std::make_unique<HostTrainDevice>(); }
 
-#if !defined(FP8RL_HAVE_CUDA_TRAIN)
-absl::StatusOr<std::unique_ptr<TrainDevice>> make_cuda_train_device(CUstream_st*) {
-  return absl::UnimplementedError("the CUDA train device needs a build with CUDA");
-}
-#endif
-
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,6 +1,6 @@
 // CudaTrainOps: device weights in the training GEMM formats, the step's tables and scratch, and
-// the training step's ops over kernels/cuda (model/cuda/cuda_train_ops.h).
-#include "model/cuda/cuda_train_ops.h"
+// the training step's ops over kernels/cuda (engine/cuda/cuda_train_ops.h).
+#include "engine/cuda/cuda_train_ops.h"
 
 #include <cuda_runtime_api.h>
 
@@ -10,15 +10,15 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/decoder_ops.h"
+#include "engine/cuda/step_kernels.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decoder_cuda.h"
 #include "kernels/cuda/fp8_cuda.h"
 #include "kernels/cuda/train_cuda.h"
 #include "kernels/formats.h"
-#include "model/cuda/host_decoder_ops.h"
-#include "model/cuda/model_kernels.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
 namespace kc = kernels::cuda;
@@ -35,17 +35,17 @@ enum class LinearKind { kF64Acc, kBf16Lt, kFp8Lt };
 
 struct DeviceTrainLinear {
   LinearKind kind = LinearKind::kF64Acc;
-  Precision precision = Precision::kF32;
+  model::Precision precision = model::Precision::kF32;
   int64_t out = 0, in = 0;
   kc::DeviceBuffer dense;          // kF64Acc: fp32 values [out, in] (bf16-valued for bf16)
   kc::DeviceBuffer bf16, bf16_t;   // kBf16Lt: bf16 bits [out, in] and [in, out]
   kc::Fp8DeviceMatrix fp8, fp8_t;  // kFp8Lt: 128x128 blocks of W [out, in] and W^T [in, out]
 };
 
-dm::KvDtype kv_dtype(KvCacheDtype d) {
-  return d == KvCacheDtype::kF32    ? dm::KvDtype::kF32
-         : d == KvCacheDtype::kBF16 ? dm::KvDtype::kBF16
-                                    : dm::KvDtype::kFP8;
+dm::KvDtype kv_dtype(model::KvCacheDtype d) {
+  return d == model::KvCacheDtype::kF32    ? dm::KvDtype::kF32
+         : d == model::KvCacheDtype::kBF16 ? dm::KvDtype::kBF16
+                                           : dm::KvDtype::kFP8;
 }
 
 int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -71,8 +71,8 @@ class Scratch {
 };
 
 // cuBLASLt FP8 rules for fprop (K = in), dgrad (K = out) and wgrad (M = out, N = in).
-absl::Status check_fp8_shape(const LinearWeight& w, int64_t layer, int64_t j) {
-  if (w.precision != Precision::kFP8 || (w.in % 16 == 0 && w.out % 16 == 0)) {
+absl::Status check_fp8_shape(const model::LinearWeight& w, int64_t layer, int64_t j) {
+  if (w.precision != model::Precision::kFP8 || (w.in % 16 == 0 && w.out % 16 == 0)) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(
@@ -82,13 +82,13 @@ absl::Status check_fp8_shape(const LinearWeight& w, int64_t layer, int64_t j) {
 
 class CudaTrainOpsImpl final : public CudaTrainOps {
  public:
-  explicit CudaTrainOpsImpl(const Model& model)
+  explicit CudaTrainOpsImpl(const model::Model& model)
       : config_(model.config()), policy_(model.policy()), layout_(model.layout()) {}
   ~CudaTrainOpsImpl() override {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
-  absl::Status init(const Model& model) {
+  absl::Status init(const model::Model& model) {
     // What the model asks of the device is checked before the device is touched.
     if (config_.is_moe()) {
       return absl::FailedPreconditionError(
@@ -106,9 +106,9 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
     return upload_weights(model);
   }
 
-  absl::Status upload_weights(const Model& m) override;
+  absl::Status upload_weights(const model::Model& m) override;
   absl::Status refresh_from_device(const float* master) override;
-  absl::Status set_kv_scales(const KvScales& scales) override {
+  absl::Status set_kv_scales(const model::KvScales& scales) override {
     if (static_cast<int64_t>(scales.k.size()) != config_.num_hidden_layers ||
         static_cast<int64_t>(scales.v.size()) != config_.num_hidden_layers) {
       return absl::InvalidArgumentError("set_kv_scales: one k and one v scale per layer");
@@ -229,15 +229,15 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
   DeviceTrainLinear& weight(int64_t layer, int64_t j) {
     return layer < 0 ? head_ : linears_[layer][j];
   }
-  absl::Status place(const LinearWeight& w, DeviceTrainLinear& d, const std::string& what);
+  absl::Status place(const model::LinearWeight& w, DeviceTrainLinear& d, const std::string& what);
   // Quantizes x [rows (padded to 8), cols] in 1x128 tiles into scratch slot `slot`.
   absl::StatusOr<kc::Fp8DeviceView> quantize_tiles(const float* x, int64_t rows, int64_t cols,
                                                    int slot);
 
-  ModelConfig config_;
-  PrecisionPolicy policy_;
-  ParamLayout layout_;
-  KvScales kv_scales_;
+  model::ModelConfig config_;
+  model::PrecisionPolicy policy_;
+  model::ParamLayout layout_;
+  model::KvScales kv_scales_;
   kc::Stream stream_ = nullptr;
   std::unique_ptr<kc::CublasLtGemm> gemm_;
   std::vector<std::array<DeviceTrainLinear, 7>> linears_;
@@ -256,7 +256,7 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
   std::array<Scratch, 2> codes_, scales_;
 };
 
-absl::Status CudaTrainOpsImpl::place(const LinearWeight& w, DeviceTrainLinear& d,
+absl::Status CudaTrainOpsImpl::place(const model::LinearWeight& w, DeviceTrainLinear& d,
                                      const std::string& what) {
   d.precision = w.precision;
   d.out = w.out;
@@ -269,7 +269,7 @@ absl::Status CudaTrainOpsImpl::place(const LinearWeight& w, DeviceTrainLinear& d
     }
     return kc::copy_to_device(dst.data(), src, bytes, stream_);
   };
-  if (w.precision == Precision::kFP8) {
+  if (w.precision == model::Precision::kFP8) {
     // cuBLASLt FP8 rules for fprop (K = in), dgrad (K = out) and wgrad (M = out, N = in).
     if (w.in % 16 != 0 || w.out % 16 != 0) {
       return absl::FailedPreconditionError(
@@ -290,7 +290,8 @@ absl::Status CudaTrainOpsImpl::place(const LinearWeight& w, DeviceTrainLinear& d
     return absl::FailedPreconditionError(absl::StrCat(what, ": the model holds no weights"));
   }
   const bool lt_ok = w.in % 8 == 0 && w.out % 8 == 0;
-  d.kind = w.precision == Precision::kBF16 && lt_ok ? LinearKind::kBf16Lt : LinearKind::kF64Acc;
+  d.kind =
+      w.precision == model::Precision::kBF16 && lt_ok ? LinearKind::kBf16Lt : LinearKind::kF64Acc;
   if (d.kind == LinearKind::kBf16Lt) {
     std::vector<uint16_t> bits(values.size()), bits_t(values.size());
     for (int64_t r = 0; r < w.out; ++r) {
@@ -306,7 +307,7 @@ absl::Status CudaTrainOpsImpl::place(const LinearWeight& w, DeviceTrainLinear& d
   return upload(d.dense, values.data(), values.size() * 4);
 }
 
-absl::Status CudaTrainOpsImpl::upload_weights(const Model& m) {
+absl::Status CudaTrainOpsImpl::upload_weights(const model::Model& m) {
   if (m.config().hidden_size != config_.hidden_size ||
       m.config().num_hidden_layers != config_.num_hidden_layers || !(m.policy() == policy_)) {
     return absl::InvalidArgumentError("upload_weights: another model shape or policy");
@@ -334,8 +335,8 @@ absl::Status CudaTrainOpsImpl::upload_weights(const Model& m) {
   FP8RL_TRY(upload(embed_, table.data(), static_cast<int64_t>(table.size())));
   FP8RL_TRY(upload(rope_cos_, m.rope_cos().data(), static_cast<int64_t>(m.rope_cos().size())));
   FP8RL_TRY(upload(rope_sin_, m.rope_sin().data(), static_cast<int64_t>(m.rope_sin().size())));
-  for (const ParamInfo& info : layout_.params()) {
-    if (info.kind == ParamKind::kNorm || info.kind == ParamKind::kBias) {
+  for (const model::ParamInfo& info : layout_.params()) {
+    if (info.kind == model::ParamKind::kNorm || info.kind == model::ParamKind::kBias) {
       FP8RL_TRY(upload(small_[info.offset], m.norm_or_bias(info.offset), info.numel));
     }
   }
@@ -362,13 +363,14 @@ absl::Status CudaTrainOpsImpl::refresh_from_device(const float* master) {
                                  stream_);
       case LinearKind::kF64Acc:
         FP8RL_TRY(copy(d.dense.as<float>(), src, n));
-        return d.precision == Precision::kF32 ? absl::OkStatus()
-                                              : cuda::round_bf16(d.dense.as<float>(), n, stream_);
+        return d.precision == model::Precision::kF32
+                   ? absl::OkStatus()
+                   : cuda::round_bf16(d.dense.as<float>(), n, stream_);
     }
     return absl::OkStatus();
   };
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const LayerOffsets& lo = layout_.layer(l);
+    const model::LayerOffsets& lo = layout_.layer(l);
     const std::array<int64_t, 7> offsets = {lo.q, lo.k, lo.v, lo.o, lo.gate, lo.up, lo.down};
     for (int64_t j = 0; j < 7; ++j) FP8RL_TRY(derive(linears_[l][j], offsets[j]));
   }
@@ -377,8 +379,8 @@ absl::Status CudaTrainOpsImpl::refresh_from_device(const float* master) {
   const int64_t table = config_.vocab_size * config_.hidden_size;
   FP8RL_TRY(copy(embed_.as<float>(), master + layout_.embed(), table));
   if (rb) FP8RL_TRY(cuda::round_bf16(embed_.as<float>(), table, stream_));
-  for (const ParamInfo& info : layout_.params()) {
-    if (info.kind != ParamKind::kNorm && info.kind != ParamKind::kBias) continue;
+  for (const model::ParamInfo& info : layout_.params()) {
+    if (info.kind != model::ParamKind::kNorm && info.kind != model::ParamKind::kBias) continue;
     float* dst = small_.at(info.offset).as<float>();
     FP8RL_TRY(copy(dst, master + info.offset, info.numel));
     if (rb) FP8RL_TRY(cuda::round_bf16(dst, info.numel, stream_));
@@ -428,7 +430,7 @@ absl::Status CudaTrainOpsImpl::linear(int64_t layer, int64_t j, const float* x, 
                                       const float* bias, float* y) {
   if (rows == 0) return absl::OkStatus();
   DeviceTrainLinear& w = weight(layer, j);
-  const bool rb = w.precision != Precision::kF32;  // linear_forward's output rounding
+  const bool rb = w.precision != model::Precision::kF32;  // linear_forward's output rounding
   switch (w.kind) {
     case LinearKind::kF64Acc:
       FP8RL_TRY(kc::gemm_nt_f64acc(x, w.dense.as<float>(), y, rows, w.out, w.in, false, stream_));
@@ -520,13 +522,13 @@ absl::Status CudaTrainOpsImpl::linear_backward(int64_t layer, int64_t j, const f
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaTrainOps>> CudaTrainOps::Create(const Model& model) {
+absl::StatusOr<std::unique_ptr<CudaTrainOps>> CudaTrainOps::Create(const model::Model& model) {
   auto ops = std::make_unique<CudaTrainOpsImpl>(model);
   if (absl::Status s = ops->init(model); !s.ok()) return s;
   return std::unique_ptr<CudaTrainOps>(std::move(ops));
 }
 
-absl::StatusOr<std::unique_ptr<CudaTrainStep>> CudaTrainStep::Create(const Model& model) {
+absl::StatusOr<std::unique_ptr<CudaTrainStep>> CudaTrainStep::Create(const model::Model& model) {
   auto ops = CudaTrainOps::Create(model);
   if (!ops.ok()) return ops.status();
   auto step = std::unique_ptr<CudaTrainStep>(new CudaTrainStep());
@@ -543,8 +545,9 @@ absl::Status CudaTrainStep::ensure_grads() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TokenValues> CudaTrainStep::forward(const Model& model, const TokenBatch& batch,
-                                                   const TrainStepOptions& opts) {
+absl::StatusOr<model::TokenValues> CudaTrainStep::forward(const model::Model& model,
+                                                          const model::TokenBatch& batch,
+                                                          const TrainStepOptions& opts) {
   auto t = build_train_tables(batch, model.config());
   if (!t.ok()) return t.status();
   tables_ = *std::move(t);
@@ -564,15 +567,15 @@ absl::StatusOr<TokenValues> CudaTrainStep::forward(const Model& model, const Tok
                        opts_);
 }
 
-absl::Status CudaTrainStep::backward(const Model& model, const TokenValues& dlogp,
-                                     const Model::GradientsFinal& on_final) {
+absl::Status CudaTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
+                                     const model::Model::GradientsFinal& on_final) {
   if (absl::Status s = ensure_grads(); !s.ok()) return s;
   return backward_into(model, dlogp, grads_, on_final);
 }
 
-absl::Status CudaTrainStep::backward_into(const Model& model, const TokenValues& dlogp,
-                                          float* device_grads,
-                                          const Model::GradientsFinal& on_final) {
+absl::Status CudaTrainStep::backward_into(const model::Model& model,
+                                          const model::TokenValues& dlogp, float* device_grads,
+                                          const model::Model::GradientsFinal& on_final) {
   if (buffers_.layers.empty()) return absl::FailedPreconditionError("backward: no forward ran");
   if (device_grads == nullptr) return absl::InvalidArgumentError("backward: grads is null");
   return train_backward(model.config(), model.policy(), model.layout(), *ops_, buffers_, tables_,
@@ -590,4 +593,4 @@ absl::Status CudaTrainStep::download_grads(std::vector<float>* out) {
   return ops_->to_host(out->data(), grads_, num_params_);
 }
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,4 +1,4 @@
-// The CPU mirror of the CUDA backend's ops: decoder_step() over host memory with kernels/cpu (the
+// The engine's decode-step ops on the CPU: decoder_step() over host memory with kernels/cpu (the
 // CPU reference of every CUDA kernel), model/linear.h linear_forward and a host paged KV pool in
 // the device layout (kernels/device_math/paged_kv.h). Tests run it against Model::forward_cached
 // to check the step's orchestration, rounding points and block tables without a GPU.
@@ -7,15 +7,15 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/cuda/decoder_step.h"
+#include "engine/decoder_step.h"
 #include "model/model.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
-class HostDecoderOps final : public DecoderOps {
+class CpuDecoderOps final : public DecoderOps {
  public:
   // A pool of `num_blocks` blocks of `block_tokens` positions per layer, in the policy's KV dtype.
-  HostDecoderOps(const Model& model, int64_t num_blocks, int64_t block_tokens);
+  CpuDecoderOps(const model::Model& model, int64_t num_blocks, int64_t block_tokens);
 
   absl::Status load_tables(const StepTables& t) override;
   absl::Status embed(int64_t rows, float* x) override;
@@ -35,7 +35,7 @@ class HostDecoderOps final : public DecoderOps {
  private:
   kernels::dm::PagedKvView view(int64_t layer);
 
-  const Model& model_;
+  const model::Model& model_;
   int64_t num_blocks_, block_tokens_, elem_;
   std::vector<std::vector<uint8_t>> k_pool_, v_pool_;  // per layer
   const StepTables* t_ = nullptr;
@@ -45,13 +45,13 @@ class HostDecoderOps final : public DecoderOps {
 // bf16-rounded copy or the fp32 master (models with a master), or the double-accumulation operand
 // (an inference-only model keeps only that one for BF16 linears and an untied lm_head). Empty for
 // an FP8 weight (its codes and scales are the operand).
-std::vector<float> linear_values(const LinearWeight& w);
+std::vector<float> linear_values(const model::LinearWeight& w);
 
 // Host scratch of a step of up to `rows` rows (decoder_step's StepBuffers over owned vectors).
-struct HostStepBuffers {
-  HostStepBuffers(const ModelConfig& config, int64_t rows);
+struct CpuStepBuffers {
+  CpuStepBuffers(const model::ModelConfig& config, int64_t rows);
   std::vector<float> x, h1, q, qn, k, kn, v, o, x2, h2, g, u, act, sel;
   StepBuffers view();
 };
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

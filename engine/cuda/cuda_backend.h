@@ -11,7 +11,7 @@
 //
 // Ran on an H200 (2026-12-04): tests/gpu/model_cuda_test.cc compares it with the CPU when sm_90
 // device is present; the orchestration it shares with the CPU mirror is tested on the CPU
-// (tests/unit/model/decoder_step_test.cc).
+// (tests/unit/engine/decoder_step_test.cc).
 #pragma once
 
 #include <memory>
@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "model/inference_backend.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 struct CudaBackendExtras {
   // BF16 linears (and lm_head) through the double-accumulating GEMM the CPU uses instead of
@@ -28,16 +28,16 @@ struct CudaBackendExtras {
   bool exact_bf16_linears = false;
 };
 
-class CudaBackend : public InferenceBackend {
+class CudaBackend : public model::InferenceBackend {
  public:
   // forward() that also copies every decoder layer's output x [rows, hidden] to the host (the
   // rows of all segments in order), for layer-by-layer comparison with the CPU.
-  virtual absl::Status forward_layers(const std::vector<BackendSegment>& segments, float* logits,
-                                      std::vector<std::vector<float>>* layers) = 0;
+  virtual absl::Status forward_layers(const std::vector<model::BackendSegment>& segments,
+                                      float* logits, std::vector<std::vector<float>>* layers) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> create_cuda_backend(
-    std::shared_ptr<const Model> model, const BackendOptions& options,
+    std::shared_ptr<const model::Model> model, const model::BackendOptions& options,
     const CudaBackendExtras& extras = {});
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,9 +1,9 @@
-// DeviceTrainState on its CPU mirror (make_host_train_device) against the CPU trainer: AdamW steps
+// DeviceTrainState on its CPU mirror (make_cpu_train_device) against the CPU trainer: AdamW steps
 // bit-identical to model::AdamW, FP8 working copies and the published weight set equal to
 // Model::refresh / Model::export_weights(kFP8), KV calibration records equal to the training
 // forward's, checkpoints that move between the two trainers, and the errors. The same logic runs
 // on the CUDA device in tests/gpu/train_state_cuda_test.cc.
-#include "model/cuda/train_state.h"
+#include "engine/train_state.h"
 
 #include <gtest/gtest.h>
 
@@ -16,15 +16,17 @@
 
 #include "model/model.h"
 #include "model/optimizer.h"
-#include "tests/unit/model/train_state_test_util.h"
+#include "tests/unit/engine/train_state_test_util.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
-ModelConfig small_config(bool tied = false) { return testing::train_state_config(tied); }
+model::ModelConfig small_config(bool tied = false) {
+  return model::testing::train_state_config(tied);
+}
 
-const AdamWConfig& kAdamW = testing::kTrainStateAdamW;
-using testing::random_grads;
+const model::AdamWConfig& kAdamW = model::testing::kTrainStateAdamW;
+using model::testing::random_grads;
 
 bool same_bits(const std::vector<float>& a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -36,13 +38,13 @@ bool same_bits(const std::vector<float>& a, const float* b, int64_t n) {
   return true;
 }
 
-void expect_same_sets(const WeightSet& want, const WeightSet& got) {
+void expect_same_sets(const model::WeightSet& want, const model::WeightSet& got) {
   EXPECT_EQ(want.version, got.version);
   EXPECT_EQ(want.config_json, got.config_json);
   ASSERT_EQ(want.tensors.size(), got.tensors.size());
   for (size_t i = 0; i < want.tensors.size(); ++i) {
-    const NamedTensor& a = want.tensors[i];
-    const NamedTensor& b = got.tensors[i];
+    const model::NamedTensor& a = want.tensors[i];
+    const model::NamedTensor& b = got.tensors[i];
     EXPECT_EQ(a.name, b.name);
     EXPECT_EQ(a.dtype, b.dtype) << a.name;
     EXPECT_EQ(a.shape, b.shape) << a.name;
@@ -51,42 +53,44 @@ void expect_same_sets(const WeightSet& want, const WeightSet& got) {
 }
 
 // The CPU optimizer's moments, through its state file.
-AdamWState cpu_state(const AdamW& opt, const std::string& path, int64_t n) {
+model::AdamWState cpu_state(const model::AdamW& opt, const std::string& path, int64_t n) {
   EXPECT_TRUE(opt.save_state(path).ok());
-  auto s = load_adamw_state(path, n);
+  auto s = model::load_adamw_state(path, n);
   EXPECT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->step, opt.steps());
   return *std::move(s);
 }
 
 struct Pair {
-  std::unique_ptr<Model> cpu;
+  std::unique_ptr<model::Model> cpu;
   std::unique_ptr<DeviceTrainState> state;
 };
 
-Pair make_pair(const PrecisionPolicy& policy, const TrainStateOptions& options, bool tied = false) {
-  auto a = Model::Init(small_config(tied), policy, 11);
+Pair make_pair(const model::PrecisionPolicy& policy, const TrainStateOptions& options,
+               bool tied = false) {
+  auto a = model::Model::Init(small_config(tied), policy, 11);
   EXPECT_TRUE(a.ok()) << a.status();
-  testing::randomize(**a, 5);
+  model::testing::randomize(**a, 5);
   (*a)->refresh();
-  auto state = DeviceTrainState::Create(**a, options, make_host_train_device());
+  auto state = DeviceTrainState::Create(**a, options, make_cpu_train_device());
   EXPECT_TRUE(state.ok()) << state.status();
   return {std::move(*a), std::move(*state)};
 }
 
-class TrainStateSteps : public ::testing::TestWithParam<Precision> {};
+class TrainStateSteps : public ::testing::TestWithParam<model::Precision> {};
 
 TEST_P(TrainStateSteps, BitIdenticalToCpuAdamWRefreshAndExport) {
-  const PrecisionPolicy policy{.linear = GetParam(),
-                               .kv_cache = Precision::kFP8,
-                               .bf16_first_layers = GetParam() == Precision::kFP8 ? 1 : 0};
+  const model::PrecisionPolicy policy{
+      .linear = GetParam(),
+      .kv_cache = model::Precision::kFP8,
+      .bf16_first_layers = GetParam() == model::Precision::kFP8 ? 1 : 0};
   TrainStateOptions options{.adamw = kAdamW, .keep_bf16_copy = true, .keep_transposed = true};
   Pair p = make_pair(policy, options);
-  Model& cpu = *p.cpu;
+  model::Model& cpu = *p.cpu;
   DeviceTrainState& st = *p.state;
-  AdamW opt(cpu, kAdamW);
+  model::AdamW opt(cpu, kAdamW);
   const int64_t n = cpu.num_params();
-  testing::TempDir dir;
+  model::testing::TempDir dir;
   int clipped = 0;
   for (int step = 0; step < 4; ++step) {
     std::vector<float> g = random_grads(n, 100 + step);
@@ -101,15 +105,15 @@ TEST_P(TrainStateSteps, BitIdenticalToCpuAdamWRefreshAndExport) {
     clipped += got->clipped;
     EXPECT_TRUE(same_bits(*st.download(st.master()), cpu.params().data(), n));
     EXPECT_TRUE(same_bits(*st.download(st.grads()), g.data(), n));  // left scaled and clipped
-    const AdamWState cs = cpu_state(opt, dir / "opt.safetensors", n);
+    const model::AdamWState cs = cpu_state(opt, dir / "opt.safetensors", n);
     EXPECT_TRUE(same_bits(*st.download(st.exp_avg()), cs.m.data(), n));
     EXPECT_TRUE(same_bits(*st.download(st.exp_avg_sq()), cs.v.data(), n));
-    auto want_set = cpu.export_weights(WeightFormat::kFP8, step);
+    auto want_set = cpu.export_weights(model::WeightFormat::kFP8, step);
     auto got_set = st.export_fp8(step);
     ASSERT_TRUE(want_set.ok() && got_set.ok()) << got_set.status();
     expect_same_sets(*want_set, *got_set);
     // BF16: rounded on the device in pieces of the export scratch.
-    auto want_bf16 = cpu.export_weights(WeightFormat::kBF16, step);
+    auto want_bf16 = cpu.export_weights(model::WeightFormat::kBF16, step);
     auto got_bf16 = st.export_bf16(step);
     ASSERT_TRUE(want_bf16.ok() && got_bf16.ok()) << got_bf16.status();
     expect_same_sets(*want_bf16, *got_bf16);
@@ -119,13 +123,13 @@ TEST_P(TrainStateSteps, BitIdenticalToCpuAdamWRefreshAndExport) {
   int64_t fp8_count = 0;
   for (int64_t l = 0; l < cpu.config().num_hidden_layers; ++l) {
     for (int64_t j = 0; j < 7; ++j) {
-      const LinearWeight& w = cpu.layer_linear(l, j);
+      const model::LinearWeight& w = cpu.layer_linear(l, j);
       const int64_t offset = w.master - cpu.params().data();
       const Fp8Weight* fw = nullptr;
       for (const Fp8Weight& x : st.fp8_weights()) {
         if (cpu.layout().params()[x.param].offset == offset) fw = &x;
       }
-      if (w.precision != Precision::kFP8) {
+      if (w.precision != model::Precision::kFP8) {
         EXPECT_EQ(fw, nullptr);
         continue;
       }
@@ -138,7 +142,7 @@ TEST_P(TrainStateSteps, BitIdenticalToCpuAdamWRefreshAndExport) {
       EXPECT_TRUE(qt->data == w.qt.data && qt->scale_inv == w.qt.scale_inv);
     }
   }
-  EXPECT_EQ(fp8_count, GetParam() == Precision::kFP8 ? 2 * 7 : 0);
+  EXPECT_EQ(fp8_count, GetParam() == model::Precision::kFP8 ? 2 * 7 : 0);
   // The bf16 copy is master rounded to bf16.
   std::vector<uint16_t> bf16(n);
   ASSERT_TRUE(st.device().download(bf16.data(), st.bf16_params(), 2 * n).ok());
@@ -148,11 +152,12 @@ TEST_P(TrainStateSteps, BitIdenticalToCpuAdamWRefreshAndExport) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, TrainStateSteps,
-                         ::testing::Values(Precision::kF32, Precision::kBF16, Precision::kFP8),
+                         ::testing::Values(model::Precision::kF32, model::Precision::kBF16,
+                                           model::Precision::kFP8),
                          [](const auto& info) { return std::string(precision_name(info.param)); });
 
 TEST(TrainState, NonFiniteGradientSkipsTheStep) {
-  Pair p = make_pair({.linear = Precision::kFP8}, {.adamw = kAdamW});
+  Pair p = make_pair({.linear = model::Precision::kFP8}, {.adamw = kAdamW});
   DeviceTrainState& st = *p.state;
   const int64_t n = st.num_params();
   std::vector<float> g = random_grads(n, 3);
@@ -169,20 +174,21 @@ TEST(TrainState, NonFiniteGradientSkipsTheStep) {
 // The forward's own records: K (after RoPE) and V of every sequence of every layer, read back from
 // the saved activations and recorded through the state, give the calibrator the same numbers.
 TEST(TrainState, KvRecordsEqualTheTrainingForwardsCalibrator) {
-  const PrecisionPolicy policy{.linear = Precision::kBF16, .kv_cache = Precision::kF32};
+  const model::PrecisionPolicy policy{.linear = model::Precision::kBF16,
+                                      .kv_cache = model::Precision::kF32};
   // Capacity 4 with 3 sequences per call: the second call flushes the first to the host.
   Pair p = make_pair(policy, {.adamw = kAdamW, .kv_record_capacity = 4});
-  Model& cpu = *p.cpu;
+  model::Model& cpu = *p.cpu;
   DeviceTrainState& st = *p.state;
   const int64_t n_layers = cpu.config().num_hidden_layers;
   const int64_t kvd = cpu.config().num_key_value_heads * cpu.config().head_dim;
-  KvCalibrator want(n_layers);
-  Rng rng(4);
+  model::KvCalibrator want(n_layers);
+  model::Rng rng(4);
   for (int call = 0; call < 3; ++call) {
-    const TokenBatch batch = {testing::random_tokens(rng, 5 + call, 97),
-                              testing::random_tokens(rng, 9, 97),
-                              testing::random_tokens(rng, 3, 97)};
-    ForwardContext ctx;
+    const model::TokenBatch batch = {model::testing::random_tokens(rng, 5 + call, 97),
+                                     model::testing::random_tokens(rng, 9, 97),
+                                     model::testing::random_tokens(rng, 3, 97)};
+    model::ForwardContext ctx;
     ASSERT_TRUE(cpu.forward(batch, {.calibrator = &want}, &ctx).ok());
     auto first = st.begin_kv_records(static_cast<int64_t>(batch.size()));
     ASSERT_TRUE(first.ok()) << first.status();
@@ -208,17 +214,17 @@ TEST(TrainState, KvRecordsEqualTheTrainingForwardsCalibrator) {
   EXPECT_EQ(st.kv_calibrator().num_records(), 9);
   EXPECT_EQ(st.kv_calibrator().k_records(), want.k_records());
   EXPECT_EQ(st.kv_calibrator().v_records(), want.v_records());
-  const KvScales a = want.scales(), b = st.kv_calibrator().scales();
+  const model::KvScales a = want.scales(), b = st.kv_calibrator().scales();
   EXPECT_EQ(a.k, b.k);
   EXPECT_EQ(a.v, b.v);
   EXPECT_NE(b.k[0], 1.0f);  // calibrated, not the fallback
   ASSERT_TRUE(st.set_kv_scales(b).ok());
   ASSERT_TRUE(cpu.set_kv_scales(a).ok());
-  expect_same_sets(*cpu.export_weights(WeightFormat::kFP8), *st.export_fp8());
+  expect_same_sets(*cpu.export_weights(model::WeightFormat::kFP8), *st.export_fp8());
 }
 
 TEST(TrainState, AmaxSkipsNanAndKeepsInf) {
-  auto dev = make_host_train_device();
+  auto dev = make_cpu_train_device();
   float slot = 0;
   const std::vector<float> x = {1.0f, -3.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f};
   ASSERT_TRUE(dev->amax_into(x.data(), 4, &slot).ok());
@@ -235,11 +241,12 @@ TEST(TrainState, AmaxSkipsNanAndKeepsInf) {
 
 // A checkpoint written by either trainer loads in the other, and both continue identically.
 TEST(TrainState, CheckpointsMoveBetweenCpuAndDeviceTrainers) {
-  const PrecisionPolicy policy{.linear = Precision::kFP8, .kv_cache = Precision::kFP8};
+  const model::PrecisionPolicy policy{.linear = model::Precision::kFP8,
+                                      .kv_cache = model::Precision::kFP8};
   TrainStateOptions options{.adamw = kAdamW};
   Pair p = make_pair(policy, options, /*tied=*/true);
-  Model& cpu = *p.cpu;
-  AdamW opt(cpu, kAdamW);
+  model::Model& cpu = *p.cpu;
+  model::AdamW opt(cpu, kAdamW);
   const int64_t n = cpu.num_params();
   for (int step = 0; step < 2; ++step) {
     std::vector<float> g = random_grads(n, 7 + step);
@@ -249,10 +256,10 @@ TEST(TrainState, CheckpointsMoveBetweenCpuAndDeviceTrainers) {
   }
   ASSERT_TRUE(cpu.set_kv_scales({std::vector<float>(3, 0.02f), std::vector<float>(3, 0.03f)}).ok());
   ASSERT_TRUE(p.state->set_kv_scales(cpu.kv_scales()).ok());
-  testing::TempDir dir;
+  model::testing::TempDir dir;
   // Device -> CPU.
   ASSERT_TRUE(p.state->save_checkpoint(dir / "from_device").ok());
-  AdamW opt2(cpu, kAdamW);
+  model::AdamW opt2(cpu, kAdamW);
   auto cpu2 = load_training_checkpoint(dir / "from_device", policy, &opt2);
   ASSERT_TRUE(cpu2.ok()) << cpu2.status();
   EXPECT_EQ(opt2.steps(), 2);
@@ -262,7 +269,7 @@ TEST(TrainState, CheckpointsMoveBetweenCpuAndDeviceTrainers) {
   // CPU -> device.
   ASSERT_TRUE(save_training_checkpoint(dir / "from_cpu", cpu, opt).ok());
   auto st2 =
-      DeviceTrainState::LoadCheckpoint(dir / "from_cpu", policy, options, make_host_train_device());
+      DeviceTrainState::LoadCheckpoint(dir / "from_cpu", policy, options, make_cpu_train_device());
   ASSERT_TRUE(st2.ok()) << st2.status();
   EXPECT_EQ((*st2)->steps(), 2);
   // One more identical step everywhere: the moments and step counts came across.
@@ -275,37 +282,37 @@ TEST(TrainState, CheckpointsMoveBetweenCpuAndDeviceTrainers) {
   EXPECT_TRUE(same_bits(*(*st2)->download((*st2)->master()), cpu.params().data(), n));
   EXPECT_TRUE(same_bits(std::vector<float>(cpu.params().begin(), cpu.params().end()),
                         (*cpu2)->params().data(), n));
-  expect_same_sets(*cpu.export_weights(WeightFormat::kFP8, 3), *(*st2)->export_fp8(3));
+  expect_same_sets(*cpu.export_weights(model::WeightFormat::kFP8, 3), *(*st2)->export_fp8(3));
 }
 
 // FP8 codes loaded from an FP8 checkpoint are used as they are until the first step, on both.
 TEST(TrainState, PinnedFp8CodesExportAsTheModelHoldsThem) {
-  const PrecisionPolicy policy{.linear = Precision::kFP8, .pow2_scales = true};
+  const model::PrecisionPolicy policy{.linear = model::Precision::kFP8, .pow2_scales = true};
   Pair p = make_pair(policy, {.adamw = kAdamW});
-  testing::TempDir dir;
-  ASSERT_TRUE(p.cpu->save(dir / "fp8", WeightFormat::kFP8).ok());
-  auto loaded = Model::Load(dir / "fp8", policy);
+  model::testing::TempDir dir;
+  ASSERT_TRUE(p.cpu->save(dir / "fp8", model::WeightFormat::kFP8).ok());
+  auto loaded = model::Model::Load(dir / "fp8", policy);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  auto st = DeviceTrainState::Create(**loaded, {.adamw = kAdamW}, make_host_train_device());
+  auto st = DeviceTrainState::Create(**loaded, {.adamw = kAdamW}, make_cpu_train_device());
   ASSERT_TRUE(st.ok());
-  expect_same_sets(*(*loaded)->export_weights(WeightFormat::kFP8), *(*st)->export_fp8());
+  expect_same_sets(*(*loaded)->export_weights(model::WeightFormat::kFP8), *(*st)->export_fp8());
 }
 
 TEST(TrainState, ErrorsNameTheProblem) {
-  auto m = Model::Init(small_config(), {}, 1);
+  auto m = model::Model::Init(small_config(), {}, 1);
   ASSERT_TRUE(m.ok());
-  AdamWConfig bad = kAdamW;
+  model::AdamWConfig bad = kAdamW;
   bad.lr = 0;
-  auto st = DeviceTrainState::Create(**m, {.adamw = bad}, make_host_train_device());
+  auto st = DeviceTrainState::Create(**m, {.adamw = bad}, make_cpu_train_device());
   EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.status().message().find("lr"), std::string::npos);
   EXPECT_FALSE(DeviceTrainState::Create(**m, {.adamw = kAdamW}, nullptr).ok());
-  auto inf = Model::ForInference(small_config(), {.linear = Precision::kBF16});
+  auto inf = model::Model::ForInference(small_config(), {.linear = model::Precision::kBF16});
   ASSERT_TRUE(inf.ok());
-  EXPECT_FALSE(DeviceTrainState::Create(**inf, {.adamw = kAdamW}, make_host_train_device()).ok());
+  EXPECT_FALSE(DeviceTrainState::Create(**inf, {.adamw = kAdamW}, make_cpu_train_device()).ok());
 
   auto good = DeviceTrainState::Create(**m, {.adamw = kAdamW, .kv_record_capacity = 2},
-                                       make_host_train_device());
+                                       make_cpu_train_device());
   ASSERT_TRUE(good.ok());
   DeviceTrainState& s = **good;
   EXPECT_EQ(s.begin_kv_records(0).status().code(), absl::StatusCode::kInvalidArgument);
@@ -321,9 +328,9 @@ TEST(TrainState, ErrorsNameTheProblem) {
   EXPECT_FALSE(s.set_kv_scales({{1.0f, 0.0f, 1.0f}, {1.0f, 1.0f, 1.0f}}).ok());
   EXPECT_FALSE(s.set_kv_scales({{1.0f}, {1.0f}}).ok());
   EXPECT_EQ(s.set_lr(-1).code(), absl::StatusCode::kInvalidArgument);
-  testing::TempDir dir;
+  model::testing::TempDir dir;
   EXPECT_FALSE(s.load_optimizer_state(dir / "missing.safetensors").ok());
-  ASSERT_TRUE(save_adamw_state(dir / "short.safetensors", {1.0f}, {1.0f}, 1).ok());
+  ASSERT_TRUE(model::save_adamw_state(dir / "short.safetensors", {1.0f}, {1.0f}, 1).ok());
   auto wrong = s.load_optimizer_state(dir / "short.safetensors");
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
 }
@@ -343,11 +350,11 @@ TEST(TrainState, CudaDeviceIsAnErrorWithoutAGpu) {
 }
 
 TEST(TrainState, MemoryPlanCountsWhatIsHeld) {
-  const ModelConfig c = small_config();
-  const int64_t n = ParamLayout(c).total();
-  const TrainStateBytes fp8 = plan_train_state_bytes(c, {.linear = Precision::kFP8},
+  const model::ModelConfig c = small_config();
+  const int64_t n = model::ParamLayout(c).total();
+  const TrainStateBytes fp8 = plan_train_state_bytes(c, {.linear = model::Precision::kFP8},
                                                      {.adamw = {}, .keep_transposed = true});
-  const TrainStateBytes bf16 = plan_train_state_bytes(c, {.linear = Precision::kBF16}, {});
+  const TrainStateBytes bf16 = plan_train_state_bytes(c, {.linear = model::Precision::kBF16}, {});
   EXPECT_GE(fp8.master, 4 * n);
   EXPECT_EQ(fp8.master, fp8.grads);
   EXPECT_EQ(fp8.moments, 2 * fp8.master);
@@ -360,4 +367,4 @@ TEST(TrainState, MemoryPlanCountsWhatIsHeld) {
 }
 
 }  // namespace
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 class ArenaPlan {
  public:
@@ -34,4 +34,4 @@ class ArenaPlan {
   std::vector<std::pair<std::string, int64_t>> regions_;
 };
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/train_state.h"
 #include "kernels/cuda/fp8_cuda.h"
 #include "kernels/cuda/optim_cuda.h"
-#include "model/cuda/train_state.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
 namespace kc = kernels::cuda;
@@ -113,4 +113,4 @@ absl::StatusOr<std::unique_ptr<TrainDevice>> make_cuda_train_device(CUstream_st*
   return device;
 }
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,6 +1,6 @@
 // DeviceTrainState: the optimizer step, re-quantization, KV calibration records, export and
 // checkpoints written once over TrainDevice primitives (device or host memory).
-#include "model/cuda/train_state.h"
+#include "engine/train_state.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
 constexpr int64_t kAlign = 256;
@@ -32,22 +32,25 @@ std::vector<uint8_t> f32_bytes(const float* x, int64_t n) {
 }
 
 // Whether Model::export_weights(kFP8) writes parameter p as F8_E4M3 codes + scales.
-bool exports_fp8(const ParamInfo& p, const PrecisionPolicy& policy, int64_t n_layers) {
-  return p.kind == ParamKind::kLinear && policy.layer_linear(p.layer, n_layers) != Precision::kBF16;
+bool exports_fp8(const model::ParamInfo& p, const model::PrecisionPolicy& policy,
+                 int64_t n_layers) {
+  return p.kind == model::ParamKind::kLinear &&
+         policy.layer_linear(p.layer, n_layers) != model::Precision::kBF16;
 }
 // Whether the policy runs parameter p as an FP8 linear (it then has a working copy on the device).
-bool runs_fp8(const ParamInfo& p, const PrecisionPolicy& policy, int64_t n_layers) {
-  return p.kind == ParamKind::kLinear && policy.layer_linear(p.layer, n_layers) == Precision::kFP8;
+bool runs_fp8(const model::ParamInfo& p, const model::PrecisionPolicy& policy, int64_t n_layers) {
+  return p.kind == model::ParamKind::kLinear &&
+         policy.layer_linear(p.layer, n_layers) == model::Precision::kFP8;
 }
 
 // The FP8 codes the model holds for the linear at `offset` when it is a dense decoder linear
 // (q k v o gate up down); nullptr for experts and anything the model does not run in FP8.
-const kernels::Fp8Matrix* model_fp8_copy(const Model& model, int64_t offset) {
+const kernels::Fp8Matrix* model_fp8_copy(const model::Model& model, int64_t offset) {
   const float* master = model.params().data() + offset;
   for (int64_t l = 0; l < model.config().num_hidden_layers; ++l) {
     for (int64_t j = 0; j < 7; ++j) {
-      const LinearWeight& w = model.layer_linear(l, j);
-      if (w.master == master && w.precision == Precision::kFP8 &&
+      const model::LinearWeight& w = model.layer_linear(l, j);
+      if (w.master == master && w.precision == model::Precision::kFP8 &&
           w.q.mode == kernels::ScalingMode::kBlock128x128) {
         return &w.q;
       }
@@ -58,9 +61,10 @@ const kernels::Fp8Matrix* model_fp8_copy(const Model& model, int64_t offset) {
 
 }  // namespace
 
-TrainStateBytes plan_train_state_bytes(const ModelConfig& config, const PrecisionPolicy& policy,
+TrainStateBytes plan_train_state_bytes(const model::ModelConfig& config,
+                                       const model::PrecisionPolicy& policy,
                                        const TrainStateOptions& options) {
-  const ParamLayout layout(config);
+  const model::ParamLayout layout(config);
   const int64_t n = layout.total();
   const int64_t n_layers = config.num_hidden_layers;
   TrainStateBytes b;
@@ -68,7 +72,7 @@ TrainStateBytes plan_train_state_bytes(const ModelConfig& config, const Precisio
   b.grads = aligned(4 * n);
   b.moments = 2 * aligned(4 * n);
   int64_t bf16_max = 0, fresh_max = 0;
-  for (const ParamInfo& p : layout.params()) {
+  for (const model::ParamInfo& p : layout.params()) {
     const int64_t scales = block128_gemm_scale_count(p.shape[0], p.numel / p.shape[0]);
     if (runs_fp8(p, policy, n_layers)) {
       const int64_t one = aligned(p.numel) + aligned(4 * scales);
@@ -85,7 +89,7 @@ TrainStateBytes plan_train_state_bytes(const ModelConfig& config, const Precisio
   return b;
 }
 
-DeviceTrainState::DeviceTrainState(const Model& model, const TrainStateOptions& options,
+DeviceTrainState::DeviceTrainState(const model::Model& model, const TrainStateOptions& options,
                                    std::unique_ptr<TrainDevice> device)
     : config_(model.config()),
       policy_(model.policy()),
@@ -95,8 +99,9 @@ DeviceTrainState::DeviceTrainState(const Model& model, const TrainStateOptions& 
       calibrator_(model.config().num_hidden_layers) {}
 
 absl::StatusOr<std::unique_ptr<DeviceTrainState>> DeviceTrainState::Create(
-    const Model& model, const TrainStateOptions& options, std::unique_ptr<TrainDevice> device) {
-  if (auto s = validate_adamw_config(options.adamw); !s.ok()) return s;
+    const model::Model& model, const TrainStateOptions& options,
+    std::unique_ptr<TrainDevice> device) {
+  if (auto s = model::validate_adamw_config(options.adamw); !s.ok()) return s;
   if (model.inference_only()) {
     return absl::InvalidArgumentError(
         "train state: an inference-only model holds no fp32 master to train");
@@ -110,7 +115,7 @@ absl::StatusOr<std::unique_ptr<DeviceTrainState>> DeviceTrainState::Create(
   return state;
 }
 
-absl::Status DeviceTrainState::init(const Model& model) {
+absl::Status DeviceTrainState::init(const model::Model& model) {
   TrainDevice& dev = *device_;
   const int64_t n = num_params();
   const int64_t n_layers = config_.num_hidden_layers;
@@ -128,8 +133,8 @@ absl::Status DeviceTrainState::init(const Model& model) {
   if (auto s = dev.upload(master_, model.params().data(), 4 * n); !s.ok()) return s;
 
   // Weight-decay runs over the flat buffer (parameters are laid out in order, back to back).
-  for (const ParamInfo& p : layout_.params()) {
-    const bool decay = adamw_decays(p.kind);
+  for (const model::ParamInfo& p : layout_.params()) {
+    const bool decay = model::adamw_decays(p.kind);
     if (!runs_.empty() && runs_.back().decay == decay &&
         runs_.back().offset + runs_.back().count == p.offset) {
       runs_.back().count += p.numel;
@@ -140,11 +145,11 @@ absl::Status DeviceTrainState::init(const Model& model) {
 
   // FP8 working copies: the model's own codes where it has them (pinned FP8 checkpoint codes
   // included), a fresh quantization of the master otherwise.
-  const std::vector<ParamInfo>& params = layout_.params();
+  const std::vector<model::ParamInfo>& params = layout_.params();
   fp8_index_.assign(params.size(), -1);
   int64_t bf16_max = 0, fresh_max_codes = 0, fresh_max_scales = 0;
   for (size_t i = 0; i < params.size(); ++i) {
-    const ParamInfo& p = params[i];
+    const model::ParamInfo& p = params[i];
     const int64_t rows = p.shape[0], cols = p.numel / p.shape[0];
     if (!runs_fp8(p, policy_, n_layers)) {
       if (exports_fp8(p, policy_, n_layers)) {
@@ -235,11 +240,11 @@ absl::Status DeviceTrainState::set_lr(double lr) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<OptimizerStepStats> DeviceTrainState::step(float grad_scale) {
-  const AdamWConfig& c = options_.adamw;
+absl::StatusOr<model::OptimizerStepStats> DeviceTrainState::step(float grad_scale) {
+  const model::AdamWConfig& c = options_.adamw;
   auto sq = device_->scale_and_sum_squares(grads_, num_params(), grad_scale);
   if (!sq.ok()) return sq.status();
-  OptimizerStepStats stats;
+  model::OptimizerStepStats stats;
   stats.grad_norm = std::sqrt(*sq);
   if (!std::isfinite(stats.grad_norm)) {
     return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");
@@ -370,23 +375,23 @@ absl::Status DeviceTrainState::flush_kv_records() {
   return absl::OkStatus();
 }
 
-absl::Status DeviceTrainState::set_kv_scales(const KvScales& scales) {
-  if (auto s = validate_kv_scales(scales, config_.num_hidden_layers); !s.ok()) return s;
+absl::Status DeviceTrainState::set_kv_scales(const model::KvScales& scales) {
+  if (auto s = model::validate_kv_scales(scales, config_.num_hidden_layers); !s.ok()) return s;
   kv_scales_ = scales;
   return absl::OkStatus();
 }
 
 // ---- Export ------------------------------------------------------------------------------------
 
-absl::StatusOr<WeightSet> DeviceTrainState::export_fp8(int64_t version) const {
+absl::StatusOr<model::WeightSet> DeviceTrainState::export_fp8(int64_t version) const {
   TrainDevice& dev = *device_;
   const int64_t n_layers = config_.num_hidden_layers;
-  WeightSet out;
+  model::WeightSet out;
   out.version = version;
   out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/true);
-  const std::vector<ParamInfo>& params = layout_.params();
+  const std::vector<model::ParamInfo>& params = layout_.params();
   for (size_t i = 0; i < params.size(); ++i) {
-    const ParamInfo& p = params[i];
+    const model::ParamInfo& p = params[i];
     if (exports_fp8(p, policy_, n_layers)) {
       const int64_t rows = p.shape[0], cols = p.numel / p.shape[0];
       absl::StatusOr<kernels::Fp8Matrix> q;
@@ -410,7 +415,7 @@ absl::StatusOr<WeightSet> DeviceTrainState::export_fp8(int64_t version) const {
            f32_bytes(q->scale_inv.data(), static_cast<int64_t>(q->scale_inv.size()))});
     } else {
       if (auto s = dev.round_bf16(master_ + p.offset, p.numel, bf16_scratch_); !s.ok()) return s;
-      NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
+      model::NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
       if (auto s = dev.download(t.bytes.data(), bf16_scratch_, 2 * p.numel); !s.ok()) return s;
       out.tensors.push_back(std::move(t));
     }
@@ -422,13 +427,13 @@ absl::StatusOr<WeightSet> DeviceTrainState::export_fp8(int64_t version) const {
   return out;
 }
 
-absl::StatusOr<WeightSet> DeviceTrainState::export_bf16(int64_t version) const {
+absl::StatusOr<model::WeightSet> DeviceTrainState::export_bf16(int64_t version) const {
   if (bf16_scratch_count_ < 1) return absl::InternalError("export_bf16: no export scratch");
-  WeightSet out;
+  model::WeightSet out;
   out.version = version;
   out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/false);
-  for (const ParamInfo& p : layout_.params()) {
-    NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
+  for (const model::ParamInfo& p : layout_.params()) {
+    model::NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
     // A tensor larger than the scratch (an FP8 linear) goes through it in pieces.
     for (int64_t i0 = 0; i0 < p.numel; i0 += bf16_scratch_count_) {
       const int64_t n = std::min(bf16_scratch_count_, p.numel - i0);
@@ -448,12 +453,12 @@ absl::StatusOr<WeightSet> DeviceTrainState::export_bf16(int64_t version) const {
   return out;
 }
 
-absl::StatusOr<WeightSet> DeviceTrainState::export_f32(int64_t version) const {
-  WeightSet out;
+absl::StatusOr<model::WeightSet> DeviceTrainState::export_f32(int64_t version) const {
+  model::WeightSet out;
   out.version = version;
   out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/false);
-  for (const ParamInfo& p : layout_.params()) {
-    NamedTensor t{p.name, DType::kF32, p.shape, std::vector<uint8_t>(4 * p.numel)};
+  for (const model::ParamInfo& p : layout_.params()) {
+    model::NamedTensor t{p.name, DType::kF32, p.shape, std::vector<uint8_t>(4 * p.numel)};
     if (auto s = device_->download(t.bytes.data(), master_ + p.offset, 4 * p.numel); !s.ok()) {
       return s;
     }
@@ -479,11 +484,11 @@ absl::Status DeviceTrainState::save_optimizer_state(const std::string& path) con
   if (!m.ok()) return m.status();
   auto v = download(v_);
   if (!v.ok()) return v.status();
-  return save_adamw_state(path, *m, *v, step_);
+  return model::save_adamw_state(path, *m, *v, step_);
 }
 
 absl::Status DeviceTrainState::load_optimizer_state(const std::string& path) {
-  auto state = load_adamw_state(path, num_params());
+  auto state = model::load_adamw_state(path, num_params());
   if (!state.ok()) return state.status();
   if (auto s = device_->upload(m_, state->m.data(), 4 * num_params()); !s.ok()) return s;
   if (auto s = device_->upload(v_, state->v.data(), 4 * num_params()); !s.ok()) return s;
@@ -499,9 +504,9 @@ absl::Status DeviceTrainState::save_checkpoint(const std::string& dir) const {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceTrainState>> DeviceTrainState::LoadCheckpoint(
-    const std::string& dir, const PrecisionPolicy& policy, const TrainStateOptions& options,
+    const std::string& dir, const model::PrecisionPolicy& policy, const TrainStateOptions& options,
     std::unique_ptr<TrainDevice> device) {
-  auto model = Model::Load(dir, policy);
+  auto model = model::Model::Load(dir, policy);
   if (!model.ok()) return model.status();
   auto state = Create(**model, options, std::move(device));
   if (!state.ok()) return state.status();
@@ -509,4 +514,11 @@ absl::StatusOr<std::unique_ptr<DeviceTrainState>> DeviceTrainState::LoadCheckpoi
   return state;
 }
 
-}  // namespace fp8rl::model::gpu
+// A build without CUDA has no CUDA train device (engine/cuda/cuda_train_device.cc otherwise).
+#if !defined(FP8RL_HAVE_CUDA_TRAIN)
+absl::StatusOr<std::unique_ptr<TrainDevice>> make_cuda_train_device(CUstream_st*) {
+  return absl::UnimplementedError("the CUDA train device needs a build with CUDA");
+}
+#endif
+
+}  // namespace fp8rl::engine

@@ -1,5 +1,5 @@
 // CudaBackend: device weights, arena, paged KV pool and the device ops of decoder_step().
-#include "model/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
 
@@ -10,17 +10,16 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "engine/arena.h"
+#include "engine/cpu/decoder_ops.h"
+#include "engine/cuda/step_kernels.h"
+#include "engine/decoder_step.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decoder_cuda.h"
 #include "kernels/cuda/fp8_cuda.h"
 #include "kernels/formats.h"
-#include "model/cuda/arena.h"
-#include "model/cuda/decoder_step.h"
-#include "model/cuda/host_decoder_ops.h"
-#include "model/cuda/model_kernels.h"
 
-namespace fp8rl::model {
-namespace gpu {
+namespace fp8rl::engine {
 namespace {
 
 namespace kc = kernels::cuda;
@@ -38,7 +37,7 @@ enum class LinearKind { kF64Acc, kBf16Lt, kFp8Lt };
 
 struct DeviceLinear {
   LinearKind kind = LinearKind::kF64Acc;
-  Precision precision = Precision::kF32;
+  model::Precision precision = model::Precision::kF32;
   int64_t out = 0, in = 0;
   float* f32 = nullptr;      // kF64Acc: the forward's fp32 operand (bf16-valued for bf16)
   uint16_t* bf16 = nullptr;  // kBf16Lt: bf16 bits [out, in]
@@ -112,16 +111,16 @@ class PinnedStager {
   int64_t staged_bytes_ = 0;
 };
 
-dm::KvDtype kv_dtype(KvCacheDtype d) {
-  return d == KvCacheDtype::kF32    ? dm::KvDtype::kF32
-         : d == KvCacheDtype::kBF16 ? dm::KvDtype::kBF16
-                                    : dm::KvDtype::kFP8;
+dm::KvDtype kv_dtype(model::KvCacheDtype d) {
+  return d == model::KvCacheDtype::kF32    ? dm::KvDtype::kF32
+         : d == model::KvCacheDtype::kBF16 ? dm::KvDtype::kBF16
+                                           : dm::KvDtype::kFP8;
 }
 
-class CudaKvSequence final : public KvSequence {
+class CudaKvSequence final : public model::KvSequence {
  public:
-  CudaKvSequence(std::shared_ptr<KvBlockPool> pool, std::vector<int32_t> ids, int64_t capacity,
-                 const void* owner)
+  CudaKvSequence(std::shared_ptr<model::KvBlockPool> pool, std::vector<int32_t> ids,
+                 int64_t capacity, const void* owner)
       : pool_(std::move(pool)), ids_(std::move(ids)), capacity_(capacity), owner_(owner) {}
   ~CudaKvSequence() override { pool_->release(ids_, static_cast<int64_t>(ids_.size())); }
   int64_t capacity() const override { return capacity_; }
@@ -130,7 +129,7 @@ class CudaKvSequence final : public KvSequence {
   const void* owner() const { return owner_; }
 
  private:
-  std::shared_ptr<KvBlockPool> pool_;
+  std::shared_ptr<model::KvBlockPool> pool_;
   std::vector<int32_t> ids_;
   int64_t capacity_;
   const void* owner_;
@@ -138,7 +137,7 @@ class CudaKvSequence final : public KvSequence {
 
 class CudaBackendImpl final : public CudaBackend, private DecoderOps {
  public:
-  CudaBackendImpl(std::shared_ptr<const Model> model, const BackendOptions& options,
+  CudaBackendImpl(std::shared_ptr<const model::Model> model, const model::BackendOptions& options,
                   const CudaBackendExtras& extras)
       : model_(std::move(model)),
         config_(model_->config()),
@@ -164,22 +163,23 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
   absl::Status init();
 
   // ---- InferenceBackend ------------------------------------------------------------------------
-  Device device() const override { return Device::kCuda; }
-  const ModelConfig& config() const override { return config_; }
-  const PrecisionPolicy& policy() const override { return policy_; }
-  absl::Status set_model(std::shared_ptr<const Model> model) override;
-  absl::Status prepare_model(std::shared_ptr<const Model> model) override;
-  absl::StatusOr<std::unique_ptr<KvSequence>> new_sequence(int64_t capacity) override;
-  absl::Status forward(const std::vector<BackendSegment>& segments, float* logits) override {
+  model::Device device() const override { return model::Device::kCuda; }
+  const model::ModelConfig& config() const override { return config_; }
+  const model::PrecisionPolicy& policy() const override { return policy_; }
+  absl::Status set_model(std::shared_ptr<const model::Model> model) override;
+  absl::Status prepare_model(std::shared_ptr<const model::Model> model) override;
+  absl::StatusOr<std::unique_ptr<model::KvSequence>> new_sequence(int64_t capacity) override;
+  absl::Status forward(const std::vector<model::BackendSegment>& segments, float* logits) override {
     return forward_layers(segments, logits, nullptr);
   }
-  absl::Status forward_layers(const std::vector<BackendSegment>& segments, float* logits,
+  absl::Status forward_layers(const std::vector<model::BackendSegment>& segments, float* logits,
                               std::vector<std::vector<float>>* layers) override;
-  absl::Status forward_sample(const std::vector<BackendSegment>& segments,
-                              const std::vector<SampleSpec>& spec,
-                              std::vector<SampledToken>* out) override;
-  absl::StatusOr<TokenValues> score(const TokenBatch& batch, float temperature) override;
-  BackendMemory memory() const override;
+  absl::Status forward_sample(const std::vector<model::BackendSegment>& segments,
+                              const std::vector<model::SampleSpec>& spec,
+                              std::vector<model::SampledToken>* out) override;
+  absl::StatusOr<model::TokenValues> score(const model::TokenBatch& batch,
+                                           float temperature) override;
+  model::BackendMemory memory() const override;
 
  private:
   // ---- DecoderOps (device pointers) ------------------------------------------------------------
@@ -225,24 +225,24 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
     return reinterpret_cast<T*>(base_ + *at);
   }
   const DeviceWeights& w() const { return weights_[active_]; }
-  absl::Status check_same_shape(const Model& model) const;
-  absl::Status reserve_weights(const Model& m, DeviceWeights* dw);
+  absl::Status check_same_shape(const model::Model& model) const;
+  absl::Status reserve_weights(const model::Model& m, DeviceWeights* dw);
   // Queues the copy of m's weights into dw on `stream` (through the pinned stager).
-  absl::Status copy_weights(const Model& m, const DeviceWeights& dw, cudaStream_t stream);
+  absl::Status copy_weights(const model::Model& m, const DeviceWeights& dw, cudaStream_t stream);
   absl::Status reserve_scratch();
   dm::PagedKvView kv_view(int64_t layer) const;
   // Checks segments, builds and loads the step tables, runs decoder_step; sel then holds the
   // final-norm output rows.
-  absl::StatusOr<StepTables> run_step(const std::vector<BackendSegment>& segments, OutputRows out,
-                                      std::vector<std::vector<float>>* layers);
+  absl::StatusOr<StepTables> run_step(const std::vector<model::BackendSegment>& segments,
+                                      OutputRows out, std::vector<std::vector<float>>* layers);
   absl::Status upload(void* dst, const void* src, int64_t bytes) {
     return kc::copy_to_device(dst, src, static_cast<size_t>(bytes), stream_);
   }
 
-  std::shared_ptr<const Model> model_;
-  ModelConfig config_;
-  PrecisionPolicy policy_;
-  BackendOptions options_;
+  std::shared_ptr<const model::Model> model_;
+  model::ModelConfig config_;
+  model::PrecisionPolicy policy_;
+  model::BackendOptions options_;
   CudaBackendExtras extras_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kc::CublasLtGemm> gemm_;
@@ -262,7 +262,7 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
   std::unique_ptr<PinnedStager> stager_;
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t switched_ = nullptr, staged_ = nullptr;
-  std::shared_ptr<const Model> staged_model_;  // in weights_[1 - active_] once staged_ fires
+  std::shared_ptr<const model::Model> staged_model_;  // in weights_[1 - active_] once staged_ fires
 
   // Step scratch.
   int64_t rows_cap_ = 0, table_cap_ = 0, max_k_ = 0;
@@ -283,7 +283,7 @@ class CudaBackendImpl final : public CudaBackend, private DecoderOps {
   // KV pool: per layer, K and V pools of num_blocks_ blocks.
   int64_t num_blocks_ = 0, block_bytes_ = 0;
   std::vector<char*> k_pool_, v_pool_;
-  std::shared_ptr<KvBlockPool> pool_;
+  std::shared_ptr<model::KvBlockPool> pool_;
 };
 
 absl::Status CudaBackendImpl::init() {
@@ -293,7 +293,7 @@ absl::Status CudaBackendImpl::init() {
   }
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     for (int64_t j = 0; j < 7; ++j) {
-      const LinearWeight& w = model_->layer_linear(l, j);
+      const model::LinearWeight& w = model_->layer_linear(l, j);
       if (w.out * w.in == 0) {
         return absl::FailedPreconditionError(
             "make_cuda_backend: the model holds no weights yet (install a version first)");
@@ -353,7 +353,7 @@ absl::Status CudaBackendImpl::init() {
     k_pool_.push_back(*k);
     v_pool_.push_back(*v);
   }
-  pool_ = std::make_shared<KvBlockPool>(num_blocks_);
+  pool_ = std::make_shared<model::KvBlockPool>(num_blocks_);
   FP8RL_TRY(copy_weights(*model_, weights_[0], stream_));
   FP8RL_TRY(kc::synchronize(stream_));
   // The idle slot serves nothing yet: a first prepare_model() may fill it at once.
@@ -361,13 +361,13 @@ absl::Status CudaBackendImpl::init() {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackendImpl::reserve_weights(const Model& m, DeviceWeights* dw) {
+absl::Status CudaBackendImpl::reserve_weights(const model::Model& m, DeviceWeights* dw) {
   const int64_t n_layers = config_.num_hidden_layers;
-  auto place = [&](const LinearWeight& w, DeviceLinear& d, const std::string& what) {
+  auto place = [&](const model::LinearWeight& w, DeviceLinear& d, const std::string& what) {
     d.precision = w.precision;
     d.out = w.out;
     d.in = w.in;
-    if (w.precision == Precision::kFP8) {
+    if (w.precision == model::Precision::kFP8) {
       // cuBLASLt FP8 rules: K % 16, N % 8 (the M rule is met by padded rows).
       if (w.in % 16 != 0 || w.out % 8 != 0) {
         return absl::FailedPreconditionError(
@@ -384,7 +384,7 @@ absl::Status CudaBackendImpl::reserve_weights(const Model& m, DeviceWeights* dw)
       return absl::OkStatus();
     }
     const bool lt_ok = w.in % 8 == 0 && w.out % 8 == 0;
-    d.kind = w.precision == Precision::kBF16 && lt_ok && !extras_.exact_bf16_linears
+    d.kind = w.precision == model::Precision::kBF16 && lt_ok && !extras_.exact_bf16_linears
                  ? LinearKind::kBf16Lt
                  : LinearKind::kF64Acc;
     if (d.kind == LinearKind::kBf16Lt) {
@@ -417,13 +417,13 @@ absl::Status CudaBackendImpl::reserve_weights(const Model& m, DeviceWeights* dw)
   dw->rope_cos = *c;
   dw->rope_sin = *s;
   // Norm weights and biases by offset.
-  const ParamLayout& lay = m.layout();
+  const model::ParamLayout& lay = m.layout();
   small_sizes_.clear();
   auto add_small = [&](int64_t off, int64_t n) {
     if (off >= 0) small_sizes_.emplace_back(off, n);
   };
   for (int64_t l = 0; l < n_layers; ++l) {
-    const LayerOffsets& lo = lay.layer(l);
+    const model::LayerOffsets& lo = lay.layer(l);
     add_small(lo.input_norm, config_.hidden_size);
     add_small(lo.post_norm, config_.hidden_size);
     add_small(lo.q_bias, config_.q_dim());
@@ -443,12 +443,13 @@ absl::Status CudaBackendImpl::reserve_weights(const Model& m, DeviceWeights* dw)
   return absl::OkStatus();
 }
 
-absl::Status CudaBackendImpl::copy_weights(const Model& m, const DeviceWeights& dw,
+absl::Status CudaBackendImpl::copy_weights(const model::Model& m, const DeviceWeights& dw,
                                            cudaStream_t stream) {
   auto upload = [&](const void* dst, const void* src, int64_t bytes) {
     return stager_->put(const_cast<void*>(dst), src, bytes, stream);
   };
-  auto copy_linear = [&](const LinearWeight& w, const DeviceLinear& d, const std::string& what) {
+  auto copy_linear = [&](const model::LinearWeight& w, const DeviceLinear& d,
+                         const std::string& what) {
     if (w.precision != d.precision || w.out != d.out || w.in != d.in) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": the new weights have another precision or shape"));
@@ -591,7 +592,7 @@ absl::Status CudaBackendImpl::linear(int64_t layer, int64_t j, const float* x, i
                                      const float* bias, float* y) {
   if (rows == 0) return absl::OkStatus();
   const DeviceLinear& w = layer < 0 ? this->w().head : this->w().linears[layer][j];
-  const bool rb = w.precision != Precision::kF32;  // linear_forward's output rounding
+  const bool rb = w.precision != model::Precision::kF32;  // linear_forward's output rounding
   switch (w.kind) {
     case LinearKind::kF64Acc:
       FP8RL_TRY(cuda::gemm_f64acc(x, w.f32, y, rows, w.out, w.in, stream_));
@@ -624,9 +625,9 @@ absl::Status CudaBackendImpl::attention(int64_t layer, const float* q, const flo
                              stream_);
 }
 
-absl::StatusOr<StepTables> CudaBackendImpl::run_step(const std::vector<BackendSegment>& segments,
-                                                     OutputRows out,
-                                                     std::vector<std::vector<float>>* layers) {
+absl::StatusOr<StepTables> CudaBackendImpl::run_step(
+    const std::vector<model::BackendSegment>& segments, OutputRows out,
+    std::vector<std::vector<float>>* layers) {
   std::vector<SegmentBlocks> segs(segments.size());
   for (size_t i = 0; i < segments.size(); ++i) {
     const auto* kv = dynamic_cast<const CudaKvSequence*>(segments[i].kv);
@@ -657,7 +658,7 @@ absl::StatusOr<StepTables> CudaBackendImpl::run_step(const std::vector<BackendSe
   return t;
 }
 
-absl::Status CudaBackendImpl::forward_layers(const std::vector<BackendSegment>& segments,
+absl::Status CudaBackendImpl::forward_layers(const std::vector<model::BackendSegment>& segments,
                                              float* logits,
                                              std::vector<std::vector<float>>* layers) {
   if (segments.empty()) return absl::OkStatus();
@@ -673,9 +674,9 @@ absl::Status CudaBackendImpl::forward_layers(const std::vector<BackendSegment>& 
   return absl::OkStatus();
 }
 
-absl::Status CudaBackendImpl::forward_sample(const std::vector<BackendSegment>& segments,
-                                             const std::vector<SampleSpec>& spec,
-                                             std::vector<SampledToken>* out) {
+absl::Status CudaBackendImpl::forward_sample(const std::vector<model::BackendSegment>& segments,
+                                             const std::vector<model::SampleSpec>& spec,
+                                             std::vector<model::SampledToken>* out) {
   if (spec.size() != segments.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "forward_sample: ", spec.size(), " sample specs for ", segments.size(), " segments"));
@@ -697,7 +698,7 @@ absl::Status CudaBackendImpl::forward_sample(const std::vector<BackendSegment>& 
   for (int64_t c0 = 0; c0 < n; c0 += kHeadRows) {
     const int64_t rows = std::min(kHeadRows, n - c0);
     for (int64_t i = 0; i < rows; ++i) {
-      const SamplingParams& p = *spec[c0 + i].params;
+      const model::SamplingParams& p = *spec[c0 + i].params;
       params[i] = {p.temperature, p.top_p, p.top_k};
       const std::array<uint64_t, 4> st = spec[c0 + i].rng->state();
       std::copy(st.begin(), st.end(), rng[i].s);
@@ -717,7 +718,8 @@ absl::Status CudaBackendImpl::forward_sample(const std::vector<BackendSegment>& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<TokenValues> CudaBackendImpl::score(const TokenBatch& batch, float temperature) {
+absl::StatusOr<model::TokenValues> CudaBackendImpl::score(const model::TokenBatch& batch,
+                                                          float temperature) {
   if (!(temperature > 0) || !std::isfinite(temperature)) {
     return absl::InvalidArgumentError(absl::StrCat("temperature: must be > 0, got ", temperature));
   }
@@ -735,14 +737,14 @@ absl::StatusOr<TokenValues> CudaBackendImpl::score(const TokenBatch& batch, floa
                        " tokens, more than max_step_tokens (", options_.max_step_tokens, ")"));
     }
   }
-  TokenValues out(batch.size());
+  model::TokenValues out(batch.size());
   const int64_t vocab = config_.vocab_size;
   std::vector<float> lp(kHeadRows);
   size_t next = 0;
   while (next < batch.size()) {
     // Pack whole sequences into one step while the rows last; each gets a temporary KV sequence.
-    std::vector<std::unique_ptr<KvSequence>> kv;
-    std::vector<BackendSegment> segs;
+    std::vector<std::unique_ptr<model::KvSequence>> kv;
+    std::vector<model::BackendSegment> segs;
     std::vector<size_t> which;
     int64_t rows = 0;
     while (next < batch.size() &&
@@ -780,7 +782,7 @@ absl::StatusOr<TokenValues> CudaBackendImpl::score(const TokenBatch& batch, floa
   return out;
 }
 
-absl::Status CudaBackendImpl::check_same_shape(const Model& model) const {
+absl::Status CudaBackendImpl::check_same_shape(const model::Model& model) const {
   if (model_config_to_json(model.config()) != model_config_to_json(config_) ||
       !(model.policy() == policy_)) {
     return absl::InvalidArgumentError("set_model: the model's config or policy differs");
@@ -788,7 +790,7 @@ absl::Status CudaBackendImpl::check_same_shape(const Model& model) const {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackendImpl::prepare_model(std::shared_ptr<const Model> model) {
+absl::Status CudaBackendImpl::prepare_model(std::shared_ptr<const model::Model> model) {
   if (model == nullptr) return absl::InvalidArgumentError("prepare_model: no model");
   FP8RL_TRY(check_same_shape(*model));
   if (weight_slots_ < 2 || model == model_ || model == staged_model_) return absl::OkStatus();
@@ -801,7 +803,7 @@ absl::Status CudaBackendImpl::prepare_model(std::shared_ptr<const Model> model) 
   return absl::OkStatus();
 }
 
-absl::Status CudaBackendImpl::set_model(std::shared_ptr<const Model> model) {
+absl::Status CudaBackendImpl::set_model(std::shared_ptr<const model::Model> model) {
   if (model == nullptr) return absl::InvalidArgumentError("set_model: no model");
   FP8RL_TRY(check_same_shape(*model));
   if (pool_->used() > 0) {
@@ -825,19 +827,19 @@ absl::Status CudaBackendImpl::set_model(std::shared_ptr<const Model> model) {
   return kc::synchronize(stream_);
 }
 
-absl::StatusOr<std::unique_ptr<KvSequence>> CudaBackendImpl::new_sequence(int64_t capacity) {
+absl::StatusOr<std::unique_ptr<model::KvSequence>> CudaBackendImpl::new_sequence(int64_t capacity) {
   if (capacity < 1 || capacity > config_.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(
         "capacity: must be in [1, ", config_.max_position_embeddings, "], got ", capacity));
   }
   auto ids = pool_->acquire(blocks_for(capacity));
   if (!ids.ok()) return ids.status();
-  return std::unique_ptr<KvSequence>(
+  return std::unique_ptr<model::KvSequence>(
       std::make_unique<CudaKvSequence>(pool_, *std::move(ids), capacity, this));
 }
 
-BackendMemory CudaBackendImpl::memory() const {
-  BackendMemory m;
+model::BackendMemory CudaBackendImpl::memory() const {
+  model::BackendMemory m;
   m.budget_bytes = options_.memory_budget_bytes;
   m.weight_bytes = weight_bytes_;
   m.weight_slots = weight_slots_;
@@ -851,23 +853,25 @@ BackendMemory CudaBackendImpl::memory() const {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> create_cuda_backend(std::shared_ptr<const Model> model,
-                                                                 const BackendOptions& options,
-                                                                 const CudaBackendExtras& extras) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> create_cuda_backend(
+    std::shared_ptr<const model::Model> model, const model::BackendOptions& options,
+    const CudaBackendExtras& extras) {
   if (model == nullptr) return absl::InvalidArgumentError("make_cuda_backend: no model");
-  if (auto s = check_backend_options(options); !s.ok()) return s;
+  if (auto s = model::check_backend_options(options); !s.ok()) return s;
   auto b = std::make_unique<CudaBackendImpl>(std::move(model), options, extras);
   if (auto s = b->init(); !s.ok()) return s;
   return std::unique_ptr<CudaBackend>(std::move(b));
 }
 
-}  // namespace gpu
+}  // namespace fp8rl::engine
 
-absl::StatusOr<std::unique_ptr<InferenceBackend>> make_cuda_backend(
-    std::shared_ptr<const Model> model, const BackendOptions& options) {
-  auto b = gpu::create_cuda_backend(std::move(model), options);
+namespace fp8rl::model {
+
+absl::StatusOr<std::unique_ptr<model::InferenceBackend>> make_cuda_backend(
+    std::shared_ptr<const model::Model> model, const model::BackendOptions& options) {
+  auto b = engine::create_cuda_backend(std::move(model), options);
   if (!b.ok()) return b.status();
-  return std::unique_ptr<InferenceBackend>(*std::move(b));
+  return std::unique_ptr<model::InferenceBackend>(*std::move(b));
 }
 
 bool cuda_backend_available() { return kernels::cuda::require_sm90().ok(); }

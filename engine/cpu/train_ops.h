@@ -1,22 +1,22 @@
-// The CPU mirror of the CUDA training ops: train_forward / train_backward (model/cuda/
-// train_step.h) over host memory with kernels/cpu (the CPU reference of every CUDA kernel) and
+// The engine's training ops on the CPU: train_forward / train_backward (engine/train_step.h)
+// over host memory with kernels/cpu (the CPU reference of every CUDA kernel) and
 // model/linear.h's fprop/dgrad/wgrad on the model's own weights. Tests run it against
 // Model::forward / Model::backward to check the step's orchestration, rounding points and backward
-// math without a GPU; on the device CudaTrainOps (model/cuda/cuda_train_ops.h) replaces it.
+// math without a GPU; on the device CudaTrainOps (engine/cuda/cuda_train_ops.h) replaces it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "model/cuda/train_step.h"
+#include "engine/train_step.h"
 #include "model/model.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
-class HostTrainOps final : public TrainOps {
+class CpuTrainOps final : public TrainOps {
  public:
-  explicit HostTrainOps(const Model& model) : model_(model) {}
+  explicit CpuTrainOps(const model::Model& model) : model_(model) {}
 
   absl::Status load_tables(const TrainTables& t) override;
   absl::Status embed(float* x) override;
@@ -53,25 +53,26 @@ class HostTrainOps final : public TrainOps {
   const float* small(int64_t offset) const override { return model_.norm_or_bias(offset); }
 
  private:
-  const LinearWeight& weight(int64_t layer, int64_t j) const;
+  const model::LinearWeight& weight(int64_t layer, int64_t j) const;
 
-  const Model& model_;
+  const model::Model& model_;
   const TrainTables* t_ = nullptr;
   std::vector<float> stats_;  // attention backward statistics
 };
 
-// A host training step: tables, buffers and HostTrainOps for one micro-batch (tests, and the
+// A host training step: tables, buffers and CpuTrainOps for one micro-batch (tests, and the
 // shape the device trainer follows with CudaTrainOps).
-struct HostTrainStep {
-  absl::StatusOr<TokenValues> forward(const Model& model, const TokenBatch& batch,
-                                      const TrainStepOptions& opts);
-  absl::Status backward(const Model& model, const TokenValues& dlogp, float* grads);
+struct CpuTrainStep {
+  absl::StatusOr<model::TokenValues> forward(const model::Model& model,
+                                             const model::TokenBatch& batch,
+                                             const TrainStepOptions& opts);
+  absl::Status backward(const model::Model& model, const model::TokenValues& dlogp, float* grads);
 
   TrainStepOptions opts;
   TrainTables tables;
   std::vector<float> storage;
   TrainBuffers buffers;
-  std::unique_ptr<HostTrainOps> ops;
+  std::unique_ptr<CpuTrainOps> ops;
 };
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

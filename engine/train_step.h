@@ -1,9 +1,9 @@
 // The training forward and backward of the decoder over packed sequences, written once against an
-// abstract set of ops (TrainOps), so the CUDA trainer (CudaTrainOps, model/cuda/cuda_train_ops.h)
-// and its CPU mirror (HostTrainOps, model/cuda/host_train_ops.h) run the same sequence of
+// abstract set of ops (TrainOps), so the CUDA trainer (CudaTrainOps, engine/cuda/cuda_train_ops.h)
+// and the CPU ops (CpuTrainOps, engine/cpu/train_ops.h) run the same sequence of
 // operations with the same BF16 rounding points, the same FP8 KV fake-quantization and the same
 // backward as Model::forward / Model::backward (model/model_forward.cc, the reference). The CPU
-// mirror is tested against Model::forward / Model::backward on this machine; the device ops are
+// ops are tested against Model::forward / Model::backward on this machine; the device ops are
 // tested op by op against the host ops in tests/gpu (docs/design/gpu-training.md "Training step on
 // the device").
 //
@@ -14,7 +14,7 @@
 //   auto logp = train_forward(config, policy, layout, ops, b, *t, opts);  // host TokenValues
 //   ... the loss gives dL/dlogp per token (same shape as logp) ...
 //   train_backward(config, policy, layout, ops, b, *t, dlogp, grads, opts);  // grads: ops memory
-// HostTrainStep (host_train_ops.h) and CudaTrainStep (cuda_train_ops.h) wrap these calls for one
+// CpuTrainStep (host_train_ops.h) and CudaTrainStep (cuda_train_ops.h) wrap these calls for one
 // micro-batch. Dense models only: a mixture-of-experts layer is FailedPrecondition. Routing replay
 // and the router's load-balancing loss are not supported here.
 //
@@ -33,7 +33,7 @@
 #include "model/params.h"
 #include "model/precision.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 // ---- Step tables (host) ------------------------------------------------------------------------
 
@@ -48,11 +48,12 @@ struct TrainTables {
 // InvalidArgument (naming the sequence) for an empty batch or sequence, a token id outside
 // [0, vocab) or a sequence longer than max_position_embeddings; the same rules and messages as
 // Model::forward.
-absl::StatusOr<TrainTables> build_train_tables(const TokenBatch& batch, const ModelConfig& config);
+absl::StatusOr<TrainTables> build_train_tables(const model::TokenBatch& batch,
+                                               const model::ModelConfig& config);
 
 // ---- Ops ---------------------------------------------------------------------------------------
 
-// Every float pointer below is in the ops' memory space (host for HostTrainOps, device for CUDA)
+// Every float pointer below is in the ops' memory space (host for CpuTrainOps, device for CUDA)
 // unless its name ends in _host. Shapes: x is [rows, hidden]; q [rows, heads * head_dim]; k, v
 // [rows, kv_heads * head_dim]; z (logits) [rows, vocab]. Row arguments named `row0` index the
 // loaded tables (targets, positions) for ops that work on a slice of the packed rows.
@@ -138,7 +139,7 @@ struct TrainStepOptions {
   int64_t head_chunk = 64;
   // When set, records per layer the K (after RoPE) and V amax of each sequence (Model::forward's
   // TrainForwardOptions::calibrator).
-  KvCalibrator* calibrator = nullptr;
+  model::KvCalibrator* calibrator = nullptr;
   // Activation recomputation per layer: the forward keeps only each layer's input (plus one
   // shared set of a layer's activations) and the backward re-runs each layer before its backward
   // (one more layer forward per layer; same values, so same gradients bit for bit).
@@ -175,9 +176,10 @@ struct TrainBuffers {
 // (a chunk of lm_head rows starting anywhere may be read padded to 8).
 int64_t train_padded_rows(int64_t rows);
 // Floats train_buffer_floats needs for `rows` packed rows (each buffer aligned to 64 floats).
-int64_t train_buffer_floats(const ModelConfig& config, int64_t rows, const TrainStepOptions& opts);
+int64_t train_buffer_floats(const model::ModelConfig& config, int64_t rows,
+                            const TrainStepOptions& opts);
 // Lays the buffers out over base[train_buffer_floats(...)] (the caller zeroes it once).
-TrainBuffers carve_train_buffers(const ModelConfig& config, int64_t rows,
+TrainBuffers carve_train_buffers(const model::ModelConfig& config, int64_t rows,
                                  const TrainStepOptions& opts, float* base);
 
 // ---- The step ----------------------------------------------------------------------------------
@@ -185,19 +187,20 @@ TrainBuffers carve_train_buffers(const ModelConfig& config, int64_t rows,
 // Training forward: per-token logprobs at opts.temperature (host values, Model::forward's shape),
 // saving activations in `b` for train_backward. FailedPrecondition for a mixture-of-experts
 // model; InvalidArgument for a bad temperature.
-absl::StatusOr<TokenValues> train_forward(const ModelConfig& config, const PrecisionPolicy& policy,
-                                          const ParamLayout& layout, TrainOps& ops,
-                                          const TrainBuffers& b, const TrainTables& t,
-                                          const TrainStepOptions& opts);
+absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& config,
+                                                 const model::PrecisionPolicy& policy,
+                                                 const model::ParamLayout& layout, TrainOps& ops,
+                                                 const TrainBuffers& b, const TrainTables& t,
+                                                 const TrainStepOptions& opts);
 
 // Accumulates dL/dparams into grads (ops memory, layout.total() floats, ParamLayout order) given
 // dL/dlogprob per token (host, the forward's shape; zeros allowed), after train_forward on the
 // same tables and buffers. InvalidArgument for a dlogp of the wrong shape or a non-finite value.
 // `on_final` as Model::backward's (called after synchronize(): grads[from, total) are final).
-absl::Status train_backward(const ModelConfig& config, const PrecisionPolicy& policy,
-                            const ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
-                            const TrainTables& t, const TokenValues& dlogp, float* grads,
+absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                            const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
+                            const TrainTables& t, const model::TokenValues& dlogp, float* grads,
                             const TrainStepOptions& opts,
-                            const Model::GradientsFinal& on_final = {});
+                            const model::Model::GradientsFinal& on_final = {});
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,11 +1,11 @@
-// The step tables and the layer sequence of model/cuda/decoder_step.h.
-#include "model/cuda/decoder_step.h"
+// The step tables and the layer sequence of engine/decoder_step.h.
+#include "engine/decoder_step.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 absl::StatusOr<StepTables> build_step_tables(const std::vector<SegmentBlocks>& segments,
                                              int64_t block_tokens, int64_t vocab, int64_t max_pos,
@@ -58,8 +58,8 @@ absl::StatusOr<StepTables> build_step_tables(const std::vector<SegmentBlocks>& s
   return t;
 }
 
-absl::Status decoder_step(const ModelConfig& config, const PrecisionPolicy& policy,
-                          const ParamLayout& layout, DecoderOps& ops, const StepBuffers& b,
+absl::Status decoder_step(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                          const model::ParamLayout& layout, DecoderOps& ops, const StepBuffers& b,
                           const StepTables& t,
                           const std::function<absl::Status(int64_t, const float*)>& layer_hook) {
   const int64_t m = t.rows, h = config.hidden_size, qd = config.q_dim(), kvd = config.kv_dim(),
@@ -80,7 +80,7 @@ absl::Status decoder_step(const ModelConfig& config, const PrecisionPolicy& poli
   FP8RL_STEP(ops.embed(m, b.x));
   auto bias = [&](int64_t off) { return off >= 0 ? ops.small(off) : nullptr; };
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    const LayerOffsets& lo = layout.layer(l);
+    const model::LayerOffsets& lo = layout.layer(l);
     // h1 = input_norm(x); q, k, v = projections of h1 (Qwen2: with bias).
     FP8RL_STEP(ops.rmsnorm(b.x, ops.small(lo.input_norm), m, h, rb, b.h1));
     FP8RL_STEP(ops.linear(l, 0, b.h1, m, bias(lo.q_bias), b.q));
@@ -121,4 +121,4 @@ absl::Status decoder_step(const ModelConfig& config, const PrecisionPolicy& poli
   return absl::OkStatus();
 }
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

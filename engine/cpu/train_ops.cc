@@ -1,5 +1,5 @@
-// HostTrainOps: kernels/cpu and model/linear.h behind the training step's ops.
-#include "model/cuda/host_train_ops.h"
+// CpuTrainOps: kernels/cpu and model/linear.h behind the training step's ops.
+#include "engine/cpu/train_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,42 +9,42 @@
 #include "kernels/formats.h"
 #include "model/linear.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
-kernels::dm::KvDtype kv_dtype(KvCacheDtype d) {
-  return d == KvCacheDtype::kF32    ? kernels::dm::KvDtype::kF32
-         : d == KvCacheDtype::kBF16 ? kernels::dm::KvDtype::kBF16
-                                    : kernels::dm::KvDtype::kFP8;
+kernels::dm::KvDtype kv_dtype(model::KvCacheDtype d) {
+  return d == model::KvCacheDtype::kF32    ? kernels::dm::KvDtype::kF32
+         : d == model::KvCacheDtype::kBF16 ? kernels::dm::KvDtype::kBF16
+                                           : kernels::dm::KvDtype::kFP8;
 }
 
 }  // namespace
 
-const LinearWeight& HostTrainOps::weight(int64_t layer, int64_t j) const {
+const model::LinearWeight& CpuTrainOps::weight(int64_t layer, int64_t j) const {
   return layer < 0 ? model_.lm_head_weight() : model_.layer_linear(layer, j);
 }
 
-absl::Status HostTrainOps::load_tables(const TrainTables& t) {
+absl::Status CpuTrainOps::load_tables(const TrainTables& t) {
   t_ = &t;
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::embed(float* x) {
-  const ModelConfig& c = model_.config();
+absl::Status CpuTrainOps::embed(float* x) {
+  const model::ModelConfig& c = model_.config();
   kernels::cpu::embed_gather(model_.embedding_weight().dense(), c.vocab_size, c.hidden_size,
                              t_->tokens.data(), t_->rows, x);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, bool rb,
-                                   float* y, float* inv) {
+absl::Status CpuTrainOps::rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, bool rb,
+                                  float* y, float* inv) {
   kernels::cpu::rmsnorm(x, g, rows, h, static_cast<float>(model_.config().rms_norm_eps), rb, y,
                         inv);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::rope(int64_t heads, bool rb, bool inverse, float* x) {
-  const ModelConfig& c = model_.config();
+absl::Status CpuTrainOps::rope(int64_t heads, bool rb, bool inverse, float* x) {
+  const model::ModelConfig& c = model_.config();
   if (inverse) {
     kernels::cpu::rope_inverse(model_.rope_cos().data(), model_.rope_sin().data(), t_->pos.data(),
                                t_->rows, heads, c.head_dim, x);
@@ -55,20 +55,20 @@ absl::Status HostTrainOps::rope(int64_t heads, bool rb, bool inverse, float* x) 
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::linear(int64_t layer, int64_t j, const float* x, int64_t rows,
-                                  const float* bias, float* y) {
-  return linear_forward(weight(layer, j), x, rows, bias, y);
+absl::Status CpuTrainOps::linear(int64_t layer, int64_t j, const float* x, int64_t rows,
+                                 const float* bias, float* y) {
+  return model::linear_forward(weight(layer, j), x, rows, bias, y);
 }
 
-absl::Status HostTrainOps::seq_amax(const float* k, const float* v, float* k_amax_host,
-                                    float* v_amax_host) {
+absl::Status CpuTrainOps::seq_amax(const float* k, const float* v, float* k_amax_host,
+                                   float* v_amax_host) {
   const int64_t kvd = model_.config().kv_dim();
   kernels::cpu::seq_amax(k, kvd, t_->seq_start.data(), t_->n_seq, k_amax_host);
   kernels::cpu::seq_amax(v, kvd, t_->seq_start.data(), t_->n_seq, v_amax_host);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::kv_fake_quant(int64_t layer, float* k, float* v) {
+absl::Status CpuTrainOps::kv_fake_quant(int64_t layer, float* k, float* v) {
   const int64_t n = t_->rows * model_.config().kv_dim();
   const kernels::dm::KvDtype d = kv_dtype(model_.policy().kv_cache);
   kernels::cpu::kv_fake_quant(k, n, d, model_.kv_scales().k[layer]);
@@ -76,20 +76,20 @@ absl::Status HostTrainOps::kv_fake_quant(int64_t layer, float* k, float* v) {
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::attention(const float* q, const float* k, const float* v, float* o) {
-  const ModelConfig& c = model_.config();
+absl::Status CpuTrainOps::attention(const float* q, const float* k, const float* v, float* o) {
+  const model::ModelConfig& c = model_.config();
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   kernels::cpu::attention_prefill(q, k, v, t_->seq_start.data(), t_->n_seq, c.num_attention_heads,
                                   c.num_key_value_heads, c.head_dim, scale, o);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) {
+absl::Status CpuTrainOps::swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) {
   kernels::cpu::swiglu(g, u, n, rb, act);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::add(float* y, const float* x, int64_t n, bool rb) {
+absl::Status CpuTrainOps::add(float* y, const float* x, int64_t n, bool rb) {
   for (int64_t i = 0; i < n; ++i) {
     y[i] += x[i];
     if (rb) y[i] = kernels::round_bf16(y[i]);
@@ -97,41 +97,40 @@ absl::Status HostTrainOps::add(float* y, const float* x, int64_t n, bool rb) {
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::round_bf16(float* x, int64_t n) {
+absl::Status CpuTrainOps::round_bf16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = kernels::round_bf16(x[i]);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::log_softmax(const float* z, int64_t row0, int64_t rows, float inv_t,
-                                       float* lse, float* logprob) {
+absl::Status CpuTrainOps::log_softmax(const float* z, int64_t row0, int64_t rows, float inv_t,
+                                      float* lse, float* logprob) {
   kernels::cpu::log_softmax(z, rows, model_.config().vocab_size, inv_t, t_->targets.data() + row0,
                             lse, logprob);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::head_dlogits(float* z, int64_t row0, int64_t rows, float inv_t,
-                                        const float* lse, const float* dlogp) {
+absl::Status CpuTrainOps::head_dlogits(float* z, int64_t row0, int64_t rows, float inv_t,
+                                       const float* lse, const float* dlogp) {
   kernels::cpu::head_dlogits(z, rows, model_.config().vocab_size, inv_t, t_->targets.data() + row0,
                              lse, dlogp);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::linear_backward(int64_t layer, int64_t j, const float* x,
-                                           const float* dy, int64_t rows, float* dx, float* dw,
-                                           float* db) {
+absl::Status CpuTrainOps::linear_backward(int64_t layer, int64_t j, const float* x, const float* dy,
+                                          int64_t rows, float* dx, float* dw, float* db) {
   return model::linear_backward(weight(layer, j), x, dy, rows, dx, dw, db);
 }
 
-absl::Status HostTrainOps::rmsnorm_backward(const float* x, const float* g, const float* inv,
-                                            const float* dy, int64_t rows, int64_t h, float* dx,
-                                            float* dg) {
+absl::Status CpuTrainOps::rmsnorm_backward(const float* x, const float* g, const float* inv,
+                                           const float* dy, int64_t rows, int64_t h, float* dx,
+                                           float* dg) {
   kernels::cpu::rmsnorm_backward(x, g, inv, dy, rows, h, dx, dg);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::attention_backward(const float* q, const float* k, const float* v,
-                                              const float* dout, float* dq, float* dk, float* dv) {
-  const ModelConfig& c = model_.config();
+absl::Status CpuTrainOps::attention_backward(const float* q, const float* k, const float* v,
+                                             const float* dout, float* dq, float* dk, float* dv) {
+  const model::ModelConfig& c = model_.config();
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   stats_.resize(t_->rows * c.num_attention_heads * 3);
   kernels::cpu::attention_prefill_backward(q, k, v, dout, t_->seq_start.data(), t_->n_seq,
@@ -140,52 +139,54 @@ absl::Status HostTrainOps::attention_backward(const float* q, const float* k, co
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::swiglu_backward(const float* g, const float* u, const float* dact,
-                                           int64_t n, float* dg, float* du) {
+absl::Status CpuTrainOps::swiglu_backward(const float* g, const float* u, const float* dact,
+                                          int64_t n, float* dg, float* du) {
   kernels::cpu::swiglu_backward(g, u, dact, n, dg, du);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::embed_backward(const float* dx, float* dembed) {
+absl::Status CpuTrainOps::embed_backward(const float* dx, float* dembed) {
   kernels::cpu::embed_backward(dx, t_->tokens.data(), t_->rows, model_.config().hidden_size,
                                dembed);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::copy(float* dst, const float* src, int64_t n) {
+absl::Status CpuTrainOps::copy(float* dst, const float* src, int64_t n) {
   std::copy(src, src + n, dst);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::zero(float* x, int64_t n) {
+absl::Status CpuTrainOps::zero(float* x, int64_t n) {
   std::fill(x, x + n, 0.0f);
   return absl::OkStatus();
 }
 
-absl::Status HostTrainOps::to_host(float* dst_host, const float* src, int64_t n) {
+absl::Status CpuTrainOps::to_host(float* dst_host, const float* src, int64_t n) {
   return copy(dst_host, src, n);
 }
 
-absl::Status HostTrainOps::from_host(float* dst, const float* src_host, int64_t n) {
+absl::Status CpuTrainOps::from_host(float* dst, const float* src_host, int64_t n) {
   return copy(dst, src_host, n);
 }
 
-absl::StatusOr<TokenValues> HostTrainStep::forward(const Model& model, const TokenBatch& batch,
-                                                   const TrainStepOptions& o) {
+absl::StatusOr<model::TokenValues> CpuTrainStep::forward(const model::Model& model,
+                                                         const model::TokenBatch& batch,
+                                                         const TrainStepOptions& o) {
   opts = o;
   auto t = build_train_tables(batch, model.config());
   if (!t.ok()) return t.status();
   tables = *std::move(t);
   storage.assign(train_buffer_floats(model.config(), tables.rows, opts), 0.0f);
   buffers = carve_train_buffers(model.config(), tables.rows, opts, storage.data());
-  ops = std::make_unique<HostTrainOps>(model);
+  ops = std::make_unique<CpuTrainOps>(model);
   return train_forward(model.config(), model.policy(), model.layout(), *ops, buffers, tables, opts);
 }
 
-absl::Status HostTrainStep::backward(const Model& model, const TokenValues& dlogp, float* grads) {
+absl::Status CpuTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
+                                    float* grads) {
   if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
   return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
                         dlogp, grads, opts);
 }
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

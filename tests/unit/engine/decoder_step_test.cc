@@ -1,20 +1,20 @@
 // The CUDA backend's host-side logic without a GPU: the step tables (block table, row arrays),
 // the arena's bookkeeping, and decoder_step() over the CPU mirror of the device ops
-// (HostDecoderOps) against Model::forward_cached -- every layer's output and the logits.
-#include "model/cuda/decoder_step.h"
+// (CpuDecoderOps) against Model::forward_cached -- every layer's output and the logits.
+#include "engine/decoder_step.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "model/cuda/arena.h"
-#include "model/cuda/host_decoder_ops.h"
+#include "engine/arena.h"
+#include "engine/cpu/decoder_ops.h"
 #include "model/inference_backend.h"
 #include "model/weight_view.h"
 #include "tests/unit/model/model_test_util.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 namespace {
 
 TEST(ArenaPlan, AlignsNamesAndRefusesOverBudget) {
@@ -90,8 +90,8 @@ TEST(StepTables, BadSegmentsNameTheSegment) {
 }
 
 struct Case {
-  Precision linear;
-  KvCacheDtype kv;
+  model::Precision linear;
+  model::KvCacheDtype kv;
   bool qwen3;
 };
 
@@ -103,24 +103,24 @@ class MirrorTest : public ::testing::TestWithParam<Case> {};
 TEST_P(MirrorTest, LayerOutputsAndLogitsEqualForwardCached) {
   const Case c = GetParam();
   constexpr int64_t kVocab = 160, kBlock = 4;
-  PrecisionPolicy policy;
+  model::PrecisionPolicy policy;
   policy.linear = c.linear;
   policy.kv_cache = c.kv;
-  const ModelConfig config =
-      c.qwen3 ? testing::make_qwen3_config(kVocab, 128, 256, 2, 4, 2, 48, false)
-              : testing::make_config(kVocab, 128, 256, 2, 4, 2, true, /*qwen2=*/true);
-  auto made = Model::Init(config, policy, 5, 0.05f);
+  const model::ModelConfig config =
+      c.qwen3 ? model::testing::make_qwen3_config(kVocab, 128, 256, 2, 4, 2, 48, false)
+              : model::testing::make_config(kVocab, 128, 256, 2, 4, 2, true, /*qwen2=*/true);
+  auto made = model::Model::Init(config, policy, 5, 0.05f);
   ASSERT_TRUE(made.ok()) << made.status();
-  Model& model = **made;
-  if (c.kv == KvCacheDtype::kFP8) {
-    KvScales s = model.kv_scales();
+  model::Model& model = **made;
+  if (c.kv == model::KvCacheDtype::kFP8) {
+    model::KvScales s = model.kv_scales();
     for (auto& k : s.k) k = 0.03f;
     for (auto& v : s.v) v = 0.02f;
     ASSERT_TRUE(model.set_kv_scales(s).ok());
   }
   const std::vector<int64_t> lens = {9, 1, 17};
   constexpr int64_t kNew = 4;
-  Rng rng(3);
+  model::Rng rng(3);
   std::vector<std::vector<int32_t>> seqs;
   for (int64_t n : lens) {
     std::vector<int32_t> t(n + kNew);
@@ -128,25 +128,25 @@ TEST_P(MirrorTest, LayerOutputsAndLogitsEqualForwardCached) {
     seqs.push_back(t);
   }
   // Blocks: a shuffled permutation of the pool, so sequences' blocks are not contiguous.
-  KvBlockPool pool(32);
+  model::KvBlockPool pool(32);
   std::vector<std::vector<int32_t>> blocks(seqs.size());
   for (size_t s = seqs.size(); s-- > 0;) {  // the last sequence gets the low ids
     const int64_t cap = static_cast<int64_t>(seqs[s].size());
     blocks[s] = *pool.acquire((cap + kBlock - 1) / kBlock);
     std::reverse(blocks[s].begin(), blocks[s].end());
   }
-  HostDecoderOps ops(model, 32, kBlock);
-  HostStepBuffers buf(config, 32);
-  std::vector<std::unique_ptr<KvCache>> ref_kv;
+  CpuDecoderOps ops(model, 32, kBlock);
+  CpuStepBuffers buf(config, 32);
+  std::vector<std::unique_ptr<model::KvCache>> ref_kv;
   for (auto& s : seqs) ref_kv.push_back(model.new_kv_cache(static_cast<int64_t>(s.size())));
-  InferenceWorkspace ws;
+  model::InferenceWorkspace ws;
   std::vector<std::vector<float>> ref_layers;
   ws.layer_out = &ref_layers;
   const int64_t h = config.hidden_size;
   std::vector<float> ref_logits(seqs.size() * kVocab), logits(seqs.size() * kVocab);
   for (int64_t step = 0; step <= kNew; ++step) {
     std::vector<SegmentBlocks> segs;
-    std::vector<CachedSegment> ref;
+    std::vector<model::CachedSegment> ref;
     for (size_t s = 0; s < seqs.size(); ++s) {
       const int64_t pos0 = step == 0 ? 0 : lens[s] + step - 1, n = step == 0 ? lens[s] : 1;
       const int64_t cap = static_cast<int64_t>(seqs[s].size());
@@ -180,42 +180,43 @@ TEST_P(MirrorTest, LayerOutputsAndLogitsEqualForwardCached) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, MirrorTest,
-                         ::testing::Values(Case{Precision::kF32, KvCacheDtype::kF32, false},
-                                           Case{Precision::kF32, KvCacheDtype::kFP8, true},
-                                           Case{Precision::kBF16, KvCacheDtype::kBF16, false},
-                                           Case{Precision::kBF16, KvCacheDtype::kF32, true},
-                                           Case{Precision::kFP8, KvCacheDtype::kFP8, false},
-                                           Case{Precision::kFP8, KvCacheDtype::kBF16, true}),
-                         [](const auto& info) {
-                           return std::string(precision_name(info.param.linear)) + "_kv_" +
-                                  std::string(precision_name(info.param.kv)) +
-                                  (info.param.qwen3 ? "_qwen3" : "_qwen2");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Policies, MirrorTest,
+    ::testing::Values(Case{model::Precision::kF32, model::KvCacheDtype::kF32, false},
+                      Case{model::Precision::kF32, model::KvCacheDtype::kFP8, true},
+                      Case{model::Precision::kBF16, model::KvCacheDtype::kBF16, false},
+                      Case{model::Precision::kBF16, model::KvCacheDtype::kF32, true},
+                      Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, false},
+                      Case{model::Precision::kFP8, model::KvCacheDtype::kBF16, true}),
+    [](const auto& info) {
+      return std::string(precision_name(info.param.linear)) + "_kv_" +
+             std::string(precision_name(info.param.kv)) + (info.param.qwen3 ? "_qwen3" : "_qwen2");
+    });
 
 // An inference-only model (what a generation worker installs versions into) keeps only the
 // double-accumulation operand of its BF16 linears and untied lm_head: linear_values() recovers
 // the same fp32 values the full model's bf16 copies hold, which the CUDA backend uploads.
 TEST(LinearValues, InferenceOnlyModelGivesTheFullModelsValues) {
-  PrecisionPolicy policy;
-  policy.linear = Precision::kFP8;
-  policy.kv_cache = KvCacheDtype::kFP8;
+  model::PrecisionPolicy policy;
+  policy.linear = model::Precision::kFP8;
+  policy.kv_cache = model::KvCacheDtype::kFP8;
   policy.bf16_first_layers = 1;
-  auto full = Model::Init(testing::make_config(96, 128, 256, 2, 4, 2, false), policy, 9, 0.05f);
+  auto full = model::Model::Init(model::testing::make_config(96, 128, 256, 2, 4, 2, false), policy,
+                                 9, 0.05f);
   ASSERT_TRUE(full.ok());
-  auto set = (*full)->export_weights(WeightFormat::kFP8, 1);
+  auto set = (*full)->export_weights(model::WeightFormat::kFP8, 1);
   ASSERT_TRUE(set.ok()) << set.status();
-  auto ref = Model::FromWeightSet(*set, policy);
+  auto ref = model::Model::FromWeightSet(*set, policy);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  auto inf = Model::ForInference((*full)->config(), policy);
+  auto inf = model::Model::ForInference((*full)->config(), policy);
   ASSERT_TRUE(inf.ok()) << inf.status();
   auto view = view_of(*set);
   ASSERT_TRUE(view.ok());
   ASSERT_TRUE((*inf)->install(*view).ok());
   int checked = 0;
   for (int64_t j = 0; j < 7; ++j) {
-    const LinearWeight& w = (*inf)->layer_linear(0, j);
-    ASSERT_EQ(w.precision, Precision::kBF16);
+    const model::LinearWeight& w = (*inf)->layer_linear(0, j);
+    ASSERT_EQ(w.precision, model::Precision::kBF16);
     ASSERT_TRUE(w.bf16.empty());  // only the double operand: what linear_values must handle
     const std::vector<float> got = linear_values(w),
                              want = linear_values((*ref)->layer_linear(0, j));
@@ -231,24 +232,25 @@ TEST(LinearValues, InferenceOnlyModelGivesTheFullModelsValues) {
 }
 
 // A tied embedding in an inference-only model is held once, as the lm_head's double operand:
-// the row lookup (HostDecoderOps::embed, the CUDA backend's upload through linear_values) reads
+// the row lookup (CpuDecoderOps::embed, the CUDA backend's upload through linear_values) reads
 // the same bf16 values the full model's float copy holds, for in-range and out-of-range tokens.
 TEST(LinearValues, InferenceOnlyTiedEmbeddingIsHeldOnceAndLooksUpTheSameRows) {
-  PrecisionPolicy policy;
-  policy.linear = Precision::kFP8;
-  policy.kv_cache = KvCacheDtype::kBF16;
-  auto full = Model::Init(testing::make_config(96, 128, 256, 2, 4, 2, true), policy, 11, 0.05f);
+  model::PrecisionPolicy policy;
+  policy.linear = model::Precision::kFP8;
+  policy.kv_cache = model::KvCacheDtype::kBF16;
+  auto full = model::Model::Init(model::testing::make_config(96, 128, 256, 2, 4, 2, true), policy,
+                                 11, 0.05f);
   ASSERT_TRUE(full.ok());
-  auto set = (*full)->export_weights(WeightFormat::kFP8, 1);
+  auto set = (*full)->export_weights(model::WeightFormat::kFP8, 1);
   ASSERT_TRUE(set.ok()) << set.status();
-  auto ref = Model::FromWeightSet(*set, policy);
+  auto ref = model::Model::FromWeightSet(*set, policy);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  auto inf = Model::ForInference((*full)->config(), policy);
+  auto inf = model::Model::ForInference((*full)->config(), policy);
   ASSERT_TRUE(inf.ok()) << inf.status();
   auto view = view_of(*set);
   ASSERT_TRUE(view.ok());
   ASSERT_TRUE((*inf)->install(*view).ok());
-  const LinearWeight& e = (*inf)->embedding_weight();
+  const model::LinearWeight& e = (*inf)->embedding_weight();
   EXPECT_TRUE(e.bf16.empty());
   ASSERT_EQ(e.exact.size(), static_cast<size_t>(96 * 128));
   EXPECT_EQ(linear_values(e), linear_values((*ref)->embedding_weight()));
@@ -258,7 +260,7 @@ TEST(LinearValues, InferenceOnlyTiedEmbeddingIsHeldOnceAndLooksUpTheSameRows) {
   t.rows = 5;
   t.tokens = {0, 95, 17, -1, 96};  // the last two are outside the vocabulary: NaN rows
   std::vector<float> got(t.rows * h), want(t.rows * h);
-  HostDecoderOps inf_ops(**inf, 4, 4), ref_ops(**ref, 4, 4);
+  CpuDecoderOps inf_ops(**inf, 4, 4), ref_ops(**ref, 4, 4);
   ASSERT_TRUE(inf_ops.load_tables(t).ok());
   ASSERT_TRUE(inf_ops.embed(t.rows, got.data()).ok());
   ASSERT_TRUE(ref_ops.load_tables(t).ok());
@@ -275,15 +277,15 @@ TEST(LinearValues, InferenceOnlyTiedEmbeddingIsHeldOnceAndLooksUpTheSameRows) {
 }
 
 TEST(DecoderStep, MoeIsRefusedClearly) {
-  PrecisionPolicy policy;
-  auto m = Model::Init(testing::make_config(64, 64, 128, 1, 2, 1, true), policy, 1);
+  model::PrecisionPolicy policy;
+  auto m = model::Model::Init(model::testing::make_config(64, 64, 128, 1, 2, 1, true), policy, 1);
   ASSERT_TRUE(m.ok());
-  ModelConfig moe = (*m)->config();
+  model::ModelConfig moe = (*m)->config();
   moe.moe.num_experts = 4;
   moe.moe.num_experts_per_tok = 2;
   if (!moe.sparse_layer(0)) GTEST_SKIP() << "config helper does not mark layer 0 sparse";
-  HostDecoderOps ops(**m, 4, 4);
-  HostStepBuffers buf((*m)->config(), 8);
+  CpuDecoderOps ops(**m, 4, 4);
+  CpuStepBuffers buf((*m)->config(), 8);
   StepTables t;
   auto s = decoder_step(moe, policy, (*m)->layout(), ops, buf.view(), t, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
@@ -291,4 +293,4 @@ TEST(DecoderStep, MoeIsRefusedClearly) {
 }
 
 }  // namespace
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,4 +1,4 @@
-// The CUDA implementation of the training step's ops (model/cuda/train_step.h): the training
+// The CUDA implementation of the training step's ops (engine/train_step.h): the training
 // forward and backward of a dense decoder on one GPU, one CUDA stream. Linears run in the
 // policy's training GEMM formats:
 //   FP8 layers  cuBLASLt block-scaled E4M3 (kernels/cuda/fp8_cuda.h): fprop X . W^T with 1x128
@@ -13,38 +13,38 @@
 // Everything else runs the kernels of kernels/cuda (decoder_cuda.h forward, train_cuda.h
 // backward). Weights are uploaded from a host Model (its working copies: FP8 codes + block scales
 // and their transposed blocks, bf16 values, fp32 masters, norms, biases, embedding, RoPE tables,
-// KV scales); the device optimizer (helper-owned model/cuda/train_state.*) can re-upload them
+// KV scales); the device optimizer (helper-owned engine/train_state.*) can re-upload them
 // with upload_weights() after an update.
 //
 // Ran on an H200 (docs/results/gpu-check-*.md): tests/gpu/train_ops_cuda_test.cc compares ops
 // and a whole forward + backward with Model::backward when an sm_90 device is present; the step
-// it runs is tested on the CPU through HostTrainOps (tests/unit/model/train_step_test.cc).
+// it runs is tested on the CPU through CpuTrainOps (tests/unit/engine/train_step_test.cc).
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/train_step.h"
 #include "kernels/cuda/fp8_cuda.h"
-#include "model/cuda/train_step.h"
 #include "model/model.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 class CudaTrainOps : public TrainOps {
  public:
   // Needs an sm_90 device (FailedPrecondition otherwise), a dense model (FailedPrecondition for
   // MoE) and FP8 linears whose in/out are multiples of 16 (FailedPrecondition naming the layer).
-  static absl::StatusOr<std::unique_ptr<CudaTrainOps>> Create(const Model& model);
+  static absl::StatusOr<std::unique_ptr<CudaTrainOps>> Create(const model::Model& model);
   // Copies the model's current weights (after Model::refresh()) and KV scales to the device.
-  virtual absl::Status upload_weights(const Model& model) = 0;
+  virtual absl::Status upload_weights(const model::Model& model) = 0;
   // Re-derives every working copy on the device from fp32 master weights already there (device
   // pointer, ParamLayout order, e.g. DeviceTrainState::master() after an optimizer step), as
   // Model::refresh() does on the host: FP8 linears re-quantized in 128x128 blocks (bit-exact with
   // kernels::quantize) plus their block transposes, BF16 linears, embedding, lm_head, norms and
   // biases rounded to bf16 where the policy rounds them, fp32 ones copied. No host copy involved.
   virtual absl::Status refresh_from_device(const float* master) = 0;
-  virtual absl::Status set_kv_scales(const KvScales& scales) = 0;
+  virtual absl::Status set_kv_scales(const model::KvScales& scales) = 0;
   // Zeroed device memory of `floats` floats owned by these ops (alive as long as they are).
   virtual absl::StatusOr<float*> allocate(int64_t floats) = 0;
   virtual kernels::cuda::Stream stream() const = 0;
@@ -56,15 +56,17 @@ class CudaTrainOps : public TrainOps {
 // backward_into (the training backend, into DeviceTrainState::grads()) never pays for it.
 class CudaTrainStep {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaTrainStep>> Create(const Model& model);
-  absl::StatusOr<TokenValues> forward(const Model& model, const TokenBatch& batch,
-                                      const TrainStepOptions& opts);
-  absl::Status backward(const Model& model, const TokenValues& dlogp,
-                        const Model::GradientsFinal& on_final = {});
+  static absl::StatusOr<std::unique_ptr<CudaTrainStep>> Create(const model::Model& model);
+  absl::StatusOr<model::TokenValues> forward(const model::Model& model,
+                                             const model::TokenBatch& batch,
+                                             const TrainStepOptions& opts);
+  absl::Status backward(const model::Model& model, const model::TokenValues& dlogp,
+                        const model::Model::GradientsFinal& on_final = {});
   // The same into another device gradient array of num_params floats (e.g. the device
   // optimizer's DeviceTrainState::grads()).
-  absl::Status backward_into(const Model& model, const TokenValues& dlogp, float* device_grads,
-                             const Model::GradientsFinal& on_final = {});
+  absl::Status backward_into(const model::Model& model, const model::TokenValues& dlogp,
+                             float* device_grads,
+                             const model::Model::GradientsFinal& on_final = {});
   float* grads() const { return grads_; }  // device; nullptr before the first backward()
   absl::Status zero_grads();
   absl::Status download_grads(std::vector<float>* out);
@@ -81,4 +83,4 @@ class CudaTrainStep {
   TrainBuffers buffers_;
 };
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

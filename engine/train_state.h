@@ -6,7 +6,7 @@
 //
 // The logic is written once over TrainDevice, a small set of memory and arithmetic primitives:
 // the CUDA device (make_cuda_train_device, kernels/cuda/optim_cuda.h) or host memory
-// (make_host_train_device, the CPU mirror that lets every host-side path be tested on machines
+// (make_cpu_train_device, the CPU mirror that lets every host-side path be tested on machines
 // without a GPU against model::AdamW, Model::refresh and Model::export_weights).
 //
 // Plain C++ (no CUDA headers): built and tested in every build; the CUDA device exists only in a
@@ -30,7 +30,7 @@
 
 struct CUstream_st;
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 // ---- Primitives ---------------------------------------------------------------------------------
 
@@ -84,7 +84,7 @@ class TrainDevice {
 };
 
 // The CPU mirror: host memory, the shared kernels::dm arithmetic and kernels::quantize.
-std::unique_ptr<TrainDevice> make_host_train_device();
+std::unique_ptr<TrainDevice> make_cpu_train_device();
 // The current CUDA device on `stream` (nullptr: the legacy default stream). FailedPrecondition
 // without an sm_90 device; Unimplemented in a build without CUDA.
 absl::StatusOr<std::unique_ptr<TrainDevice>> make_cuda_train_device(CUstream_st* stream = nullptr);
@@ -106,7 +106,7 @@ struct TrainStateBytes {
 };
 
 struct TrainStateOptions {
-  AdamWConfig adamw;
+  model::AdamWConfig adamw;
   // Keep a bf16 copy of every parameter (bf16_params()), refreshed after each step, for a forward
   // that reads BF16 weights.
   bool keep_bf16_copy = false;
@@ -116,7 +116,8 @@ struct TrainStateOptions {
   int64_t kv_record_capacity = 1024;
 };
 
-TrainStateBytes plan_train_state_bytes(const ModelConfig& config, const PrecisionPolicy& policy,
+TrainStateBytes plan_train_state_bytes(const model::ModelConfig& config,
+                                       const model::PrecisionPolicy& policy,
                                        const TrainStateOptions& options);
 
 // ---- State --------------------------------------------------------------------------------------
@@ -142,11 +143,12 @@ class DeviceTrainState {
   // InvalidArgument for a bad AdamW config (naming the field) or an inference-only model;
   // ResourceExhausted when the device memory is not there.
   static absl::StatusOr<std::unique_ptr<DeviceTrainState>> Create(
-      const Model& model, const TrainStateOptions& options, std::unique_ptr<TrainDevice> device);
+      const model::Model& model, const TrainStateOptions& options,
+      std::unique_ptr<TrainDevice> device);
 
-  const ModelConfig& config() const { return config_; }
-  const PrecisionPolicy& policy() const { return policy_; }
-  const ParamLayout& layout() const { return layout_; }
+  const model::ModelConfig& config() const { return config_; }
+  const model::PrecisionPolicy& policy() const { return policy_; }
+  const model::ParamLayout& layout() const { return layout_; }
   int64_t num_params() const { return layout_.total(); }
   TrainDevice& device() const { return *device_; }
   TrainStateBytes bytes() const { return bytes_; }
@@ -169,12 +171,12 @@ class DeviceTrainState {
   // AdamW with the same schedule and decay rule, then requantize(). Non-finite gradients fail
   // (InvalidArgument) without touching master, moments or step count; grads() is left scaled and
   // clipped.
-  absl::StatusOr<OptimizerStepStats> step(float grad_scale = 1.0f);
+  absl::StatusOr<model::OptimizerStepStats> step(float grad_scale = 1.0f);
   // Re-derives every FP8 working copy (and the bf16 copy) from master(); step() calls it.
   absl::Status requantize();
-  double lr_at(int64_t step) const { return adamw_lr_at(options_.adamw, step); }
+  double lr_at(int64_t step) const { return model::adamw_lr_at(options_.adamw, step); }
   int64_t steps() const { return step_; }
-  const AdamWConfig& adamw_config() const { return options_.adamw; }
+  const model::AdamWConfig& adamw_config() const { return options_.adamw; }
   absl::Status set_lr(double lr);  // as AdamW::set_lr
 
   // ---- KV calibration: amax per layer per call on the device, the percentile on the host.
@@ -197,9 +199,9 @@ class DeviceTrainState {
   // Moves the device records (2 floats per layer per record) into kv_calibrator() and clears them.
   absl::Status flush_kv_records();
   // The host calibrator (records of earlier flushes): scales() gives p99.9 x 1.05 / 448.
-  KvCalibrator& kv_calibrator() { return calibrator_; }
-  const KvScales& kv_scales() const { return kv_scales_; }
-  absl::Status set_kv_scales(const KvScales& scales);  // as Model::set_kv_scales
+  model::KvCalibrator& kv_calibrator() { return calibrator_; }
+  const model::KvScales& kv_scales() const { return kv_scales_; }
+  absl::Status set_kv_scales(const model::KvScales& scales);  // as Model::set_kv_scales
 
   // ---- Export
   // The publishable weight set, equal to Model::export_weights(WeightFormat::kFP8, version) of a
@@ -207,15 +209,15 @@ class DeviceTrainState {
   // and scales, other linears the policy does not keep in BF16 freshly quantized on the device,
   // everything else BF16 rounded on the device. Only codes, scales and bf16 bits cross to the
   // host.
-  absl::StatusOr<WeightSet> export_fp8(int64_t version = 0) const;
+  absl::StatusOr<model::WeightSet> export_fp8(int64_t version = 0) const;
   // Model::export_weights(WeightFormat::kBF16, version) of a CPU model holding the same master and
   // KV scales: every parameter rounded to bf16 on the device (round to nearest even), in chunks
   // of the export scratch; only bf16 bits cross to the host (2 B per parameter, no fp32 copy).
-  absl::StatusOr<WeightSet> export_bf16(int64_t version = 0) const;
+  absl::StatusOr<model::WeightSet> export_bf16(int64_t version = 0) const;
   // The fp32 master in checkpoint layout (Model::export_weights(kF32)): checkpoints only. The
   // result is the whole master in host memory (4 B per parameter), which is the checkpoint's
   // content; it is built tensor by tensor, one device-to-host copy each.
-  absl::StatusOr<WeightSet> export_f32(int64_t version = 0) const;
+  absl::StatusOr<model::WeightSet> export_f32(int64_t version = 0) const;
   // Host copies (tests, checkpoints).
   absl::StatusOr<std::vector<float>> download(const float* device_buffer) const;
 
@@ -227,20 +229,20 @@ class DeviceTrainState {
   // A folder written by either trainer: Model::Load(dir, policy) onto `device`, then the
   // optimizer state.
   static absl::StatusOr<std::unique_ptr<DeviceTrainState>> LoadCheckpoint(
-      const std::string& dir, const PrecisionPolicy& policy, const TrainStateOptions& options,
-      std::unique_ptr<TrainDevice> device);
+      const std::string& dir, const model::PrecisionPolicy& policy,
+      const TrainStateOptions& options, std::unique_ptr<TrainDevice> device);
 
  private:
-  DeviceTrainState(const Model& model, const TrainStateOptions& options,
+  DeviceTrainState(const model::Model& model, const TrainStateOptions& options,
                    std::unique_ptr<TrainDevice> device);
-  absl::Status init(const Model& model);
+  absl::Status init(const model::Model& model);
   // The device slot of (record, layer), after checking both and the counts.
   absl::StatusOr<float*> kv_slot(int64_t record, int64_t layer, int64_t k_count,
                                  int64_t v_count) const;
 
-  ModelConfig config_;
-  PrecisionPolicy policy_;
-  ParamLayout layout_;
+  model::ModelConfig config_;
+  model::PrecisionPolicy policy_;
+  model::ParamLayout layout_;
   TrainStateOptions options_;
   std::unique_ptr<TrainDevice> device_;
   TrainStateBytes bytes_;
@@ -263,8 +265,8 @@ class DeviceTrainState {
   int64_t bf16_scratch_count_ = 0;  // elements of bf16_scratch_
   uint8_t* fp8_scratch_codes_ = nullptr;
   float* fp8_scratch_scales_ = nullptr;
-  KvCalibrator calibrator_;
-  KvScales kv_scales_;
+  model::KvCalibrator calibrator_;
+  model::KvScales kv_scales_;
 };
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,9 +1,9 @@
 // ArenaPlan: aligned bump reservation under a byte budget.
-#include "model/cuda/arena.h"
+#include "engine/arena.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 absl::StatusOr<int64_t> ArenaPlan::reserve(int64_t bytes, const std::string& what) {
   if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": negative size"));
@@ -25,4 +25,4 @@ absl::StatusOr<int64_t> ArenaPlan::reserve(int64_t bytes, const std::string& wha
   return at;
 }
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

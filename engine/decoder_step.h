@@ -1,9 +1,9 @@
 // One KV-cache forward step of the decoder (batched prefill + decode rows over a paged KV cache)
-// written once against an abstract set of ops, so the CUDA backend (device ops, cuda_backend.cc)
-// and its CPU mirror (HostDecoderOps, kernels/cpu + model/linear.h) run the same sequence of
-// operations with the same BF16 rounding points as Model::forward_cached (model/model_forward.cc
-// layer_forward). The CPU mirror is tested against Model::forward_cached on this machine; the
-// device ops are tested op by op against kernels/cpu in tests/gpu.
+// written once against an abstract set of ops, so the CUDA backend (device ops,
+// cuda/cuda_backend.cc) and the CPU ops (CpuDecoderOps, kernels/cpu + model/linear.h) run the same
+// sequence of operations with the same BF16 rounding points as Model::forward_cached
+// (model/model_forward.cc layer_forward). The CPU ops are tested against Model::forward_cached on
+// this machine; the device ops are tested op by op against kernels/cpu in tests/gpu.
 //
 // Plain C++ (no CUDA headers): built and tested in every build.
 #pragma once
@@ -19,7 +19,7 @@
 #include "model/params.h"
 #include "model/precision.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 // ---- Step tables (host) ------------------------------------------------------------------------
 
@@ -57,7 +57,7 @@ absl::StatusOr<StepTables> build_step_tables(const std::vector<SegmentBlocks>& s
 
 // ---- Ops ---------------------------------------------------------------------------------------
 
-// Every pointer below is in the ops' memory space (host for HostDecoderOps, device for CUDA).
+// Every pointer below is in the ops' memory space (host for CpuDecoderOps, device for CUDA).
 // Shapes: x is [rows, hidden]; q [rows, heads * head_dim]; k, v [rows, kv_heads * head_dim].
 class DecoderOps {
  public:
@@ -101,12 +101,12 @@ struct StepBuffers {
 // Runs the decoder layers and the final norm of one step: sel = final_norm(x[out_rows]).
 // Dense layers only (FailedPrecondition "MoE not on CUDA" for a sparse layer). `layer_hook`
 // (nullable) is called with x after each layer.
-absl::Status decoder_step(const ModelConfig& config, const PrecisionPolicy& policy,
-                          const ParamLayout& layout, DecoderOps& ops, const StepBuffers& b,
+absl::Status decoder_step(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                          const model::ParamLayout& layout, DecoderOps& ops, const StepBuffers& b,
                           const StepTables& t,
                           const std::function<absl::Status(int64_t, const float*)>& layer_hook);
 
 // Rows of scratch a step of `rows` rows needs (a multiple of 8: the FP8 GEMM's M rule).
 inline int64_t padded_rows(int64_t rows) { return (rows + 7) / 8 * 8; }
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

@@ -1,20 +1,21 @@
-// The training step of model/cuda/train_step.h: the tables, the buffer layout, and the forward and
+// The training step of engine/train_step.h: the tables, the buffer layout, and the forward and
 // backward sequences of Model::forward / Model::backward (model/model_forward.cc) over TrainOps.
-#include "model/cuda/train_step.h"
+#include "engine/train_step.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 
-namespace fp8rl::model::gpu {
+namespace fp8rl::engine {
 
 #define FP8RL_STEP(expr)                               \
   do {                                                 \
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
 
-absl::StatusOr<TrainTables> build_train_tables(const TokenBatch& batch, const ModelConfig& config) {
+absl::StatusOr<TrainTables> build_train_tables(const model::TokenBatch& batch,
+                                               const model::ModelConfig& config) {
   if (batch.empty()) return absl::InvalidArgumentError("batch: no sequences");
   TrainTables t;
   t.n_seq = static_cast<int64_t>(batch.size());
@@ -69,7 +70,8 @@ class Carver {
   int64_t used_ = 0;
 };
 
-TrainBuffers carve(const ModelConfig& c, int64_t rows, const TrainStepOptions& opts, Carver& cv) {
+TrainBuffers carve(const model::ModelConfig& c, int64_t rows, const TrainStepOptions& opts,
+                   Carver& cv) {
   TrainBuffers b;
   b.rows = rows;
   b.padded_rows = train_padded_rows(rows);
@@ -131,8 +133,8 @@ TrainBuffers carve(const ModelConfig& c, int64_t rows, const TrainStepOptions& o
   return b;
 }
 
-absl::Status check_step(const ModelConfig& config, const TrainBuffers& b, const TrainTables& t,
-                        const TrainStepOptions& opts) {
+absl::Status check_step(const model::ModelConfig& config, const TrainBuffers& b,
+                        const TrainTables& t, const TrainStepOptions& opts) {
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     if (config.sparse_layer(l)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -158,16 +160,16 @@ absl::Status check_step(const ModelConfig& config, const TrainBuffers& b, const 
 
 // Decoder layer l on the running hidden state x [rows, h] in place, saving its activations in
 // `a` (a.x: the layer's input). Model::layer_forward's sequence of operations.
-absl::Status layer_forward(const ModelConfig& config, const PrecisionPolicy& policy,
-                           const ParamLayout& layout, TrainOps& ops, const TrainTables& t,
+absl::Status layer_forward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                           const model::ParamLayout& layout, TrainOps& ops, const TrainTables& t,
                            int64_t l, const TrainLayerBuffers& a, float* x,
-                           KvCalibrator* calibrator) {
+                           model::KvCalibrator* calibrator) {
   const int64_t m = t.rows, h = config.hidden_size, qd = config.q_dim(),
                 f = config.intermediate_size, hd = config.head_dim, nh = config.num_attention_heads,
                 nkv = config.num_key_value_heads;
   const bool rb = policy.bf16_activations();
   auto bias = [&](int64_t off) { return off >= 0 ? ops.small(off) : nullptr; };
-  const LayerOffsets& lo = layout.layer(l);
+  const model::LayerOffsets& lo = layout.layer(l);
   // h1 = input_norm(x) (x saved: the layer's input).
   if (a.x != x) FP8RL_STEP(ops.copy(a.x, x, m * h));
   FP8RL_STEP(ops.rmsnorm(x, ops.small(lo.input_norm), m, h, rb, a.h1, a.inv1));
@@ -208,22 +210,24 @@ absl::Status layer_forward(const ModelConfig& config, const PrecisionPolicy& pol
 
 }  // namespace
 
-int64_t train_buffer_floats(const ModelConfig& config, int64_t rows, const TrainStepOptions& opts) {
+int64_t train_buffer_floats(const model::ModelConfig& config, int64_t rows,
+                            const TrainStepOptions& opts) {
   Carver cv(nullptr);
   carve(config, rows, opts, cv);
   return cv.used();
 }
 
-TrainBuffers carve_train_buffers(const ModelConfig& config, int64_t rows,
+TrainBuffers carve_train_buffers(const model::ModelConfig& config, int64_t rows,
                                  const TrainStepOptions& opts, float* base) {
   Carver cv(base);
   return carve(config, rows, opts, cv);
 }
 
-absl::StatusOr<TokenValues> train_forward(const ModelConfig& config, const PrecisionPolicy& policy,
-                                          const ParamLayout& layout, TrainOps& ops,
-                                          const TrainBuffers& b, const TrainTables& t,
-                                          const TrainStepOptions& opts) {
+absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& config,
+                                                 const model::PrecisionPolicy& policy,
+                                                 const model::ParamLayout& layout, TrainOps& ops,
+                                                 const TrainBuffers& b, const TrainTables& t,
+                                                 const TrainStepOptions& opts) {
   FP8RL_STEP(check_step(config, b, t, opts));
   const int64_t m = t.rows, h = config.hidden_size;
   const bool rb = policy.bf16_activations();
@@ -246,17 +250,18 @@ absl::StatusOr<TokenValues> train_forward(const ModelConfig& config, const Preci
   }
   std::vector<float> lp(m);
   FP8RL_STEP(ops.to_host(lp.data(), b.logprob, m));
-  TokenValues out(t.n_seq);
+  model::TokenValues out(t.n_seq);
   for (int64_t s = 0; s < t.n_seq; ++s) {
     out[s].assign(lp.begin() + t.seq_start[s], lp.begin() + t.seq_start[s + 1] - 1);
   }
   return out;
 }
 
-absl::Status train_backward(const ModelConfig& config, const PrecisionPolicy& policy,
-                            const ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
-                            const TrainTables& t, const TokenValues& dlogp, float* grads,
-                            const TrainStepOptions& opts, const Model::GradientsFinal& on_final) {
+absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                            const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
+                            const TrainTables& t, const model::TokenValues& dlogp, float* grads,
+                            const TrainStepOptions& opts,
+                            const model::Model::GradientsFinal& on_final) {
   FP8RL_STEP(check_step(config, b, t, opts));
   if (static_cast<int64_t>(dlogp.size()) != t.n_seq) {
     return absl::InvalidArgumentError(absl::StrCat("backward: dlogp has ", dlogp.size(),
@@ -315,7 +320,7 @@ absl::Status train_backward(const ModelConfig& config, const PrecisionPolicy& po
   FP8RL_STEP(final_from(layout.final_norm()));
 
   for (int64_t l = config.num_hidden_layers - 1; l >= 0; --l) {
-    const LayerOffsets& lo = layout.layer(l);
+    const model::LayerOffsets& lo = layout.layer(l);
     const TrainLayerBuffers& a = b.layers[l];
     if (opts.recompute_layers) {
       // Refill the shared activations by running layer l again from its saved input (the same
@@ -369,4 +374,4 @@ absl::Status train_backward(const ModelConfig& config, const PrecisionPolicy& po
 
 #undef FP8RL_STEP
 
-}  // namespace fp8rl::model::gpu
+}  // namespace fp8rl::engine

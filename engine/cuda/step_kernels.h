@@ -3,7 +3,7 @@
 // epilogue (bias, then one bf16 rounding), fp32 -> bf16 bits for the BF16 GEMM operand, an fp32
 // GEMM accumulated in double (the CPU's fp32/bf16 linears accumulate in double, model/linear.h),
 // and the row gather of the output rows. Each is the loop of its CPU counterpart in
-// model/cuda/host_decoder_ops.cc / model/linear.cc with the same float arithmetic (built with
+// engine/cpu/decoder_ops.cc / model/linear.cc with the same float arithmetic (built with
 // --fmad=false). Device pointers, one stream, nothing synchronizes. Ran on an H200.
 #pragma once
 
@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "kernels/cuda/fp8_cuda.h"
 
-namespace fp8rl::model::gpu::cuda {
+namespace fp8rl::engine::cuda {
 
 using Stream = kernels::cuda::Stream;
 
@@ -33,4 +33,4 @@ absl::Status gemm_f64acc(const float* x, const float* w, float* y, int64_t m, in
 absl::Status gather_rows(const float* x, int64_t h, const int32_t* rows, int64_t n, float* out,
                          Stream stream);
 
-}  // namespace fp8rl::model::gpu::cuda
+}  // namespace fp8rl::engine::cuda
