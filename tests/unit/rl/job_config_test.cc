@@ -104,7 +104,7 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   EXPECT_EQ(c->algorithm.is.cap, 2.0);
   EXPECT_EQ(c->algorithm.adam_beta1, 0.9);
   EXPECT_EQ(c->algorithm.adam_beta2, 0.999);
-  EXPECT_EQ(c->algorithm.adam_eps, 1e-8);
+  EXPECT_EQ(c->algorithm.adam_epsilon, 1e-8);
   EXPECT_EQ(c->algorithm.max_staleness, 0);  // synchronous unless asked
   EXPECT_FALSE(c->sft.has_value());
   EXPECT_EQ(c->precision, PrecisionConfig{});
@@ -298,7 +298,7 @@ TEST(JobConfig, BadConfigsNameTheField) {
        "e trainer and generation services carry fp8 or bf16 weights); use bf16"},
       {"algorithm: {adam_beta1: 1}", "algorithm.adam_beta1: must be in [0, 1)"},
       {"algorithm: {adam_beta2: -0.5}", "algorithm.adam_beta2: must be in [0, 1)"},
-      {"algorithm: {adam_eps: 0}", "algorithm.adam_eps: must be > 0"},
+      {"algorithm: {adam_epsilon: 0}", "algorithm.adam_epsilon: must be > 0"},
       {"algorithm: {max_staleness: -1}", "algorithm.max_staleness: must be in [0, 16]"},
       {"algorithm: {max_staleness: 17}", "algorithm.max_staleness: must be in [0, 16]"},
       {"algorithm: {max_staleness: 1.5}",

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <functional>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "absl/strings/match.h"
