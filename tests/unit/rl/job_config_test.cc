@@ -436,5 +436,52 @@ TEST(JobConfig, IsBoundsDefaultPerRuleAndZeroIsKept) {
   EXPECT_TRUE(parse_job_config(base + "algorithm: {is: {rule: tis, cap: 1}}").ok());
 }
 
+// Each renamed algorithm key (kRenamedAlgorithmKeys) still reads, as the new key, with one
+// warning line naming both; old and new together are an error naming the old key.
+TEST(JobConfig, OldAlgorithmKeysReadWithAWarning) {
+  const struct {
+    const char* old_key;
+    const char* new_key;
+    double value;
+    double AlgorithmConfig::*field;
+  } cases[] = {
+      {"grad_clip", "max_grad_norm", 0.37, &AlgorithmConfig::max_grad_norm},
+      {"adam_eps", "adam_epsilon", 3e-7, &AlgorithmConfig::adam_epsilon},
+  };
+  ASSERT_EQ(std::size(cases), std::size(kRenamedAlgorithmKeys));
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.old_key);
+    const std::string text = std::string(kMinimal) + "algorithm:\n  " + c.old_key + ": " +
+                             std::to_string(c.value) + "\n";
+    std::vector<std::string> warnings;
+    absl::StatusOr<JobConfig> old_config = parse_job_config(text, &warnings);
+    ASSERT_TRUE(old_config.ok()) << old_config.status();
+    EXPECT_DOUBLE_EQ(old_config->algorithm.*c.field, c.value);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_EQ(warnings[0], std::string("algorithm.") + c.old_key +
+                               " is deprecated: read as algorithm." + c.new_key +
+                               "; use that name");
+    // Same config as with the new key, and the stored form uses the new key.
+    std::vector<std::string> none;
+    absl::StatusOr<JobConfig> new_config =
+        parse_job_config(std::string(kMinimal) + "algorithm:\n  " + c.new_key + ": " +
+                             std::to_string(c.value) + "\n",
+                         &none);
+    ASSERT_TRUE(new_config.ok()) << new_config.status();
+    EXPECT_TRUE(none.empty());
+    EXPECT_EQ(*old_config, *new_config);
+    const nlohmann::ordered_json stored = job_config_to_json(*old_config);
+    EXPECT_TRUE(stored["algorithm"].contains(c.new_key));
+    EXPECT_FALSE(stored["algorithm"].contains(c.old_key));
+    // Both spellings at once.
+    absl::StatusOr<JobConfig> both = parse_job_config(std::string(kMinimal) + "algorithm:\n  " +
+                                                      c.old_key + ": 1\n  " + c.new_key + ": 1\n");
+    EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(both.status().message().find(std::string("algorithm.") + c.old_key + ": renamed"),
+              std::string::npos)
+        << both.status();
+  }
+}
+
 }  // namespace
 }  // namespace fp8rl::rl

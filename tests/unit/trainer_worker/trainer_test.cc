@@ -19,6 +19,7 @@
 #include "kernels/quantize.h"
 #include "model/kv_calibration.h"
 #include "rl/grpo.h"
+#include "rl/step_metric_schema.h"
 #include "services/trainer_worker/trainer_metrics.h"
 #include "tests/unit/common/temp_dir.h"
 #include "tests/unit/trainer_worker/trainer_test_util.h"
@@ -621,6 +622,12 @@ TEST(TrainerMetricsDump, OffPolicyStep) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->mismatch().probs_ratio_max(), 1.0);
   EXPECT_LT(r->mismatch().probs_ratio_min(), 1.0);
+  // Every step metric of the schema is computed and sent by name, with the fixed fields' value.
+  const rl::MetricsValues sent(r->metrics().begin(), r->metrics().end());
+  EXPECT_TRUE(rl::check_step_metric_values(sent).ok()) << rl::check_step_metric_values(sent);
+  EXPECT_EQ(sent.size(), rl::kStepMetrics.size());
+  EXPECT_EQ(sent.at("probs_ratio_max"), r->mismatch().probs_ratio_max());
+  EXPECT_EQ(sent.at("train_tokens"), static_cast<double>(r->tokens()));
   const char* dir = std::getenv("FP8RL_SCHEMA_DUMP_DIR");
   if (dir == nullptr) return;
   v1::TrainStepResponse stable = *r;
