@@ -26,7 +26,8 @@ static_assert(charts_are_known(), "a kStepMetrics entry names a chart missing fr
 absl::Status check_step_metric_values(const MetricsValues& values, StepMetricSchema schema) {
   for (const StepMetricDef& m : schema) {
     if (!values.contains(std::string(m.name))) {
-      return absl::InternalError(absl::StrCat("step metric '", m.name, "' was not computed"));
+      return absl::InternalError(
+          absl::StrCat("step metric '", std::string(m.name), "' was not computed"));
     }
   }
   return absl::OkStatus();

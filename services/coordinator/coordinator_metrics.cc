@@ -83,8 +83,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
   for (const rl::StepMetricDef& def : schema) {
     if (!def.coordinator_gauge) continue;
     service::GaugeFamily* family = nullptr;
-    FP8RL_ASSIGN(family, registry->add_gauge(absl::StrCat("fp8rl_rl_", def.name),
-                                             absl::StrCat("Last RL step's ", def.name,
+    FP8RL_ASSIGN(family, registry->add_gauge(absl::StrCat("fp8rl_rl_", std::string(def.name)),
+                                             absl::StrCat("Last RL step's ", std::string(def.name),
                                                           " (docs/design/mismatch.md), from the "
                                                           "trainer.")));
     m->step_metrics.emplace(std::string(def.name), family);

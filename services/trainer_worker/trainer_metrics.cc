@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
       {"stat"});
   for (const rl::StepMetricDef& def : schema) {
     if (def.trainer_help.empty()) continue;
-    const std::string name = absl::StrCat("fp8rl_trainer_", def.name);
+    const std::string name = absl::StrCat("fp8rl_trainer_", std::string(def.name));
     m->step_metrics.emplace(std::string(def.name),
                             gauge(name.c_str(), std::string(def.trainer_help).c_str(), {}));
   }

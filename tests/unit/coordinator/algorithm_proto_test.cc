@@ -42,7 +42,9 @@ TEST(AlgorithmProto, IsConfigRoundTripsWithItsBounds) {
     absl::StatusOr<rl::IsConfig> back = is_config_from_proto(params);
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(back->rule, c.rule);
-    if (c.rule == rl::IsRule::kTis) EXPECT_EQ(back->cap, c.cap);
+    if (c.rule == rl::IsRule::kTis) {
+      EXPECT_EQ(back->cap, c.cap);
+    }
     if (c.rule == rl::IsRule::kIcepop || c.rule == rl::IsRule::kSeqMaskTis) {
       EXPECT_EQ(back->lo, c.lo);
       EXPECT_EQ(back->hi, c.hi);

@@ -623,7 +623,8 @@ TEST(TrainerMetricsDump, OffPolicyStep) {
   EXPECT_GT(r->mismatch().probs_ratio_max(), 1.0);
   EXPECT_LT(r->mismatch().probs_ratio_min(), 1.0);
   // Every step metric of the schema is computed and sent by name, with the fixed fields' value.
-  const rl::MetricsValues sent(r->metrics().begin(), r->metrics().end());
+  rl::MetricsValues sent;
+  for (const auto& [name, value] : r->metrics()) sent[name] = value;
   EXPECT_TRUE(rl::check_step_metric_values(sent).ok()) << rl::check_step_metric_values(sent);
   EXPECT_EQ(sent.size(), rl::kStepMetrics.size());
   EXPECT_EQ(sent.at("probs_ratio_max"), r->mismatch().probs_ratio_max());
