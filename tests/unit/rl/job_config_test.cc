@@ -446,7 +446,7 @@ TEST(JobConfig, OldAlgorithmKeysReadWithAWarning) {
     double AlgorithmConfig::*field;
   } cases[] = {
       {"grad_clip", "max_grad_norm", 0.37, &AlgorithmConfig::max_grad_norm},
-      {"adam_eps", "adam_epsilon", 3e-7, &AlgorithmConfig::adam_epsilon},
+      {"adam_eps", "adam_epsilon", 0.001, &AlgorithmConfig::adam_epsilon},
   };
   ASSERT_EQ(std::size(cases), std::size(kRenamedAlgorithmKeys));
   for (const auto& c : cases) {
