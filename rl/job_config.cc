@@ -429,7 +429,7 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
                                       "learning_rate",
                                       "warmup_steps",
                                       "weight_decay",
-                                      "grad_clip",
+                                      "max_grad_norm",
                                       "minibatches",
                                       "epochs",
                                       "clip_eps",
@@ -437,7 +437,7 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
                                       "is",
                                       "adam_beta1",
                                       "adam_beta2",
-                                      "adam_eps",
+                                      "adam_epsilon",
                                       "max_staleness",
                                       "routing_replay",
                                       "router_aux_loss_coef"}));
@@ -451,14 +451,14 @@ absl::Status read_algorithm(const Fields& top, AlgorithmConfig* a) {
   FP8RL_RETURN_IF_ERROR(f.get_double("learning_rate", &a->learning_rate));
   FP8RL_RETURN_IF_ERROR(f.get_int("warmup_steps", &a->warmup_steps));
   FP8RL_RETURN_IF_ERROR(f.get_double("weight_decay", &a->weight_decay));
-  FP8RL_RETURN_IF_ERROR(f.get_double("grad_clip", &a->grad_clip));
+  FP8RL_RETURN_IF_ERROR(f.get_double("max_grad_norm", &a->max_grad_norm));
   FP8RL_RETURN_IF_ERROR(f.get_int("minibatches", &a->minibatches));
   FP8RL_RETURN_IF_ERROR(f.get_int("epochs", &a->epochs));
   FP8RL_RETURN_IF_ERROR(f.get_double("clip_eps", &a->clip_eps));
   FP8RL_RETURN_IF_ERROR(f.get_double("kl_beta", &a->kl_beta));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta1", &a->adam_beta1));
   FP8RL_RETURN_IF_ERROR(f.get_double("adam_beta2", &a->adam_beta2));
-  FP8RL_RETURN_IF_ERROR(f.get_double("adam_eps", &a->adam_eps));
+  FP8RL_RETURN_IF_ERROR(f.get_double("adam_epsilon", &a->adam_epsilon));
   FP8RL_RETURN_IF_ERROR(f.get_int("max_staleness", &a->max_staleness));
   FP8RL_RETURN_IF_ERROR(f.get_bool("routing_replay", &a->routing_replay));
   FP8RL_RETURN_IF_ERROR(f.get_double("router_aux_loss_coef", &a->router_aux_loss_coef));
@@ -559,8 +559,8 @@ absl::Status validate_job_config(const JobConfig& c) {
   FP8RL_RETURN_IF_ERROR(require(a.warmup_steps >= 0, "algorithm.warmup_steps", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(require(a.weight_decay >= 0.0 && std::isfinite(a.weight_decay),
                                 "algorithm.weight_decay", "must be >= 0"));
-  FP8RL_RETURN_IF_ERROR(require(a.grad_clip >= 0.0 && std::isfinite(a.grad_clip),
-                                "algorithm.grad_clip", "must be >= 0"));
+  FP8RL_RETURN_IF_ERROR(require(a.max_grad_norm >= 0.0 && std::isfinite(a.max_grad_norm),
+                                "algorithm.max_grad_norm", "must be >= 0"));
   FP8RL_RETURN_IF_ERROR(require(a.minibatches >= 1, "algorithm.minibatches", "must be >= 1"));
   FP8RL_RETURN_IF_ERROR(require(
       a.minibatches <= a.batch_size(), "algorithm.minibatches",
@@ -579,8 +579,8 @@ absl::Status validate_job_config(const JobConfig& c) {
                                 "must be in [0, 1)"));
   FP8RL_RETURN_IF_ERROR(require(a.adam_beta2 >= 0.0 && a.adam_beta2 < 1.0, "algorithm.adam_beta2",
                                 "must be in [0, 1)"));
-  FP8RL_RETURN_IF_ERROR(
-      require(a.adam_eps > 0.0 && std::isfinite(a.adam_eps), "algorithm.adam_eps", "must be > 0"));
+  FP8RL_RETURN_IF_ERROR(require(a.adam_epsilon > 0.0 && std::isfinite(a.adam_epsilon),
+                                "algorithm.adam_epsilon", "must be > 0"));
   // Each step of staleness keeps one more step's rollout in the coordinator's memory.
   FP8RL_RETURN_IF_ERROR(require(a.max_staleness >= 0 && a.max_staleness <= 16,
                                 "algorithm.max_staleness", "must be in [0, 16]"));
@@ -618,11 +618,45 @@ absl::Status validate_job_config(const JobConfig& c) {
   return validate_job_limits(c);
 }
 
-absl::StatusOr<JobConfig> job_config_from_json(const Json& json) {
+namespace {
+
+// Reads the old spellings of kRenamedAlgorithmKeys as the new ones: a copy of `json` with the
+// keys renamed (or nullopt when it uses none), one warning per old key.
+absl::StatusOr<std::optional<Json>> rename_old_keys(const Json& json,
+                                                    std::vector<std::string>* warnings) {
+  auto algorithm = json.find("algorithm");
+  if (algorithm == json.end() || !algorithm->is_object()) return std::nullopt;
+  std::optional<Json> renamed;
+  for (const RenamedKey& key : kRenamedAlgorithmKeys) {
+    if (!algorithm->contains(std::string(key.old_key))) continue;
+    const std::string old_path = join_path("algorithm", key.old_key);
+    const std::string new_path = join_path("algorithm", key.new_key);
+    if (algorithm->contains(std::string(key.new_key))) {
+      return field_error(old_path, absl::StrCat("renamed ", new_path, ", which is also given"));
+    }
+    if (!renamed) renamed = json;
+    Json& a = (*renamed)["algorithm"];
+    a[std::string(key.new_key)] = a[std::string(key.old_key)];
+    a.erase(std::string(key.old_key));
+    if (warnings != nullptr) {
+      warnings->push_back(
+          absl::StrCat(old_path, " is deprecated: read as ", new_path, "; use that name"));
+    }
+  }
+  return renamed;
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> job_config_from_json(const Json& json,
+                                               std::vector<std::string>* warnings) {
   if (!json.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job config: must be a mapping, got ", json.type_name()));
   }
+  absl::StatusOr<std::optional<Json>> renamed = rename_old_keys(json, warnings);
+  if (!renamed.ok()) return renamed.status();
+  if (renamed->has_value()) return job_config_from_json(**renamed, nullptr);
   const Fields top(json, "");
   FP8RL_RETURN_IF_ERROR(top.allow_only({"name", "model", "task", "algorithm", "sft", "precision",
                                         "validation", "checkpoint", "trainer"}));
@@ -640,17 +674,19 @@ absl::StatusOr<JobConfig> job_config_from_json(const Json& json) {
   return c;
 }
 
-absl::StatusOr<JobConfig> job_config_from_json(const nlohmann::json& json) {
-  return job_config_from_json(Json::parse(json.dump()));
+absl::StatusOr<JobConfig> job_config_from_json(const nlohmann::json& json,
+                                               std::vector<std::string>* warnings) {
+  return job_config_from_json(Json::parse(json.dump()), warnings);
 }
 
-absl::StatusOr<JobConfig> parse_job_config(std::string_view text) {
+absl::StatusOr<JobConfig> parse_job_config(std::string_view text,
+                                           std::vector<std::string>* warnings) {
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string_view::npos) return absl::InvalidArgumentError("job config: empty");
   if (text[first] == '{') {
     absl::StatusOr<Json> json = parse_json_strict(text, "job config");
     if (!json.ok()) return json.status();
-    return job_config_from_json(*json);
+    return job_config_from_json(*json, warnings);
   }
   YAML::Node root;
   try {
@@ -661,7 +697,7 @@ absl::StatusOr<JobConfig> parse_job_config(std::string_view text) {
   }
   absl::StatusOr<Json> json = yaml_to_json(root, "");
   if (!json.ok()) return json.status();
-  return job_config_from_json(*json);
+  return job_config_from_json(*json, warnings);
 }
 
 absl::StatusOr<JobConfig> load_job_config_file(const std::string& path) {
@@ -735,7 +771,7 @@ Json job_config_to_json(const JobConfig& c) {
                         {"learning_rate", a.learning_rate},
                         {"warmup_steps", a.warmup_steps},
                         {"weight_decay", a.weight_decay},
-                        {"grad_clip", a.grad_clip},
+                        {"max_grad_norm", a.max_grad_norm},
                         {"minibatches", a.minibatches},
                         {"epochs", a.epochs},
                         {"clip_eps", a.clip_eps},
@@ -746,7 +782,7 @@ Json job_config_to_json(const JobConfig& c) {
                                     {"hi", a.is.hi}}},
                         {"adam_beta1", a.adam_beta1},
                         {"adam_beta2", a.adam_beta2},
-                        {"adam_eps", a.adam_eps},
+                        {"adam_epsilon", a.adam_epsilon},
                         {"max_staleness", a.max_staleness},
                         {"routing_replay", a.routing_replay},
                         {"router_aux_loss_coef", a.router_aux_loss_coef}};

@@ -80,7 +80,7 @@ struct AlgorithmConfig {
   double learning_rate = 1e-5;
   int64_t warmup_steps = 0;
   double weight_decay = 0.0;
-  double grad_clip = 1.0;
+  double max_grad_norm = 1.0;  // clip the global gradient norm to this; 0 = no clipping
   int64_t minibatches = 1;
   int64_t epochs = 1;
   double clip_eps = 0.2;
@@ -89,7 +89,7 @@ struct AlgorithmConfig {
   // AdamW moment decay rates and denominator epsilon.
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
-  double adam_eps = 1e-8;
+  double adam_epsilon = 1e-8;
   // Asynchronous RL (docs/design/rl-step.md "Asynchronous RL"): 0 = synchronous (each step
   // generates with the version the previous step published); K >= 1 = rollouts of the next K steps
   // run while the trainer trains, each sample at most K versions behind the version it trains.
@@ -141,12 +141,28 @@ struct JobConfig {
   bool operator==(const JobConfig&) const = default;
 };
 
+// Algorithm keys renamed to the spelling the proto (OptimizerParams) and the code share; a config
+// with the old key is read as the new one, with a warning ("algorithm.grad_clip is deprecated:
+// read as algorithm.max_grad_norm; use that name"); giving both is an error.
+struct RenamedKey {
+  std::string_view old_key;
+  std::string_view new_key;
+};
+inline constexpr RenamedKey kRenamedAlgorithmKeys[] = {
+    {"grad_clip", "max_grad_norm"},
+    {"adam_eps", "adam_epsilon"},
+};
+
 // Parses a job config given as YAML or JSON text (JSON when the first non-space character is
 // '{'; YAML otherwise). Syntax errors: InvalidArgument "job config: ..." with the line.
-absl::StatusOr<JobConfig> parse_job_config(std::string_view text);
+// `warnings` (may be null) receives one line per deprecated key the text uses.
+absl::StatusOr<JobConfig> parse_job_config(std::string_view text,
+                                           std::vector<std::string>* warnings = nullptr);
 // Same, from an already-parsed JSON document (e.g. a REST body).
-absl::StatusOr<JobConfig> job_config_from_json(const nlohmann::ordered_json& json);
-absl::StatusOr<JobConfig> job_config_from_json(const nlohmann::json& json);
+absl::StatusOr<JobConfig> job_config_from_json(const nlohmann::ordered_json& json,
+                                               std::vector<std::string>* warnings = nullptr);
+absl::StatusOr<JobConfig> job_config_from_json(const nlohmann::json& json,
+                                               std::vector<std::string>* warnings = nullptr);
 // Reads and parses a file; errors are prefixed with the path.
 absl::StatusOr<JobConfig> load_job_config_file(const std::string& path);
 

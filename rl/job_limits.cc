@@ -19,9 +19,9 @@ std::optional<double> field_value(const JobConfig& c, std::string_view field) {
   if (field == "algorithm.learning_rate") return a.learning_rate;
   if (field == "algorithm.warmup_steps") return a.warmup_steps;
   if (field == "algorithm.weight_decay") return a.weight_decay;
-  if (field == "algorithm.grad_clip") return a.grad_clip;
+  if (field == "algorithm.max_grad_norm") return a.max_grad_norm;
   if (field == "algorithm.kl_beta") return a.kl_beta;
-  if (field == "algorithm.adam_eps") return a.adam_eps;
+  if (field == "algorithm.adam_epsilon") return a.adam_epsilon;
   if (field == "precision.bf16_first_layers") return c.precision.bf16_first_layers;
   if (field == "precision.bf16_last_layers") return c.precision.bf16_last_layers;
   if (field == "validation.every_steps") return c.validation.every_steps;

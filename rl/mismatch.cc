@@ -89,4 +89,13 @@ void fold_probs_ratio(const PolicyLossStats& update, MismatchMetrics* metrics) {
   metrics->probs_ratio_max = std::max(metrics->probs_ratio_max, update.probs_ratio_max);
 }
 
+void append_values(const MismatchMetrics& m, MetricsValues* values) {
+  (*values)["token_mult_prob_error"] = m.token_mult_prob_error;
+  (*values)["gen_kl_error"] = m.gen_kl_error;
+  (*values)["sampling_importance_ratio"] = m.sampling_importance_ratio;
+  (*values)["is_oob_ratio"] = m.is_oob_ratio;
+  (*values)["probs_ratio_min"] = m.probs_ratio_min;
+  (*values)["probs_ratio_max"] = m.probs_ratio_max;
+}
+
 }  // namespace fp8rl::rl

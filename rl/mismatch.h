@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "rl/grpo.h"
 #include "rl/importance.h"
+#include "rl/step_metrics.h"
 
 namespace fp8rl::rl {
 
@@ -67,5 +68,10 @@ absl::StatusOr<MismatchMetrics> mismatch_metrics(std::span<const float> prev_log
 // probs_ratio_min/max of a step = min/max over its updates: metrics->probs_ratio_min =
 // min(itself, update.probs_ratio_min), likewise max. Skips an update with no valid tokens.
 void fold_probs_ratio(const PolicyLossStats& update, MismatchMetrics* metrics);
+
+// Adds the step metrics (rl/step_metric_schema.h) this struct holds to `values`, under their
+// schema names: token_mult_prob_error, gen_kl_error, sampling_importance_ratio, is_oob_ratio,
+// probs_ratio_min, probs_ratio_max.
+void append_values(const MismatchMetrics& metrics, MetricsValues* values);
 
 }  // namespace fp8rl::rl

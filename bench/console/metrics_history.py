@@ -7,7 +7,6 @@ the console's repeat poll (If-None-Match, answered 304). Prints a markdown table
 docs/perf.md. Usage: bench/console/metrics_history.py [STEPS] (default 10000), from the
 repository root after a build."""
 
-import json
 import os
 import shutil
 import statistics
@@ -19,6 +18,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "system"))
+import console_charts  # noqa: E402
 import system_util as su  # noqa: E402
 import test_console_long_job as long_job  # noqa: E402
 
@@ -41,8 +41,7 @@ def timed_get(url, headers=None, repeats=5):
 def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
     long_job.STEPS = steps
-    with open(os.path.join(ROOT, "services", "coordinator", "console", "charts.json")) as f:
-        keys = sorted({s["key"] for c in json.load(f)["charts"] for s in c["series"]})
+    keys = sorted({s["key"] for c in console_charts.chart_list()["charts"] for s in c["series"]})
     tmp = tempfile.mkdtemp(prefix="fp8rl-bench-console-")
     long_job.write_store(os.path.join(tmp, "jobs.db"), keys)
     port = 8080 + su.free_port_offset(workers=0)

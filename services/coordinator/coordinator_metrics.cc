@@ -7,7 +7,7 @@
 namespace fp8rl::coordinator {
 
 absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
-    service::MetricsRegistry* registry) {
+    service::MetricsRegistry* registry, rl::StepMetricSchema schema) {
   auto m = std::make_unique<CoordinatorMetrics>();
 #define FP8RL_ASSIGN(field, expr)             \
   {                                           \
@@ -80,13 +80,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
   FP8RL_ASSIGN(m->weight_version,
                registry->add_gauge("fp8rl_coordinator_weight_version",
                                    "Latest policy version published by the trainer."));
-  for (std::string_view name : kRlMismatchMetrics) {
+  for (const rl::StepMetricDef& def : schema) {
+    if (!def.coordinator_gauge) continue;
     service::GaugeFamily* family = nullptr;
-    FP8RL_ASSIGN(
-        family, registry->add_gauge(absl::StrCat("fp8rl_rl_", std::string(name)),
-                                    absl::StrCat("Last RL step's ", std::string(name),
-                                                 " (docs/design/mismatch.md), from the trainer.")));
-    m->mismatch.emplace(std::string(name), family);
+    FP8RL_ASSIGN(family, registry->add_gauge(absl::StrCat("fp8rl_rl_", std::string(def.name)),
+                                             absl::StrCat("Last RL step's ", std::string(def.name),
+                                                          " (docs/design/mismatch.md), from the "
+                                                          "trainer.")));
+    m->step_metrics.emplace(std::string(def.name), family);
   }
   FP8RL_ASSIGN(m->sample_staleness,
                registry->add_histogram("fp8rl_rl_sample_staleness",
@@ -133,8 +134,8 @@ void CoordinatorMetrics::record_phases(const std::map<std::string, double>& row)
   }
 }
 
-void CoordinatorMetrics::record_mismatch(const std::map<std::string, double>& values) {
-  for (const auto& [name, family] : mismatch) {
+void CoordinatorMetrics::record_step_metrics(const std::map<std::string, double>& values) {
+  for (const auto& [name, family] : step_metrics) {
     if (auto it = values.find(name); it != values.end()) family->get().set(it->second);
   }
 }

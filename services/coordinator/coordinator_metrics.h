@@ -1,6 +1,7 @@
 // The coordinator's Prometheus metrics, exactly the coordinator section of docs/metrics.md: jobs
 // by state, rejected and refused API requests, live workers, and the RL loop's step, reward,
-// validation accuracy, mismatch metrics (from the trainer's TrainStep answer) and time per phase.
+// validation accuracy, the step metrics the schema marks (from the trainer's TrainStep answer) and
+// time per phase.
 #pragma once
 
 #include <array>
@@ -11,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/service/metrics.h"
+#include "rl/step_metric_schema.h"
 #include "rl/step_metrics.h"
 
 namespace fp8rl::coordinator {
@@ -21,24 +23,19 @@ namespace fp8rl::coordinator {
 inline constexpr std::array<std::string_view, 8> kRlPhases = {
     "sft", "validate", "generate", "score", "train", "publish", "sync", "checkpoint"};
 
-// The mismatch metrics (docs/design/mismatch.md "Mismatch metrics") the coordinator re-exports as
-// fp8rl_rl_<name>.
-inline constexpr std::array<std::string_view, 6> kRlMismatchMetrics = {
-    "token_mult_prob_error", "gen_kl_error",    "sampling_importance_ratio",
-    "is_oob_ratio",          "probs_ratio_min", "probs_ratio_max"};
-
 class CoordinatorMetrics {
  public:
+  // `schema` is the step metrics' definition; tests pass a longer one.
   static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> create(
-      service::MetricsRegistry* registry);
+      service::MetricsRegistry* registry, rl::StepMetricSchema schema = rl::kStepMetrics);
 
   // Phase times of one metrics row (keys `time_<phase>_seconds`, phases of kRlPhases): the
   // last-step gauge of every phase is set (0 for a phase the row lacks), the totals and the
   // histogram grow by the phases the row has.
   void record_phases(const std::map<std::string, double>& row);
-  // The mismatch gauges from a train step's statistics (keys of kRlMismatchMetrics); keys the
-  // trainer did not send leave their gauge unchanged.
-  void record_mismatch(const std::map<std::string, double>& values);
+  // The fp8rl_rl_<name> gauges of the step metrics (rl/step_metric_schema.h, coordinator_gauge)
+  // from a train step's statistics; names the trainer did not send leave their gauge unchanged.
+  void record_step_metrics(const std::map<std::string, double>& values);
   // Asynchronous RL (docs/design/rl-step.md "Asynchronous RL"): one step's staleness histogram,
   // stale samples regenerated, trainer and generation idle time.
   void record_staleness(const rl::StepMetrics::Async& step);
@@ -64,7 +61,7 @@ class CoordinatorMetrics {
   service::CounterFamily* redispatched_requests = nullptr;  // failed generation calls re-sent
   service::CounterFamily* redispatched_samples = nullptr;   // samples those calls carried
   service::GaugeFamily* weight_version = nullptr;           // last published policy version
-  std::map<std::string, service::GaugeFamily*, std::less<>> mismatch;  // kRlMismatchMetrics
+  std::map<std::string, service::GaugeFamily*, std::less<>> step_metrics;  // by metric name
   // Asynchronous RL only (stay at 0 in synchronous jobs).
   service::HistogramFamily* sample_staleness = nullptr;         // versions behind, per sample
   service::CounterFamily* stale_regenerated_samples = nullptr;  // older than K, generated again

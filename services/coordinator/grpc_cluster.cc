@@ -14,7 +14,9 @@
 #include "common/service/security.h"
 #include "fp8rl/v1/generation.grpc.pb.h"
 #include "fp8rl/v1/trainer.grpc.pb.h"
+#include "proto/algorithm_proto.h"
 #include "proto/precision_proto.h"
+#include "proto/step_metrics_proto.h"
 #include "rl/sft_batch.h"
 #include "rl/tasks.h"
 
@@ -178,13 +180,7 @@ class GrpcTrainerClient final : public TrainerClient {
       init->set_seed(config.model.init_seed);
     }
     *req.mutable_precision() = precision_to_proto(config.precision);
-    auto* o = req.mutable_optimizer();
-    o->set_learning_rate(config.algorithm.learning_rate);
-    o->set_beta1(config.algorithm.adam_beta1);
-    o->set_beta2(config.algorithm.adam_beta2);
-    o->set_epsilon(config.algorithm.adam_eps);
-    o->set_weight_decay(config.algorithm.weight_decay);
-    o->set_max_grad_norm(config.algorithm.grad_clip);
+    *req.mutable_optimizer() = optimizer_to_proto(config.algorithm);
     req.set_keep_reference(config.algorithm.kl_beta > 0);
     for (const TrainSequence& s : calibration_sequences(config)) {
       fill_sequence(s, req.add_calibration_sequences());
@@ -218,52 +214,11 @@ class GrpcTrainerClient final : public TrainerClient {
     req.set_job_id(job_id);
     req.set_step(step);
     for (const TrainSequence& s : batch) fill_sequence(s, req.add_batch());
-    const rl::AlgorithmConfig& alg = config.algorithm;
-    auto* a = req.mutable_algorithm();
-    a->set_clip_eps(alg.clip_eps);
-    a->set_kl_beta(alg.kl_beta);
-    a->set_temperature(alg.temperature);
-    switch (alg.is.rule) {
-      case rl::IsRule::kNone:
-        a->set_is_rule(v1::IS_RULE_NONE);
-        break;
-      case rl::IsRule::kTis:
-        a->set_is_rule(v1::IS_RULE_TIS);
-        a->set_is_cap(alg.is.cap);
-        break;
-      case rl::IsRule::kIcepop:
-        a->set_is_rule(v1::IS_RULE_ICEPOP);
-        break;
-      case rl::IsRule::kSeqMaskTis:
-        a->set_is_rule(v1::IS_RULE_SEQ_MASK_TIS);
-        break;
-    }
-    if (alg.is.rule == rl::IsRule::kIcepop || alg.is.rule == rl::IsRule::kSeqMaskTis) {
-      a->set_is_lo(alg.is.lo);
-      a->set_is_hi(alg.is.hi);
-    }
-    a->set_minibatches(static_cast<int32_t>(alg.minibatches));
-    a->set_epochs(static_cast<int32_t>(alg.epochs));
-    a->set_routing_replay(alg.routing_replay);
-    a->set_router_aux_loss_coef(alg.router_aux_loss_coef);
-    a->set_learning_rate(rl::learning_rate_at(alg, step));
+    *req.mutable_algorithm() = algorithm_to_proto(config.algorithm, step);
     v1::TrainStepResponse resp;
     if (absl::Status s = call(&v1::TrainerService::Stub::TrainStep, req, &resp); !s.ok()) return s;
     TrainStepStats stats;
-    const v1::MismatchMetrics& m = resp.mismatch();
-    stats.values = {{"loss", resp.loss()},
-                    {"pg_loss", resp.pg_loss()},
-                    {"kl", resp.kl()},
-                    {"grad_norm", resp.grad_norm()},
-                    {"learning_rate", resp.learning_rate()},
-                    {"clip_fraction", resp.clip_fraction()},
-                    {"train_tokens", static_cast<double>(resp.tokens())},
-                    {"token_mult_prob_error", m.token_mult_prob_error()},
-                    {"gen_kl_error", m.gen_kl_error()},
-                    {"sampling_importance_ratio", m.sampling_importance_ratio()},
-                    {"is_oob_ratio", m.is_oob_ratio()},
-                    {"probs_ratio_min", m.probs_ratio_min()},
-                    {"probs_ratio_max", m.probs_ratio_max()}};
+    stats.values = step_metrics_from_proto(resp);
     for (const auto& [phase, seconds] : resp.phase_seconds()) {
       stats.values[absl::StrCat("trainer_", phase, "_seconds")] = seconds;
     }

@@ -53,8 +53,10 @@ void JobManager::stop() {
 }
 
 absl::StatusOr<JobRecord> JobManager::submit_text(std::string_view config_text) {
-  absl::StatusOr<rl::JobConfig> config = rl::parse_job_config(config_text);
+  std::vector<std::string> warnings;
+  absl::StatusOr<rl::JobConfig> config = rl::parse_job_config(config_text, &warnings);
   if (!config.ok()) return config.status();
+  for (const std::string& w : warnings) service::log_warn(kLog, w);
   return submit(*config);
 }
 

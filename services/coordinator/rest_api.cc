@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/json_util.h"
+#include "common/service/log.h"
 #include "services/coordinator/admission.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/metrics_downsample.h"
@@ -59,8 +60,10 @@ service::HttpResponse submit(JobManager& jobs, const service::HttpRequest& req) 
   }
   absl::StatusOr<nlohmann::ordered_json> json = parse_json_strict(req.body, "body");
   if (!json.ok()) return error_response(json.status());
-  absl::StatusOr<rl::JobConfig> config = rl::job_config_from_json(*json);
+  std::vector<std::string> warnings;
+  absl::StatusOr<rl::JobConfig> config = rl::job_config_from_json(*json, &warnings);
   if (!config.ok()) return error_response(config.status());
+  for (const std::string& w : warnings) service::log_warn("rest", w);
   absl::StatusOr<JobRecord> job = jobs.submit(*config);
   if (!job.ok()) return error_response(job.status());
   return json_response(201, {{"id", job->id}, {"state", std::string(job_state_name(job->state))}});

@@ -671,7 +671,7 @@ absl::Status RlLoop::train(const JobRun& run, int64_t step, const std::vector<Tr
   if (!stats.ok()) return trainer_error(stats.status(), absl::StrCat("train step ", step, ": "));
   row.trainer = stats->values;
   row.train_seconds = seconds_since(start);
-  if (hooks_.metrics != nullptr) hooks_.metrics->record_mismatch(stats->values);
+  if (hooks_.metrics != nullptr) hooks_.metrics->record_step_metrics(stats->values);
   return absl::OkStatus();
 }
 

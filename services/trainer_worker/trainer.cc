@@ -13,7 +13,10 @@
 #include "common/path_roots.h"
 #include "common/service/log.h"
 #include "nlohmann/json.hpp"
+#include "proto/algorithm_proto.h"
 #include "proto/precision_proto.h"
+#include "proto/step_metrics_proto.h"
+#include "rl/mismatch.h"
 #include "services/trainer_worker/rendezvous_client.h"
 #include "train/checkpoint.h"
 #include "train/collectives.h"
@@ -55,56 +58,11 @@ absl::StatusOr<model::AdamWConfig> to_adamw(const v1::InitPolicyRequest& request
           absl::StrCat("optimizer.learning_rate: must be > 0, got ", o.learning_rate()));
     }
     c.lr = o.learning_rate();
-    c.beta1 = o.beta1();
-    c.beta2 = o.beta2() == 0 ? 0.999 : o.beta2();
-    c.eps = o.epsilon() == 0 ? 1e-8 : o.epsilon();
+    c.beta1 = o.adam_beta1();
+    c.beta2 = o.adam_beta2() == 0 ? 0.999 : o.adam_beta2();
+    c.eps = o.adam_epsilon() == 0 ? 1e-8 : o.adam_epsilon();
     c.weight_decay = o.weight_decay();
     c.max_grad_norm = o.max_grad_norm();
-  }
-  return c;
-}
-
-// The IS rule and bounds of AlgorithmParams. tis reads is_cap, or is_hi from a sender that
-// predates is_cap; an unset hi/cap takes the rule's default (rl::default_is_config).
-absl::StatusOr<rl::IsConfig> to_is_config(const v1::AlgorithmParams& a) {
-  rl::IsConfig c;
-  switch (a.is_rule()) {
-    case v1::IS_RULE_UNSPECIFIED:
-    case v1::IS_RULE_TIS:
-      c.rule = rl::IsRule::kTis;
-      break;
-    case v1::IS_RULE_NONE:
-      c.rule = rl::IsRule::kNone;
-      break;
-    case v1::IS_RULE_ICEPOP:
-      c.rule = rl::IsRule::kIcepop;
-      break;
-    case v1::IS_RULE_SEQ_MASK_TIS:
-      c.rule = rl::IsRule::kSeqMaskTis;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("algorithm.is_rule: unknown rule ", static_cast<int>(a.is_rule())));
-  }
-  for (const auto& [name, value] : {std::pair{"is_lo", a.is_lo()}, std::pair{"is_hi", a.is_hi()},
-                                    std::pair{"is_cap", a.is_cap()}}) {
-    if (!std::isfinite(value) || value < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("algorithm.", name, ": must be >= 0, got ", value));
-    }
-  }
-  const rl::IsConfig rule_defaults = rl::default_is_config(c.rule);
-  // hi and cap are >= 1 whenever they are set, so 0 can only mean "not sent"; lo = 0 is a valid
-  // bound (nothing is masked from below) and is used as sent. The coordinator always sends the
-  // job's values (the job config fills in each rule's defaults at submission).
-  const double cap = a.is_cap() > 0 ? a.is_cap() : a.is_hi();
-  c.cap = cap > 0 ? cap : rule_defaults.cap;
-  c.hi = a.is_hi() > 0 ? a.is_hi() : rule_defaults.hi;
-  c.lo = a.is_lo();
-  if (auto s = rl::validate_is_config(c, "algorithm.is"); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(s.message(), " (from algorithm.is_lo=", a.is_lo(), ", is_hi=", a.is_hi(),
-                     ", is_cap=", a.is_cap(), ")"));
   }
   return c;
 }
@@ -214,7 +172,7 @@ absl::StatusOr<train::GrpoRequest> Trainer::grpo_request(
   r.batch = to_sequences(request.batch());
   r.loss.clip_eps = a.clip_eps();
   r.loss.kl_beta = a.kl_beta();
-  absl::StatusOr<rl::IsConfig> is = to_is_config(a);
+  absl::StatusOr<rl::IsConfig> is = is_config_from_proto(a);
   if (!is.ok()) return is.status();
   r.loss.is = *is;
   r.temperature = a.temperature();
@@ -248,21 +206,17 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
   }
 
   v1::TrainStepResponse response;
-  response.set_loss(result->loss);
-  response.set_pg_loss(result->pg_loss);
-  response.set_kl(result->kl);
-  response.set_grad_norm(result->grad_norm);
-  response.set_learning_rate(result->learning_rate);
-  response.set_clip_fraction(result->clip_fraction);
-  response.set_tokens(result->tokens);
+  // The step metrics of rl/step_metric_schema.h, by name.
+  rl::MetricsValues values = {{"loss", result->loss},
+                              {"pg_loss", result->pg_loss},
+                              {"kl", result->kl},
+                              {"grad_norm", result->grad_norm},
+                              {"learning_rate", result->learning_rate},
+                              {"clip_fraction", result->clip_fraction},
+                              {"train_tokens", static_cast<double>(result->tokens)}};
   const rl::MismatchMetrics& mismatch = result->mismatch;
-  v1::MismatchMetrics* mm = response.mutable_mismatch();
-  mm->set_token_mult_prob_error(mismatch.token_mult_prob_error);
-  mm->set_gen_kl_error(mismatch.gen_kl_error);
-  mm->set_sampling_importance_ratio(mismatch.sampling_importance_ratio);
-  mm->set_is_oob_ratio(mismatch.is_oob_ratio);
-  mm->set_probs_ratio_min(mismatch.probs_ratio_min);
-  mm->set_probs_ratio_max(mismatch.probs_ratio_max);
+  rl::append_values(mismatch, &values);
+  step_metrics_to_proto(values, &response);
   response.set_version(learner_->version());
   (*response.mutable_phase_seconds())["logprobs"] = result->logprob_seconds;
   (*response.mutable_phase_seconds())["forward_backward"] = result->forward_backward_seconds;
@@ -293,12 +247,7 @@ absl::StatusOr<v1::TrainStepResponse> Trainer::train_step(const v1::TrainStepReq
     metrics_->is_weight->with({"mean"}).set(mismatch.sampling_importance_ratio);
     metrics_->is_weight->with({"min"}).set(mismatch.is_weight_min);
     metrics_->is_weight->with({"max"}).set(mismatch.is_weight_max);
-    metrics_->token_mult_prob_error->get().set(mismatch.token_mult_prob_error);
-    metrics_->gen_kl_error->get().set(mismatch.gen_kl_error);
-    metrics_->sampling_importance_ratio->get().set(mismatch.sampling_importance_ratio);
-    metrics_->is_oob_ratio->get().set(mismatch.is_oob_ratio);
-    metrics_->probs_ratio_min->get().set(mismatch.probs_ratio_min);
-    metrics_->probs_ratio_max->get().set(mismatch.probs_ratio_max);
+    metrics_->record_step(values);
     metrics_->all_reduce_seconds->get().set(result->all_reduce_seconds);
     metrics_->all_reduce_bytes->get().inc(static_cast<double>(result->all_reduce_bytes));
     metrics_->all_reduce_wait_seconds->get().set(result->gradient_wait_seconds);

@@ -1,10 +1,14 @@
 // Registration of the trainer worker's metric families (names from docs/metrics.md).
 #include "services/trainer_worker/trainer_metrics.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
 namespace fp8rl::trainer {
 
 absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
-    service::MetricsRegistry* registry) {
+    service::MetricsRegistry* registry, rl::StepMetricSchema schema) {
   if (absl::Status s = service::register_process_metrics(registry, "trainer"); !s.ok()) return s;
 
   auto m = std::make_unique<TrainerMetrics>();
@@ -42,19 +46,12 @@ absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
       "fp8rl_trainer_is_weight",
       "IS weights of the last step: mean after truncation, min/max of the raw exp(prev - gen).",
       {"stat"});
-  m->token_mult_prob_error =
-      gauge("fp8rl_trainer_token_mult_prob_error", "Last step's mean(exp(|gen - prev|)).", {});
-  m->gen_kl_error =
-      gauge("fp8rl_trainer_gen_kl_error", "Last step's KL(gen || train) per token.", {});
-  m->sampling_importance_ratio = gauge("fp8rl_trainer_sampling_importance_ratio",
-                                       "Last step's mean IS weight after truncation.", {});
-  m->is_oob_ratio = gauge(
-      "fp8rl_trainer_is_oob_ratio",
-      "Last step's fraction of tokens (sequences for seq_mask_tis) outside the IS bounds.", {});
-  m->probs_ratio_min = gauge("fp8rl_trainer_probs_ratio_min",
-                             "Last step's min of the PPO ratio exp(cur - prev).", {});
-  m->probs_ratio_max = gauge("fp8rl_trainer_probs_ratio_max",
-                             "Last step's max of the PPO ratio exp(cur - prev).", {});
+  for (const rl::StepMetricDef& def : schema) {
+    if (def.trainer_help.empty()) continue;
+    const std::string name = absl::StrCat("fp8rl_trainer_", std::string(def.name));
+    m->step_metrics.emplace(std::string(def.name),
+                            gauge(name.c_str(), std::string(def.trainer_help).c_str(), {}));
+  }
   m->recalibration_seconds =
       gauge("fp8rl_trainer_recalibration_seconds",
             "Re-quantization + KV calibration time of the last publish.", {});
@@ -74,6 +71,12 @@ absl::StatusOr<std::unique_ptr<TrainerMetrics>> TrainerMetrics::create(
             "Time the last step waited for gradient all-reduces after the backward.", {});
   if (!status.ok()) return status;
   return m;
+}
+
+void TrainerMetrics::record_step(const rl::MetricsValues& values) {
+  for (const auto& [name, family] : step_metrics) {
+    if (auto it = values.find(name); it != values.end()) family->get().set(it->second);
+  }
 }
 
 }  // namespace fp8rl::trainer

@@ -3,16 +3,25 @@
 // service exports. The Trainer writes them after each update and publish.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "common/service/metrics.h"
+#include "rl/step_metric_schema.h"
 
 namespace fp8rl::trainer {
 
 struct TrainerMetrics {
   // Registers every family in `registry` (which must outlive the result).
-  static absl::StatusOr<std::unique_ptr<TrainerMetrics>> create(service::MetricsRegistry* registry);
+  // `schema` is the step metrics' definition; tests pass a longer one.
+  static absl::StatusOr<std::unique_ptr<TrainerMetrics>> create(
+      service::MetricsRegistry* registry, rl::StepMetricSchema schema = rl::kStepMetrics);
+
+  // Sets the step-metric gauges from a GRPO step's values; names without a gauge are ignored.
+  void record_step(const rl::MetricsValues& values);
 
   service::CounterFamily* steps = nullptr;         // {kind: grpo|sft} optimizer steps
   service::CounterFamily* tokens = nullptr;        // training tokens processed
@@ -22,12 +31,8 @@ struct TrainerMetrics {
   service::GaugeFamily* policy_version = nullptr;  // last published version
   service::GaugeFamily* phase_seconds = nullptr;   // {phase}: time of each phase, last step
   service::GaugeFamily* is_weight = nullptr;       // {stat: mean|min|max} before truncation
-  service::GaugeFamily* token_mult_prob_error = nullptr;
-  service::GaugeFamily* gen_kl_error = nullptr;
-  service::GaugeFamily* sampling_importance_ratio = nullptr;
-  service::GaugeFamily* is_oob_ratio = nullptr;
-  service::GaugeFamily* probs_ratio_min = nullptr;
-  service::GaugeFamily* probs_ratio_max = nullptr;
+  // fp8rl_trainer_<name> for each step metric with a trainer help (rl/step_metric_schema.h).
+  std::map<std::string, service::GaugeFamily*, std::less<>> step_metrics;
   service::GaugeFamily* recalibration_seconds = nullptr;  // quantize + calibrate, last publish
   service::GaugeFamily* weight_scale_inv = nullptr;       // {stat: min|mean|max}
   service::GaugeFamily* kv_scale = nullptr;               // {tensor: k|v, stat: min|mean|max}

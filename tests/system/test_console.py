@@ -202,9 +202,9 @@ def body(clusters):
     clusters.append(cluster)
     cluster.wait_up()
     shots = os.environ.get("FP8RL_CONSOLE_SCREENSHOTS") or os.path.join(cluster.tmp, "shots")
-    with open(os.path.join(su.SOURCE_DIR, "services", "coordinator", "console",
-                           "charts.json")) as f:
-        charts_spec = json.load(f)
+    status, charts_spec = su.http("GET", f"{cluster.rest}/console/charts.json")
+    su.check(status == 200 and isinstance(charts_spec, dict),
+             f"GET /console/charts.json: {status} {charts_spec}")
 
     status, reply = su.http("POST", f"{cluster.rest}/v1/jobs", su.smoke_config(cluster.tmp))
     su.check(status == 201, f"POST /v1/jobs: {status} {reply}")

@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 
 import cdp
+import console_charts
 import system_util as su
 
 STEPS = 10000
@@ -80,9 +81,7 @@ def main():
     if reason:
         print(f"SKIP: {reason}", flush=True)
         sys.exit(su.SKIP)
-    with open(os.path.join(su.SOURCE_DIR, "services", "coordinator", "console",
-                           "charts.json")) as f:
-        charts = json.load(f)["charts"]
+    charts = console_charts.chart_list()["charts"]
     keys = sorted({s["key"] for c in charts for s in c["series"]})
     tmp = tempfile.mkdtemp(prefix="fp8rl-system-console-long-")
     write_store(os.path.join(tmp, "jobs.db"), keys)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "common/fs.h"
 #include "common/service/grpc_server.h"
 #include "rl/job_config.h"
+#include "rl/step_metric_schema.h"
 
 namespace fp8rl::cli {
 namespace {
@@ -395,11 +397,14 @@ absl::StatusOr<std::string> prepare_job_config(const std::string& path,
     return absl::Status(text.status().code(), absl::StrCat("cannot read job config '", path,
                                                            "': ", text.status().message()));
   }
-  absl::StatusOr<rl::JobConfig> config = rl::parse_job_config(*text);
+  std::vector<std::string> warnings;
+  absl::StatusOr<rl::JobConfig> config = rl::parse_job_config(*text, &warnings);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));
   }
+  for (const std::string& w : warnings)
+    std::fprintf(stderr, "warning: %s: %s\n", path.c_str(), w.c_str());
   const std::string config_dir = fs::absolute(fs::path(path)).parent_path().string();
   rl::JobConfig from_cwd = *config;
   rl::JobConfig from_dir = *config;
@@ -592,26 +597,33 @@ std::string format_summary(const v1::Job& job, const std::vector<v1::StepMetrics
                                               *find_value(*before, "val_accuracy")));
   }
 
-  // Mismatch metrics (docs/design/mismatch.md "Mismatch metrics"), averaged over the RL steps.
+  // The step metrics with a summary (rl/step_metric_schema.h: the mismatch metrics of
+  // docs/design/mismatch.md), folded over the RL steps.
   std::string mismatch;
-  for (const char* key :
-       {"token_mult_prob_error", "gen_kl_error", "sampling_importance_ratio", "is_oob_ratio"}) {
-    const double m = mean_over_steps(rows, key);
-    if (!std::isnan(m)) absl::StrAppend(&mismatch, absl::StrFormat("  %-26s %.6f\n", key, m));
-  }
-  double pmin = std::nan(""), pmax = std::nan("");
-  for (const v1::StepMetrics& row : rows) {
-    if (const double* v = find_value(row, "probs_ratio_min")) {
-      pmin = std::isnan(pmin) ? *v : std::min(pmin, *v);
+  for (const rl::StepMetricDef& def : rl::kStepMetrics) {
+    const std::string key(def.name);
+    double value = std::nan("");
+    switch (def.summary) {
+      case rl::StepSummary::kNone:
+        continue;
+      case rl::StepSummary::kMean:
+        value = mean_over_steps(rows, key);
+        break;
+      case rl::StepSummary::kMin:
+      case rl::StepSummary::kMax:
+        for (const v1::StepMetrics& row : rows) {
+          const double* v = find_value(row, key);
+          if (v == nullptr) continue;
+          value = std::isnan(value)                      ? *v
+                  : def.summary == rl::StepSummary::kMin ? std::min(value, *v)
+                                                         : std::max(value, *v);
+        }
+        break;
     }
-    if (const double* v = find_value(row, "probs_ratio_max")) {
-      pmax = std::isnan(pmax) ? *v : std::max(pmax, *v);
+    if (!std::isnan(value)) {
+      absl::StrAppend(&mismatch, absl::StrFormat("  %-26s %.6f\n", key, value));
     }
   }
-  if (!std::isnan(pmin))
-    absl::StrAppend(&mismatch, absl::StrFormat("  %-26s %.6f\n", "probs_ratio_min", pmin));
-  if (!std::isnan(pmax))
-    absl::StrAppend(&mismatch, absl::StrFormat("  %-26s %.6f\n", "probs_ratio_max", pmax));
   if (!mismatch.empty()) {
     absl::StrAppend(&out, "mismatch (mean over RL steps; min/max for probs ratio):\n", mismatch);
   }

@@ -13,7 +13,7 @@
 #include "absl/time/time.h"
 #include "common/fs.h"
 #include "nlohmann/json.hpp"
-#include "services/coordinator/console/assets.h"
+#include "services/coordinator/console/chart_list.h"
 
 namespace fp8rl::cli {
 namespace {
@@ -46,9 +46,9 @@ struct Point {
 }  // namespace
 
 absl::StatusOr<ChartList> console_charts() {
-  const console::EmbeddedFile* file = console::find_embedded_file("charts.json");
-  if (file == nullptr) return absl::InternalError("charts.json is not embedded");
-  const nlohmann::json spec = nlohmann::json::parse(file->body, nullptr, false);
+  absl::StatusOr<std::string> text = console::chart_list_json();
+  if (!text.ok()) return text.status();
+  const nlohmann::json spec = nlohmann::json::parse(*text, nullptr, false);
   if (!spec.is_object() || !spec["charts"].is_array()) {
     return absl::InternalError("charts.json: expected {\"charts\": [...]}");
   }

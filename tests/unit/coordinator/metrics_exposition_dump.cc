@@ -19,7 +19,7 @@ int main() {
   (*coordinator)->steps->get().inc(3);
   (*coordinator)->count_rejected("rest");
   (*coordinator)->record_phases({{"time_generate_seconds", 0.42}, {"time_train_seconds", 1.7}});
-  (*coordinator)->record_mismatch({{"token_mult_prob_error", 1.013}, {"gen_kl_error", 2.5e-4}});
+  (*coordinator)->record_step_metrics({{"token_mult_prob_error", 1.013}, {"gen_kl_error", 2.5e-4}});
   auto* c =
       r.add_counter("fp8rl_dump_bytes_total", "Bytes with \"quotes\" in help.", {"kind"}).value();
   c->with({"a\\b\"c\nd"}).inc(1e20);

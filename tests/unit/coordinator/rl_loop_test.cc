@@ -362,7 +362,7 @@ TEST(RlLoop, RunsStepsRecordsMetricsAndCheckpoints) {
   EXPECT_EQ(metrics->samples->get().value(), 36.0);
   EXPECT_DOUBLE_EQ(metrics->reward_mean->get().value(), rows[3].values.at("reward_mean"));
   EXPECT_DOUBLE_EQ(metrics->validation_accuracy->get().value(), rows[3].values.at("val_accuracy"));
-  EXPECT_DOUBLE_EQ(metrics->mismatch.at("token_mult_prob_error")->get().value(), 1.01);
+  EXPECT_DOUBLE_EQ(metrics->step_metrics.at("token_mult_prob_error")->get().value(), 1.01);
   EXPECT_EQ(metrics->weight_version->get().value(), 4.0);
   EXPECT_EQ(metrics->redispatched_requests->get().value(), 0.0);
   // Last step (3): validates, no checkpoint; totals add up every recorded phase time.

@@ -104,7 +104,7 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   EXPECT_EQ(c->algorithm.is.cap, 2.0);
   EXPECT_EQ(c->algorithm.adam_beta1, 0.9);
   EXPECT_EQ(c->algorithm.adam_beta2, 0.999);
-  EXPECT_EQ(c->algorithm.adam_eps, 1e-8);
+  EXPECT_EQ(c->algorithm.adam_epsilon, 1e-8);
   EXPECT_EQ(c->algorithm.max_staleness, 0);  // synchronous unless asked
   EXPECT_FALSE(c->sft.has_value());
   EXPECT_EQ(c->precision, PrecisionConfig{});
@@ -298,7 +298,7 @@ TEST(JobConfig, BadConfigsNameTheField) {
        "e trainer and generation services carry fp8 or bf16 weights); use bf16"},
       {"algorithm: {adam_beta1: 1}", "algorithm.adam_beta1: must be in [0, 1)"},
       {"algorithm: {adam_beta2: -0.5}", "algorithm.adam_beta2: must be in [0, 1)"},
-      {"algorithm: {adam_eps: 0}", "algorithm.adam_eps: must be > 0"},
+      {"algorithm: {adam_epsilon: 0}", "algorithm.adam_epsilon: must be > 0"},
       {"algorithm: {max_staleness: -1}", "algorithm.max_staleness: must be in [0, 16]"},
       {"algorithm: {max_staleness: 17}", "algorithm.max_staleness: must be in [0, 16]"},
       {"algorithm: {max_staleness: 1.5}",
@@ -434,6 +434,53 @@ TEST(JobConfig, IsBoundsDefaultPerRuleAndZeroIsKept) {
   EXPECT_EQ(again->algorithm.is.lo, 0.0);
   // tis with a cap of exactly 1 is valid (never up-weights).
   EXPECT_TRUE(parse_job_config(base + "algorithm: {is: {rule: tis, cap: 1}}").ok());
+}
+
+// Each renamed algorithm key (kRenamedAlgorithmKeys) still reads, as the new key, with one
+// warning line naming both; old and new together are an error naming the old key.
+TEST(JobConfig, OldAlgorithmKeysReadWithAWarning) {
+  const struct {
+    const char* old_key;
+    const char* new_key;
+    double value;
+    double AlgorithmConfig::*field;
+  } cases[] = {
+      {"grad_clip", "max_grad_norm", 0.37, &AlgorithmConfig::max_grad_norm},
+      {"adam_eps", "adam_epsilon", 0.001, &AlgorithmConfig::adam_epsilon},
+  };
+  ASSERT_EQ(std::size(cases), std::size(kRenamedAlgorithmKeys));
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.old_key);
+    const std::string text = std::string(kMinimal) + "algorithm:\n  " + c.old_key + ": " +
+                             std::to_string(c.value) + "\n";
+    std::vector<std::string> warnings;
+    absl::StatusOr<JobConfig> old_config = parse_job_config(text, &warnings);
+    ASSERT_TRUE(old_config.ok()) << old_config.status();
+    EXPECT_DOUBLE_EQ(old_config->algorithm.*c.field, c.value);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_EQ(warnings[0], std::string("algorithm.") + c.old_key +
+                               " is deprecated: read as algorithm." + c.new_key +
+                               "; use that name");
+    // Same config as with the new key, and the stored form uses the new key.
+    std::vector<std::string> none;
+    absl::StatusOr<JobConfig> new_config =
+        parse_job_config(std::string(kMinimal) + "algorithm:\n  " + c.new_key + ": " +
+                             std::to_string(c.value) + "\n",
+                         &none);
+    ASSERT_TRUE(new_config.ok()) << new_config.status();
+    EXPECT_TRUE(none.empty());
+    EXPECT_EQ(*old_config, *new_config);
+    const nlohmann::ordered_json stored = job_config_to_json(*old_config);
+    EXPECT_TRUE(stored["algorithm"].contains(c.new_key));
+    EXPECT_FALSE(stored["algorithm"].contains(c.old_key));
+    // Both spellings at once.
+    absl::StatusOr<JobConfig> both = parse_job_config(std::string(kMinimal) + "algorithm:\n  " +
+                                                      c.old_key + ": 1\n  " + c.new_key + ": 1\n");
+    EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(both.status().message().find(std::string("algorithm.") + c.old_key + ": renamed"),
+              std::string::npos)
+        << both.status();
+  }
 }
 
 }  // namespace

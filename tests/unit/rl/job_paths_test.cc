@@ -210,9 +210,9 @@ TEST(JobLimits, LearningRateOfTheIssueAndOtherOutOfRangeValues) {
     if (f == "algorithm.learning_rate") d = &probe.algorithm.learning_rate;
     if (f == "algorithm.warmup_steps") i = &probe.algorithm.warmup_steps;
     if (f == "algorithm.weight_decay") d = &probe.algorithm.weight_decay;
-    if (f == "algorithm.grad_clip") d = &probe.algorithm.grad_clip;
+    if (f == "algorithm.max_grad_norm") d = &probe.algorithm.max_grad_norm;
     if (f == "algorithm.kl_beta") d = &probe.algorithm.kl_beta;
-    if (f == "algorithm.adam_eps") d = &probe.algorithm.adam_eps;
+    if (f == "algorithm.adam_epsilon") d = &probe.algorithm.adam_epsilon;
     if (f == "sft.steps") i = &probe.sft->steps;
     if (f == "sft.learning_rate") d = &probe.sft->learning_rate;
     if (f == "sft.batch_size") i = &probe.sft->batch_size;

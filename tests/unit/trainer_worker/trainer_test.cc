@@ -7,14 +7,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "kernels/quantize.h"
 #include "model/kv_calibration.h"
 #include "rl/grpo.h"
+#include "rl/step_metric_schema.h"
+#include "services/trainer_worker/trainer_metrics.h"
 #include "tests/unit/common/temp_dir.h"
 #include "tests/unit/trainer_worker/trainer_test_util.h"
 
@@ -591,6 +597,52 @@ TEST_F(TrainerTest, BadRequestsAreRejectedNamingTheField) {
   // Nothing was trained by the rejected requests.
   EXPECT_EQ(trainer_.status().version(), 0);
   EXPECT_EQ(trainer_.optimizer_steps(), 0);
+}
+
+// One off-policy GRPO step (2 epochs x 2 minibatches, so the PPO ratio moves) through a trainer
+// with metrics; with FP8RL_SCHEMA_DUMP_DIR set, writes the response and the /metrics text there
+// (timings dropped) so a refactor of the metric plumbing can be diffed before/after.
+TEST(TrainerMetricsDump, OffPolicyStep) {
+  service::MetricsRegistry registry;
+  absl::StatusOr<std::unique_ptr<TrainerMetrics>> metrics = TrainerMetrics::create(&registry);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  RecordingPublisher publisher;
+  Trainer trainer(TrainerOptions{}, &publisher, metrics->get());
+  ASSERT_TRUE(trainer.init_policy(init_request()).ok());
+  v1::TrainStepRequest step = random_step(17, 4);
+  set_gen_to_current(trainer, &step);
+  model::Rng rng(9);
+  for (auto& s : *step.mutable_batch()) {
+    for (float& g : *s.mutable_gen_logprobs()) g += static_cast<float>(rng.uniform() - 0.5);
+  }
+  step.mutable_algorithm()->set_is_rule(v1::IS_RULE_TIS);
+  step.mutable_algorithm()->set_minibatches(2);
+  step.mutable_algorithm()->set_epochs(2);
+  absl::StatusOr<v1::TrainStepResponse> r = trainer.train_step(step);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->mismatch().probs_ratio_max(), 1.0);
+  EXPECT_LT(r->mismatch().probs_ratio_min(), 1.0);
+  // Every step metric of the schema is computed and sent by name, with the fixed fields' value.
+  rl::MetricsValues sent;
+  for (const auto& [name, value] : r->metrics()) sent[name] = value;
+  EXPECT_TRUE(rl::check_step_metric_values(sent).ok()) << rl::check_step_metric_values(sent);
+  EXPECT_EQ(sent.size(), rl::kStepMetrics.size());
+  EXPECT_EQ(sent.at("probs_ratio_max"), r->mismatch().probs_ratio_max());
+  EXPECT_EQ(sent.at("train_tokens"), static_cast<double>(r->tokens()));
+  const char* dir = std::getenv("FP8RL_SCHEMA_DUMP_DIR");
+  if (dir == nullptr) return;
+  v1::TrainStepResponse stable = *r;
+  stable.clear_phase_seconds();
+  std::string text;
+  for (absl::string_view line : absl::StrSplit(registry.render(), '\n')) {
+    if (absl::StrContains(line, "seconds") || absl::StrContains(line, "process_") ||
+        absl::StrContains(line, "build_info")) {
+      continue;
+    }
+    absl::StrAppend(&text, line, "\n");
+  }
+  std::ofstream(std::string(dir) + "/trainer_response.txt") << stable.DebugString();
+  std::ofstream(std::string(dir) + "/trainer_metrics.txt") << text;
 }
 
 }  // namespace

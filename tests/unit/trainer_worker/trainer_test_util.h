@@ -44,9 +44,9 @@ inline v1::InitPolicyRequest init_request(v1::WeightFormat training = v1::WEIGHT
   r.mutable_precision()->set_generation(generation);
   r.mutable_precision()->set_kv_cache(v1::WEIGHT_FORMAT_FP8);
   r.mutable_optimizer()->set_learning_rate(lr);
-  r.mutable_optimizer()->set_beta1(0.9);
-  r.mutable_optimizer()->set_beta2(0.999);
-  r.mutable_optimizer()->set_epsilon(1e-8);
+  r.mutable_optimizer()->set_adam_beta1(0.9);
+  r.mutable_optimizer()->set_adam_beta2(0.999);
+  r.mutable_optimizer()->set_adam_epsilon(1e-8);
   r.mutable_optimizer()->set_max_grad_norm(1.0);
   r.set_keep_reference(keep_reference);
   return r;
