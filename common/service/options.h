@@ -1,8 +1,9 @@
 // The options every service binary takes: defaults chosen by the binary, overridden by an
 // optional YAML config file (--config FILE), overridden by command-line flags. Flags are
 // --kebab-case, YAML keys the same in snake_case. Unknown flags/keys and bad values are errors
-// naming the flag or key. Service-specific settings go in `extra` (declared with defaults by the
-// binary; only declared keys are accepted).
+// naming the flag or key. Each service adds these to its own typed flag table (common/flags.h)
+// with add_service_flags, next to its own flags; parse_service_options serves a program that has
+// only string-valued settings of its own (`extra`).
 #pragma once
 
 #include <cstdint>
@@ -12,15 +13,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/flags.h"
 
 namespace fp8rl::service {
 
 struct ServiceOptions {
-  std::string name;                          // component name in logs ("coordinator")
-  std::string listen_host = "0.0.0.0";       // --listen-host: bind address of gRPC and HTTP
-  int grpc_port = 0;                         // --grpc-port (0: pick a free port)
-  int http_port = 0;                         // --http-port (/metrics, /healthz, REST; 0: free port)
-  std::string advertise_host = "127.0.0.1";  // --advertise-host: how other processes reach us
+  std::string name;                     // component name in logs ("coordinator")
+  std::string listen_host = "0.0.0.0";  // --listen-host: bind address of gRPC and HTTP
+  int grpc_port = 0;                    // --grpc-port (0: pick a free port)
+  int http_port = 0;  // --http-port (/metrics, /healthz, REST; 0: free port); alias --metrics-port
+  std::string advertise_host = "127.0.0.1";     // --advertise-host: how other processes reach us
   std::string coordinator = "localhost:50051";  // --coordinator: host:port of the coordinator
   std::string data_dir = "/tmp/fp8rl";          // --data-dir: state (job store, checkpoints, ...)
   std::string log_level = "info";               // --log-level: debug|info|warn|error
@@ -39,8 +41,13 @@ struct ServiceOptions {
   std::map<std::string, std::string> extra;  // service-specific: snake_case key -> value
 };
 
+// Adds the common flags to `table`, bound to `options` (whose values are the defaults), and
+// --metrics-port as a deprecated alias of --http-port (the workers' old name for it).
+void add_service_flags(flags::FlagTable& table, ServiceOptions* options);
+
 // `args` are the arguments after the program name. `defaults` supplies every default and the
-// declared extra keys. Accepts --flag VALUE and --flag=VALUE. --config FILE loads YAML first.
+// declared extra keys (string-valued). Accepts --flag VALUE and --flag=VALUE. --config FILE loads
+// YAML first.
 absl::StatusOr<ServiceOptions> parse_service_options(const ServiceOptions& defaults,
                                                      const std::vector<std::string>& args);
 
@@ -51,14 +58,6 @@ std::string service_options_usage(const ServiceOptions& defaults);
 absl::StatusOr<int64_t> extra_int(const ServiceOptions& options, std::string_view key);
 absl::StatusOr<double> extra_double(const ServiceOptions& options, std::string_view key);
 std::string extra_string(const ServiceOptions& options, std::string_view key);
-// An extra setting as an integer in [lo, hi]; errors name the flag ("--keep-versions: must be in
-// [1, 64], got 0").
-absl::StatusOr<int64_t> extra_int_in_range(const ServiceOptions& options, std::string_view key,
-                                           int64_t lo, int64_t hi);
-
-// Workers take --metrics-port as the name of their HTTP (/metrics) port, --http-port as an alias:
-// returns the port (also written to options->http_port); both given and different is an error.
-absl::StatusOr<int> resolve_metrics_port(ServiceOptions* options, int default_port);
 
 // "host:port" for gRPC / HTTP listening and for advertising.
 std::string listen_address(const ServiceOptions& options, int port);

@@ -2,21 +2,20 @@
 // (50051) front ends together, and shuts them down gracefully on SIGTERM/SIGINT.
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/service/auth.h"
 #include "common/service/grpc_server.h"
 #include "common/service/http_server.h"
 #include "common/service/log.h"
 #include "common/service/metrics.h"
-#include "common/service/options.h"
 #include "common/service/security.h"
 #include "common/service/shutdown.h"
 #include "services/coordinator/console/console_routes.h"
+#include "services/coordinator/coordinator_config.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/grpc_api.h"
 #include "services/coordinator/grpc_cluster.h"
@@ -36,85 +35,28 @@ int fail(const std::string& message) {
 }
 
 int run(const std::vector<std::string>& args) {
-  service::ServiceOptions defaults;
-  defaults.name = "coordinator";
-  defaults.grpc_port = 50051;
-  defaults.http_port = 8080;
-  defaults.data_dir = "/tmp/fp8rl/coordinator";
-  defaults.extra = {{"job_store", ""},  // SQLite file; default <data_dir>/jobs.db
-                    {"heartbeat_interval_ms", "1000"},
-                    {"worker_expiry_ms", "5000"},
-                    {"generate_deadline_seconds", "120"},
-                    {"worker_wait_seconds", "120"},
-                    {"trainer_timeout_seconds", "3600"},
-                    // After losing the trainer, resume the job from its last checkpoint when a
-                    // trainer is back within this time; 0 fails the job at once.
-                    {"trainer_resume_seconds", "120"},
-                    // How long every live generation worker gets to load a new version before
-                    // the loop goes on (laggards refuse work); none holding it makes it resume.
-                    {"sync_wait_seconds", "60"},
-                    // Folders the paths of submitted job configs must lie in (rl/job_paths.h):
-                    // checkpoint.dir, model.checkpoint / model.init.config, task.params.*_path.
-                    // Empty: the working directory.
-                    {"data_root", ""},
-                    {"models_root", ""},
-                    {"datasets_root", ""},
-                    // Bearer tokens the job API (REST /v1/*, gRPC JobService) requires, one per
-                    // line (common/service/auth.h); reloaded on SIGHUP. Empty: the API is open.
-                    {"auth_token_file", ""},
-                    // Back-pressure (admission.h): job API calls served at once, QUEUED jobs
-                    // (beyond either: 429 / RESOURCE_EXHAUSTED with a retry hint), the wait the
-                    // refusal asks for, and a per-job cap on the tokens its rollouts may
-                    // generate (0: no limit / no cap).
-                    {"max_inflight_requests", "16"},
-                    {"max_queued_jobs", "256"},
-                    {"retry_after_ms", "1000"},
-                    {"max_job_tokens", "0"}};
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::fputs(service::service_options_usage(defaults).c_str(), stdout);
-      return 0;
-    }
+  if (flags::wants_help(args)) {
+    std::fputs(coordinator::coordinator_usage().c_str(), stdout);
+    return 0;
   }
-  absl::StatusOr<service::ServiceOptions> options = service::parse_service_options(defaults, args);
-  if (!options.ok()) return fail(std::string(options.status().message()));
+  absl::StatusOr<coordinator::CoordinatorConfig> config =
+      coordinator::parse_coordinator_config(args);
+  if (!config.ok()) {
+    fail(std::string(config.status().message()));
+    return 2;  // a flag error, as on every service
+  }
+  for (const std::string& w : config->warnings)
+    std::fprintf(stderr, "fp8rl-coordinator: %s\n", w.c_str());
+  const service::ServiceOptions* options = &config->service;
   service::set_log_level(service::parse_log_level(options->log_level).value());
-  int64_t numbers[5];
-  const char* keys[5] = {"heartbeat_interval_ms", "worker_expiry_ms", "generate_deadline_seconds",
-                         "worker_wait_seconds", "trainer_timeout_seconds"};
-  for (int i = 0; i < 5; ++i) {
-    absl::StatusOr<int64_t> v = service::extra_int(*options, keys[i]);
-    if (!v.ok()) return fail(std::string(v.status().message()));
-    if (*v < 1) return fail(absl::StrCat(keys[i], ": must be >= 1"));
-    numbers[i] = *v;
-  }
-  absl::StatusOr<int64_t> resume_seconds =
-      service::extra_int_in_range(*options, "trainer_resume_seconds", 0, 7 * 24 * 3600);
-  if (!resume_seconds.ok()) return fail(std::string(resume_seconds.status().message()));
-  absl::StatusOr<int64_t> sync_seconds =
-      service::extra_int_in_range(*options, "sync_wait_seconds", 1, 24 * 3600);
-  if (!sync_seconds.ok()) return fail(std::string(sync_seconds.status().message()));
-  coordinator::AdmissionLimits limits;
-  for (auto [key, field, max] :
-       {std::tuple{"max_inflight_requests", &limits.max_inflight_requests, int64_t{1} << 20},
-        std::tuple{"max_queued_jobs", &limits.max_queued_jobs, int64_t{1} << 30},
-        std::tuple{"max_job_tokens", &limits.max_job_tokens,
-                   std::numeric_limits<int64_t>::max()}}) {
-    absl::StatusOr<int64_t> v = service::extra_int_in_range(*options, key, 0, max);
-    if (!v.ok()) return fail(std::string(v.status().message()));
-    *field = *v;
-  }
-  absl::StatusOr<int64_t> retry_after_ms =
-      service::extra_int_in_range(*options, "retry_after_ms", 1, 3600 * 1000);
-  if (!retry_after_ms.ok()) return fail(std::string(retry_after_ms.status().message()));
-  limits.retry_after = std::chrono::milliseconds(*retry_after_ms);
+  const coordinator::AdmissionLimits& limits = config->limits;
   if (absl::Status s = service::install_shutdown_handlers(); !s.ok()) {
     return fail(std::string(s.message()));
   }
   absl::StatusOr<service::ServiceSecurity> security = service::load_service_security(*options);
   if (!security.ok()) return fail(std::string(security.status().message()));
   std::shared_ptr<service::TokenSet> api_tokens;
-  if (const std::string file = service::extra_string(*options, "auth_token_file"); !file.empty()) {
+  if (const std::string& file = config->auth_token_file; !file.empty()) {
     absl::StatusOr<std::shared_ptr<service::TokenSet>> tokens =
         service::TokenSet::load(file, "--auth-token-file");
     if (!tokens.ok()) return fail(std::string(tokens.status().message()));
@@ -125,7 +67,7 @@ int run(const std::vector<std::string>& args) {
   }
   service::TokenReloader reloader({api_tokens, security->cluster_tokens});
 
-  std::string db_path = service::extra_string(*options, "job_store");
+  std::string db_path = config->job_store;
   if (db_path.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options->data_dir, ec);
@@ -139,19 +81,16 @@ int run(const std::vector<std::string>& args) {
   service::MetricsRegistry registry;
   auto metrics = coordinator::CoordinatorMetrics::create(&registry);
   if (!metrics.ok()) return fail(std::string(metrics.status().message()));
-  coordinator::WorkerRegistry workers{std::chrono::milliseconds(numbers[1]),
-                                      std::chrono::milliseconds(numbers[0])};
-  coordinator::GrpcCluster cluster(&workers, std::chrono::seconds(numbers[4]));
+  coordinator::WorkerRegistry workers{config->worker_expiry, config->heartbeat_interval};
+  coordinator::GrpcCluster cluster(&workers, config->trainer_timeout);
   cluster.set_client_security(security->client);
   coordinator::RlLoopOptions loop_options;
-  loop_options.generate_deadline = std::chrono::seconds(numbers[2]);
-  loop_options.worker_wait = std::chrono::seconds(numbers[3]);
-  loop_options.trainer_resume_wait = std::chrono::seconds(*resume_seconds);
-  loop_options.sync_wait = std::chrono::seconds(*sync_seconds);
+  loop_options.generate_deadline = config->generate_deadline;
+  loop_options.worker_wait = config->worker_wait;
+  loop_options.trainer_resume_wait = config->trainer_resume;
+  loop_options.sync_wait = config->sync_wait;
   coordinator::JobManager jobs(store->get(), &cluster, &workers, metrics->get(), loop_options);
-  rl::JobPathRoots roots{service::extra_string(*options, "data_root"),
-                         service::extra_string(*options, "models_root"),
-                         service::extra_string(*options, "datasets_root")};
+  rl::JobPathRoots roots{config->data_root, config->models_root, config->datasets_root};
   for (auto [flag, root] :
        {std::pair{"--data-root", &roots.data_root}, std::pair{"--models-root", &roots.models_root},
         std::pair{"--datasets-root", &roots.datasets_root}}) {

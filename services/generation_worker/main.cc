@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
 #include "common/service/auth.h"
 #include "common/service/log.h"
 #include "common/service/shutdown.h"
@@ -23,15 +24,16 @@ int fail(const absl::Status& status, int code = 1) {
 }
 
 int run(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::cout << service::service_options_usage(generation::default_generation_worker_options());
-      return 0;
-    }
+  if (flags::wants_help(args)) {
+    std::cout << generation::generation_worker_usage();
+    return 0;
   }
   absl::StatusOr<generation::GenerationWorkerConfig> config =
       generation::parse_generation_worker_config(args);
   if (!config.ok()) return fail(config.status(), 2);
+  for (const std::string& w : config->warnings) {
+    std::fprintf(stderr, "fp8rl-generation-worker: %s\n", w.c_str());
+  }
   absl::StatusOr<service::LogLevel> level = service::parse_log_level(config->service.log_level);
   if (!level.ok()) return fail(level.status(), 2);
   service::set_log_level(*level);

@@ -3,6 +3,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/status_macros.h"
 #include "model/device.h"
 
@@ -52,111 +53,104 @@ service::ServiceOptions default_generation_worker_options() {
   o.grpc_port = kDefaultGrpcPort;
   o.http_port = kDefaultMetricsPort;
   o.shutdown_grace_seconds = 10.0;
-  const SchedulerOptions scheduler;
-  o.extra = {
-      {"metrics_port", absl::StrCat(kDefaultMetricsPort)},
-      {"weight_sync", "localhost:50052"},
-      {"worker_id", ""},
-      {"precision", ""},
-      {"kv_cache", ""},
-      {"max_batch_tokens", absl::StrCat(scheduler.max_batch_tokens)},
-      {"kv_cache_tokens", absl::StrCat(scheduler.kv_cache_tokens)},
-      {"kv_block_size", absl::StrCat(scheduler.kv_block_size)},
-      {"device", "auto"},
-      {"gpu_memory_fraction", "0.9"},
-      {"gpu_weight_slots", absl::StrCat(scheduler.gpu_weight_slots)},
-      {"max_queued_samples", absl::StrCat(scheduler.max_queued_samples)},
-      {"batch_wait_ms", absl::StrCat(scheduler.batch_wait.count())},
-      {"max_samples_per_request", "4096"},
-      {"weight_relay", "off"},
-      {"relay_stall_ms", "10000"},
-  };
   return o;
+}
+
+namespace {
+
+// Flag values that are converted after parsing (the table holds their text).
+struct FlagText {
+  std::string precision;
+  std::string kv_cache;
+};
+
+// The flag table of fp8rl-generation-worker bound to `config` (whose values are the defaults).
+void add_flags(flags::FlagTable& table, GenerationWorkerConfig* config, FlagText* text) {
+  SchedulerOptions& scheduler = config->scheduler;
+  service::add_service_flags(table, &config->service);
+  table.add_string("weight-sync", &config->weight_sync, "host:port of the weight-sync service")
+      .add_string("worker-id", &config->worker_id,
+                  "name registered with the coordinator and weight sync (empty: "
+                  "<advertise-host>:<grpc port>)",
+                  /*allow_empty=*/true)
+      .add_string("precision", &text->precision,
+                  "linear-layer format overriding the published one (empty: as published)", true)
+      .add_string("kv-cache", &text->kv_cache,
+                  "KV-cache format overriding the published one (empty: as published)", true)
+      .add_int("max-batch-tokens", &scheduler.max_batch_tokens, 1, int64_t{1} << 24,
+               "tokens per scheduler step")
+      .add_int("kv-cache-tokens", &scheduler.kv_cache_tokens, 1, int64_t{1} << 34,
+               "KV budget on the CPU, in tokens (whole blocks)")
+      .add_int("kv-block-size", &scheduler.kv_block_size, 1, 1024, "tokens per KV block")
+      .add_enum<std::string>("device", &config->device,
+                             {{"cuda", "cuda"}, {"cpu", "cpu"}, {"auto", "auto"}},
+                             "where the model runs (auto: cuda when an sm_90 device is visible)")
+      .add_double("gpu-memory-fraction", &config->gpu_memory_fraction, 0, 1,
+                  "share of the device's memory the CUDA backend may take", /*lo_open=*/true)
+      .add_int("gpu-weight-slots", &scheduler.gpu_weight_slots, 1, 2,
+               "weight versions on the device (2: the next is copied while a batch drains)")
+      .add_int("max-queued-samples", &scheduler.max_queued_samples, 1, int64_t{1} << 24,
+               "samples waiting at most")
+      .add_duration("batch-wait-ms", &scheduler.batch_wait, flags::DurationUnit::kMilliseconds, 0,
+                    10000, "how long a step waits for more samples")
+      .add_int("max-samples-per-request", &config->max_samples_per_request, 1, int64_t{1} << 20,
+               "samples one Generate call may ask for")
+      .add_bool("weight-relay", &config->weight_relay,
+                "serve Subscribe and pass versions on (weight sync --fanout chain|tree:K)")
+      .add_int("relay-stall-ms", &config->relay_stall_ms, 100, 3600000,
+               "an upstream relay silent this long while a newer version exists is left");
+}
+
+GenerationWorkerConfig defaults() {
+  GenerationWorkerConfig config;
+  config.service = default_generation_worker_options();
+  config.device = "auto";
+  return config;
+}
+
+}  // namespace
+
+std::string generation_worker_usage() {
+  GenerationWorkerConfig config = defaults();
+  FlagText text;
+  flags::FlagTable table("fp8rl-generation-worker");
+  add_flags(table, &config, &text);
+  return table.usage();
 }
 
 absl::StatusOr<GenerationWorkerConfig> parse_generation_worker_config(
     const std::vector<std::string>& args) {
-  const service::ServiceOptions defaults = default_generation_worker_options();
-  absl::StatusOr<service::ServiceOptions> parsed = service::parse_service_options(defaults, args);
+  GenerationWorkerConfig config = defaults();
+  FlagText text;
+  flags::FlagTable table("fp8rl-generation-worker");
+  add_flags(table, &config, &text);
+  absl::StatusOr<flags::ParseResult> parsed = table.parse(args);
   if (!parsed.ok()) return parsed.status();
-  GenerationWorkerConfig config;
-  config.service = *parsed;
-
-  absl::StatusOr<int> metrics_port =
-      service::resolve_metrics_port(&config.service, kDefaultMetricsPort);
-  if (!metrics_port.ok()) return metrics_port.status();
-  config.metrics_port = *metrics_port;
+  config.warnings = parsed->warnings;
+  config.metrics_port = config.service.http_port;
 
   FP8RL_RETURN_IF_ERROR(check_address("--coordinator", config.service.coordinator));
-  config.weight_sync = service::extra_string(config.service, "weight_sync");
   FP8RL_RETURN_IF_ERROR(check_address("--weight-sync", config.weight_sync));
-  config.worker_id = service::extra_string(config.service, "worker_id");
-
-  if (const std::string p = service::extra_string(config.service, "precision"); !p.empty()) {
-    absl::StatusOr<model::Precision> precision = model::parse_precision(p);
+  if (!text.precision.empty()) {
+    absl::StatusOr<model::Precision> precision = model::parse_precision(text.precision);
     if (!precision.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--precision: ", precision.status().message()));
     }
     config.precision.linear = *precision;
   }
-  if (const std::string k = service::extra_string(config.service, "kv_cache"); !k.empty()) {
-    absl::StatusOr<model::KvCacheDtype> kv = model::parse_kv_cache_dtype(k);
+  if (!text.kv_cache.empty()) {
+    absl::StatusOr<model::KvCacheDtype> kv = model::parse_kv_cache_dtype(text.kv_cache);
     if (!kv.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--kv-cache: ", kv.status().message()));
     }
     config.precision.kv_cache = *kv;
   }
-
-  absl::StatusOr<int64_t> max_batch_tokens =
-      service::extra_int_in_range(config.service, "max_batch_tokens", 1, int64_t{1} << 24);
-  if (!max_batch_tokens.ok()) return max_batch_tokens.status();
-  absl::StatusOr<int64_t> kv_tokens =
-      service::extra_int_in_range(config.service, "kv_cache_tokens", 1, int64_t{1} << 34);
-  if (!kv_tokens.ok()) return kv_tokens.status();
-  absl::StatusOr<int64_t> kv_block_size =
-      service::extra_int_in_range(config.service, "kv_block_size", 1, 1024);
-  if (!kv_block_size.ok()) return kv_block_size.status();
-  if (*kv_block_size > *kv_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-tokens: must hold at least one ",
-                                                   "KV block (--kv-block-size ", *kv_block_size,
-                                                   "), got ", *kv_tokens));
-  }
-  config.device = service::extra_string(config.service, "device");
-  if (absl::Status s = model::check_device_flag(config.device); !s.ok()) return s;
-  absl::StatusOr<double> fraction = model::parse_gpu_memory_fraction(
-      service::extra_string(config.service, "gpu_memory_fraction"));
-  if (!fraction.ok()) return fraction.status();
-  config.gpu_memory_fraction = *fraction;
-  absl::StatusOr<int64_t> weight_slots =
-      service::extra_int_in_range(config.service, "gpu_weight_slots", 1, 2);
-  if (!weight_slots.ok()) return weight_slots.status();
-  config.scheduler.gpu_weight_slots = *weight_slots;
-  absl::StatusOr<int64_t> max_queued =
-      service::extra_int_in_range(config.service, "max_queued_samples", 1, int64_t{1} << 24);
-  if (!max_queued.ok()) return max_queued.status();
-  absl::StatusOr<int64_t> batch_wait =
-      service::extra_int_in_range(config.service, "batch_wait_ms", 0, 10000);
-  if (!batch_wait.ok()) return batch_wait.status();
-  absl::StatusOr<int64_t> max_samples =
-      service::extra_int_in_range(config.service, "max_samples_per_request", 1, int64_t{1} << 20);
-  if (!max_samples.ok()) return max_samples.status();
-  config.scheduler.max_batch_tokens = *max_batch_tokens;
-  config.scheduler.kv_cache_tokens = *kv_tokens;
-  config.scheduler.kv_block_size = *kv_block_size;
-  config.scheduler.max_queued_samples = *max_queued;
-  config.scheduler.batch_wait = std::chrono::milliseconds(*batch_wait);
-  config.max_samples_per_request = *max_samples;
-  const std::string relay = service::extra_string(config.service, "weight_relay");
-  if (relay != "on" && relay != "off") {
+  if (config.scheduler.kv_block_size > config.scheduler.kv_cache_tokens) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--weight-relay: must be on or off, got '", relay, "'"));
+        absl::StrCat("--kv-cache-tokens: must hold at least one ", "KV block (--kv-block-size ",
+                     config.scheduler.kv_block_size, "), got ", config.scheduler.kv_cache_tokens));
   }
-  config.weight_relay = relay == "on";
-  absl::StatusOr<int64_t> stall =
-      service::extra_int_in_range(config.service, "relay_stall_ms", 100, 3600000);
-  if (!stall.ok()) return stall.status();
-  config.relay_stall_ms = *stall;
   FP8RL_RETURN_IF_ERROR(validate_scheduler_options(config.scheduler));
   return config;
 }

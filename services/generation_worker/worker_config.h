@@ -1,5 +1,6 @@
-// Command-line and YAML configuration of fp8rl-generation-worker: the common service options
-// (common/service/options.h) plus --metrics-port, --weight-sync, --worker-id, --precision,
+// Command-line and YAML configuration of fp8rl-generation-worker, one typed flag table
+// (common/flags.h): the common service options (common/service/options.h: --http-port, ...)
+// plus --weight-sync, --worker-id, --precision,
 // --kv-cache, --device, --gpu-memory-fraction, --max-batch-tokens, the scheduler limits
 // (--kv-cache-tokens, --kv-block-size, ...) and --weight-relay / --relay-stall-ms, resolved into
 // typed values.
@@ -21,8 +22,8 @@ inline constexpr int kDefaultGrpcPort = 50061;
 inline constexpr int kDefaultMetricsPort = 9461;
 
 struct GenerationWorkerConfig {
-  service::ServiceOptions service;         // --grpc-port, --coordinator, --advertise-host, ...
-  int metrics_port = kDefaultMetricsPort;  // --metrics-port (alias --http-port): /metrics, /healthz
+  service::ServiceOptions service;              // --grpc-port, --coordinator, --advertise-host, ...
+  int metrics_port = kDefaultMetricsPort;       // --http-port (old name --metrics-port): /metrics
   std::string weight_sync = "localhost:50052";  // --weight-sync host:port
   // --worker-id: stable name registered with the coordinator and used with weight sync; empty
   // means "<advertise-host>:<bound grpc port>".
@@ -43,6 +44,8 @@ struct GenerationWorkerConfig {
   bool weight_relay = false;
   // --relay-stall-ms: an upstream relay silent this long while a newer version exists is left.
   int64_t relay_stall_ms = 10000;
+  // One line per deprecated flag name used ("--metrics-port is deprecated; use --http-port").
+  std::vector<std::string> warnings;
 };
 
 // The worker's device probe for --device: model::probe_cuda_device, except that a visible device
@@ -54,8 +57,12 @@ model::DeviceProbeResult worker_device_probe();
 // floor(gpu_memory_fraction * device memory)).
 absl::Status apply_device(const model::DeviceSelection& device, GenerationWorkerConfig* config);
 
-// Defaults of every flag (gRPC 50061, metrics 9461, shutdown grace 10 s).
+// Defaults of the common flags (gRPC 50061, HTTP 9461, shutdown grace 10 s); the others default
+// to GenerationWorkerConfig's and SchedulerOptions'.
 service::ServiceOptions default_generation_worker_options();
+
+// The --help text, generated from the flag table.
+std::string generation_worker_usage();
 
 // Parses the arguments after the program name (--config FILE first, flags override). Errors name
 // the flag: "--max-batch-tokens: must be in [1, 16777216], got 0".

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/service/auth.h"
 #include "common/service/grpc_server.h"
 #include "common/service/http_server.h"
@@ -37,17 +38,18 @@ int fail(const absl::Status& status) {
 }
 
 int run(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::cout << service::service_options_usage(trainer::default_trainer_service_options());
-      return 0;
-    }
+  if (flags::wants_help(args)) {
+    std::cout << trainer::trainer_usage();
+    return 0;
   }
   absl::StatusOr<trainer::TrainerConfig> config = trainer::parse_trainer_config(args);
   if (!config.ok()) {
     std::fprintf(stderr, "fp8rl-trainer-worker: %s\n",
                  std::string(config.status().message()).c_str());
     return 2;
+  }
+  for (const std::string& w : config->warnings) {
+    std::fprintf(stderr, "fp8rl-trainer-worker: %s\n", w.c_str());
   }
   absl::StatusOr<service::LogLevel> level = service::parse_log_level(config->service.log_level);
   if (!level.ok()) return fail(level.status());
@@ -75,7 +77,7 @@ int run(const std::vector<std::string>& args) {
   std::unique_ptr<trainer::WeightPublisher> publisher =
       trainer::make_grpc_weight_publisher(kPublishTimeout, security->client);
   trainer::TrainerOptions options;
-  options.worker_id = config->name;
+  options.worker_id = config->worker_id;
   options.default_weight_sync_address = config->weight_sync;
   options.data_dir = config->service.data_dir;
   options.logprob_log_dir = config->logprob_log_dir;
@@ -145,7 +147,7 @@ int run(const std::vector<std::string>& args) {
     reg.kind = v1::WORKER_KIND_TRAINER;
     reg.address = service::advertise_address(config->service, (*grpc)->port());
     reg.metrics_address = service::advertise_address(config->service, *http_port);
-    reg.name = config->name;
+    reg.name = config->worker_id;
     reg.log_component = "trainer";
     reg.security = security->client;
     reg.load = [&trainer] { return service::WorkerLoad{trainer.status().published_version(), 0}; };

@@ -1,6 +1,7 @@
-// Command-line and YAML configuration of fp8rl-trainer-worker: the common service options
-// (common/service/options.h: --grpc-port, --coordinator, --advertise-host, --data-dir, --config,
-// --log-level, --shutdown-grace-seconds, ...) plus --metrics-port, --weight-sync and --name.
+// Command-line and YAML configuration of fp8rl-trainer-worker, one typed flag table
+// (common/flags.h): the common service options (common/service/options.h: --grpc-port,
+// --http-port, --coordinator, --advertise-host, --data-dir, --config, --log-level,
+// --shutdown-grace-seconds, ...) plus --weight-sync, --worker-id and the training settings.
 #pragma once
 
 #include <string>
@@ -21,9 +22,9 @@ inline constexpr char kDefaultDataDir[] = "./fp8rl-data/checkpoints";
 
 struct TrainerConfig {
   service::ServiceOptions service;               // common flags
-  int metrics_port = kDefaultMetricsPort;        // HTTP port of /metrics and /healthz
-  std::string weight_sync = kDefaultWeightSync;  // default Publish target
-  std::string name = "trainer";                  // name registered with the coordinator
+  int metrics_port = kDefaultMetricsPort;        // --http-port: /metrics and /healthz
+  std::string weight_sync = kDefaultWeightSync;  // --weight-sync: default Publish target
+  std::string worker_id = "trainer";             // --worker-id (old name --name): registered name
   std::string logprob_log_dir;                   // --logprob-log-dir (empty: no log)
   std::string data_root;    // --data-root: checkpoint paths must lie here ("" = unchecked)
   std::string models_root;  // --models-root: model checkpoints must lie here ("" = unchecked)
@@ -42,6 +43,8 @@ struct TrainerConfig {
   // --shard none|grads_optimizer: ZeRO-2 in a trainer group (train::Learner::set_shard_mode);
   // params (ZeRO-3) is refused.
   train::ShardMode shard = train::ShardMode::kNone;
+  // One line per deprecated flag name used ("--name is deprecated; use --worker-id").
+  std::vector<std::string> warnings;
 };
 
 // The trainer's device probe: model::probe_cuda_device, then no device (with the reason) when
@@ -51,12 +54,16 @@ model::DeviceProbeResult trainer_device_probe();
 void apply_device(const model::DeviceSelection& device, const TrainerConfig& config,
                   std::string* options_device, int64_t* budget_bytes);
 
-// Defaults of every flag (gRPC 50053, metrics 9403, coordinator localhost:50051).
+// Defaults of the common flags (gRPC 50053, HTTP 9403, coordinator localhost:50051, shutdown
+// grace 30 s); the others default to TrainerConfig's.
 service::ServiceOptions default_trainer_service_options();
 
+// The --help text, generated from the flag table.
+std::string trainer_usage();
+
 // Parses the arguments after the program name (--config FILE first, flags override). Errors name
-// the flag ("--metrics-port: must be in [0, 65535], got 70000"). --http-port is accepted as an
-// alias of --metrics-port. An empty --coordinator disables registration.
+// the flag as given ("--http-port: must be in [0, 65535], got 70000"). --metrics-port and --name
+// are deprecated aliases of --http-port and --worker-id.
 absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string>& args);
 
 }  // namespace fp8rl::trainer

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/flags.h"
 #include "common/service/auth.h"
 #include "common/service/grpc_server.h"
 #include "common/service/http_server.h"
@@ -34,20 +35,18 @@ int fail(const absl::Status& status) {
 }
 
 int run(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::cout << service::service_options_usage(
-                       weight_sync::default_weight_sync_service_options())
-                << "Registers with --coordinator as WEIGHT_SYNC at --advertise-host:<grpc port>;\n"
-                   "--coordinator \"\" serves without registering.\n";
-      return 0;
-    }
+  if (fp8rl::flags::wants_help(args)) {
+    std::cout << weight_sync::weight_sync_usage();
+    return 0;
   }
   absl::StatusOr<weight_sync::WeightSyncConfig> config =
       weight_sync::parse_weight_sync_config(args);
   if (!config.ok()) {
     std::fprintf(stderr, "fp8rl-weight-sync: %s\n", std::string(config.status().message()).c_str());
     return 2;
+  }
+  for (const std::string& w : config->warnings) {
+    std::fprintf(stderr, "fp8rl-weight-sync: %s\n", w.c_str());
   }
   // Held for the life of the process (never released): the last release runs grpc_shutdown(),
   // which can wait up to 10 s for gRPC's executor thread and would stretch the bounded shutdown.

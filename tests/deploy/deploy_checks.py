@@ -33,10 +33,12 @@ SKIP = 77
 # docs/design/services.md "Services and ports".
 SERVICES = {
     "coordinator": ("fp8rl-coordinator", 50051, "--http-port", 8080),
-    "weight-sync": ("fp8rl-weight-sync", 50052, "--metrics-port", 9402),
-    "trainer": ("fp8rl-trainer-worker", 50053, "--metrics-port", 9403),
-    "generation-worker": ("fp8rl-generation-worker", 50061, "--metrics-port", 9461),
+    "weight-sync": ("fp8rl-weight-sync", 50052, "--http-port", 9402),
+    "trainer": ("fp8rl-trainer-worker", 50053, "--http-port", 9403),
+    "generation-worker": ("fp8rl-generation-worker", 50061, "--http-port", 9461),
 }
+# Old flag names the services still accept with a warning; deployments use the new ones.
+DEPRECATED_FLAGS = {"--metrics-port": "--http-port", "--name": "--worker-id"}
 GPU_SERVICES = ("trainer", "generation-worker")
 BINARIES = ["fp8rl"] + [b for b, _, _, _ in SERVICES.values()]
 
@@ -54,13 +56,13 @@ BINARY_FLAGS = {
         "--trainer-resume-seconds", "--sync-wait-seconds", "--data-root", "--models-root",
         "--datasets-root", "--auth-token-file"},
     "fp8rl-weight-sync": COMMON_FLAGS | {
-        "--metrics-port", "--keep-versions", "--chunk-bytes", "--max-version-bytes", "--deltas",
+        "--keep-versions", "--chunk-bytes", "--max-version-bytes", "--deltas",
         "--delta-max-fraction", "--delta-zstd-level"},
-    "fp8rl-trainer-worker": COMMON_FLAGS | {"--metrics-port", "--weight-sync", "--name",
+    "fp8rl-trainer-worker": COMMON_FLAGS | {"--weight-sync", "--worker-id",
                                             "--logprob-log-dir", "--data-root", "--models-root",
                                             "--allreduce-bucket-mb"},
     "fp8rl-generation-worker": COMMON_FLAGS | {
-        "--metrics-port", "--weight-sync", "--worker-id", "--precision", "--kv-cache",
+        "--weight-sync", "--worker-id", "--precision", "--kv-cache",
         "--max-batch-tokens", "--kv-cache-tokens", "--max-queued-samples", "--batch-wait-ms",
         "--max-samples-per-request", "--kv-block-size", "--device", "--gpu-memory-fraction"},
 }
@@ -89,6 +91,8 @@ def check_flags_exist(c, label, name, binary, words):
             flag = w.split("=", 1)[0]
             c.expect(flag in known, f"{label}: {name} passes {flag}, which {binary} does not "
                      f"accept (per {source})")
+            c.expect(flag not in DEPRECATED_FLAGS, f"{label}: {name} passes {flag}, deprecated: "
+                     f"use {DEPRECATED_FLAGS.get(flag)}")
 
 
 class Checker:
@@ -509,8 +513,9 @@ def k8s():
             c.expect(f.get("--advertise-host") == "$(POD_NAME).trainer",
                      f"trainer: --advertise-host={f.get('--advertise-host')}, want "
                      "$(POD_NAME).trainer (the pod's DNS name)")
-            c.expect(f.get("--name") == "$(POD_NAME)",
-                     f"trainer: --name={f.get('--name')}, want $(POD_NAME) (distinct per rank)")
+            c.expect(f.get("--worker-id") == "$(POD_NAME)",
+                     f"trainer: --worker-id={f.get('--worker-id')}, want $(POD_NAME) (distinct per "
+                     "rank)")
             svc_spec = services.get("trainer", {}).get("spec", {})
             c.expect(svc_spec.get("clusterIP") == "None" and
                      svc_spec.get("publishNotReadyAddresses") is True,

@@ -66,7 +66,7 @@ class BrokenDeployment(unittest.TestCase):
         # Three independent breakages in one run (each docker-compose call takes a second).
         self.edit("deploy/docker-compose.yml", "    deploy:\n      replicas: 2\n",
                   "    ports: [\"9461:9461\"]\n    deploy:\n      replicas: 2\n")
-        self.edit("deploy/docker-compose.yml", "--metrics-port=9403", "--metrics-port=9999")
+        self.edit("deploy/docker-compose.yml", "--http-port=9403", "--http-port=9999")
         self.edit("deploy/docker-compose.gpu.yml", "driver: nvidia", "driver: cdi")
         # A flag the coordinator binary does not have (weight sync registers itself).
         self.edit("deploy/docker-compose.yml", "      - --data-dir=/var/lib/fp8rl/jobs\n",
@@ -74,7 +74,7 @@ class BrokenDeployment(unittest.TestCase):
         rc, out = self.run_script("deploy_checks.py", "compose")
         self.assertEqual(rc, 1, out)
         self.assertIn("generation-worker publishes host ports", out)
-        self.assertIn("trainer --metrics-port=9999", out)
+        self.assertIn("trainer --http-port=9999", out)
         self.assertIn("gpu: trainer reserves no NVIDIA GPU", out)
         self.assertIn("coordinator passes --weight-sync, which fp8rl-coordinator does not accept",
                       out)
@@ -139,9 +139,14 @@ class BrokenDeployment(unittest.TestCase):
         self.assert_fails("deploy_checks.py", ["k8s"], "undefined $(FP8RL_COORD)")
 
     def test_k8s_unknown_flag(self):
-        self.edit("deploy/k8s/weight-sync.yaml", "- --metrics-port=9402", "- --metric-port=9402")
+        self.edit("deploy/k8s/weight-sync.yaml", "- --http-port=9402", "- --metric-port=9402")
         self.assert_fails("deploy_checks.py", ["k8s"],
                           "weight-sync passes --metric-port, which fp8rl-weight-sync does not")
+
+    def test_k8s_deprecated_flag(self):
+        self.edit("deploy/k8s/weight-sync.yaml", "- --http-port=9402", "- --metrics-port=9402")
+        self.assert_fails("deploy_checks.py", ["k8s"],
+                          "weight-sync passes --metrics-port, deprecated: use --http-port")
 
     def test_k8s_weight_sync_advertises_pod_name(self):
         self.edit("deploy/k8s/weight-sync.yaml", "--advertise-host=weight-sync",

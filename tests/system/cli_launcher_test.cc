@@ -151,7 +151,7 @@ TEST(ClusterPlan, DefaultPortsPlusOffsetAndWiring) {
     EXPECT_TRUE(has("--coordinator=127.0.0.1:50151"));
     EXPECT_TRUE(has("--weight-sync=127.0.0.1:50152"));
     EXPECT_TRUE(has(absl::StrCat("--grpc-port=", 50161 + i)));
-    EXPECT_TRUE(has(absl::StrCat("--metrics-port=", 9561 + i)));
+    EXPECT_TRUE(has(absl::StrCat("--http-port=", 9561 + i)));
   }
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(plan[i].essential);
   const auto& trainer_args = plan[2].args;

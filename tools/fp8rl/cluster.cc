@@ -233,7 +233,7 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   ws.http_port = kWeightSyncMetricsPort + off;
   ws.args = common(ws.name);
   ws.args.push_back(port_flag("grpc-port", ws.grpc_port));
-  ws.args.push_back(port_flag("metrics-port", ws.http_port));
+  ws.args.push_back(port_flag("http-port", ws.http_port));
   ws.args.push_back("--coordinator=" + coordinator);  // registers as the job's weight sync
   ws.log_path = log_path(ws.name);
   out.push_back(ws);
@@ -264,7 +264,7 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   tr.http_port = kTrainerMetricsPort + off;
   tr.args = common(tr.name);
   tr.args.push_back(port_flag("grpc-port", tr.grpc_port));
-  tr.args.push_back(port_flag("metrics-port", tr.http_port));
+  tr.args.push_back(port_flag("http-port", tr.http_port));
   tr.args.push_back("--coordinator=" + coordinator);
   tr.args.push_back("--weight-sync=" + weight_sync);
   // The trainer checks checkpoint and model paths against the coordinator's roots again.
@@ -285,14 +285,14 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
     more.http_port = kExtraTrainerMetricsPort + i + off;
     more.args = common(more.name);
     more.args.push_back(port_flag("grpc-port", more.grpc_port));
-    more.args.push_back(port_flag("metrics-port", more.http_port));
+    more.args.push_back(port_flag("http-port", more.http_port));
     more.args.push_back("--coordinator=" + coordinator);
     more.args.push_back("--weight-sync=" + weight_sync);
     more.args.push_back("--data-root=" + (options.data_root.empty() ? cwd : options.data_root));
     more.args.push_back("--models-root=" +
                         (options.models_root.empty() ? cwd : options.models_root));
     more.args.push_back("--logprob-log-dir=logprobs");
-    more.args.push_back("--name=" + more.name);
+    more.args.push_back("--worker-id=" + more.name);
     more.log_path = log_path(more.name);
     out.push_back(more);
   }
@@ -308,7 +308,7 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
                "--log-level=" + options.log_level};
     gw.args.insert(gw.args.end(), security_flags.begin(), security_flags.end());
     gw.args.push_back(port_flag("grpc-port", gw.grpc_port));
-    gw.args.push_back(port_flag("metrics-port", gw.http_port));
+    gw.args.push_back(port_flag("http-port", gw.http_port));
     gw.args.push_back("--coordinator=" + coordinator);
     gw.args.push_back("--weight-sync=" + weight_sync);
     gw.args.push_back("--worker-id=" + gw.name);

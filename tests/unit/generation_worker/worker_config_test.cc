@@ -27,11 +27,10 @@ TEST(WorkerConfigTest, Defaults) {
 
 TEST(WorkerConfigTest, ComposeFlags) {
   auto c = parse_generation_worker_config(
-      {"--grpc-port=50063", "--metrics-port=9463", "--coordinator=coordinator:50051",
-       "--weight-sync", "weight-sync:50052", "--advertise-host=gen-2", "--max-batch-tokens=512",
-       "--worker-id=gen-2", "--precision=fp8", "--kv-cache=fp8", "--device=cpu",
-       "--gpu-memory-fraction=0.5", "--kv-block-size=32", "--kv-cache-tokens=1000",
-       "--gpu-weight-slots=1"});
+      {"--grpc-port=50063", "--http-port=9463", "--coordinator=coordinator:50051", "--weight-sync",
+       "weight-sync:50052", "--advertise-host=gen-2", "--max-batch-tokens=512", "--worker-id=gen-2",
+       "--precision=fp8", "--kv-cache=fp8", "--device=cpu", "--gpu-memory-fraction=0.5",
+       "--kv-block-size=32", "--kv-cache-tokens=1000", "--gpu-weight-slots=1"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->service.grpc_port, 50063);
   EXPECT_EQ(c->metrics_port, 9463);
@@ -65,6 +64,27 @@ TEST(WorkerConfigTest, WeightRelayIsOffByDefault) {
   EXPECT_EQ(c->relay_stall_ms, 2500);
 }
 
+// --http-port is the HTTP port on every service; --metrics-port, the worker's old name, still
+// works and warns naming the new flag.
+TEST(WorkerConfigTest, MetricsPortIsADeprecatedAlias) {
+  auto c = parse_generation_worker_config({"--metrics-port=9555"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics_port, 9555);
+  EXPECT_EQ(c->service.http_port, 9555);
+  EXPECT_EQ(c->warnings,
+            (std::vector<std::string>{"--metrics-port is deprecated; use --http-port"}));
+  c = parse_generation_worker_config({"--http-port=9556"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics_port, 9556);
+  EXPECT_TRUE(c->warnings.empty());
+  const std::string usage = generation_worker_usage();
+  EXPECT_NE(usage.find("--http-port INT in [0, 65535] (default: 9461)"), std::string::npos)
+      << usage;
+  EXPECT_NE(usage.find("--batch-wait-ms MILLISECONDS in [0, 10000] (default: 2)"),
+            std::string::npos)
+      << usage;
+}
+
 TEST(WorkerConfigTest, BadValuesNameTheFlag) {
   const std::pair<std::vector<std::string>, std::string> cases[] = {
       {{"--max-batch-tokens=0"}, "--max-batch-tokens"},
@@ -73,7 +93,7 @@ TEST(WorkerConfigTest, BadValuesNameTheFlag) {
       {{"--kv-cache=int8"}, "--kv-cache"},
       {{"--weight-sync=nohost"}, "--weight-sync"},
       {{"--coordinator=host:99999"}, "--coordinator"},
-      {{"--metrics-port=70000"}, "--metrics-port"},
+      {{"--http-port=70000"}, "--http-port"},
       {{"--batch-wait-ms=-1"}, "--batch-wait-ms"},
       {{"--no-such-flag=1"}, "--no-such-flag"},
       {{"--device=gpu"}, "--device"},

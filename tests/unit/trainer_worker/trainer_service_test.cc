@@ -415,6 +415,36 @@ TEST(TrainerConfigTest, CudaPlacementFailsInitPolicyClearly) {
   EXPECT_EQ(trainer.learner(), nullptr);
 }
 
+// --worker-id is the registered name (the generation worker's name for it); --name and
+// --metrics-port, the trainer's old names, still work and each warns naming the new flag.
+TEST(TrainerConfigTest, WorkerIdAndDeprecatedAliases) {
+  absl::StatusOr<TrainerConfig> c = parse_trainer_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->worker_id, "trainer");
+  EXPECT_TRUE(c->warnings.empty());
+  c = parse_trainer_config({"--worker-id", "trainer-3"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->worker_id, "trainer-3");
+  EXPECT_TRUE(c->warnings.empty());
+  c = parse_trainer_config({"--name=trainer-4", "--metrics-port", "9503"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->worker_id, "trainer-4");
+  EXPECT_EQ(c->metrics_port, 9503);
+  EXPECT_EQ(c->warnings,
+            (std::vector<std::string>{"--name is deprecated; use --worker-id",
+                                      "--metrics-port is deprecated; use --http-port"}));
+  c = parse_trainer_config({"--name", "a", "--worker-id", "b"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("--name: a disagrees with --worker-id b"), std::string::npos)
+      << c.status();
+  c = parse_trainer_config({"--worker-id", ""});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("--worker-id: must not be empty"), std::string::npos)
+      << c.status();
+  EXPECT_NE(trainer_usage().find("--name\n      deprecated: use --worker-id"), std::string::npos)
+      << trainer_usage();
+}
+
 TEST(TrainerConfigTest, DefaultsFlagsAndErrors) {
   absl::StatusOr<TrainerConfig> c = parse_trainer_config({});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -425,7 +455,7 @@ TEST(TrainerConfigTest, DefaultsFlagsAndErrors) {
   EXPECT_EQ(c->service.advertise_host, "127.0.0.1");
   EXPECT_EQ(c->service.data_dir, "./fp8rl-data/checkpoints");
 
-  c = parse_trainer_config({"--grpc-port", "6000", "--metrics-port=6001", "--weight-sync", "ws:1",
+  c = parse_trainer_config({"--grpc-port", "6000", "--http-port=6001", "--weight-sync", "ws:1",
                             "--coordinator", "co:2", "--advertise-host", "trainer", "--data-dir",
                             "/tmp/x"});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -437,15 +467,15 @@ TEST(TrainerConfigTest, DefaultsFlagsAndErrors) {
   EXPECT_EQ(c->service.data_dir, "/tmp/x");
 
   testing_util::TempDir dir;
-  std::ofstream(dir.file("trainer.yaml")) << "metrics_port: 7001\nweight_sync: yaml:3\n";
+  std::ofstream(dir.file("trainer.yaml")) << "http_port: 7001\nweight_sync: yaml:3\n";
   c = parse_trainer_config({"--config", dir.file("trainer.yaml"), "--weight-sync", "flag:4"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->metrics_port, 7001);
   EXPECT_EQ(c->weight_sync, "flag:4");  // flags override the file
 
-  c = parse_trainer_config({"--metrics-port", "abc"});
+  c = parse_trainer_config({"--http-port", "abc"});
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("--metrics-port"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("--http-port"), std::string::npos) << c.status();
   c = parse_trainer_config({"--no-such-flag", "1"});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("no-such-flag"), std::string::npos) << c.status();

@@ -206,8 +206,8 @@ TEST(Config, DefaultsFlagsAndYaml) {
   EXPECT_EQ(c->sync.keep_versions, 2);
   EXPECT_EQ(c->sync.chunk_bytes, kDefaultChunkBytes);
 
-  c = parse_weight_sync_config({"--grpc-port", "6000", "--metrics-port=9999", "--keep-versions",
-                                "5", "--chunk-bytes", "1048576"});
+  c = parse_weight_sync_config({"--grpc-port", "6000", "--http-port=9999", "--keep-versions", "5",
+                                "--chunk-bytes", "1048576"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->service.grpc_port, 6000);
   EXPECT_EQ(c->metrics_port, 9999);
@@ -215,14 +215,16 @@ TEST(Config, DefaultsFlagsAndYaml) {
   EXPECT_EQ(c->sync.keep_versions, 5);
   EXPECT_EQ(c->sync.chunk_bytes, 1u << 20);
 
-  c = parse_weight_sync_config({"--http-port", "9500"});  // the common alias
+  c = parse_weight_sync_config({"--metrics-port", "9500"});  // the deprecated old name
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->metrics_port, 9500);
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_EQ(c->warnings[0], "--metrics-port is deprecated; use --http-port");
 
   const std::string path = ::testing::TempDir() + "/weight_sync_config_test.yaml";
   {
     std::ofstream f(path);
-    f << "keep_versions: 3\nmetrics_port: 9411\ngrpc_port: 50111\n";
+    f << "keep_versions: 3\nhttp_port: 9411\ngrpc_port: 50111\n";
   }
   c = parse_weight_sync_config({"--config", path, "--keep-versions", "4"});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -314,7 +316,7 @@ TEST(Config, BadValuesNameTheFlag) {
       {{"--keep-versions", "0"}, "--keep-versions: must be in [1, 64], got 0"},
       {{"--keep-versions", "two"}, "--keep-versions: expected an integer, got 'two'"},
       {{"--chunk-bytes", "9000000000"}, "--chunk-bytes: must be in [1, 8388608]"},
-      {{"--metrics-port", "70000"}, "--metrics-port: must be in [0, 65535]"},
+      {{"--http-port", "70000"}, "--http-port: must be in [0, 65535]"},
       {{"--metrics-port", "9600", "--http-port", "9700"}, "--metrics-port: 9600 disagrees"},
       {{"--grpc-port", "-3"}, "--grpc-port"},
       {{"--bogus", "1"}, "--bogus: unknown flag"},
