@@ -190,10 +190,24 @@ namespace {
 absl::Status sharded_state_error(const std::string& path) {
   return absl::FailedPreconditionError(absl::StrCat(
       path,
-      ": the optimizer is sharded (trainer.shard grads_optimizer) and sharded optimizer "
-      "checkpoints are not implemented yet"));
+      ": the optimizer is sharded (trainer.shard grads_optimizer); its state is saved per rank "
+      "(train::save_checkpoint), not as one file"));
 }
 }  // namespace
+
+AdamW::RangeState AdamW::range_state() const { return {m_, v_, step_}; }
+
+absl::Status AdamW::set_range_state(RangeState state) {
+  if (state.m.size() != m_.size() || state.v.size() != v_.size() || state.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: state of ", state.m.size(), " exp_avg and ", state.v.size(),
+        " exp_avg_sq values at step ", state.step, " for a range of ", m_.size(), " parameters"));
+  }
+  m_ = std::move(state.m);
+  v_ = std::move(state.v);
+  step_ = state.step;
+  return absl::OkStatus();
+}
 
 absl::Status AdamW::save_state(const std::string& path) const {
   if (sharded_) return sharded_state_error(path);

@@ -58,9 +58,10 @@ class AdamW {
 
   // ZeRO-2 (docs/design/sharding.md): keeps m, v (and the decay mask) for the parameters
   // [begin, end) of the flat layout only and frees the rest; the step count is kept. After this,
-  // step() is FAILED_PRECONDITION and step_shard() takes the shard's gradients; save_state() is
-  // FAILED_PRECONDITION (sharded optimizer checkpoints are not built). INVALID_ARGUMENT unless
-  // 0 <= begin <= end <= the current range's size and the optimizer is not sharded yet.
+  // step() is FAILED_PRECONDITION and step_shard() takes the shard's gradients; save_state() and
+  // load_state() (one whole file) are FAILED_PRECONDITION: a sharded optimizer is checkpointed per
+  // rank through range_state() / set_range_state() (train/optimizer_shards.h). INVALID_ARGUMENT
+  // unless 0 <= begin <= end <= the current range's size and the optimizer is not sharded yet.
   absl::Status shard(int64_t begin, int64_t end);
   bool sharded() const { return sharded_; }
   int64_t shard_begin() const { return begin_; }
@@ -82,6 +83,16 @@ class AdamW {
   // Optimizer state as one safetensors file (m, v, step).
   absl::Status save_state(const std::string& path) const;
   absl::Status load_state(const std::string& path);
+  // The moments of the range the optimizer holds ([shard_begin(), shard_begin() + shard_size()):
+  // the whole layout unless sharded) and the step count.
+  struct RangeState {
+    std::vector<float> m, v;
+    int64_t step = 0;
+  };
+  RangeState range_state() const;
+  // Replaces them (a checkpoint's sharded state, re-cut to this range): INVALID_ARGUMENT unless m
+  // and v hold shard_size() values each and step >= 0; the optimizer is then unchanged.
+  absl::Status set_range_state(RangeState state);
 
  private:
   // Clips grads[0, n) by the norm `grad_norm` and updates params[0, n) with m_, v_, decay_ from 0.

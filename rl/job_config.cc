@@ -516,8 +516,9 @@ absl::Status read_checkpoint(const Fields& top, CheckpointConfig* c) {
 
 absl::Status read_trainer(const Fields& top, TrainerConfig* t) {
   FP8RL_ASSIGN_OR_RETURN_FIELDS(f, top.get_object("trainer"));
-  FP8RL_RETURN_IF_ERROR(f.allow_only({"data_parallel"}));
-  return f.get_int("data_parallel", &t->data_parallel);
+  FP8RL_RETURN_IF_ERROR(f.allow_only({"data_parallel", "shard"}));
+  FP8RL_RETURN_IF_ERROR(f.get_int("data_parallel", &t->data_parallel));
+  return f.get_string("shard", &t->shard);
 }
 
 // Value checks: `ok` false -> "<path>: <message>".
@@ -614,6 +615,12 @@ absl::Status validate_job_config(const JobConfig& c) {
   // trainer
   FP8RL_RETURN_IF_ERROR(require(c.trainer.data_parallel >= 1 && c.trainer.data_parallel <= 64,
                                 "trainer.data_parallel", "must be in [1, 64]"));
+  FP8RL_RETURN_IF_ERROR(require(c.trainer.shard != "params", "trainer.shard",
+                                "'params' (ZeRO-3) is not implemented yet; use none or "
+                                "grads_optimizer"));
+  FP8RL_RETURN_IF_ERROR(
+      require(c.trainer.shard == "none" || c.trainer.shard == "grads_optimizer", "trainer.shard",
+              absl::StrCat("must be none or grads_optimizer, got '", c.trainer.shard, "'")));
   // upper bounds of the numeric fields (rl/job_limits.h)
   return validate_job_limits(c);
 }
@@ -795,7 +802,7 @@ Json job_config_to_json(const JobConfig& c) {
   j["validation"] =
       Json{{"every_steps", c.validation.every_steps}, {"num_prompts", c.validation.num_prompts}};
   j["checkpoint"] = Json{{"every_steps", c.checkpoint.every_steps}, {"dir", c.checkpoint.dir}};
-  j["trainer"] = Json{{"data_parallel", c.trainer.data_parallel}};
+  j["trainer"] = Json{{"data_parallel", c.trainer.data_parallel}, {"shard", c.trainer.shard}};
   return j;
 }
 

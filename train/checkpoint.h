@@ -1,6 +1,7 @@
 // Trainer checkpoints: a folder with the policy's fp32 master weights (model.safetensors +
-// config.json), optionally the AdamW state, the frozen reference policy when one is held, and
-// trainer_state.json (versions, job id, precision, optimizer settings). Written atomically.
+// config.json), optionally the AdamW state (one file, or one per rank of a sharded group), the
+// frozen reference policy when one is held, and trainer_state.json (versions, job id, precision,
+// optimizer settings). Written atomically.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,12 @@ struct SavedCheckpoint {
 };
 
 // Writes `learner` to `dir` (created with its parents; replaced atomically when it exists).
+// A learner sharded in a group of 2 or more (Learner::set_shard_mode grads_optimizer) is saved
+// collectively: every rank calls this with the same `dir` at once; each writes the AdamW moments
+// of its shard and rank 0 the folder, with optimizer_shards/ (train/optimizer_shards.h) instead of
+// optimizer.safetensors; every rank returns rank 0's outcome (ABORTED on the others when it
+// failed), and a rank that could not write its shard fails every rank before anything is written.
+// FAILED_PRECONDITION while a loaded sharded optimizer state is not restored yet.
 absl::StatusOr<SavedCheckpoint> save_checkpoint(const Learner& learner, const std::string& dir,
                                                 bool include_optimizer);
 
@@ -33,7 +40,9 @@ struct LoadedCheckpoint {
 };
 // Reads a folder written by save_checkpoint (by any backend: the master weights and AdamW state
 // are stored in one layout) into a learner placed by `placement` (its memory plan checked before
-// the backend allocates); errors name the file and key.
+// the backend allocates); errors name the file and key. A sharded optimizer state (any group size)
+// is checked here (its manifest) and restored by the learner once it knows its range
+// (Learner::set_pending_optimizer_shards): optimizer_restored is then true.
 absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
                                                  const TrainPlacement& placement = {});
 

@@ -485,11 +485,13 @@ absl::Status Learner::set_shard_mode(ShardMode mode) {
           "trainer.shard: this learner's optimizer is already sharded; it cannot return to none");
     }
     shard_mode_ = mode;
-    return absl::OkStatus();
+    return restore_optimizer_shards();
   }
-  if (sharded()) return check_shard_group();
+  // Already sharded: kept as it is; outside its group the updates refuse (check_shard_group)
+  // until a checkpoint is loaded into a new learner (which re-cuts the optimizer state).
+  if (sharded()) return absl::OkStatus();
   shard_mode_ = mode;
-  if (!data_parallel()) return absl::OkStatus();  // one trainer shards nothing
+  if (!data_parallel()) return restore_optimizer_shards();  // one trainer shards nothing
   absl::StatusOr<ShardLayout> layout =
       shard_parameters(backend_->host_model().layout(), group_->size());
   if (!layout.ok()) return layout.status();
@@ -500,6 +502,24 @@ absl::Status Learner::set_shard_mode(ShardMode mode) {
   }
   shard_layout_ = std::move(*layout);
   shard_rank_ = rank;
+  return restore_optimizer_shards();
+}
+
+void Learner::set_pending_optimizer_shards(std::string dir, OptimizerShardManifest manifest) {
+  pending_shards_dir_ = std::move(dir);
+  pending_shards_ = std::move(manifest);
+}
+
+absl::Status Learner::restore_optimizer_shards() {
+  if (!pending_shards_.has_value()) return absl::OkStatus();
+  // The range the optimizer holds: this rank's shard, or every parameter.
+  const int64_t begin = sharded() ? shard_layout_->begin(shard_rank_) : 0;
+  const int64_t end = sharded() ? shard_layout_->end(shard_rank_) : backend_->num_params();
+  absl::StatusOr<model::AdamW::RangeState> state =
+      read_optimizer_range(pending_shards_dir_, *pending_shards_, begin, end);
+  if (!state.ok()) return state.status();
+  if (absl::Status s = backend_->set_optimizer_range_state(std::move(*state)); !s.ok()) return s;
+  pending_shards_.reset();
   return absl::OkStatus();
 }
 
@@ -511,7 +531,7 @@ absl::Status Learner::check_shard_group() const {
   return absl::FailedPreconditionError(absl::StrCat(
       "trainer.shard grads_optimizer: the optimizer holds the shard of rank ", shard_rank_, " of ",
       shard_layout_->ranks(), ", and this trainer is now rank ", rank, " of ", size,
-      "; resharding is not implemented yet (re-create the learner)"));
+      "; its optimizer is re-cut only when loaded from a checkpoint (LoadCheckpoint)"));
 }
 
 absl::StatusOr<double> Learner::sharded_grad_norm(std::span<const float> shard,
@@ -573,6 +593,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
                                                 const std::atomic<bool>* stop) {
   // The KV calibration of the next export rides on the prev-logprobs forward.
   if (absl::Status s = check_shard_group(); !s.ok()) return s;
+  if (absl::Status s = restore_optimizer_shards(); !s.ok()) return s;
   std::unique_ptr<model::KvCalibrator> records = new_kv_records();
   const bool dp = data_parallel();
   const CollectiveStats group_before = dp ? group_->stats() : CollectiveStats{};
@@ -715,6 +736,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
 absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
                                               const std::atomic<bool>* stop) {
   if (absl::Status s = check_shard_group(); !s.ok()) return s;
+  if (absl::Status s = restore_optimizer_shards(); !s.ok()) return s;
   absl::StatusOr<PackedBatch> batch =
       pack_sequences(request.batch, policy(), "batch", /*require_gen=*/false);
   if (!batch.ok()) return batch.status();

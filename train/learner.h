@@ -31,6 +31,7 @@
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
 #include "train/memory_plan.h"
+#include "train/optimizer_shards.h"
 #include "train/shard.h"
 #include "train/train_backend.h"
 
@@ -231,11 +232,21 @@ class Learner {
   // gradient (reduce-scatter, bucketed as set_group says), steps AdamW on that shard (the clip
   // norm summed across the shards in the order one trainer sums it) and all-gathers the ranks'
   // updated master shards before re-deriving the working copies. Irreversible for this learner:
-  // the group must not change afterwards, and checkpoints of its optimizer state are
-  // FAILED_PRECONDITION (sharded checkpoints are not built). Alone (no group or one rank) the mode
-  // is recorded and nothing is sharded. kParams: INVALID_ARGUMENT (not implemented yet);
-  // kNone after sharding, or a backend that cannot shard: FAILED_PRECONDITION.
+  // in another group (size or rank) its updates are FAILED_PRECONDITION (check_shard_group); its
+  // optimizer is re-cut only by loading a checkpoint (train/checkpoint.h, which saves a sharded
+  // optimizer per rank). Alone (no group or one rank) the mode is recorded and nothing is
+  // sharded. kParams: INVALID_ARGUMENT (not implemented yet); kNone after sharding, or a backend
+  // that cannot shard: FAILED_PRECONDITION. Calling it again once sharded changes nothing.
+  // A pending sharded optimizer state (set_pending_optimizer_shards) is restored here, re-cut to
+  // the range this learner now holds; its read errors are returned.
   absl::Status set_shard_mode(ShardMode mode);
+  // FAILED_PRECONDITION when sharded for another group size or rank than the current group's.
+  absl::Status check_shard_group() const;
+  // The optimizer state of a sharded checkpoint (train/checkpoint.cc load_checkpoint): read from
+  // `dir`'s optimizer_shards/ once the learner knows its range, by set_shard_mode or else by the
+  // first update. Until then the optimizer holds the initial (zero) state.
+  void set_pending_optimizer_shards(std::string dir, OptimizerShardManifest manifest);
+  bool optimizer_restore_pending() const { return pending_shards_.has_value(); }
   ShardMode shard_mode() const { return shard_mode_; }
   // The cut in use (null unless sharded).
   const ShardLayout* shard_layout() const { return shard_layout_ ? &*shard_layout_ : nullptr; }
@@ -304,8 +315,9 @@ class Learner {
   // sum runs over the elements in the order model::AdamW::step adds them on one trainer.
   absl::StatusOr<double> sharded_grad_norm(std::span<const float> shard, const std::string& what);
   bool sharded() const { return shard_layout_.has_value(); }
-  // FAILED_PRECONDITION when sharded for a group size other than the current group's.
-  absl::Status check_shard_group() const;
+  // Restores the pending sharded optimizer state into the range the optimizer holds (no-op when
+  // none is pending).
+  absl::Status restore_optimizer_shards();
   absl::Status set_learning_rate(double lr);
   // A calibrator for an update's forwards (null unless the KV cache is FP8).
   std::unique_ptr<model::KvCalibrator> new_kv_records() const;
@@ -326,6 +338,9 @@ class Learner {
   ShardMode shard_mode_ = ShardMode::kNone;  // see set_shard_mode
   std::optional<ShardLayout> shard_layout_;  // set when sharded (a group of 2 or more)
   int shard_rank_ = 0;                       // the rank whose shard the optimizer holds
+  // A sharded checkpoint's optimizer state not restored yet (see set_pending_optimizer_shards).
+  std::string pending_shards_dir_;
+  std::optional<OptimizerShardManifest> pending_shards_;
 };
 
 // Checks a PrecisionConfig the services can run: fp8 or bf16 formats, layer counts >= 0. Errors

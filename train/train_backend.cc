@@ -120,6 +120,12 @@ class CpuTrainBackend final : public TrainBackend {
   absl::Status load_optimizer_state(const std::string& path) override {
     return optimizer_->load_state(path);
   }
+  absl::StatusOr<model::AdamW::RangeState> optimizer_range_state() const override {
+    return optimizer_->range_state();
+  }
+  absl::Status set_optimizer_range_state(model::AdamW::RangeState state) override {
+    return optimizer_->set_range_state(std::move(state));
+  }
 
  private:
   std::unique_ptr<model::Model> model_;
@@ -147,6 +153,12 @@ absl::StatusOr<model::OptimizerStepStats> TrainBackend::optimizer_step_shard(std
   return no_sharding(*this);
 }
 absl::Status TrainBackend::gather_master(Collectives&, const ShardLayout&, std::string_view) {
+  return no_sharding(*this);
+}
+absl::StatusOr<model::AdamW::RangeState> TrainBackend::optimizer_range_state() const {
+  return no_sharding(*this);
+}
+absl::Status TrainBackend::set_optimizer_range_state(model::AdamW::RangeState) {
   return no_sharding(*this);
 }
 

@@ -101,6 +101,11 @@ class TrainBackend {
   // working copies. The collective's error is returned as is.
   virtual absl::Status gather_master(Collectives& group, const ShardLayout& layout,
                                      std::string_view what);
+  // The AdamW moments and step count of the range the optimizer holds (its shard after
+  // shard_optimizer, else every parameter): what a sharded checkpoint stores per rank, and what
+  // restoring one sets (train/optimizer_shards.h). set_: INVALID_ARGUMENT on a size mismatch.
+  virtual absl::StatusOr<model::AdamW::RangeState> optimizer_range_state() const;
+  virtual absl::Status set_optimizer_range_state(model::AdamW::RangeState state);
   // Bytes of gradients copied between the host buffer and the device so far (0 on the CPU
   // backend; 0 on a device backend while the learner keeps gradients in the backend's buffer).
   virtual int64_t gradient_transfer_bytes() const = 0;

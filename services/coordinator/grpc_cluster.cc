@@ -260,12 +260,13 @@ class GrpcTrainerClient final : public TrainerClient {
   // Makes the trainer rank `rank` of a group of `size` (1: leave any group); the trainer meets
   // the others through the coordinator it registered with.
   absl::Status join_group(const std::string& group_id, int rank, int size,
-                          std::chrono::milliseconds timeout) {
+                          std::chrono::milliseconds timeout, const std::string& shard = "") {
     v1::JoinGroupRequest req;
     req.set_group_id(group_id);
     req.set_rank(rank);
     req.set_size(size);
     req.set_timeout_ms(timeout.count());
+    req.set_shard(shard);
     v1::JoinGroupResponse resp;
     grpc::ClientContext context;
     set_deadline(context, timeout + std::chrono::seconds(10));
@@ -336,7 +337,8 @@ class GrpcTrainerClient final : public TrainerClient {
 
 // A data-parallel trainer group behind one TrainerClient (docs/design/training.md "Trainer
 // groups"): the same call goes to every rank at once (each computes its share, the ranks
-// all-reduce), except SaveCheckpoint (rank 0 writes it). Results are rank 0's (every rank computed
+// all-reduce), except SaveCheckpoint (rank 0 writes it; every rank under trainer.shard
+// grads_optimizer, each writing its optimizer shard). Results are rank 0's (every rank computed
 // the same update). A failure names every rank that failed, lost ranks first; its code is the
 // failed call's, so the RL loop's trainer-loss handling re-forms the group and resumes from the
 // last checkpoint.
@@ -346,14 +348,14 @@ class GroupTrainerClient final : public TrainerClient {
     WorkerInfo worker;
     std::shared_ptr<GrpcTrainerClient> client;
   };
-  GroupTrainerClient(std::vector<Member> members, std::string group_id)
-      : members_(std::move(members)), group_id_(std::move(group_id)) {}
+  GroupTrainerClient(std::vector<Member> members, std::string group_id, std::string shard)
+      : members_(std::move(members)), group_id_(std::move(group_id)), shard_(std::move(shard)) {}
 
   absl::Status join(std::chrono::milliseconds timeout) {
     const int size = static_cast<int>(members_.size());
     return on_all<bool>("join trainer group",
                         [&](GrpcTrainerClient& c, int rank) {
-                          absl::Status s = c.join_group(group_id_, rank, size, timeout);
+                          absl::Status s = c.join_group(group_id_, rank, size, timeout, shard_);
                           if (!s.ok()) return absl::StatusOr<bool>(s);
                           return absl::StatusOr<bool>(true);
                         })
@@ -388,7 +390,15 @@ class GroupTrainerClient final : public TrainerClient {
     });
   }
   absl::Status save_checkpoint(const std::string& path) override {
-    return members_.front().client->save_checkpoint(path);
+    if (shard_ == "none") return members_.front().client->save_checkpoint(path);
+    // Sharded: every rank writes its optimizer shard, rank 0 the rest (train/checkpoint.h).
+    return on_all<bool>("SaveCheckpoint",
+                        [&](GrpcTrainerClient& c, int) {
+                          absl::Status s = c.save_checkpoint(path);
+                          if (!s.ok()) return absl::StatusOr<bool>(s);
+                          return absl::StatusOr<bool>(true);
+                        })
+        .status();
   }
   absl::StatusOr<int64_t> load_checkpoint(const std::string& path) override {
     return on_all<int64_t>("LoadCheckpoint",
@@ -432,6 +442,7 @@ class GroupTrainerClient final : public TrainerClient {
 
   std::vector<Member> members_;
   const std::string group_id_;
+  const std::string shard_;  // the job's trainer.shard
 };
 
 }  // namespace
@@ -477,7 +488,8 @@ absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer() {
       [registry = registry_, id = t.id] { return registry->is_live(id); }));
 }
 
-absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(int size) {
+absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(
+    int size, const std::string& shard) {
   if (size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("trainer.data_parallel: must be >= 1, got ", size));
@@ -508,7 +520,7 @@ absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(int si
                                                 std::chrono::system_clock::now().time_since_epoch())
                                                 .count(),
                                             "-", next_group.fetch_add(1));
-  auto group = std::make_shared<GroupTrainerClient>(std::move(clients), group_id);
+  auto group = std::make_shared<GroupTrainerClient>(std::move(clients), group_id, shard);
   if (absl::Status s = group->join(group_timeout_); !s.ok()) {
     return absl::UnavailableError(s.message());
   }

@@ -27,7 +27,8 @@ class GrpcCluster final : public Cluster {
   std::shared_ptr<GenerationClient> generation_client(const WorkerRef& worker) override;
   absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() override;
   // The first `size` live trainers by name (rank = position), joined into a new group.
-  absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size) override;
+  absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size,
+                                                               const std::string& shard) override;
 
   // TLS and the cluster token for calls to workers (security.h). Before the first call.
   void set_client_security(service::ClientSecurity security) { security_ = std::move(security); }

@@ -418,7 +418,8 @@ absl::Status RlLoop::connect_trainer(JobRun& run) {
   set_phase("waiting_for_trainer", 0, group > 1 ? group : 0);
   std::string shown;  // the group's last "k of N live" shown in the phase detail
   for (auto start = Clock::now();;) {
-    absl::StatusOr<std::shared_ptr<TrainerClient>> trainer = cluster_->trainer_group(group);
+    absl::StatusOr<std::shared_ptr<TrainerClient>> trainer =
+        cluster_->trainer_group(group, run.config.trainer.shard);
     if (trainer.ok()) {
       run.trainer = *std::move(trainer);
       return absl::OkStatus();

@@ -120,8 +120,11 @@ class Cluster {
   virtual absl::StatusOr<std::shared_ptr<TrainerClient>> trainer() = 0;
   // A data-parallel group of `size` trainers behind one TrainerClient (docs/design/training.md
   // "Trainer groups"), formed anew on every call; Unavailable saying how many are live while fewer
-  // than `size` are registered. Clusters without groups serve size 1 only.
-  virtual absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size) {
+  // than `size` are registered. Clusters without groups serve size 1 only. `shard` is the job's
+  // trainer.shard ("none" | "grads_optimizer"), what the ranks shard.
+  virtual absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size,
+                                                                       const std::string& shard) {
+    (void)shard;  // one trainer shards nothing
     if (size == 1) return trainer();
     return absl::UnimplementedError("this cluster has no trainer groups");
   }

@@ -74,9 +74,9 @@ Trainer::Trainer(TrainerOptions options, WeightPublisher* publisher, TrainerMetr
   status_.set_worker_id(options_.worker_id);
 }
 
-absl::Status Trainer::attach_group() {
-  learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
-  return learner_->set_shard_mode(options_.shard);
+absl::Status Trainer::attach_group(train::Learner& learner) {
+  learner.set_group(group_.get(), options_.allreduce_bucket_bytes);
+  return learner.set_shard_mode(shard_);
 }
 
 train::TrainPlacement Trainer::placement() const {
@@ -140,7 +140,7 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
   learner_ = std::move(*learner);
   service::log_info("trainer", learner_->memory_plan().describe(),
                     {{"job", learner_->job_id()}, {"device", options_.device}});
-  if (absl::Status s = attach_group(); !s.ok()) return s;
+  if (absl::Status s = attach_group(*learner_); !s.ok()) return s;
   update_status();
 
   v1::InitPolicyResponse response;
@@ -385,10 +385,15 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
   if (!path.ok()) return path.status();
   absl::StatusOr<train::LoadedCheckpoint> loaded = train::load_checkpoint(*path, placement());
   if (!loaded.ok()) return loaded.status();
+  // Joined before it replaces the held policy: a sharded optimizer state is restored (re-cut to
+  // this rank's range) here, and a failure leaves the held policy as it was.
+  if (absl::Status s = attach_group(*loaded->learner); !s.ok()) {
+    if (learner_) learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
+    return s;
+  }
   learner_ = std::move(loaded->learner);
   service::log_info("trainer", learner_->memory_plan().describe(),
                     {{"job", learner_->job_id()}, {"device", options_.device}});
-  if (absl::Status s = attach_group(); !s.ok()) return s;
   update_status();
   v1::LoadCheckpointResponse response;
   response.set_version(learner_->version());
@@ -464,8 +469,19 @@ absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupReq
     return absl::InvalidArgumentError(
         absl::StrCat("rank: must be in [0, ", request.size(), "), got ", request.rank()));
   }
+  train::ShardMode shard = options_.shard;
+  if (!request.shard().empty()) {
+    absl::StatusOr<train::ShardMode> mode = train::parse_shard_mode(request.shard(), "shard");
+    if (!mode.ok()) return mode.status();
+    if (*mode == train::ShardMode::kParams) {
+      return absl::InvalidArgumentError(
+          "shard: 'params' (ZeRO-3) is not implemented yet; use none or grads_optimizer");
+    }
+    shard = *mode;
+  }
   // The old group goes first: its peers may be gone.
   if (learner_) learner_->set_group(nullptr);
+  shard_ = shard;
   group_.reset();
   v1::JoinGroupResponse response;
   response.set_rank(request.rank());
@@ -508,7 +524,7 @@ absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupReq
     if (!group.ok()) return group.status();
     group_ = std::move(*group);
     if (learner_) {
-      if (absl::Status s = attach_group(); !s.ok()) return s;
+      if (absl::Status s = attach_group(*learner_); !s.ok()) return s;
     }
     response.set_backend(std::string(train::backend_name(*backend)));
     service::log_info("trainer", "joined trainer group",

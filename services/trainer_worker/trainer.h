@@ -120,9 +120,10 @@ class Trainer {
   absl::Status check_job(const std::string& job_id) const;
   // Where new policies train (options_.device, budget, recompute, step shape).
   train::TrainPlacement placement() const;
-  // learner_ joins group_ (options_' buckets), then takes options_.shard
-  // (train::Learner::set_shard_mode: FAILED_PRECONDITION when it cannot).
-  absl::Status attach_group();
+  // `learner` joins group_ (options_' buckets), then takes shard_
+  // (train::Learner::set_shard_mode: FAILED_PRECONDITION when it cannot; a pending sharded
+  // optimizer state is restored there).
+  absl::Status attach_group(train::Learner& learner);
   // The GRPO request of a TrainStep (validation of the proto-only fields).
   absl::StatusOr<train::GrpoRequest> grpo_request(const v1::TrainStepRequest& request) const;
   void update_status();
@@ -141,6 +142,8 @@ class Trainer {
   std::unique_ptr<train::Learner> learner_;    // guarded by mu_
   model::WeightSet last_published_;            // guarded by mu_
   std::unique_ptr<train::Collectives> group_;  // guarded by mu_; null when alone
+  // The group's shard mode: JoinGroupRequest.shard, else options_.shard. Guarded by mu_.
+  train::ShardMode shard_ = options_.shard;
 
   mutable std::mutex status_mu_;  // guards status_ only (never held during work)
   v1::TrainerStatus status_;      // guarded by status_mu_

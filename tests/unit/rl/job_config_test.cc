@@ -111,6 +111,7 @@ TEST(JobConfig, DefaultsFromMinimalYaml) {
   EXPECT_EQ(c->validation.every_steps, 10);
   EXPECT_EQ(c->checkpoint.every_steps, 0);
   EXPECT_EQ(c->trainer.data_parallel, 1);
+  EXPECT_EQ(c->trainer.shard, "none");
   // Multiplication's own default digits.
   absl::StatusOr<JobConfig> m =
       parse_job_config("model: {checkpoint: /ckpt}\ntask: {name: multiplication, val_size: 100}\n");
@@ -231,7 +232,7 @@ algorithm:
 sft: {steps: 10}
 precision: {generation: bf16, pow2_scales: true, bf16_last_layers: 1}
 checkpoint: {every_steps: 2, dir: out}
-trainer: {data_parallel: 3}
+trainer: {data_parallel: 3, shard: grads_optimizer}
 )";
   const std::string json = R"({"name": "quoted 123",
     "model": {"init": {"config": {"hidden_size": 64, "num_hidden_layers": 2}, "seed": 5}},
@@ -241,7 +242,7 @@ trainer: {data_parallel: 3}
                   "is": {"rule": "icepop", "lo": 0.25, "hi": 4}},
     "sft": {"steps": 10},
     "precision": {"generation": "bf16", "pow2_scales": true, "bf16_last_layers": 1},
-    "checkpoint": {"every_steps": 2, "dir": "out"}, "trainer": {"data_parallel": 3}})";
+    "checkpoint": {"every_steps": 2, "dir": "out"}, "trainer": {"data_parallel": 3, "shard": "grads_optimizer"}})";
   absl::StatusOr<JobConfig> a = parse_job_config(yaml);
   absl::StatusOr<JobConfig> b = parse_job_config(json);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -259,6 +260,7 @@ trainer: {data_parallel: 3}
   EXPECT_EQ(a->precision.generation, Precision::kBF16);
   EXPECT_TRUE(a->precision.pow2_scales);
   EXPECT_EQ(a->trainer.data_parallel, 3);
+  EXPECT_EQ(a->trainer.shard, "grads_optimizer");
   // Round trip through the stored JSON, also via nlohmann::json (the REST body type).
   const nlohmann::ordered_json stored = job_config_to_json(*a);
   EXPECT_EQ(stored["task"]["params"],
@@ -343,6 +345,10 @@ TEST(JobConfig, BadConfigsNameTheField) {
       {"trainer: {data_parallel: 0}", "trainer.data_parallel: must be in [1, 64]"},
       {"trainer: {data_parallel: 65}", "trainer.data_parallel: must be in [1, 64]"},
       {"trainer: {ranks: 2}", "trainer.ranks: unknown key"},
+      {"trainer: {shard: params}",
+       "trainer.shard: 'params' (ZeRO-3) is not implemented yet; use none or grads_optimizer"},
+      {"trainer: {shard: zero2}", "trainer.shard: must be none or grads_optimizer, got 'zero2'"},
+      {"trainer: {shard: 2}", "trainer.shard: must be a string, got number"},
       {"name: [a]", "name: must be a string, got array"},
   };
   for (const BadConfig& c : cases) {

@@ -27,22 +27,29 @@
 #include "train/data_parallel.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/fs.h"
 #include "model/model.h"
 #include "model/rng.h"
 #include "tests/unit/train/group_util.h"
 #include "tests/unit/train/tiny_model.h"
+#include "train/checkpoint.h"
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
 #include "train/device_train_backend.h"
 #include "train/learner.h"
+#include "train/optimizer_shards.h"
 
 namespace fp8rl::train {
 namespace {
@@ -850,11 +857,12 @@ TEST(ShardedLearner, BadModesAndUnsupportedUsesFailClearly) {
     EXPECT_EQ((*l)->shard_layout(), nullptr);
     EXPECT_TRUE((*l)->set_shard_mode(ShardMode::kGradsOptimizer).ok());
     EXPECT_NE((*l)->shard_layout(), nullptr);
-    // No way back to none, and the sharded optimizer state cannot be checkpointed yet.
+    // No way back to none, and the sharded optimizer state is not one file (it is saved per
+    // rank by save_checkpoint, ShardedCheckpoint below).
     EXPECT_EQ((*l)->set_shard_mode(ShardMode::kNone).code(), absl::StatusCode::kFailedPrecondition);
     absl::Status save = (*l)->backend().save_optimizer_state("/tmp/zero_unused_state.safetensors");
     EXPECT_EQ(save.code(), absl::StatusCode::kFailedPrecondition) << save;
-    EXPECT_NE(save.message().find("not implemented yet"), std::string::npos) << save;
+    EXPECT_NE(save.message().find("its state is saved per rank"), std::string::npos) << save;
     // Out of its group the sharded learner refuses updates instead of stepping a part.
     (*l)->set_group(nullptr);
     SftRequest sft;
@@ -862,7 +870,8 @@ TEST(ShardedLearner, BadModesAndUnsupportedUsesFailClearly) {
     sft.learning_rate = kLr;
     absl::StatusOr<SftResult> alone_update = (*l)->sft_update(sft);
     EXPECT_EQ(alone_update.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(alone_update.status().message().find("resharding is not implemented yet"),
+    EXPECT_NE(alone_update.status().message().find(
+                  "its optimizer is re-cut only when loaded from a checkpoint"),
               std::string::npos)
         << alone_update.status();
     return absl::OkStatus();
@@ -875,6 +884,266 @@ TEST(ShardedLearner, BadModesAndUnsupportedUsesFailClearly) {
   EXPECT_TRUE((*alone)->set_shard_mode(ShardMode::kGradsOptimizer).ok());
   EXPECT_EQ((*alone)->shard_layout(), nullptr);
   EXPECT_EQ((*alone)->shard_mode(), ShardMode::kGradsOptimizer);
+}
+
+// Sharded optimizer checkpoints (train/optimizer_shards.h, docs/design/sharding.md "Sharded
+// checkpoints"): a sharded group of 2 saves after the SFT request and one GRPO request, then
+// continues for two more GRPO requests. The same checkpoint is resumed as a sharded group of 2, an
+// unsharded group of 2, a sharded group of 3 and one trainer. Exact: the restored moments of every
+// rank equal the saved ranks' moments re-cut to its range, bit for bit, and a group of 2 (sharded
+// or not) continues bit for bit as the group that never stopped (2-rank sums do not depend on
+// the order). A group of 3 and one trainer sum the gradients in another order: within the
+// group-vs-one-trainer tolerances (kBf16 / kFp8) of the continued run's weight change.
+struct Resumed {
+  model::AdamW::RangeState state;           // the optimizer's range right after the restore
+  std::vector<int64_t> bounds;              // its shard layout (empty unless sharded)
+  std::vector<std::vector<float>> weights;  // after each further GRPO request
+  absl::Status status;
+};
+
+constexpr int kStepsBeforeSave = 1, kStepsAfterSave = 2;
+
+// Rank `rank` of a group loads `dir`, takes `shard`, and runs the GRPO requests after the save.
+Resumed resume(const std::string& dir, Collectives* group, ShardMode shard) {
+  Resumed out;
+  absl::StatusOr<LoadedCheckpoint> loaded = load_checkpoint(dir);
+  if (!loaded.ok()) {
+    out.status = loaded.status();
+    return out;
+  }
+  Learner& l = *loaded->learner;
+  l.set_group(group);
+  if (absl::Status s = l.set_shard_mode(shard); !s.ok()) {
+    out.status = s;
+    return out;
+  }
+  if (l.shard_layout() != nullptr) out.bounds = l.shard_layout()->bounds;
+  absl::StatusOr<model::AdamW::RangeState> state = l.backend().optimizer_range_state();
+  if (!state.ok()) {
+    out.status = state.status();
+    return out;
+  }
+  out.state = *std::move(state);
+  for (int step = kStepsBeforeSave + 1; step <= kStepsBeforeSave + kStepsAfterSave; ++step) {
+    absl::StatusOr<GrpoResult> r = l.grpo_update(grpo(1000 + step));
+    if (!r.ok()) {
+      out.status = r.status();
+      return out;
+    }
+    auto p = l.policy().params();
+    out.weights.emplace_back(p.begin(), p.end());
+  }
+  return out;
+}
+
+struct SavedRun {
+  std::vector<float> initial;
+  std::vector<int64_t> bounds;
+  std::vector<model::AdamW::RangeState> states;  // per rank, at the save
+  std::vector<std::vector<float>> weights;       // after each GRPO request following the save
+};
+
+// A sharded group of 2: SFT, kStepsBeforeSave GRPO requests, save to `dir`, kStepsAfterSave more.
+SavedRun save_and_continue(Precision training, const std::string& dir,
+                           const model::ModelConfig& config) {
+  auto groups = make_group(2, "zsave" + dir);
+  auto ranks = on_ranks(2, [&](int r) -> std::pair<SavedRun, absl::Status> {
+    SavedRun out;
+    absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init_request(training, 7, config));
+    if (!l.ok()) return {out, l.status()};
+    (*l)->set_group(groups[r].get());
+    if (absl::Status s = (*l)->set_shard_mode(ShardMode::kGradsOptimizer); !s.ok()) return {out, s};
+    auto init = (*l)->policy().params();
+    out.initial.assign(init.begin(), init.end());
+    out.bounds = (*l)->shard_layout()->bounds;
+    SftRequest sft;
+    sft.batch = random_batch(99, 7);
+    sft.learning_rate = kLr;
+    sft.minibatches = 2;
+    if (auto s = (*l)->sft_update(sft); !s.ok()) return {out, s.status()};
+    for (int step = 1; step <= kStepsBeforeSave; ++step) {
+      if (auto g = (*l)->grpo_update(grpo(1000 + step)); !g.ok()) return {out, g.status()};
+    }
+    absl::StatusOr<SavedCheckpoint> saved = save_checkpoint(**l, dir, /*include_optimizer=*/true);
+    if (!saved.ok()) return {out, saved.status()};
+    absl::StatusOr<model::AdamW::RangeState> state = (*l)->backend().optimizer_range_state();
+    if (!state.ok()) return {out, state.status()};
+    out.states.push_back(*std::move(state));
+    for (int step = kStepsBeforeSave + 1; step <= kStepsBeforeSave + kStepsAfterSave; ++step) {
+      absl::StatusOr<GrpoResult> g = (*l)->grpo_update(grpo(1000 + step));
+      if (!g.ok()) return {out, g.status()};
+      auto p = (*l)->policy().params();
+      out.weights.emplace_back(p.begin(), p.end());
+    }
+    return {out, absl::OkStatus()};
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(ranks[r].second.ok()) << "rank " << r << ": " << ranks[r].second;
+  SavedRun run = ranks[0].first;
+  if (ranks[1].first.states.size() == 1) run.states.push_back(ranks[1].first.states[0]);
+  return run;
+}
+
+// The saved ranks' moments re-cut to [begin, end).
+model::AdamW::RangeState expected_range(const SavedRun& saved, int64_t begin, int64_t end) {
+  model::AdamW::RangeState out;
+  out.step = saved.states[0].step;
+  for (size_t r = 0; r < saved.states.size(); ++r) {
+    const int64_t b = saved.bounds[r], e = saved.bounds[r + 1];
+    const int64_t from = std::max(b, begin), to = std::min(e, end);
+    if (from >= to) continue;
+    const auto& s = saved.states[r];
+    out.m.insert(out.m.end(), s.m.begin() + (from - b), s.m.begin() + (to - b));
+    out.v.insert(out.v.end(), s.v.begin() + (from - b), s.v.begin() + (to - b));
+  }
+  return out;
+}
+
+void expect_same_state(const model::AdamW::RangeState& got, const model::AdamW::RangeState& want,
+                       const std::string& what) {
+  EXPECT_EQ(got.step, want.step) << what;
+  ASSERT_EQ(got.m.size(), want.m.size()) << what;
+  ASSERT_EQ(got.v.size(), want.v.size()) << what;
+  EXPECT_EQ(0, std::memcmp(got.m.data(), want.m.data(), want.m.size() * sizeof(float))) << what;
+  EXPECT_EQ(0, std::memcmp(got.v.data(), want.v.data(), want.v.size() * sizeof(float))) << what;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/fp8rl-zckpt-", getpid(), "-", name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+class ShardedCheckpoint : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(ShardedCheckpoint, ResumesOnTwoThreeAndOneRanksAsContinuing) {
+  const Precision training = GetParam();
+  const Tolerance tol = training == Precision::kBF16 ? kBf16 : kFp8;
+  const model::ModelConfig config = odd_config();
+  const std::string dir = fresh_dir(std::string(precision_name(training)));
+  const SavedRun saved = save_and_continue(training, dir, config);
+  ASSERT_EQ(saved.states.size(), 2u);
+  ASSERT_EQ(saved.weights.size(), static_cast<size_t>(kStepsAfterSave));
+  for (const model::AdamW::RangeState& st : saved.states) {
+    // The saved moments are the steps' real ones (not the zeros a fresh optimizer holds).
+    EXPECT_TRUE(std::any_of(st.m.begin(), st.m.end(), [](float x) { return x != 0.0f; }));
+    EXPECT_TRUE(std::any_of(st.v.begin(), st.v.end(), [](float x) { return x != 0.0f; }));
+  }
+  // Each rank wrote its own file; the manifest holds the cut and the step count.
+  const int64_t P = static_cast<int64_t>(saved.initial.size());
+  absl::StatusOr<OptimizerShardManifest> manifest = read_optimizer_shard_manifest(dir, P);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->bounds, saved.bounds);
+  EXPECT_EQ(manifest->step, kSftUpdates + kGrpoUpdates * kStepsBeforeSave);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir) / kOptimizerShardsDir /
+                                        optimizer_shard_file_name(r, 2)));
+  }
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir) / kOptimizerStateFile));
+  // No staged file is left beside the folder.
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path())) {
+    EXPECT_EQ(e.path().string().find(dir + "."), std::string::npos) << e.path();
+  }
+
+  for (const auto& [size, shard] :
+       {std::pair{2, ShardMode::kGradsOptimizer}, std::pair{2, ShardMode::kNone},
+        std::pair{3, ShardMode::kGradsOptimizer}, std::pair{1, ShardMode::kNone}}) {
+    const std::string what = absl::StrCat(size, " rank(s), ", std::string(shard_mode_name(shard)));
+    SCOPED_TRACE(what);
+    auto groups =
+        make_group(size, absl::StrCat("zresume", size, std::string(shard_mode_name(shard)), dir));
+    auto resumed = on_ranks(
+        size, [&](int r) { return resume(dir, size > 1 ? groups[r].get() : nullptr, shard); });
+    for (int r = 0; r < size; ++r) {
+      ASSERT_TRUE(resumed[r].status.ok()) << "rank " << r << ": " << resumed[r].status;
+      const int64_t begin = resumed[r].bounds.empty() ? 0 : resumed[r].bounds[r];
+      const int64_t end = resumed[r].bounds.empty() ? P : resumed[r].bounds[r + 1];
+      expect_same_state(resumed[r].state, expected_range(saved, begin, end),
+                        absl::StrCat("rank ", r, " restored moments"));
+      for (size_t k = 0; k < resumed[r].weights.size(); ++k) {
+        EXPECT_EQ(resumed[r].weights[k], resumed[0].weights[k]) << "rank " << r << " step " << k;
+      }
+    }
+    if (size == 3) {
+      ASSERT_EQ(resumed[0].bounds.size(), 4u);  // re-cut for 3 ranks
+    }
+    const Resumed& got = resumed[0];
+    for (size_t k = 0; k < saved.weights.size(); ++k) {
+      if (size == 2) {
+        EXPECT_EQ(0, std::memcmp(got.weights[k].data(), saved.weights[k].data(), P * sizeof(float)))
+            << "weights after further step " << k << " differ from the run that continued";
+        continue;
+      }
+      double diff2 = 0, change2 = 0;
+      for (int64_t i = 0; i < P; ++i) {
+        const double d = static_cast<double>(got.weights[k][i]) - saved.weights[k][i];
+        const double c = static_cast<double>(saved.weights[k][i]) - saved.initial[i];
+        diff2 += d * d;
+        change2 += c * c;
+      }
+      std::printf("resumed on %s, further step %zu: ||diff|| = %.3g, change %.3g\n", what.c_str(),
+                  k, std::sqrt(diff2), std::sqrt(change2));
+      EXPECT_GT(change2, 0.0);
+      EXPECT_LE(std::sqrt(diff2), tol.weight_change * std::sqrt(change2)) << "step " << k;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, ShardedCheckpoint,
+                         ::testing::Values(Precision::kFP8, Precision::kBF16),
+                         [](const auto& info) { return std::string(precision_name(info.param)); });
+
+// Damaged or mismatched shards fail the restore (set_shard_mode, as the trainer's LoadCheckpoint
+// runs it) naming the file: INVALID_ARGUMENT, NOT_FOUND for a missing one; a manifest for another
+// model fails the load.
+TEST(ShardedCheckpoint, TruncatedCorruptMissingAndMismatchedShardsFailClearly) {
+  const std::string dir = fresh_dir("damaged");
+  const SavedRun saved = save_and_continue(Precision::kBF16, dir, odd_config());
+  ASSERT_EQ(saved.states.size(), 2u);
+  const std::filesystem::path shards = std::filesystem::path(dir) / kOptimizerShardsDir;
+  const std::string file1 = (shards / optimizer_shard_file_name(1, 2)).string();
+  const std::string manifest_path = (shards / kOptimizerShardsManifest).string();
+  const std::string original = read_text_file(file1).value();
+  const std::string manifest_text = read_text_file(manifest_path).value();
+  // Restores on one trainer (it reads every shard) and returns the status.
+  auto restore = [&]() -> absl::Status {
+    absl::StatusOr<LoadedCheckpoint> loaded = load_checkpoint(dir);
+    if (!loaded.ok()) return loaded.status();
+    return loaded->learner->set_shard_mode(ShardMode::kNone);
+  };
+  ASSERT_TRUE(restore().ok());
+  auto expect_error = [&](const std::string& what, const std::string& needle,
+                          absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
+    const absl::Status s = restore();
+    EXPECT_EQ(s.code(), code) << what << ": " << s;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << what << ": " << s;
+  };
+  // Truncated: the last 100 bytes of rank 1's file are gone.
+  ASSERT_TRUE(write_file_atomic(file1, original.substr(0, original.size() - 100)).ok());
+  expect_error("truncated", file1);
+  // One byte of the data changed: the hash differs.
+  std::string flipped = original;
+  flipped[flipped.size() - 5] = static_cast<char>(flipped[flipped.size() - 5] ^ 0x10);
+  ASSERT_TRUE(write_file_atomic(file1, flipped).ok());
+  expect_error("corrupt", "corrupt file");
+  // Missing.
+  std::filesystem::remove(file1);
+  expect_error("missing", file1, absl::StatusCode::kNotFound);
+  ASSERT_TRUE(write_file_atomic(file1, original).ok());
+  ASSERT_TRUE(restore().ok());
+  // A manifest whose cut does not match the files.
+  nlohmann::json m = nlohmann::json::parse(manifest_text);
+  m["bounds"][1] = m["bounds"][1].get<int64_t>() + 128;
+  ASSERT_TRUE(write_file_atomic(manifest_path, m.dump()).ok());
+  expect_error("moved cut", "the manifest says");
+  // A manifest for another parameter count fails the load itself.
+  m = nlohmann::json::parse(manifest_text);
+  m["num_params"] = m["num_params"].get<int64_t>() + 1;
+  ASSERT_TRUE(write_file_atomic(manifest_path, m.dump()).ok());
+  expect_error("other model", "num_params");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

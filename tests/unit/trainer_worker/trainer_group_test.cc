@@ -3,9 +3,12 @@
 // the same InitPolicy / TrainStep / Publish sent to every rank against one Trainer alone; the
 // worker registry's group selection; JoinGroup's argument errors.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <barrier>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "common/service/grpc_server.h"
@@ -92,6 +95,18 @@ TEST(TrainerGroupJoin, JoinGroupRejectsBadArguments) {
   EXPECT_NE(s.message().find("--device: must be cpu, cuda or cuda:<index>, got 'tpu'"),
             std::string::npos)
       << s;
+  // The shard mode the coordinator sends (the job's trainer.shard) is checked first, naming it.
+  r.set_shard("zero2");
+  s = trainer.join_group(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("shard: must be none, grads_optimizer or params, got 'zero2'"),
+            std::string::npos)
+      << s;
+  r.set_shard("params");
+  s = trainer.join_group(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("shard: 'params' (ZeRO-3) is not implemented yet"), std::string::npos)
+      << s;
   // Size 1 leaves any group and needs nothing else.
   v1::JoinGroupRequest alone;
   alone.set_size(1);
@@ -177,9 +192,12 @@ TEST_P(TrainerGroup, TwoTrainersTakeTheSingleTrainersStep) {
   EXPECT_LE(std::sqrt(diff2 / norm2), 1e-5);
 }
 
-// --shard grads_optimizer (docs/design/sharding.md): a pair of sharded trainers takes the same
-// GRPO step and publish as an unsharded pair, bit for bit (2 ranks: the reduce-scatter's sum
-// equals the all-reduce's), with each learner holding its own shard.
+// trainer.shard grads_optimizer (docs/design/sharding.md), sent in JoinGroupRequest.shard: a pair
+// of sharded trainers takes the same GRPO steps as an unsharded pair, bit for bit (2 ranks: the
+// reduce-scatter's sum equals the all-reduce's), with each learner holding its own shard. Both
+// pairs then checkpoint (the sharded pair on both ranks, each writing its optimizer shard; the
+// unsharded pair on rank 0, as the coordinator calls them), load the checkpoint on both ranks
+// and take one more step: still bit for bit equal, so each sharded rank restored its moments.
 TEST(TrainerGroup, ShardedPairEqualsUnshardedPair) {
   const v1::InitPolicyRequest init =
       init_request(v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_FP8, false, 1e-3);
@@ -195,10 +213,10 @@ TEST(TrainerGroup, ShardedPairEqualsUnshardedPair) {
       o.worker_id = absl::StrCat(group_id, "-", r);
       o.coordinator_address = rv.address;
       o.allreduce_bucket_bytes = 4096;
-      o.shard = shard;
       trainers.push_back(std::make_unique<Trainer>(o, &publishers[first + r]));
     }
     std::vector<absl::StatusOr<v1::TrainStepResponse>> got(2, absl::UnknownError("not run"));
+    std::barrier ready(2);
     std::vector<std::thread> threads;
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, r] {
@@ -207,11 +225,34 @@ TEST(TrainerGroup, ShardedPairEqualsUnshardedPair) {
         join.set_rank(r);
         join.set_size(2);
         join.set_timeout_ms(20000);
+        join.set_shard(std::string(train::shard_mode_name(shard)));
         absl::StatusOr<v1::JoinGroupResponse> joined = trainers[r]->join_group(join);
         ASSERT_TRUE(joined.ok()) << joined.status();
         ASSERT_TRUE(trainers[r]->init_policy(init).ok());
         got[r] = trainers[r]->train_step(step);
         if (got[r].ok()) got[r] = trainers[r]->train_step(random_step(13, 6));
+        // Every rank reaches both barriers whatever fails (a failure is recorded in got[r]).
+        v1::SaveCheckpointRequest save;
+        save.set_path(absl::StrCat(::testing::TempDir(), "/fp8rl-", group_id, "-", getpid()));
+        save.set_include_optimizer(true);
+        if (got[r].ok() && (r == 0 || shard != train::ShardMode::kNone)) {
+          absl::StatusOr<v1::SaveCheckpointResponse> saved = trainers[r]->save_checkpoint(save);
+          if (!saved.ok()) got[r] = saved.status();
+        }
+        ready.arrive_and_wait();  // rank 0 of the unsharded pair wrote the folder
+        if (got[r].ok()) {
+          v1::LoadCheckpointRequest load;
+          load.set_path(save.path());
+          absl::StatusOr<v1::LoadCheckpointResponse> loaded = trainers[r]->load_checkpoint(load);
+          if (!loaded.ok()) {
+            got[r] = loaded.status();
+          } else {
+            EXPECT_TRUE(loaded->optimizer_restored());
+            got[r] = trainers[r]->train_step(random_step(14, 6));
+          }
+        }
+        ready.arrive_and_wait();  // both loaded before the folder goes
+        if (r == 0) std::filesystem::remove_all(save.path());
       });
     }
     for (std::thread& t : threads) t.join();

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""System test: a trainer group of 2 under `trainer.shard: grads_optimizer` (ZeRO-2,
+docs/design/sharding.md) on one `fp8rl up --trainers 2` cluster, against the same job with
+`trainer.shard: none`. With 2 ranks the sharded update equals the unsharded one bit for bit (the
+reduce-scatter's rank-order sum a + b equals the all-reduce's b + a; the clip norm is summed in
+one trainer's order), so the two jobs must agree exactly: every metrics row's training values and
+every step's checkpointed weights, byte for byte. The sharded job's checkpoints hold one optimizer
+file per rank and a manifest (optimizer_shards/), the unsharded job's one optimizer.safetensors.
+Then a rank of a sharded group is SIGKILLed mid-job: the group forms again, each rank restores its
+optimizer shard from the last checkpoint, and the job SUCCEEDS with rows 0..N exactly once.
+
+The job keeps the settings of test_trainer_group.py (BF16 training, a short SFT warm start, no
+format reward), so what differs between the two jobs can only come from the shard mode."""
+
+import json
+import os
+import signal
+import time
+
+import system_util as su
+
+STEPS = 3
+KILL_STEPS = 40
+# Row values that measure time or payload size (the sharded group moves other bytes) or count
+# weight versions (shared by the jobs of one cluster: the second job starts above the first); the
+# rest must be equal.
+NOT_COMPARED = ("seconds", "bytes", "time", "per_s", "wait", "version")
+
+
+def submit(cluster, tag, shard, every_steps=1, steps=STEPS):
+    config = su.smoke_config(os.path.join(cluster.tmp, tag), steps=steps)
+    config["checkpoint"]["every_steps"] = every_steps
+    config["trainer"] = {"data_parallel": 2, "shard": shard}
+    config["precision"]["training"] = "bf16"
+    config["sft"]["steps"] = 5
+    config["task"]["format_reward"] = 0.0
+    status, reply = su.http("POST", f"{cluster.rest}/v1/jobs", config)
+    su.check(status == 201, f"POST /v1/jobs ({shard}): {status} {reply}")
+    return reply["id"], config
+
+
+def rows(cluster, job_id, total=STEPS):
+    status, metrics = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}/metrics")
+    su.check(status == 200, f"metrics: {status}")
+    steps = [r["step"] for r in metrics["steps"]]
+    su.check(steps == list(range(total + 1)), f"metrics rows {steps}")
+    return {r["step"]: r["metrics"] for r in metrics["steps"]}
+
+
+def checkpoint_dir(config, job_id, step):
+    return os.path.join(config["checkpoint"]["dir"], job_id, f"step-{step}")
+
+
+def run_job(cluster, shard):
+    job_id, config = submit(cluster, f"shard-{shard}", shard)
+    job = su.wait_job(cluster, job_id, timeout=300)
+    su.check(job["state"] == "SUCCEEDED",
+             f"trainer.shard {shard}: job ended {job['state']}: {job.get('error')}")
+    return job_id, config, rows(cluster, job_id)
+
+
+def read_pids(cluster):
+    with open(os.path.join(cluster.data_dir, "cluster.json")) as f:
+        return {s["name"]: s["pid"] for s in json.load(f)["services"]}
+
+
+def body(clusters):
+    su.require_binaries()
+    cluster = su.Cluster(workers=2, trainers=2)
+    clusters.append(cluster)
+    cluster.wait_up(timeout=180)
+
+    # A mode the trainers do not implement is refused at submit, naming the key.
+    config = su.smoke_config(os.path.join(cluster.tmp, "bad"))
+    config["trainer"] = {"data_parallel": 2, "shard": "params"}
+    status, reply = su.http("POST", f"{cluster.rest}/v1/jobs", config)
+    su.check(status == 400 and "trainer.shard" in json.dumps(reply),
+             f"shard params: {status} {reply}")
+
+    plain_id, plain_config, plain_rows = run_job(cluster, "none")
+    shard_id, shard_config, shard_rows = run_job(cluster, "grads_optimizer")
+    compared = 0
+    for step in range(STEPS + 1):
+        a, b = plain_rows[step], shard_rows[step]
+        for key, value in a.items():
+            if any(word in key for word in NOT_COMPARED) or not isinstance(value, (int, float)):
+                continue
+            su.check(key in b, f"step {step}: the sharded row lacks {key}")
+            su.check(b[key] == value, f"step {step} {key}: sharded {b[key]} vs unsharded {value}")
+            compared += 1
+    su.check(all(k in shard_rows[1] for k in ("loss", "grad_norm", "train_tokens")),
+             f"rows lack training values: {sorted(shard_rows[1])}")
+    su.log(f"  {compared} row values equal across {STEPS + 1} rows")
+    for step in range(1, STEPS + 1):
+        plain_dir = checkpoint_dir(plain_config, plain_id, step)
+        shard_dir = checkpoint_dir(shard_config, shard_id, step)
+        with open(os.path.join(plain_dir, "model.safetensors"), "rb") as f:
+            plain_weights = f.read()
+        with open(os.path.join(shard_dir, "model.safetensors"), "rb") as f:
+            shard_weights = f.read()
+        su.check(plain_weights == shard_weights,
+                 f"step {step}: checkpointed weights differ between the shard modes")
+        su.check(os.path.exists(os.path.join(plain_dir, "optimizer.safetensors")),
+                 f"step {step}: unsharded checkpoint lacks optimizer.safetensors")
+        shards = os.path.join(shard_dir, "optimizer_shards")
+        names = sorted(os.listdir(shards))
+        su.check(names == ["manifest.json", "rank-0-of-2.safetensors", "rank-1-of-2.safetensors"],
+                 f"step {step}: optimizer_shards holds {names}")
+        with open(os.path.join(shards, "manifest.json")) as f:
+            manifest = json.load(f)
+        su.check(manifest["ranks"] == 2 and manifest["bounds"][0] == 0
+                 and 0 < manifest["bounds"][1] < manifest["bounds"][2],
+                 f"step {step}: manifest {manifest}")
+    su.log(f"  checkpoints of steps 1..{STEPS}: weights byte-identical, optimizer in 2 shards")
+
+    # A rank of the sharded group dies mid-job: the job resumes from its sharded checkpoint.
+    job_id, _ = submit(cluster, "shard-kill", "grads_optimizer", every_steps=5, steps=KILL_STEPS)
+    deadline = time.time() + 200
+    killed = None
+    while time.time() < deadline and killed is None:
+        status, job = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}")
+        su.check(job["state"] in ("QUEUED", "RUNNING"), f"job ended early: {job}")
+        if job["step"] >= 12:
+            killed = read_pids(cluster)["trainer-1"]
+            os.kill(killed, signal.SIGKILL)
+            su.log(f"  SIGKILL trainer-1 (pid {killed}) at step {job['step']}")
+        time.sleep(0.2)
+    su.check(killed is not None, "job never reached step 12")
+    job = su.wait_job(cluster, job_id, timeout=300)
+    su.check(job["state"] == "SUCCEEDED",
+             f"job ended {job['state']} after a sharded rank was killed: {job.get('error')}")
+    rows(cluster, job_id, KILL_STEPS)
+    su.check("resuming job after trainer loss" in cluster.log_of("coordinator"),
+             "coordinator log does not show the resume after losing a rank")
+    cluster.stop()
+
+
+if __name__ == "__main__":
+    su.main_guard(body)
