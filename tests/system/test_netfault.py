@@ -12,9 +12,11 @@ in its first steps:
 then the link is healed. The jobs must SUCCEED: losing one of two generation workers is a fault
 the coordinator handles (it hands the worker's samples to the other one), so FAILED would be a
 bug. Checked: rows 0..N exactly once, equal to the reference's (test_chaos.py's comparison);
-while partitioned the coordinator gives the stuck call up within the expiry (+ slack) and says
-so in one log line, and counts it (fp8rl_rl_redispatched_requests_total); no job outlives its
-bound; after the heal worker 1 registers again and serves a job's calls.
+while partitioned the coordinator expires worker 1 within the expiry (+ slack), says so in one
+log line (`worker expired`) and shows it in fp8rl_coordinator_live_workers; no step waits longer
+than the expiry plus the generation deadline; after the heal worker 1 registers again, takes new
+weight versions again and serves a job's calls (the job after the heal would otherwise wait the
+60 s sync wait at every step).
 
 Needs root, iproute2 and nftables (skips with a message otherwise). The namespace, the veth pair
 and worker 1 are removed on every exit path; a run killed outright leaves them to the next run,
@@ -254,7 +256,9 @@ def body(clusters):
         worker_log = cluster.log_of("generation-worker-1")
         su.log(f"  worker 1 calls: {served_clean:.0f} in the reference, {served_before:.0f} "
                f"before the last job, {served_after:.0f} after; re-registrations logged: "
-               f"{worker_log.count('registering again')}")
+               f"{worker_log.count('registering again')}; subscribe streams stalled / ended: "
+               f"{worker_log.count('subscribe stream stalled')} / "
+               f"{worker_log.count('subscribe stream ended')}")
         cluster.stop()
         su.log(f"seed {seed}")
 
