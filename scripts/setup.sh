@@ -21,6 +21,7 @@ PACKAGES=(
   python3-grpcio python3-grpc-tools python3-protobuf
   chromium python3-websocket fonts-dejavu-core
   openssl  # scripts/make_certs.sh: test certificates for the TLS tests
+  iproute2 nftables  # system.netfault: namespaces, tc, packet loss and partitions
 )
 
 # FP8RL_SETUP_BUILD_ONLY=1 (the Docker builder stage): only what configuring and compiling fp8rl
@@ -28,7 +29,7 @@ PACKAGES=(
 if [ -n "${FP8RL_SETUP_BUILD_ONLY:-}" ]; then
   build_only=()
   for p in "${PACKAGES[@]}"; do
-    case "$p" in python3-*|curl|prometheus|docker-compose|iperf3|clang|libclang-rt-dev|clang-format|clang-tidy|llvm|chromium|fonts-*|openssl) ;; *) build_only+=("$p") ;; esac
+    case "$p" in python3-*|curl|prometheus|docker-compose|iperf3|clang|libclang-rt-dev|clang-format|clang-tidy|llvm|chromium|fonts-*|openssl|iproute2|nftables) ;; *) build_only+=("$p") ;; esac
   done
   PACKAGES=("${build_only[@]}")
 fi

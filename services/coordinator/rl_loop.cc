@@ -208,7 +208,12 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch_counted(
         call.abandoned = true;
         ++state->stats.failed_calls;  // a request given up and re-dispatched
         state->failed_workers.insert(call.worker_id);
-        state->stats.redispatched_samples += state->requeue_locked(call);
+        const int64_t requeued = state->requeue_locked(call);
+        state->stats.redispatched_samples += requeued;
+        fp8rl::service::log_warn(kLog, "generation worker expired; re-dispatching its call",
+                                 {{"worker", call.worker_id},
+                                  {"request", absl::StrCat(request_prefix, "-c", id)},
+                                  {"samples", absl::StrCat(requeued)}});
       }
     }
     if (state->results.size() != results_seen) {

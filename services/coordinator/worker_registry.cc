@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/service/log.h"
 
 namespace fp8rl::coordinator {
 
@@ -93,8 +94,17 @@ std::optional<WorkerInfo> WorkerRegistry::find(const std::string& id) {
 }
 
 void WorkerRegistry::prune_locked(int64_t now) {
-  std::erase_if(workers_,
-                [&](const auto& entry) { return now - entry.second.last_seen_ms > expiry_ms_; });
+  std::erase_if(workers_, [&](const auto& entry) {
+    const WorkerInfo& info = entry.second;
+    if (now - info.last_seen_ms <= expiry_ms_) return false;
+    // One line per expiry: the only sign of a hung or cut-off worker whose sockets stay open.
+    service::log_warn("registry", "worker expired: no heartbeat within the expiry",
+                      {{"worker", info.id},
+                       {"kind", std::string(worker_kind_name(info.kind))},
+                       {"address", info.address},
+                       {"silent_ms", absl::StrCat(now - info.last_seen_ms)}});
+    return true;
+  });
 }
 
 std::vector<WorkerInfo> WorkerRegistry::trainer_group(int size) {

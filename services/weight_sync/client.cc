@@ -205,20 +205,22 @@ void WeightSubscriber::run() {
 }
 
 void WeightSubscriber::watch_upstream(grpc::ClientContext* context,
-                                      v1::WeightSyncService::Stub* upstream,
+                                      v1::WeightSyncService::Stub* upstream, bool direct,
                                       const std::atomic<int64_t>* read_since_ns,
                                       const std::atomic<bool>* done, std::atomic<bool>* stalled) {
   using std::chrono::steady_clock;
   const auto step = std::max(std::chrono::milliseconds(10), options_.relay_stall_timeout / 4);
   const int64_t limit_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(options_.relay_stall_timeout).count();
-  // The newest version `stub` knows of, stored or arriving (nullopt: no answer in time).
+  // The newest version `stub` knows of, stored or arriving (nullopt: no answer in time). Weight
+  // sync itself owes a direct subscriber only a stored version.
   auto newest = [&](v1::WeightSyncService::Stub* stub) -> std::optional<int64_t> {
     grpc::ClientContext c;
     c.set_deadline(std::chrono::system_clock::now() +
                    std::min(options_.ack_timeout, options_.relay_stall_timeout));
     v1::WeightSyncStatus status;
     if (!stub->GetStatus(&c, v1::GetWeightSyncStatusRequest(), &status).ok()) return std::nullopt;
+    if (direct) return status.latest_version();
     return std::max(status.latest_version(), status.arriving_version());
   };
   int64_t owed_since_ns = 0;  // since when the upstream has owed this worker a version
@@ -236,7 +238,7 @@ void WeightSubscriber::watch_upstream(grpc::ClientContext* context,
     // A relay that does not answer owes one if weight sync has one.
     const int64_t have = std::max(held_version(), seen_version_.load());
     std::optional<int64_t> relay = newest(upstream);
-    if (!relay) relay = newest(stub_.get());
+    if (!relay && !direct) relay = newest(stub_.get());
     if (!relay || *relay <= have) {
       owed_since_ns = 0;
       continue;
@@ -287,11 +289,14 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
   // began (steady clock ns; 0 while not reading).
   std::atomic<int64_t> read_since_ns{0};
   std::atomic<bool> watch_done{false}, stalled{false};
-  std::thread watcher;
-  if (upstream != nullptr) {
-    watcher = std::thread(
-        [&] { watch_upstream(&context, upstream, &read_since_ns, &watch_done, &stalled); });
-  }
+  // A stream straight to weight sync is watched the same way: after a network partition the
+  // stream can be dead without this end knowing (the server gave the connection up while no
+  // packet got through, and a subscriber only reads), and nothing else would ever end it.
+  const bool direct = upstream == nullptr;
+  std::thread watcher([&] {
+    watch_upstream(&context, direct ? stub_.get() : upstream, direct, &read_since_ns, &watch_done,
+                   &stalled);
+  });
   VersionTap* const tap = options_.tap;
   bool tapping = false;  // the tap has a version begun and not ended
   auto tap_end = [&](bool complete) {
@@ -501,8 +506,13 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
   tap_end(false);  // a version cut off by the end of the stream
   watch_done.store(true);
   cv_.notify_all();
-  if (watcher.joinable()) watcher.join();
-  if (stalled.load()) {
+  watcher.join();
+  if (stalled.load() && direct) {
+    service::log_warn(kComponent,
+                      "subscribe stream stalled: weight sync holds a newer version and sent "
+                      "nothing; reconnecting",
+                      {{"worker", options_.worker_id}});
+  } else if (stalled.load()) {
     service::log_warn(
         kComponent, "upstream relay stalled, leaving it",
         {{"worker", options_.worker_id}, {"upstream", upstream_.upstream_worker_id()}});

@@ -71,7 +71,9 @@ struct SubscriberOptions {
   // to an upstream relay; acks still go to weight sync.
   std::string relay_address;
   // An upstream relay that holds or receives a version newer than any this worker received, and
-  // sends nothing for this long, is left as stalled (and reported to weight sync).
+  // sends nothing for this long, is left as stalled (and reported to weight sync). A stream to
+  // weight sync itself is cancelled and opened again when weight sync has stored such a version
+  // and sent nothing for this long (a stream left dead by a network partition).
   std::chrono::milliseconds relay_stall_timeout{10000};
   // Sees every version as it lands (the worker's relay); not owned, must outlive the subscriber.
   VersionTap* tap = nullptr;
@@ -150,10 +152,11 @@ class WeightSubscriber {
   // While a stream to an upstream relay is open: cancels it once the relay has owed this worker a
   // version (its GetStatus shows one, stored or arriving, newer than any received whole here;
   // when it does not answer, weight sync's does) for relay_stall_timeout of waiting in Read
-  // (*read_since_ns: when the current Read began, 0 while not reading).
+  // (*read_since_ns: when the current Read began, 0 while not reading). `direct`: the stream goes
+  // to weight sync itself (`upstream` is its stub), which owes only stored versions.
   void watch_upstream(grpc::ClientContext* context, v1::WeightSyncService::Stub* upstream,
-                      const std::atomic<int64_t>* read_since_ns, const std::atomic<bool>* done,
-                      std::atomic<bool>* stalled);
+                      bool direct, const std::atomic<int64_t>* read_since_ns,
+                      const std::atomic<bool>* done, std::atomic<bool>* stalled);
   void deliver(AssembledVersion version);
   // deliver() of a version received in place into `payload`.
   void deliver_in_place(const v1::VersionManifest& manifest, std::span<const char> payload);
