@@ -59,13 +59,13 @@ class LocalCluster:
 
         self.specs = {
             "weight-sync": ["fp8rl-weight-sync"] + common("weight-sync", host) +
-            ["--grpc-port", str(50052 + o), "--metrics-port", str(9402 + o),
+            ["--grpc-port", str(50052 + o), "--http-port", str(9402 + o),
              "--coordinator", coordinator],
             "coordinator": ["fp8rl-coordinator"] + common("coordinator", host) +
             ["--grpc-port", str(50051 + o), "--http-port", str(8080 + o), "--data-root", self.tmp,
              "--generate-deadline-seconds", str(GENERATE_DEADLINE_S)],
             "trainer": ["fp8rl-trainer-worker"] + common("trainer", host) +
-            ["--grpc-port", str(50053 + o), "--metrics-port", str(9403 + o),
+            ["--grpc-port", str(50053 + o), "--http-port", str(9403 + o),
              "--coordinator", coordinator, "--weight-sync", weight_sync,
              "--data-root", self.tmp, "--models-root", su.SOURCE_DIR],
         }
@@ -73,7 +73,7 @@ class LocalCluster:
             self.specs[f"generation-worker-{i}"] = (
                 ["fp8rl-generation-worker", "--listen-host", listen, "--advertise-host", listen,
                  "--log-level", "info", "--grpc-port", str(50061 + i + o),
-                 "--metrics-port", str(9461 + i + o), "--coordinator", coordinator,
+                 "--http-port", str(9461 + i + o), "--coordinator", coordinator,
                  "--weight-sync", weight_sync, "--worker-id", f"generation-worker-{i}"])
         self.health = {"weight-sync": (host, 9402 + o), "coordinator": (host, 8080 + o),
                        "trainer": (host, 9403 + o), "generation-worker-0": (host, 9461 + o),
