@@ -116,6 +116,11 @@ class FlagTable {
   };
 
   FlagTable& add(Flag flag);
+  // add_int and add_uint: parse as Wide in [lo, hi], store as T; type_text "<word> in [lo, hi]".
+  template <typename Wide, typename T>
+  FlagTable& add_integral(std::string name, T* target, Wide lo, Wide hi, std::string help,
+                          FlagType type, std::string_view word,
+                          absl::Status (*parse)(const std::string&, Wide, Wide, Wide*));
   const Flag* find(std::string_view name) const;
   const Alias* find_alias(std::string_view old_name) const;
   static absl::Status parse_int64(const std::string& value, int64_t lo, int64_t hi, int64_t* out);
@@ -136,19 +141,19 @@ std::string flag_name(std::string_view name);
 
 // ---- templates ----
 
-template <typename T>
-requires std::is_integral_v<T> FlagTable& FlagTable::add_int(std::string name, T* target,
-                                                             int64_t lo, int64_t hi,
-                                                             std::string help) {
+template <typename Wide, typename T>
+FlagTable& FlagTable::add_integral(std::string name, T* target, Wide lo, Wide hi, std::string help,
+                                   FlagType type, std::string_view word,
+                                   absl::Status (*parse)(const std::string&, Wide, Wide, Wide*)) {
   Flag f;
   f.name = std::move(name);
-  f.type = FlagType::kInt;
-  f.type_text = "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  f.type = type;
+  f.type_text = std::string(word) + " in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   f.default_text = std::to_string(*target);
   f.help = std::move(help);
-  f.set = [target, lo, hi](const std::string& value) {
-    int64_t v = 0;
-    if (absl::Status s = parse_int64(value, lo, hi, &v); !s.ok()) return s;
+  f.set = [target, lo, hi, parse](const std::string& value) {
+    Wide v = 0;
+    if (absl::Status s = parse(value, lo, hi, &v); !s.ok()) return s;
     *target = static_cast<T>(v);
     return absl::OkStatus();
   };
@@ -156,22 +161,19 @@ requires std::is_integral_v<T> FlagTable& FlagTable::add_int(std::string name, T
 }
 
 template <typename T>
+requires std::is_integral_v<T> FlagTable& FlagTable::add_int(std::string name, T* target,
+                                                             int64_t lo, int64_t hi,
+                                                             std::string help) {
+  return add_integral<int64_t>(std::move(name), target, lo, hi, std::move(help), FlagType::kInt,
+                               "INT", &parse_int64);
+}
+
+template <typename T>
 requires std::is_integral_v<T> FlagTable& FlagTable::add_uint(std::string name, T* target,
                                                               uint64_t lo, uint64_t hi,
                                                               std::string help) {
-  Flag f;
-  f.name = std::move(name);
-  f.type = FlagType::kUint;
-  f.type_text = "UINT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  f.default_text = std::to_string(*target);
-  f.help = std::move(help);
-  f.set = [target, lo, hi](const std::string& value) {
-    uint64_t v = 0;
-    if (absl::Status s = parse_uint64(value, lo, hi, &v); !s.ok()) return s;
-    *target = static_cast<T>(v);
-    return absl::OkStatus();
-  };
-  return add(std::move(f));
+  return add_integral<uint64_t>(std::move(name), target, lo, hi, std::move(help), FlagType::kUint,
+                                "UINT", &parse_uint64);
 }
 
 template <typename Rep, typename Period>

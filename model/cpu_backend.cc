@@ -88,16 +88,7 @@ class CpuBackend final : public InferenceBackend {
   absl::Status forward_sample(const std::vector<BackendSegment>& segments,
                               const std::vector<SampleSpec>& spec,
                               std::vector<SampledToken>* out) override {
-    if (spec.size() != segments.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "forward_sample: ", spec.size(), " sample specs for ", segments.size(), " segments"));
-    }
-    for (size_t i = 0; i < spec.size(); ++i) {
-      if (spec[i].params == nullptr || spec[i].rng == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("forward_sample: spec ", i, " lacks params or rng"));
-      }
-    }
+    if (auto s = check_sample_specs(segments, spec); !s.ok()) return s;
     const int64_t vocab = config().vocab_size;
     logits_.resize(segments.size() * vocab);
     if (auto s = forward(segments, logits_.data()); !s.ok()) return s;

@@ -60,6 +60,21 @@ int64_t kv_block_bytes(const ModelConfig& config, KvCacheDtype dtype, int64_t bl
   return 2 * config.num_hidden_layers * block_tokens * config.kv_dim() * elem;
 }
 
+absl::Status check_sample_specs(const std::vector<BackendSegment>& segments,
+                                const std::vector<SampleSpec>& spec) {
+  if (spec.size() != segments.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward_sample: ", spec.size(), " sample specs for ", segments.size(), " segments"));
+  }
+  for (size_t i = 0; i < spec.size(); ++i) {
+    if (spec[i].params == nullptr || spec[i].rng == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward_sample: spec ", i, " lacks params or rng"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status check_backend_options(const BackendOptions& options) {
   if (options.memory_budget_bytes < 0) {
     return absl::InvalidArgumentError(

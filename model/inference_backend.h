@@ -163,6 +163,10 @@ class KvBlockPool {
 int64_t kv_block_bytes(const ModelConfig& config, KvCacheDtype dtype, int64_t block_tokens);
 // InvalidArgument naming the field for a negative budget, block size < 1, max_step_tokens < 1.
 absl::Status check_backend_options(const BackendOptions& options);
+// forward_sample's argument check, shared by every backend: one spec per segment (InvalidArgument
+// "forward_sample: N sample specs for M segments"), each with params and rng ("spec i lacks ...").
+absl::Status check_sample_specs(const std::vector<BackendSegment>& segments,
+                                const std::vector<SampleSpec>& spec);
 
 // The CPU backend over `model` (shared with the caller; it must be a KV-cache capable model).
 absl::StatusOr<std::unique_ptr<InferenceBackend>> make_cpu_backend(

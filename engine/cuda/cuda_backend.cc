@@ -677,16 +677,7 @@ absl::Status CudaBackendImpl::forward_layers(const std::vector<model::BackendSeg
 absl::Status CudaBackendImpl::forward_sample(const std::vector<model::BackendSegment>& segments,
                                              const std::vector<model::SampleSpec>& spec,
                                              std::vector<model::SampledToken>* out) {
-  if (spec.size() != segments.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "forward_sample: ", spec.size(), " sample specs for ", segments.size(), " segments"));
-  }
-  for (size_t i = 0; i < spec.size(); ++i) {
-    if (spec[i].params == nullptr || spec[i].rng == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("forward_sample: spec ", i, " lacks params or rng"));
-    }
-  }
+  if (auto s = model::check_sample_specs(segments, spec); !s.ok()) return s;
   out->resize(segments.size());
   if (segments.empty()) return absl::OkStatus();
   auto t = run_step(segments, OutputRows::kLastOfSegment, nullptr);

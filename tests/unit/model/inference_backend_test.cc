@@ -259,6 +259,10 @@ TEST(CpuBackend, BadInputGetsClearErrors) {
   std::vector<SampledToken> out;
   s = be.forward_sample({{kv->get(), &tok, 1, 0}}, {}, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "forward_sample: 0 sample specs for 1 segments");
+  SamplingParams params;
+  s = be.forward_sample({{kv->get(), &tok, 1, 0}}, {{&params, nullptr}}, &out);
+  EXPECT_EQ(s.message(), "forward_sample: spec 0 lacks params or rng");
   auto bigger =
       Model::Init(testing::make_config(kVocab + 1, 128, 256, 2, 4, 2, false), model->policy(), 1);
   EXPECT_EQ(be.set_model(std::shared_ptr<const Model>(*std::move(bigger))).code(),
