@@ -33,9 +33,16 @@ enum class OutDtype { kF32, kBF16 };  // kBF16: every output rounded to bf16 (ke
 absl::Status gemm_fp8(const Fp8Matrix& a, const Fp8Matrix& b, float* y,
                       OutDtype out = OutDtype::kF32, bool accumulate = false);
 
-// Plain fp32 reference: y[M,N] = a[M,K] . b[N,K]^T (+ y when accumulate), through BLAS sgemm
-// (OpenBLAS's own threads). Preconditions: 0 <= M, N, K < 2^31; K == 0 gives zeros.
+// Plain fp32 reference: y[M,N] = a[M,K] . b[N,K]^T (+ y when accumulate), through BLAS sgemm on
+// one BLAS thread. Preconditions: 0 <= M, N, K < 2^31; K == 0 gives zeros.
 void gemm_f32(const float* a, const float* b, float* y, int64_t m, int64_t n, int64_t k,
               bool accumulate = false);
+
+// Sets OpenBLAS to one thread when it is not (every GEMM above calls it first; so does
+// model/linear.cc before its own BLAS calls). Two reasons: OpenBLAS's value for an output element
+// can depend on how many threads split the matrix (edge micro-tiles sum in another order), so a
+// GEMM would give other bits in a process, or a part of one, that ran with another count -- the
+// sampler and the learner must not; and our thread pool already splits large GEMMs by rows.
+void use_single_threaded_blas();
 
 }  // namespace fp8rl::kernels

@@ -3,8 +3,6 @@
 
 #include <cblas.h>
 
-#include <mutex>
-
 #include "common/parallel.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
@@ -13,13 +11,11 @@
 namespace fp8rl::model {
 namespace {
 
-// BLAS runs single-threaded inside our own pool: OpenBLAS's threads spin-wait, which costs more
-// than the GEMM itself for the small matrices of decode steps on a busy 2-core machine, and the
-// pool already splits big GEMMs by rows.
-void blas_single_threaded() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
+// BLAS runs single-threaded inside our own pool (kernels/gemm.h use_single_threaded_blas: the
+// same bits whatever the thread count; OpenBLAS's threads spin-wait, which costs more than the
+// GEMM itself for the small matrices of decode steps on a busy 2-core machine; the pool already
+// splits big GEMMs by rows).
+void blas_single_threaded() { kernels::use_single_threaded_blas(); }
 
 constexpr int64_t kRowsPerTask = 16;
 

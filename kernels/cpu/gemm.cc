@@ -179,8 +179,14 @@ void gemm_small_m(const Fp8Matrix& a, const Fp8Matrix& b, float* y, OutDtype out
 
 }  // namespace
 
+void use_single_threaded_blas() {
+  // A read is cheap; the write happens once per process (or after something else changed it).
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
 absl::Status gemm_fp8(const Fp8Matrix& a, const Fp8Matrix& b, float* y, OutDtype out,
                       bool accumulate) {
+  use_single_threaded_blas();
   FP8RL_RETURN_IF_ERROR(check_operand(a, "a"));
   FP8RL_RETURN_IF_ERROR(check_operand(b, "b"));
   if (a.cols != b.cols) {
@@ -212,6 +218,7 @@ absl::Status gemm_fp8(const Fp8Matrix& a, const Fp8Matrix& b, float* y, OutDtype
 
 void gemm_f32(const float* a, const float* b, float* y, int64_t m, int64_t n, int64_t k,
               bool accumulate) {
+  use_single_threaded_blas();
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate) std::fill(y, y + m * n, 0.0f);

@@ -3,11 +3,13 @@
 // per-K-block formula on the codes, the three training GEMMs, output options and errors.
 #include "kernels/gemm.h"
 
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -175,6 +177,31 @@ TEST(GemmFp8, TheThreeTrainingGemms) {
                        quantize(xt.data(), k, m, ScalingMode::kTile1x128), dw.data())
                   .ok());
   EXPECT_LT(calc_diff(dw, gemm_f64(dyt, xt, n, k, m)), kMaxCalcDiff);
+}
+
+// OpenBLAS's value for an output element can depend on how many of its threads split the matrix;
+// a GEMM must give the same bits whatever a caller (or an earlier library call) set, so every GEMM
+// sets OpenBLAS back to one thread first (use_single_threaded_blas).
+TEST(GemmFp8, RunsOnOneBlasThreadWhateverWasSetBefore) {
+  const int64_t m = 768, n = 384, k = 384;
+  const std::vector<float> x = random_data(m * k, 41), w = random_data(n * k, 42);
+  const Fp8Matrix qx = quantize(x.data(), m, k, ScalingMode::kTile1x128);
+  const Fp8Matrix qw = quantize(w.data(), n, k, ScalingMode::kBlock128x128);
+  std::vector<float> one(m * n), again(m * n), f32_one(m * n), f32_again(m * n);
+  openblas_set_num_threads(1);
+  ASSERT_TRUE(gemm_fp8(qx, qw, one.data()).ok());
+  gemm_f32(x.data(), w.data(), f32_one.data(), m, n, k);
+  openblas_set_num_threads(2);
+  ASSERT_TRUE(gemm_fp8(qx, qw, again.data()).ok());
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+  openblas_set_num_threads(2);
+  gemm_f32(x.data(), w.data(), f32_again.data(), m, n, k);
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+  EXPECT_EQ(0, std::memcmp(one.data(), again.data(), one.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(f32_one.data(), f32_again.data(), f32_one.size() * sizeof(float)));
+  double norm = 0;
+  for (float v : one) norm += std::fabs(v);
+  EXPECT_GT(norm, 0.0);
 }
 
 TEST(GemmFp8, AccumulateAddsIntoY) {
