@@ -365,8 +365,9 @@ absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t ver
         "export_weights: the fp32 master is sharded (trainer.shard grads_optimizer) and this "
         "format needs all of it; gather it and pass it (export_weights with whole_master)");
   }
-  return export_weights(format, version,
-                        master_sharded_ ? std::span<const float>() : std::span<const float>(params_));
+  return export_weights(
+      format, version,
+      master_sharded_ ? std::span<const float>() : std::span<const float>(params_));
 }
 
 absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t version,

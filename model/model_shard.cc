@@ -236,9 +236,9 @@ bool Model::export_needs_master(WeightFormat format) const {
   const std::vector<ParamInfo>& params = layout_.params();
   for (size_t pi = 0; pi < params.size(); ++pi) {
     const ParamInfo& p = params[pi];
-    const bool fp8_out = format == WeightFormat::kFP8 && p.kind == ParamKind::kLinear &&
-                         policy_.layer_linear(p.layer, config_.num_hidden_layers) !=
-                             Precision::kBF16;
+    const bool fp8_out =
+        format == WeightFormat::kFP8 && p.kind == ParamKind::kLinear &&
+        policy_.layer_linear(p.layer, config_.num_hidden_layers) != Precision::kBF16;
     // An FP8 output needs FP8 working codes; a bf16 output a bf16 working copy.
     if (fp8_out != fp8_working(pi)) return true;
   }

@@ -125,8 +125,8 @@ absl::StatusOr<OptimizerStepStats> AdamW::step_shard(std::span<float> params,
   const int64_t params_end = params_begin + static_cast<int64_t>(params.size());
   if (static_cast<int64_t>(grads.size()) != n || params_begin > begin_ || params_end < begin_ + n) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer: step_shard got ", grads.size(), " gradients and the parameters [",
-        params_begin, ", ", params_end, ") for the shard [", begin_, ", ", begin_ + n, ")"));
+        "optimizer: step_shard got ", grads.size(), " gradients and the parameters [", params_begin,
+        ", ", params_end, ") for the shard [", begin_, ", ", begin_ + n, ")"));
   }
   if (!std::isfinite(grad_norm)) {
     return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");

@@ -107,10 +107,10 @@ absl::StatusOr<SavedCheckpoint> save_folder(const Learner& learner,
         absl::StrCat("path: cannot create '", dir.parent_path().string(), "': ", ec.message()));
   }
   absl::StatusOr<model::WeightSet> set =
-      whole_master.empty() ? learner.backend().export_weights(model::WeightFormat::kF32,
-                                                              learner.version())
-                           : learner.backend().export_weights_with_master(
-                                 model::WeightFormat::kF32, learner.version(), whole_master);
+      whole_master.empty()
+          ? learner.backend().export_weights(model::WeightFormat::kF32, learner.version())
+          : learner.backend().export_weights_with_master(model::WeightFormat::kF32,
+                                                         learner.version(), whole_master);
   if (!set.ok()) return set.status();
   const nlohmann::ordered_json state = {
       {"format", "fp8rl-trainer-checkpoint"},

@@ -583,9 +583,9 @@ absl::StatusOr<std::vector<float>> Learner::whole_master(std::string_view what) 
   }
   if (absl::Status s = check_shard_group(); !s.ok()) return s;
   std::vector<float> whole(static_cast<size_t>(m.num_params()));
-  if (absl::Status s = group_->all_gather(m.params(), std::span<float>(whole),
-                                          shard_layout_->counts(),
-                                          absl::StrCat(std::string(what), " master all-gather"));
+  if (absl::Status s =
+          group_->all_gather(m.params(), std::span<float>(whole), shard_layout_->counts(),
+                             absl::StrCat(std::string(what), " master all-gather"));
       !s.ok()) {
     return s;
   }

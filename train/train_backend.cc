@@ -102,21 +102,21 @@ class CpuTrainBackend final : public TrainBackend {
     all.codes.resize(total[0]);
     all.scales.resize(total[1]);
     all.bf16.resize(total[2]);
-    if (absl::Status s = group.all_gather(std::span<const uint8_t>(mine->codes),
-                                          std::span<uint8_t>(all.codes), codes,
-                                          absl::StrCat(std::string(what), " (FP8 codes)"));
+    if (absl::Status s =
+            group.all_gather(std::span<const uint8_t>(mine->codes), std::span<uint8_t>(all.codes),
+                             codes, absl::StrCat(std::string(what), " (FP8 codes)"));
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = group.all_gather(std::span<const float>(mine->scales),
-                                          std::span<float>(all.scales), scales,
-                                          absl::StrCat(std::string(what), " (block scales)"));
+    if (absl::Status s =
+            group.all_gather(std::span<const float>(mine->scales), std::span<float>(all.scales),
+                             scales, absl::StrCat(std::string(what), " (block scales)"));
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = group.all_gather(std::span<const uint16_t>(mine->bf16),
-                                          std::span<uint16_t>(all.bf16), bf16,
-                                          absl::StrCat(std::string(what), " (bf16)"));
+    if (absl::Status s =
+            group.all_gather(std::span<const uint16_t>(mine->bf16), std::span<uint16_t>(all.bf16),
+                             bf16, absl::StrCat(std::string(what), " (bf16)"));
         !s.ok()) {
       return s;
     }

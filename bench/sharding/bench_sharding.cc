@@ -199,11 +199,12 @@ int main_impl(int argc, char** argv) {
   char tmpl[] = "/tmp/fp8rl-bench-sharding-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) fail("cannot create a folder under /tmp");
   const std::string dir = tmpl;
-  std::printf("%s, FP8 training, %d SFT update(s) of %lld x %lld tokens per rank, Gloo loopback, "
-              "%u cores; MiB per rank\n",
-              std::filesystem::path(config).filename().c_str(), steps,
-              static_cast<long long>(kSequencesPerRank), static_cast<long long>(kTokens),
-              std::thread::hardware_concurrency());
+  std::printf(
+      "%s, FP8 training, %d SFT update(s) of %lld x %lld tokens per rank, Gloo loopback, "
+      "%u cores; MiB per rank\n",
+      std::filesystem::path(config).filename().c_str(), steps,
+      static_cast<long long>(kSequencesPerRank), static_cast<long long>(kTokens),
+      std::thread::hardware_concurrency());
   std::printf("%-16s %5s %4s %10s %10s | %8s %8s %8s %8s %8s %8s %12s\n", "shard", "ranks", "rank",
               "rss setup", "peak step", "plan: wt", "master", "moments", "grads", "act", "total",
               "master held");
@@ -215,9 +216,9 @@ int main_impl(int argc, char** argv) {
       for (int r = 0; r < n; ++r) {
         const std::string out_path = run_dir + "/rank-" + std::to_string(r);
         const std::vector<std::string> args = {
-            "/proc/self/exe", "--config", config, "--steps", std::to_string(steps),
+            "/proc/self/exe", "--config",        config,   "--steps",         std::to_string(steps),
             "--rank",         std::to_string(r), "--size", std::to_string(n), "--store",
-            run_dir,          "--out",  out_path, "--shard", mode};
+            run_dir,          "--out",           out_path, "--shard",         mode};
         const pid_t pid = fork();
         if (pid < 0) fail("fork failed");
         if (pid == 0) {

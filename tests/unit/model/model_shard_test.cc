@@ -48,7 +48,8 @@ std::unique_ptr<Model> random_model(const ModelConfig& c, const PrecisionPolicy&
   return std::move(*m);
 }
 
-void expect_same_linear(const LinearWeight& got, const LinearWeight& want, const std::string& what) {
+void expect_same_linear(const LinearWeight& got, const LinearWeight& want,
+                        const std::string& what) {
   EXPECT_EQ(got.precision, want.precision) << what;
   EXPECT_EQ(got.q.data, want.q.data) << what;
   EXPECT_EQ(got.q.scale_inv, want.q.scale_inv) << what;
@@ -139,8 +140,7 @@ TEST(ShardedMaster, WorkingCopiesFromShardsEqualRefreshBitForBit) {
         for (int j = 0; j < 7; ++j) {
           if (c.config.sparse_layer(l) && j >= 4) continue;
           expect_same_linear(got->layer_linear(l, j), want->layer_linear(l, j),
-                             what + " layer " + std::to_string(l) + " linear " +
-                                 std::to_string(j));
+                             what + " layer " + std::to_string(l) + " linear " + std::to_string(j));
         }
       }
       expect_same_linear(got->embedding_weight(), want->embedding_weight(), what + " embedding");
@@ -168,10 +168,11 @@ TEST(ShardedMaster, KeepsItsShardAndExportsFromTheWorkingCopies) {
     expect_same_logits(*shard, *whole, c.name + ", sharded");
 
     // The training format's export needs no master; fp32 needs the gathered one.
-    const WeightFormat own = c.policy.linear == Precision::kFP8 ? WeightFormat::kFP8
-                                                                : WeightFormat::kBF16;
+    const WeightFormat own =
+        c.policy.linear == Precision::kFP8 ? WeightFormat::kFP8 : WeightFormat::kBF16;
     EXPECT_FALSE(shard->export_needs_master(own)) << c.name;
-    absl::StatusOr<WeightSet> got = shard->export_weights(own, 3), want = whole->export_weights(own, 3);
+    absl::StatusOr<WeightSet> got = shard->export_weights(own, 3),
+                              want = whole->export_weights(own, 3);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_TRUE(want.ok());
     expect_same_tensors(*got, *want, c.name + ", " + (own == WeightFormat::kFP8 ? "fp8" : "bf16"));
