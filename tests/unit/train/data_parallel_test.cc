@@ -237,6 +237,7 @@ struct RunOutcome {
   std::vector<float> k_scale;         // of the export after the last step
   std::vector<int64_t> shard_bounds;  // Learner::shard_layout (empty unless sharded)
   int64_t master_held = 0;            // fp32 master values the rank holds after the last step
+  uint64_t export_hash = 0;           // FNV-1a over the export's tensor names and bytes
   absl::Status status;
 };
 
@@ -291,6 +292,16 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
   }
   out.k_scale = (*l)->policy().kv_scales().k;
   out.master_held = std::ssize((*l)->policy().params());
+  uint64_t h = 14695981039346656037ull;
+  auto add = [&h](const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+  };
+  for (const model::NamedTensor& t : e->weights.tensors) {
+    add(t.name.data(), t.name.size());
+    add(t.bytes.data(), t.bytes.size());
+  }
+  out.export_hash = h;
   return out;
 }
 
@@ -748,6 +759,9 @@ void expect_same_run(const RunOutcome& got, const RunOutcome& want, const std::s
     EXPECT_EQ(got.grpo[step].grad_norm, want.grpo[step].grad_norm) << what << " step " << step;
   }
   EXPECT_EQ(got.k_scale, want.k_scale) << what;
+  // The FP8 payload: from the working copies (FP8 training) or from the gathered master
+  // (BF16 training quantized under the generation policy) when sharded.
+  EXPECT_EQ(got.export_hash, want.export_hash) << what;
 }
 
 class ShardedLearner : public ::testing::TestWithParam<Precision> {};
