@@ -117,8 +117,8 @@ absl::Status Model::check_has_weights(std::string_view what) const {
 }
 
 void Model::refresh() {
-  if (storage_ != Storage::kTraining)
-    return;  // no master to derive from; install() writes the working copies
+  // No master to derive from: install() or install_working() writes the working copies.
+  if (storage_ != Storage::kTraining || master_sharded_) return;
   const int64_t n_layers = config_.num_hidden_layers;
   const std::vector<ParamInfo>& params = layout_.params();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -360,10 +360,31 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromWeightView(const WeightView& v
 }
 
 absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t version) const {
+  if (master_sharded_ && export_needs_master(format)) {
+    return absl::FailedPreconditionError(
+        "export_weights: the fp32 master is sharded (trainer.shard grads_optimizer) and this "
+        "format needs all of it; gather it and pass it (export_weights with whole_master)");
+  }
+  return export_weights(
+      format, version,
+      master_sharded_ ? std::span<const float>() : std::span<const float>(params_));
+}
+
+absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t version,
+                                                std::span<const float> whole_master) const {
   if (auto s = check_has_weights("export_weights"); !s.ok()) return s;
   if (storage_ != Storage::kTraining) {
     return absl::FailedPreconditionError(
         "export_weights: an inference-only model holds no fp32 master to export");
+  }
+  const bool have_master = !whole_master.empty();
+  if (have_master && std::ssize(whole_master) != layout_.total()) {
+    return absl::InvalidArgumentError(absl::StrCat("export_weights: whole_master holds ",
+                                                   whole_master.size(), " values, the model has ",
+                                                   layout_.total()));
+  }
+  if (!have_master && export_needs_master(format)) {
+    return absl::FailedPreconditionError("export_weights: this format needs the fp32 master");
   }
   WeightSet out;
   out.version = version;
@@ -371,7 +392,7 @@ absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t ver
   const int64_t n_layers = config_.num_hidden_layers;
   for (size_t pi = 0; pi < layout_.params().size(); ++pi) {
     const ParamInfo& p = layout_.params()[pi];
-    const float* w = params_.data() + p.offset;
+    const float* w = have_master ? whole_master.data() + p.offset : nullptr;
     const bool fp8 = format == WeightFormat::kFP8 && p.kind == ParamKind::kLinear &&
                      policy_.layer_linear(p.layer, n_layers) != Precision::kBF16;
     if (fp8) {
@@ -394,8 +415,13 @@ absl::StatusOr<WeightSet> Model::export_weights(WeightFormat format, int64_t ver
            f32_bytes(q->scale_inv.data(), static_cast<int64_t>(q->scale_inv.size()))});
     } else if (format == WeightFormat::kF32) {
       out.tensors.push_back({p.name, DType::kF32, p.shape, f32_bytes(w, p.numel)});
-    } else {
+    } else if (w != nullptr) {
       out.tensors.push_back({p.name, DType::kBF16, p.shape, bf16_bytes(w, p.numel)});
+    } else {
+      // No master here: the bf16 working copy holds the bf16 rounding of it, the same bits.
+      std::vector<float> values(p.numel);
+      for (int64_t i = 0; i < p.numel; ++i) values[i] = working_bf16_value(pi, i);
+      out.tensors.push_back({p.name, DType::kBF16, p.shape, bf16_bytes(values.data(), p.numel)});
     }
   }
   for (int64_t l = 0; l < n_layers; ++l) {

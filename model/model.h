@@ -170,8 +170,12 @@ class Model {
   // Bytes of weight storage this model holds (master, working copies, operands, norms).
   int64_t weight_bytes() const;
 
-  // Tensors in checkpoint layout, with config.json and the version.
+  // Tensors in checkpoint layout, with config.json and the version. On a sharded master:
+  // FAILED_PRECONDITION when export_needs_master(format); then the overload below, with the
+  // whole master gathered by the caller (num_params() floats in layout order).
   absl::StatusOr<WeightSet> export_weights(WeightFormat format, int64_t version = 0) const;
+  absl::StatusOr<WeightSet> export_weights(WeightFormat format, int64_t version,
+                                           std::span<const float> whole_master) const;
   // Writes an HF checkpoint folder atomically.
   absl::Status save(const std::string& dir, WeightFormat format = WeightFormat::kF32) const;
 
@@ -183,7 +187,52 @@ class Model {
   std::span<float> params() { return params_; }
   std::span<const float> params() const { return params_; }
   // Re-derives every working copy (bf16 rounding, FP8 requantization with fresh block scales).
+  // Does nothing on a sharded master (shard_master): install_working() sets them there.
   void refresh();
+
+  // ZeRO-2, the fp32 master per shard (docs/design/sharding.md "ZeRO-2 in the learner"). The
+  // working copies a sharded group all-gathers travel in three streams, each in flat parameter
+  // order: E4M3 codes (FP8 linears, row-major [rows, cols]), their 128x128 block scales (row-major
+  // [ceil(rows/128), ceil(cols/128)]), and bf16 bit patterns of every other tensor (bf16 linears,
+  // embedding, lm_head, routers, norms, biases: the bf16-rounded master each working copy holds).
+  // The transposed dgrad blocks do not travel: transpose_blocks is an exact byte transpose.
+  struct WorkingStreams {
+    std::vector<uint8_t> codes;
+    std::vector<float> scales;
+    std::vector<uint16_t> bf16;
+  };
+  struct WorkingCounts {
+    int64_t codes = 0, scales = 0, bf16 = 0;
+  };
+  // Whether a shard may start or end at flat offset `at`: the end of the layout, a tensor's
+  // start, or a 128-row boundary inside a 2-D tensor (train::shard_parameters' cut points).
+  bool shard_cut_allowed(int64_t at) const;
+  // Sizes of the streams of the flat range [begin, end) (cut points as above; INVALID_ARGUMENT
+  // otherwise, naming the offset).
+  absl::StatusOr<WorkingCounts> working_counts(int64_t begin, int64_t end) const;
+  // The working copies of [begin, end) derived from the master this model holds (the whole
+  // master, or its shard: then [begin, end) must lie inside it), exactly as refresh() derives
+  // them: FP8 block rows quantized with fresh scales (codes pinned from an FP8 checkpoint are
+  // taken as they are, as refresh() keeps them), everything else rounded to bf16.
+  // FAILED_PRECONDITION under a policy with fp32 working copies (fp32 activations or linears).
+  absl::StatusOr<WorkingStreams> encode_working(int64_t begin, int64_t end) const;
+  // Sets every working copy from whole streams (every shard's encode_working concatenated in
+  // rank order, which is flat order). Bit for bit what refresh() gives from the whole master.
+  // INVALID_ARGUMENT when a stream's size does not match the layout (nothing changed then).
+  absl::Status install_working(const WorkingStreams& all);
+  // Keeps the fp32 master of [begin, end) only (new storage: the rest is returned to the
+  // allocator); params() is then that shard and master_begin() its first parameter. The working
+  // copies stay whole. INVALID_ARGUMENT for a range that is not between cut points;
+  // FAILED_PRECONDITION when already sharded, for a model without a master, or under a policy
+  // whose working copies read the master (fp32 activations or linears).
+  absl::Status shard_master(int64_t begin, int64_t end);
+  bool master_sharded() const { return master_sharded_; }
+  int64_t master_begin() const { return master_begin_; }
+  // Whether export_weights(format) needs the whole fp32 master: always for kF32; the other
+  // formats can be written from the working copies when each tensor's working copy holds its
+  // output bits (FP8 codes and scales of FP8 linears, the bf16 of every bf16 working copy), as
+  // they are on a sharded master.
+  bool export_needs_master(WeightFormat format) const;
 
   const KvScales& kv_scales() const { return kv_scales_; }
   absl::Status set_kv_scales(const KvScales& scales);
@@ -243,6 +292,13 @@ class Model {
   absl::Status check_has_weights(std::string_view what) const;
   struct Source;
   absl::Status load_from(const Source& source);
+  // Sharded master (model_shard.cc): whether parameter `pi`'s working copy is FP8 codes and
+  // scales; FAILED_PRECONDITION naming `what` when some working copy reads the fp32 master
+  // itself (fp32 linears or activations); the bf16 value of element i of parameter pi's working
+  // copy (exactly the bf16 rounding of its master value, for a non-FP8 working copy).
+  bool fp8_working(size_t pi) const;
+  absl::Status check_bf16_working(std::string_view what) const;
+  float working_bf16_value(size_t pi, int64_t i) const;
 
   // Runs decoder layer l on rows [M] in place on x; `attention` fills a.o from a.q/a.k/a.v.
   // `calibrator` records one K/V amax per sequence, sequence s being rows [seq_row0[s],
@@ -266,7 +322,10 @@ class Model {
   PrecisionPolicy policy_;
   ParamLayout layout_;
   Storage storage_ = Storage::kTraining;
-  std::vector<float> params_;                         // empty unless storage_ is kTraining
+  // The fp32 master: every parameter, or [master_begin_, master_begin_ + size) once sharded.
+  std::vector<float> params_;  // empty unless storage_ is kTraining
+  bool master_sharded_ = false;
+  int64_t master_begin_ = 0;
   std::vector<std::array<LinearWeight, 7>> linears_;  // q k v o gate up down
   LinearWeight embed_w_, head_w_;
   std::vector<float> rope_cos_, rope_sin_;

@@ -118,18 +118,20 @@ absl::Status AdamW::shard(int64_t begin, int64_t end) {
 }
 
 absl::StatusOr<OptimizerStepStats> AdamW::step_shard(std::span<float> params,
-                                                     std::span<float> grads, double grad_norm) {
+                                                     std::span<float> grads, double grad_norm,
+                                                     int64_t params_begin) {
   const int64_t n = shard_size();
   if (!sharded_) return absl::FailedPreconditionError("optimizer: step_shard before shard()");
-  if (static_cast<int64_t>(grads.size()) != n || static_cast<int64_t>(params.size()) < begin_ + n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer: step_shard got ", grads.size(), " gradients and ", params.size(),
-                     " parameters for the shard [", begin_, ", ", begin_ + n, ")"));
+  const int64_t params_end = params_begin + static_cast<int64_t>(params.size());
+  if (static_cast<int64_t>(grads.size()) != n || params_begin > begin_ || params_end < begin_ + n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: step_shard got ", grads.size(), " gradients and the parameters [", params_begin,
+        ", ", params_end, ") for the shard [", begin_, ", ", begin_ + n, ")"));
   }
   if (!std::isfinite(grad_norm)) {
     return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");
   }
-  return apply(params.data() + begin_, grads.data(), n, grad_norm);
+  return apply(params.data() + (begin_ - params_begin), grads.data(), n, grad_norm);
 }
 
 OptimizerStepStats AdamW::apply(float* p, float* grads, int64_t n, double grad_norm) {

@@ -68,11 +68,12 @@ class AdamW {
   int64_t shard_size() const { return static_cast<int64_t>(m_.size()); }
   // One AdamW step on the shard: `grads` are the shard's summed gradients (shard_size() floats,
   // clipped in place), `grad_norm` the norm of the whole gradient (every rank's shard), which sets
-  // the clip factor exactly as step() does; `params` is the whole fp32 master (only
-  // [shard_begin(), shard_begin() + shard_size()) changes). The caller re-derives the working
-  // copies once every rank's shard is gathered. Non-finite grad_norm fails without a change.
+  // the clip factor exactly as step() does; `params` is the fp32 master from flat parameter
+  // `params_begin` on (the whole master, or a sharded model's shard: Model::shard_master), and
+  // must cover the shard; only the shard's values change. The caller re-derives the working
+  // copies of the shard and gathers them. Non-finite grad_norm fails without a change.
   absl::StatusOr<OptimizerStepStats> step_shard(std::span<float> params, std::span<float> grads,
-                                                double grad_norm);
+                                                double grad_norm, int64_t params_begin = 0);
   const AdamWConfig& config() const { return config_; }
   // Changes the base learning rate (config().lr) for every later step; the warmup and cosine
   // schedule apply on top of it exactly as for the constructor's lr, and m, v and the step count

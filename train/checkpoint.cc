@@ -94,10 +94,12 @@ uint64_t folder_bytes(const std::string& dir) {
   return total;
 }
 
+// `whole_master`: a sharded learner's master, gathered (empty: the backend exports its own).
 absl::StatusOr<SavedCheckpoint> save_folder(const Learner& learner,
                                             const std::filesystem::path& dir,
                                             bool include_optimizer,
-                                            const OptimizerShardManifest* shards) {
+                                            const OptimizerShardManifest* shards,
+                                            std::span<const float> whole_master) {
   std::error_code ec;
   std::filesystem::create_directories(dir.parent_path(), ec);
   if (ec) {
@@ -105,7 +107,10 @@ absl::StatusOr<SavedCheckpoint> save_folder(const Learner& learner,
         absl::StrCat("path: cannot create '", dir.parent_path().string(), "': ", ec.message()));
   }
   absl::StatusOr<model::WeightSet> set =
-      learner.backend().export_weights(model::WeightFormat::kF32, learner.version());
+      whole_master.empty()
+          ? learner.backend().export_weights(model::WeightFormat::kF32, learner.version())
+          : learner.backend().export_weights_with_master(model::WeightFormat::kF32,
+                                                         learner.version(), whole_master);
   if (!set.ok()) return set.status();
   const nlohmann::ordered_json state = {
       {"format", "fp8rl-trainer-checkpoint"},
@@ -225,9 +230,23 @@ absl::StatusOr<SavedCheckpoint> save_checkpoint(const Learner& learner, const st
     for (const auto& written : *all) manifest.hashes.push_back(written.second);
   }
   absl::StatusOr<SavedCheckpoint> saved = SavedCheckpoint{dir.string(), 0, learner.version()};
-  if (rank == 0) {
-    saved = save_folder(learner, dir, include_optimizer, sharded_optimizer ? &manifest : nullptr);
+  // model.safetensors needs the whole fp32 master, which a sharded rank holds a shard of: every
+  // rank takes part in its all-gather (transient: 4 bytes per parameter, and rank 0's copy in
+  // checkpoint layout beside it while it writes); the other ranks drop it at once.
+  std::vector<float> whole_master;
+  if (group != nullptr) {
+    absl::StatusOr<std::vector<float>> gathered = learner.whole_master("SaveCheckpoint:");
+    if (!gathered.ok()) {
+      if (sharded_optimizer) remove_all_quietly(staged_shard_path(dir, rank, ranks));
+      return gathered.status();
+    }
+    if (rank == 0) whole_master = *std::move(gathered);
   }
+  if (rank == 0) {
+    saved = save_folder(learner, dir, include_optimizer, sharded_optimizer ? &manifest : nullptr,
+                        whole_master);
+  }
+  whole_master = {};
   if (group == nullptr) return saved;
   // 2. Every rank answers as rank 0 did (the other ranks' staged shards moved into the folder, or
   // are removed).

@@ -65,6 +65,19 @@ uint64_t weight_hash(std::span<const float> weights) {
   return h.value();
 }
 
+uint64_t working_weights_hash(std::span<const uint8_t> codes, std::span<const float> scales,
+                              std::span<const uint16_t> bf16) {
+  uint64_t h = 14695981039346656037ull;  // the FNV-1a offset basis
+  auto add = [&](const void* data, size_t bytes) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * kFnvPrime;
+  };
+  add(codes.data(), codes.size_bytes());
+  add(scales.data(), scales.size_bytes());
+  add(bf16.data(), bf16.size_bytes());
+  return h;
+}
+
 absl::Status check_same_weights(Collectives& group, std::span<const float> weights,
                                 std::string_view what) {
   if (group.size() == 1) return absl::OkStatus();

@@ -24,6 +24,11 @@ std::vector<int64_t> token_balanced_shares(std::span<const int64_t> lengths, int
 // equal hashes on every rank; any bit flip changes it with high probability.
 uint64_t weight_hash(std::span<const float> weights);
 
+// The hash of a sharded group's working copies (model::Model::WorkingStreams: codes, scales and
+// bf16 bits, in that order; FNV-1a over bytes): equal streams give equal values on every rank.
+uint64_t working_weights_hash(std::span<const uint8_t> codes, std::span<const float> scales,
+                              std::span<const uint16_t> bf16);
+
 // weight_hash over pieces given in order (e.g. fixed-size chunks downloaded from a device): the
 // value equals weight_hash of the pieces concatenated, however they are cut.
 class WeightHasher {

@@ -564,12 +564,42 @@ absl::StatusOr<model::OptimizerStepStats> Learner::step_optimizer(std::vector<fl
   // The norm is the same on every rank, so a non-finite one fails every rank before the gather.
   absl::StatusOr<model::OptimizerStepStats> stats = backend_->optimizer_step_shard(shard, *norm);
   if (!stats.ok()) return stats.status();
-  if (absl::Status s = backend_->gather_master(*group_, *shard_layout_,
-                                               absl::StrCat(where, "master all-gather"));
+  if (absl::Status s = backend_->gather_working(*group_, *shard_layout_,
+                                                absl::StrCat(where, "working weights all-gather"));
       !s.ok()) {
     return s;
   }
   return stats;
+}
+
+absl::StatusOr<std::vector<float>> Learner::whole_master(std::string_view what) const {
+  const model::Model& m = backend_->host_model();
+  if (!sharded()) {
+    if (m.description_only()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(std::string(what), ": the master is on the device (export_weights)"));
+    }
+    return std::vector<float>(m.params().begin(), m.params().end());
+  }
+  if (absl::Status s = check_shard_group(); !s.ok()) return s;
+  std::vector<float> whole(static_cast<size_t>(m.num_params()));
+  if (absl::Status s =
+          group_->all_gather(m.params(), std::span<float>(whole), shard_layout_->counts(),
+                             absl::StrCat(std::string(what), " master all-gather"));
+      !s.ok()) {
+    return s;
+  }
+  return whole;
+}
+
+absl::StatusOr<model::WeightSet> Learner::export_weights(model::WeightFormat format,
+                                                         int64_t version) const {
+  if (!sharded() || !backend_->host_model().export_needs_master(format)) {
+    return backend_->export_weights(format, version);
+  }
+  absl::StatusOr<std::vector<float>> master = whole_master("export");
+  if (!master.ok()) return master.status();
+  return backend_->export_weights_with_master(format, version, *master);
 }
 
 absl::Status Learner::set_learning_rate(double lr) {
@@ -867,8 +897,7 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
   auto start = Clock::now();
   auto build_generation = [&]() -> absl::Status {
     if (out.policy.linear == precision_.training) return absl::OkStatus();
-    absl::StatusOr<model::WeightSet> master =
-        backend_->export_weights(model::WeightFormat::kF32, 0);
+    absl::StatusOr<model::WeightSet> master = export_weights(model::WeightFormat::kF32, 0);
     if (!master.ok()) return master.status();
     absl::StatusOr<std::unique_ptr<model::Model>> g =
         model::Model::FromWeightSet(*master, out.policy);
@@ -911,11 +940,11 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
   start = Clock::now();
   absl::StatusOr<model::WeightSet> set;
   if (format == Precision::kBF16) {
-    set = backend_->export_weights(model::WeightFormat::kBF16, version);
+    set = export_weights(model::WeightFormat::kBF16, version);
   } else if (precision_.training == Precision::kFP8) {
     // The FP8 layers' codes and scales, re-derived from the master weights by the optimizer's
-    // refresh() after the last update.
-    set = backend_->export_weights(model::WeightFormat::kFP8, version);
+    // refresh() after the last update (sharded: gathered from the ranks' shards).
+    set = export_weights(model::WeightFormat::kFP8, version);
   } else {
     // Training runs BF16 linears, generation FP8: quantize the master weights with the
     // generation policy's layer choices.

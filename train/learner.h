@@ -229,9 +229,10 @@ class Learner {
   // ZeRO-2 (trainer.shard, docs/design/sharding.md), after set_group. kGradsOptimizer in a group
   // of 2 or more: the flat parameters are cut into block-aligned shards (train::shard_parameters);
   // each rank keeps the AdamW moments of its own shard only, receives only its shard of the summed
-  // gradient (reduce-scatter, bucketed as set_group says), steps AdamW on that shard (the clip
-  // norm summed across the shards in the order one trainer sums it) and all-gathers the ranks'
-  // updated master shards before re-deriving the working copies. Irreversible for this learner:
+  // gradient (reduce-scatter, bucketed as set_group says), keeps the fp32 master of its shard
+  // only, steps AdamW on that shard (the clip norm summed across the shards in the order one
+  // trainer sums it), re-derives the working copies of its shard and all-gathers the ranks'
+  // (TrainBackend::gather_working). Irreversible for this learner:
   // in another group (size or rank) its updates are FAILED_PRECONDITION (check_shard_group); its
   // optimizer is re-cut only by loading a checkpoint (train/checkpoint.h, which saves a sharded
   // optimizer per rank). Alone (no group or one rank) the mode is recorded and nothing is
@@ -242,6 +243,16 @@ class Learner {
   absl::Status set_shard_mode(ShardMode mode);
   // FAILED_PRECONDITION when sharded for another group size or rank than the current group's.
   absl::Status check_shard_group() const;
+  // The whole fp32 master (num_params floats, layout order), a copy. Sharded, where each rank
+  // holds the master of its own shard only, a collective: every rank of the group calls it and
+  // the shards are all-gathered (4 bytes per parameter, transient; the checkpoint's
+  // model.safetensors, exports that need the master, tests). FAILED_PRECONDITION unsharded on a
+  // device backend (its master is on the device: export_weights) or out of the shard's group.
+  absl::StatusOr<std::vector<float>> whole_master(std::string_view what = "") const;
+  // backend().export_weights, except that a sharded learner gathers the master first when the
+  // format needs it (model::Model::export_needs_master; then a collective, as whole_master).
+  absl::StatusOr<model::WeightSet> export_weights(model::WeightFormat format,
+                                                  int64_t version) const;
   // The optimizer state of a sharded checkpoint (train/checkpoint.cc load_checkpoint): read from
   // `dir`'s optimizer_shards/ once the learner knows its range, by set_shard_mode or else by the
   // first update. Until then the optimizer holds the initial (zero) state.

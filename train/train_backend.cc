@@ -67,27 +67,68 @@ class CpuTrainBackend final : public TrainBackend {
     return optimizer_->step(*model_, grads);
   }
   absl::Status shard_optimizer(int64_t begin, int64_t end) override {
+    if (optimizer_->sharded()) return absl::FailedPreconditionError("optimizer: already sharded");
+    // The model checks the range and the policy before it changes anything; the optimizer's
+    // shard cannot fail after that (a range inside the layout, not sharded yet).
+    if (absl::Status s = model_->shard_master(begin, end); !s.ok()) return s;
     return optimizer_->shard(begin, end);
   }
   absl::StatusOr<model::OptimizerStepStats> optimizer_step_shard(std::span<float> grads,
                                                                  double grad_norm) override {
     if (pending_) return gradients_pending_error("optimizer_step_shard");
-    return optimizer_->step_shard(model_->params(), grads, grad_norm);
+    return optimizer_->step_shard(model_->params(), grads, grad_norm, model_->master_begin());
   }
-  absl::Status gather_master(Collectives& group, const ShardLayout& layout,
-                             std::string_view what) override {
-    std::span<float> master = model_->params();
+  absl::Status gather_working(Collectives& group, const ShardLayout& layout,
+                              std::string_view what) override {
     const int rank = group.rank();
-    // The input may not alias the output: this rank's shard travels from a copy.
-    const std::vector<float> mine(master.begin() + layout.begin(rank),
-                                  master.begin() + layout.end(rank));
-    const std::vector<int64_t> counts = layout.counts();
-    if (absl::Status s = group.all_gather(std::span<const float>(mine), master, counts, what);
+    absl::StatusOr<model::Model::WorkingStreams> mine =
+        model_->encode_working(layout.begin(rank), layout.end(rank));
+    if (!mine.ok()) return mine.status();
+    // Every rank's stream sizes, from the cut alone (the same on every rank).
+    std::vector<int64_t> codes, scales, bf16;
+    int64_t total[3] = {0, 0, 0};
+    for (int r = 0; r < layout.ranks(); ++r) {
+      absl::StatusOr<model::Model::WorkingCounts> n =
+          model_->working_counts(layout.begin(r), layout.end(r));
+      if (!n.ok()) return n.status();
+      codes.push_back(n->codes);
+      scales.push_back(n->scales);
+      bf16.push_back(n->bf16);
+      total[0] += n->codes;
+      total[1] += n->scales;
+      total[2] += n->bf16;
+    }
+    model::Model::WorkingStreams all;
+    all.codes.resize(total[0]);
+    all.scales.resize(total[1]);
+    all.bf16.resize(total[2]);
+    if (absl::Status s =
+            group.all_gather(std::span<const uint8_t>(mine->codes), std::span<uint8_t>(all.codes),
+                             codes, absl::StrCat(std::string(what), " (FP8 codes)"));
         !s.ok()) {
       return s;
     }
-    model_->refresh();
+    if (absl::Status s =
+            group.all_gather(std::span<const float>(mine->scales), std::span<float>(all.scales),
+                             scales, absl::StrCat(std::string(what), " (block scales)"));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            group.all_gather(std::span<const uint16_t>(mine->bf16), std::span<uint16_t>(all.bf16),
+                             bf16, absl::StrCat(std::string(what), " (bf16)"));
+        !s.ok()) {
+      return s;
+    }
+    *mine = {};  // freed before the install copies the streams
+    if (absl::Status s = model_->install_working(all); !s.ok()) return s;
+    working_hash_ = working_weights_hash(all.codes, all.scales, all.bf16);
     return absl::OkStatus();
+  }
+  absl::StatusOr<model::WeightSet> export_weights_with_master(
+      model::WeightFormat format, int64_t version,
+      std::span<const float> whole_master) const override {
+    return model_->export_weights(format, version, whole_master);
   }
   int64_t gradient_transfer_bytes() const override { return 0; }
   void requantize() override { model_->refresh(); }
@@ -111,6 +152,7 @@ class CpuTrainBackend final : public TrainBackend {
     return model_->export_weights(format, version);
   }
   absl::StatusOr<uint64_t> master_fingerprint() const override {
+    if (model_->master_sharded()) return working_hash_;
     return weight_hash(model_->params());
   }
 
@@ -135,6 +177,9 @@ class CpuTrainBackend final : public TrainBackend {
   // holds gradients not yet stepped.
   std::vector<float> own_grads_;
   bool pending_ = false;
+  // Sharded: working_weights_hash of the working copies last installed (master_fingerprint; 0
+  // before the first gather_working).
+  uint64_t working_hash_ = 0;
 };
 
 }  // namespace
@@ -152,7 +197,11 @@ absl::StatusOr<model::OptimizerStepStats> TrainBackend::optimizer_step_shard(std
                                                                              double) {
   return no_sharding(*this);
 }
-absl::Status TrainBackend::gather_master(Collectives&, const ShardLayout&, std::string_view) {
+absl::Status TrainBackend::gather_working(Collectives&, const ShardLayout&, std::string_view) {
+  return no_sharding(*this);
+}
+absl::StatusOr<model::WeightSet> TrainBackend::export_weights_with_master(
+    model::WeightFormat, int64_t, std::span<const float>) const {
   return no_sharding(*this);
 }
 absl::StatusOr<model::AdamW::RangeState> TrainBackend::optimizer_range_state() const {

@@ -88,19 +88,27 @@ class TrainBackend {
 
   // ZeRO-2 (trainer.shard grads_optimizer, docs/design/sharding.md). Only the CPU backend shards
   // today; the defaults are FAILED_PRECONDITION naming the device.
-  // Keeps the AdamW moments of the flat parameters [begin, end) only (model::AdamW::shard);
-  // optimizer_step() is then FAILED_PRECONDITION and the optimizer state cannot be saved.
+  // Keeps the AdamW moments and the fp32 master of the flat parameters [begin, end) only
+  // (model::AdamW::shard, model::Model::shard_master); optimizer_step() is then
+  // FAILED_PRECONDITION, the optimizer state cannot be saved as one file, and exports that need
+  // the whole master take it from export_weights_with_master.
   virtual absl::Status shard_optimizer(int64_t begin, int64_t end);
   // One AdamW step on the shard: `grads` are the shard's gradients summed over the group (clipped
   // in place), `grad_norm` the whole gradient's norm. Only the shard of the fp32 master changes;
-  // nothing is re-quantized until gather_master().
+  // nothing is re-quantized until gather_working().
   virtual absl::StatusOr<model::OptimizerStepStats> optimizer_step_shard(std::span<float> grads,
                                                                          double grad_norm);
-  // Every rank calls it after optimizer_step_shard: all-gathers the ranks' master shards
-  // (`layout`, cut as the optimizer was) over `group` into the whole master, then re-derives the
-  // working copies. The collective's error is returned as is.
-  virtual absl::Status gather_master(Collectives& group, const ShardLayout& layout,
-                                     std::string_view what);
+  // Every rank calls it after optimizer_step_shard: derives the working copies of its own shard
+  // (`layout`, cut as the optimizer was) and all-gathers every rank's over `group`
+  // (model::Model::WorkingStreams: FP8 codes, block scales, bf16 bits), so every rank holds the
+  // whole working model, bit for bit what one trainer's refresh gives. The collective's error is
+  // returned as is.
+  virtual absl::Status gather_working(Collectives& group, const ShardLayout& layout,
+                                      std::string_view what);
+  // export_weights with the whole fp32 master given (gathered by the caller from the ranks'
+  // shards: train::Learner::whole_master), for a sharded backend's formats that need it.
+  virtual absl::StatusOr<model::WeightSet> export_weights_with_master(
+      model::WeightFormat format, int64_t version, std::span<const float> whole_master) const;
   // The AdamW moments and step count of the range the optimizer holds (its shard after
   // shard_optimizer, else every parameter): what a sharded checkpoint stores per rank, and what
   // restoring one sets (train/optimizer_shards.h). set_: INVALID_ARGUMENT on a size mismatch.
@@ -131,6 +139,9 @@ class TrainBackend {
   // every rank holds the same weights): equal masters give equal values on every backend. The CPU
   // backend hashes its own storage; a device backend downloads the master in fixed-size chunks
   // (kFingerprintChunkFloats) and hashes them on the host, never holding a whole host copy.
+  // Sharded (shard_optimizer), where no rank holds the whole master: the hash of the working
+  // copies the last gather_working installed (working_weights_hash), the state every rank
+  // shares.
   virtual absl::StatusOr<uint64_t> master_fingerprint() const = 0;
   static constexpr int64_t kFingerprintChunkFloats = int64_t{1} << 20;  // 4 MiB per download
 

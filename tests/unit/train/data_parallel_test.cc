@@ -222,6 +222,13 @@ GrpoRequest grpo(uint64_t seed) {
   return r;
 }
 
+// The whole fp32 master of `l` (a collective when sharded: every rank of the group calls it).
+std::vector<float> master_of(const Learner& l) {
+  absl::StatusOr<std::vector<float>> m = l.whole_master("test");
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : std::vector<float>();
+}
+
 struct RunOutcome {
   std::vector<float> initial;
   std::vector<std::vector<float>> weights;  // after each step
@@ -229,6 +236,8 @@ struct RunOutcome {
   SftResult sft;
   std::vector<float> k_scale;         // of the export after the last step
   std::vector<int64_t> shard_bounds;  // Learner::shard_layout (empty unless sharded)
+  int64_t master_held = 0;            // fp32 master values the rank holds after the last step
+  uint64_t export_hash = 0;           // FNV-1a over the export's tensor names and bytes
   absl::Status status;
 };
 
@@ -251,7 +260,7 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
   }
   if ((*l)->shard_layout() != nullptr) out.shard_bounds = (*l)->shard_layout()->bounds;
   {
-    auto init = (*l)->policy().params();
+    auto init = master_of(**l);
     out.initial.assign(init.begin(), init.end());
   }
   SftRequest sft;
@@ -264,7 +273,7 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
     return out;
   }
   out.sft = *s;
-  auto params = (*l)->policy().params();
+  auto params = master_of(**l);
   out.weights.emplace_back(params.begin(), params.end());
   for (int step = 1; step <= kSteps; ++step) {
     absl::StatusOr<GrpoResult> r = (*l)->grpo_update(grpo(1000 + step));
@@ -273,7 +282,7 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
       return out;
     }
     out.grpo.push_back(*r);
-    auto p = (*l)->policy().params();
+    auto p = master_of(**l);
     out.weights.emplace_back(p.begin(), p.end());
   }
   absl::StatusOr<Export> e = (*l)->export_for_generation(Precision::kFP8, kSteps, true);
@@ -282,6 +291,17 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
     return out;
   }
   out.k_scale = (*l)->policy().kv_scales().k;
+  out.master_held = std::ssize((*l)->policy().params());
+  uint64_t h = 14695981039346656037ull;
+  auto add = [&h](const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const uint8_t*>(data)[i]) * 1099511628211ull;
+  };
+  for (const model::NamedTensor& t : e->weights.tensors) {
+    add(t.name.data(), t.name.size());
+    add(t.bytes.data(), t.bytes.size());
+  }
+  out.export_hash = h;
   return out;
 }
 
@@ -739,6 +759,9 @@ void expect_same_run(const RunOutcome& got, const RunOutcome& want, const std::s
     EXPECT_EQ(got.grpo[step].grad_norm, want.grpo[step].grad_norm) << what << " step " << step;
   }
   EXPECT_EQ(got.k_scale, want.k_scale) << what;
+  // The FP8 payload: from the working copies (FP8 training) or from the gathered master
+  // (BF16 training quantized under the generation policy) when sharded.
+  EXPECT_EQ(got.export_hash, want.export_hash) << what;
 }
 
 class ShardedLearner : public ::testing::TestWithParam<Precision> {};
@@ -767,7 +790,11 @@ TEST_P(ShardedLearner, GroupOfTwoIsBitIdenticalToUnsharded) {
         ASSERT_TRUE(sharded[r].status.ok()) << what << " rank " << r << ": " << sharded[r].status;
         ASSERT_EQ(sharded[r].shard_bounds.size(), 3u) << what;
         expect_same_run(sharded[r], plain[0], absl::StrCat(what, ", rank ", r));
+        // The rank holds the fp32 master of its own shard only.
+        const std::vector<int64_t>& cut = sharded[r].shard_bounds;
+        EXPECT_EQ(sharded[r].master_held, cut[r + 1] - cut[r]) << what << " rank " << r;
       }
+      EXPECT_EQ(plain[0].master_held, std::ssize(plain[0].initial));
       // Both ranks own part of the parameters.
       const std::vector<int64_t>& b = sharded[0].shard_bounds;
       EXPECT_GT(b[1], 0);
@@ -804,6 +831,8 @@ TEST_P(ShardedLearner, GroupsOfThreeAndFourMatchUnshardedAndAreBucketIndependent
       for (int r = 0; r < size; ++r) {
         ASSERT_TRUE(by_bucket[k][r].status.ok()) << "rank " << r << ": " << by_bucket[k][r].status;
         ASSERT_EQ(by_bucket[k][r].shard_bounds.size(), static_cast<size_t>(size + 1));
+        const std::vector<int64_t>& cut = by_bucket[k][r].shard_bounds;
+        EXPECT_EQ(by_bucket[k][r].master_held, cut[r + 1] - cut[r]) << "rank " << r;
         expect_same_run(by_bucket[k][r], by_bucket[0][0],
                         absl::StrCat("bucket ", buckets[k], ", rank ", r, " vs rank 0 unbucketed"));
       }
@@ -930,7 +959,7 @@ Resumed resume(const std::string& dir, Collectives* group, ShardMode shard) {
       out.status = r.status();
       return out;
     }
-    auto p = l.policy().params();
+    auto p = master_of(l);
     out.weights.emplace_back(p.begin(), p.end());
   }
   return out;
@@ -953,7 +982,7 @@ SavedRun save_and_continue(Precision training, const std::string& dir,
     if (!l.ok()) return {out, l.status()};
     (*l)->set_group(groups[r].get());
     if (absl::Status s = (*l)->set_shard_mode(ShardMode::kGradsOptimizer); !s.ok()) return {out, s};
-    auto init = (*l)->policy().params();
+    auto init = master_of(**l);
     out.initial.assign(init.begin(), init.end());
     out.bounds = (*l)->shard_layout()->bounds;
     SftRequest sft;
@@ -972,7 +1001,7 @@ SavedRun save_and_continue(Precision training, const std::string& dir,
     for (int step = kStepsBeforeSave + 1; step <= kStepsBeforeSave + kStepsAfterSave; ++step) {
       absl::StatusOr<GrpoResult> g = (*l)->grpo_update(grpo(1000 + step));
       if (!g.ok()) return {out, g.status()};
-      auto p = (*l)->policy().params();
+      auto p = master_of(**l);
       out.weights.emplace_back(p.begin(), p.end());
     }
     return {out, absl::OkStatus()};
