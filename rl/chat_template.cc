@@ -18,6 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "rl/chat_template_lexer.h"
+#include "rl/chat_template_pystr.h"
 
 namespace fp8rl::rl {
 namespace chat_template_internal {
@@ -26,11 +28,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Errors. The interpreter throws TemplateError internally; the public entry points turn it into
 // absl::InvalidArgumentError.
-
-struct Pos {
-  int line = 1;
-  int col = 1;
-};
 
 struct TemplateError {
   std::string message;
@@ -51,81 +48,25 @@ int64_t CheckedInt(bool overflowed, int64_t value, Pos pos) {
 // prompt, far below what would exhaust memory.
 constexpr size_t kMaxRepeatedSize = size_t{16} << 20;
 
-// ---------------------------------------------------------------------------------------------
-// UTF-8 and Python's notion of whitespace (str.isspace / regex \s).
-
-std::u32string Decode(std::string_view s) {
-  std::u32string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) {
-      throw TemplateError{"chat_template: invalid UTF-8 in a string value"};
-    }
-    char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
-    for (int k = 1; k < n; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc >> 6) != 2) throw TemplateError{"chat_template: invalid UTF-8 in a string value"};
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    out.push_back(cp);
-    i += n;
-  }
-  return out;
+// Bridges from the Status-returning lexer and string helpers to the exceptions this file still
+// uses internally (until the parser and evaluator return Status too).
+template <typename T>
+T OrThrow(absl::StatusOr<T> v) {
+  if (!v.ok()) throw TemplateError{std::string(v.status().message())};
+  return *std::move(v);
 }
-
-void AppendUtf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else {
-    out.push_back(static_cast<char>(0xf0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  }
+std::u32string Decode(std::string_view s) { return OrThrow(decode_utf8(s)); }
+void AppendUtf8(std::string& out, char32_t cp) { append_utf8(out, cp); }
+std::string Encode(std::u32string_view s) { return encode_utf8(s); }
+bool IsPySpace(char32_t c) { return is_py_space(c); }
+std::string PyFloatRepr(double x) { return py_float_repr(x); }
+std::string PyStrRepr(const std::string& s) { return OrThrow(py_str_repr(s)); }
+std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
+                      int64_t count) {
+  return OrThrow(py_replace(s, from, to, count));
 }
-
-std::string Encode(std::u32string_view s) {
-  std::string out;
-  for (char32_t cp : s) AppendUtf8(out, cp);
-  return out;
-}
-
-bool IsPySpace(char32_t c) {
-  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
-         c == 0x205f || c == 0x3000;
-}
-
-// Length in bytes of the Python-whitespace code point starting at s[i], or 0.
-size_t SpaceAt(std::string_view s, size_t i) {
-  const unsigned char c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) return IsPySpace(c) ? 1 : 0;
-  size_t n = (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-  if (i + n > s.size()) return 0;
-  const std::u32string cp = Decode(s.substr(i, n));
-  return cp.size() == 1 && IsPySpace(cp[0]) ? n : 0;
-}
-
-// s.rstrip() with Python's whitespace.
-std::string_view RStripSpace(std::string_view s) {
-  size_t end = s.size();
-  while (end > 0) {
-    size_t start = end - 1;
-    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xc0) == 0x80) --start;
-    if (SpaceAt(s, start) != end - start) break;
-    end = start;
-  }
-  return s.substr(0, end);
-}
+bool IsAscii(const std::string& s) { return is_ascii(s); }
+using Tok = TokenType;
 
 // ---------------------------------------------------------------------------------------------
 // Values.
@@ -316,86 +257,6 @@ bool Truthy(const Value& v) {
       return true;
   }
   return false;
-}
-
-// Python's float repr: the shortest digits that round-trip; positional for 1e-4 <= |x| < 1e16.
-std::string PyFloatRepr(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  if (x == 0) return std::signbit(x) ? "-0.0" : "0.0";
-  char buf[64];
-  int prec = 1;
-  for (; prec <= 17; ++prec) {
-    std::snprintf(buf, sizeof(buf), "%.*e", prec - 1, x);
-    if (std::strtod(buf, nullptr) == x) break;
-  }
-  // buf is [-]d.ddde[+-]XX
-  std::string s(buf);
-  std::string sign;
-  if (s[0] == '-') {
-    sign = "-";
-    s = s.substr(1);
-  }
-  const size_t e = s.find('e');
-  std::string digits = s.substr(0, 1) + (e > 2 ? s.substr(2, e - 2) : "");
-  const int exp = std::stoi(s.substr(e + 1));
-  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
-  const int nd = static_cast<int>(digits.size());
-  if (exp >= -4 && exp < 16) {
-    if (exp < 0) return sign + "0." + std::string(-exp - 1, '0') + digits;
-    if (exp + 1 >= nd) return sign + digits + std::string(exp + 1 - nd, '0') + ".0";
-    return sign + digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
-  }
-  std::string mant = digits.substr(0, 1);
-  if (nd > 1) mant += "." + digits.substr(1);
-  char ebuf[16];
-  std::snprintf(ebuf, sizeof(ebuf), "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
-  return sign + mant + ebuf;
-}
-
-// Code points Python's str.isprintable() rejects, for the categories that occur in practice
-// (controls, format characters, separators other than ' ', private use, surrogates).
-bool PyNonPrintable(char32_t c) {
-  return c < 0x20 || (c >= 0x7f && c <= 0xa0) || c == 0xad || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) ||
-         (c >= 0x205f && c <= 0x206f) || c == 0x3000 || c == 0xfeff ||
-         (c >= 0xd800 && c <= 0xf8ff) || (c >= 0xfff9 && c <= 0xfffb) || c >= 0xf0000 ||
-         c == 0x180e || c == 0x61c || (c >= 0x600 && c <= 0x605) || c == 0x6dd || c == 0x70f ||
-         c == 0x110bd || (c >= 0x1d173 && c <= 0x1d17a) || c == 0xe0001 ||
-         (c >= 0xe0020 && c <= 0xe007f);
-}
-
-std::string PyStrRepr(const std::string& s) {
-  const bool has_single = s.find('\'') != std::string::npos;
-  const bool has_double = s.find('"') != std::string::npos;
-  const char quote = has_single && !has_double ? '"' : '\'';
-  std::string out(1, quote);
-  for (char32_t c : Decode(s)) {
-    if (c == static_cast<char32_t>(quote) || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (PyNonPrintable(c)) {
-      char buf[16];
-      if (c < 0x100) {
-        std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned>(c));
-      } else if (c < 0x10000) {
-        std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
-      } else {
-        std::snprintf(buf, sizeof(buf), "\\U%08x", static_cast<unsigned>(c));
-      }
-      out += buf;
-    } else {
-      AppendUtf8(out, c);
-    }
-  }
-  out.push_back(quote);
-  return out;
 }
 
 std::string Repr(const Value& v, Pos pos);
@@ -605,293 +466,6 @@ bool Equal(const Value& a, const Value& b) {
       return a.dict == b.dict && a.s == b.s;
   }
 }
-
-// ---------------------------------------------------------------------------------------------
-// Lexer.
-
-enum class Tok { kName, kString, kInt, kFloat, kOp, kEnd };
-
-struct Token {
-  Tok type;
-  std::string text;  // name, decoded string, number text, operator
-  Pos pos;
-};
-
-// One piece of the template: text, {{ expression }} or {% statement %}.
-struct Piece {
-  enum Type { kText, kVar, kBlock } type;
-  std::string text;
-  std::vector<Token> tokens;  // kVar/kBlock, ending with a kEnd token
-  Pos pos;
-};
-
-class Lexer {
- public:
-  explicit Lexer(std::string_view source) {
-    // jinja2: \r\n and \r become \n, and one trailing newline is dropped.
-    for (size_t k = 0; k < source.size(); ++k) {
-      if (source[k] == '\r') {
-        src_.push_back('\n');
-        if (k + 1 < source.size() && source[k + 1] == '\n') ++k;
-      } else {
-        src_.push_back(source[k]);
-      }
-    }
-    if (!src_.empty() && src_.back() == '\n') src_.pop_back();
-    line_starts_.push_back(0);
-    for (size_t k = 0; k < src_.size(); ++k) {
-      if (src_[k] == '\n') line_starts_.push_back(k + 1);
-    }
-  }
-
-  std::vector<Piece> Run() {
-    std::vector<Piece> pieces;
-    size_t pos = 0;
-    bool line_starting = true;
-    const std::string_view s = src_;
-    while (pos < s.size()) {
-      size_t start = std::string_view::npos;
-      for (size_t k = s.find('{', pos); k != std::string_view::npos; k = s.find('{', k + 1)) {
-        if (k + 1 < s.size() && (s[k + 1] == '{' || s[k + 1] == '%' || s[k + 1] == '#')) {
-          start = k;
-          break;
-        }
-      }
-      if (start == std::string_view::npos) {
-        pieces.push_back({Piece::kText, std::string(s.substr(pos)), {}, At(pos)});
-        break;
-      }
-      const char kind = s[start + 1];
-      const char sign = start + 2 < s.size() && (s[start + 2] == '-' || s[start + 2] == '+')
-                            ? s[start + 2]
-                            : '\0';
-      std::string_view text = s.substr(pos, start - pos);
-      if (sign == '-') {
-        text = RStripSpace(text);
-      } else if (sign != '+' && kind != '{') {
-        // lstrip_blocks: drop the indentation before a block or comment tag on its own line.
-        const size_t nl = text.rfind('\n');
-        const size_t l_pos = nl == std::string_view::npos ? 0 : nl + 1;
-        if ((l_pos > 0 || line_starting) && l_pos < text.size() &&
-            RStripSpace(text.substr(l_pos)).empty()) {
-          text = text.substr(0, l_pos);
-        }
-      }
-      if (!text.empty()) pieces.push_back({Piece::kText, std::string(text), {}, At(pos)});
-      const Pos tag_pos = At(start);
-      pos = start + 2 + (sign ? 1 : 0);
-      if (kind == '#') {
-        const size_t end = s.find("#}", pos);
-        if (end == std::string_view::npos) Fail(tag_pos, "missing end of comment tag '#}'");
-        const char end_sign = end > pos ? s[end - 1] : '\0';
-        pos = end + 2;
-        line_starting = AfterTagEnd(end_sign, /*trim_newline=*/true, pos);
-        continue;
-      }
-      Piece piece{kind == '{' ? Piece::kVar : Piece::kBlock, "", {}, tag_pos};
-      const std::string_view close = kind == '{' ? "}}" : "%}";
-      Pos close_pos;
-      while (true) {
-        while (pos < s.size() && SpaceAt(s, pos)) pos += SpaceAt(s, pos);
-        if (pos >= s.size()) {
-          Fail(tag_pos, absl::StrCat("missing end of tag '", std::string(close), "'"));
-        }
-        close_pos = At(pos);
-        if (s.substr(pos, 2) == close) {
-          pos += 2;
-          line_starting = AfterTagEnd('\0', kind == '%', pos);
-          break;
-        }
-        if ((s[pos] == '-' || (s[pos] == '+' && kind == '%')) && s.substr(pos + 1, 2) == close) {
-          const char end_sign = s[pos];
-          pos += 3;
-          line_starting = AfterTagEnd(end_sign, kind == '%', pos);
-          break;
-        }
-        piece.tokens.push_back(NextToken(pos));
-      }
-      piece.tokens.push_back({Tok::kEnd, std::string(close), close_pos});
-      pieces.push_back(std::move(piece));
-    }
-    return pieces;
-  }
-
- private:
-  // Consumes what follows a tag end (`-`: all whitespace; none: one newline when trimming) and
-  // returns jinja2's line_starting: whether the consumed match ended with a newline.
-  bool AfterTagEnd(char end_sign, bool trim_newline, size_t& pos) {
-    const std::string_view s = src_;
-    if (end_sign == '-') {
-      bool nl = false;
-      while (pos < s.size() && SpaceAt(s, pos)) {
-        nl = s[pos] == '\n';
-        pos += SpaceAt(s, pos);
-      }
-      return nl;
-    }
-    if (end_sign != '+' && trim_newline && pos < s.size() && s[pos] == '\n') {
-      ++pos;
-      return true;
-    }
-    return false;
-  }
-
-  Pos At(size_t offset) const {
-    const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), offset);
-    const size_t line = static_cast<size_t>(it - line_starts_.begin());
-    int col = 1;  // in code points
-    for (size_t k = line_starts_[line - 1]; k < offset; ++k) {
-      if ((static_cast<unsigned char>(src_[k]) & 0xc0) != 0x80) ++col;
-    }
-    return {static_cast<int>(line), col};
-  }
-
-  Token NextToken(size_t& pos) {
-    const std::string_view s = src_;
-    const Pos at = At(pos);
-    const char c = s[pos];
-    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
-      size_t end = pos;
-      while (end < s.size() &&
-             (std::isalnum(static_cast<unsigned char>(s[end])) || s[end] == '_')) {
-        ++end;
-      }
-      Token t{Tok::kName, std::string(s.substr(pos, end - pos)), at};
-      pos = end;
-      return t;
-    }
-    if (std::isdigit(static_cast<unsigned char>(c))) {
-      size_t end = pos;
-      auto digits = [&] {
-        while (end < s.size() && (std::isdigit(static_cast<unsigned char>(s[end])) ||
-                                  (s[end] == '_' && end + 1 < s.size() &&
-                                   std::isdigit(static_cast<unsigned char>(s[end + 1]))))) {
-          ++end;
-        }
-      };
-      digits();
-      bool is_float = false;
-      if (end + 1 < s.size() && s[end] == '.' &&
-          std::isdigit(static_cast<unsigned char>(s[end + 1]))) {
-        ++end;
-        digits();
-        is_float = true;
-      }
-      if (end < s.size() && (s[end] == 'e' || s[end] == 'E')) {
-        size_t e = end + 1;
-        if (e < s.size() && (s[e] == '+' || s[e] == '-')) ++e;
-        if (e < s.size() && std::isdigit(static_cast<unsigned char>(s[e]))) {
-          end = e;
-          digits();
-          is_float = true;
-        }
-      }
-      std::string text;
-      for (char d : s.substr(pos, end - pos)) {
-        if (d != '_') text.push_back(d);
-      }
-      pos = end;
-      return {is_float ? Tok::kFloat : Tok::kInt, text, at};
-    }
-    if (c == '\'' || c == '"') return StringToken(pos, at);
-    static constexpr std::string_view kOps2[] = {"//", "**", "==", "!=", ">=", "<="};
-    for (std::string_view op : kOps2) {
-      if (s.substr(pos, 2) == op) {
-        pos += 2;
-        return {Tok::kOp, std::string(op), at};
-      }
-    }
-    if (std::string_view("+-/*%~[](){}<>=.:|,").find(c) != std::string_view::npos) {
-      ++pos;
-      return {Tok::kOp, std::string(1, c), at};
-    }
-    Fail(at, absl::StrCat("unexpected character '", std::string(1, c), "'"));
-  }
-
-  // A quoted literal with Python's escapes (jinja2 decodes them with unicode-escape).
-  Token StringToken(size_t& pos, Pos at) {
-    const std::string_view s = src_;
-    const char quote = s[pos];
-    std::string out;
-    size_t k = pos + 1;
-    while (true) {
-      if (k >= s.size()) Fail(at, "unterminated string literal");
-      const char c = s[k];
-      if (c == quote) break;
-      if (c != '\\') {
-        out.push_back(c);
-        ++k;
-        continue;
-      }
-      if (k + 1 >= s.size()) Fail(at, "unterminated string literal");
-      const char e = s[k + 1];
-      k += 2;
-      auto hex = [&](int n) {
-        if (k + n > s.size()) Fail(at, "truncated escape in string literal");
-        char32_t v = 0;
-        for (int d = 0; d < n; ++d) {
-          const char h = s[k + d];
-          if (!std::isxdigit(static_cast<unsigned char>(h))) {
-            Fail(at, "bad hex escape in string literal");
-          }
-          v = v * 16 + static_cast<char32_t>(std::isdigit(static_cast<unsigned char>(h))
-                                                 ? h - '0'
-                                                 : std::tolower(h) - 'a' + 10);
-        }
-        k += n;
-        AppendUtf8(out, v);
-      };
-      switch (e) {
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case '\\':
-        case '\'':
-        case '"':
-          out.push_back(e);
-          break;
-        case '\n':
-          break;
-        case 'a':
-          out.push_back('\a');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'v':
-          out.push_back('\v');
-          break;
-        case 'x':
-          hex(2);
-          break;
-        case 'u':
-          hex(4);
-          break;
-        case 'U':
-          hex(8);
-          break;
-        default:
-          if (e >= '0' && e <= '7') Fail(at, "octal escapes in string literals are unsupported");
-          out.push_back('\\');  // Python keeps unknown escapes verbatim.
-          out.push_back(e);
-      }
-    }
-    pos = k + 1;
-    return {Tok::kString, out, at};
-  }
-
-  std::string src_;
-  std::vector<size_t> line_starts_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Syntax tree.
@@ -1696,39 +1270,6 @@ std::vector<std::string> PySplit(const std::string& s, const Value& sep, int64_t
     k = f + sep.s.size();
   }
   return out;
-}
-
-std::string PyReplace(const std::string& s, const std::string& from, const std::string& to,
-                      int64_t count) {
-  std::string out;
-  if (from.empty()) {
-    // Python inserts `to` between every code point (and at both ends).
-    int64_t done = 0;
-    const std::u32string u = Decode(s);
-    for (size_t k = 0; k <= u.size(); ++k) {
-      if (count < 0 || done < count) {
-        out += to;
-        ++done;
-      }
-      if (k < u.size()) AppendUtf8(out, u[k]);
-    }
-    return out;
-  }
-  size_t k = 0;
-  int64_t done = 0;
-  while (count < 0 || done < count) {
-    const size_t f = s.find(from, k);
-    if (f == std::string::npos) break;
-    out += s.substr(k, f - k);
-    out += to;
-    k = f + from.size();
-    ++done;
-  }
-  return out + s.substr(k);
-}
-
-bool IsAscii(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return (c & 0x80) == 0; });
 }
 
 const std::set<std::string, std::less<>>& StrMethods() {
@@ -2659,7 +2200,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
   using namespace chat_template_internal;
   try {
     auto program = std::make_shared<Program>();
-    Parser parser(Lexer(source).Run());
+    Parser parser(OrThrow(lex_template(source)));
     program->body = parser.ParseTemplate();
     return ChatTemplate(std::move(program));
   } catch (const TemplateError& e) {
