@@ -755,7 +755,7 @@ absl::StatusOr<Value> filter_tojson(const Value& v, const Args& a, Pos pos) {
   if (given(p[1]) && !p[1].is(Kind::kNone)) {
     if (!p[1].is_integral()) return template_error(pos, "tojson indent must be an integer");
     o.indent = static_cast<int>(std::max<int64_t>(0, p[1].as_int()));
-    o.item_sep = ",";
+    o.item_sep.assign(1, ',');  // (not `= ","`: GCC 12 -O3 warns -Wrestrict falsely)
   }
   if (given(p[2]) && !p[2].is(Kind::kNone)) {
     if (!p[2].is(Kind::kList) || p[2].list->size() != 2) {
