@@ -148,17 +148,28 @@ class Lexer {
     return false;
   }
 
-  Pos position(size_t offset) const {
+  // Line and column (in code points) of src_[offset]. Offsets mostly come in increasing order,
+  // so the column count continues from the previous answer on the same line: lexing a long
+  // one-line template stays linear.
+  Pos position(size_t offset) {
     const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), offset);
     const size_t line = static_cast<size_t>(it - line_starts_.begin());
-    int col = 1;  // in code points
-    for (size_t k = line_starts_[line - 1]; k < offset; ++k) {
+    size_t k = line_starts_[line - 1];
+    int col = 1;
+    if (last_line_ == line && last_offset_ <= offset) {
+      k = last_offset_;
+      col = last_col_;
+    }
+    for (; k < offset; ++k) {
       if ((static_cast<unsigned char>(src_[k]) & 0xc0) != 0x80) ++col;
     }
+    last_line_ = line;
+    last_offset_ = offset;
+    last_col_ = col;
     return {static_cast<int>(line), col};
   }
 
-  absl::StatusOr<Token> next_token(size_t& pos) const {
+  absl::StatusOr<Token> next_token(size_t& pos) {
     const std::string_view s = src_;
     const Pos at = position(pos);
     const char c = s[pos];
@@ -311,6 +322,10 @@ class Lexer {
 
   std::string src_;
   std::vector<size_t> line_starts_;
+  // The last position() answer, where the next one on the same line may continue counting.
+  size_t last_line_ = 0;
+  size_t last_offset_ = 0;
+  int last_col_ = 1;
 };
 
 }  // namespace

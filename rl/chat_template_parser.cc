@@ -51,6 +51,12 @@ ExprPtr new_expr(Expr::Type type, Pos pos) {
   return e;
 }
 
+// How deeply blocks and expressions may nest (each open block, each expression level and each
+// unary operator counts one). The parser and the evaluator recurse once per level, so without a
+// bound a long run of '(' or '{% if %}' in a template exhausts the stack; jinja2 itself gives up
+// (RecursionError) below 100 nested parentheses, and real templates nest a handful of levels.
+constexpr int kMaxNestingDepth = 256;
+
 bool is_compare_op(const Token& t) {
   return t.type == TokenType::kOp && (t.text == "==" || t.text == "!=" || t.text == "<" ||
                                       t.text == ">" || t.text == "<=" || t.text == ">=");
@@ -65,6 +71,23 @@ absl::StatusOr<int64_t> parse_int(const Token& digits) {
 }
 
 class Parser {
+  // Counts one nesting level while alive; see kMaxNestingDepth.
+  class DepthGuard {
+   public:
+    explicit DepthGuard(int& depth) : depth_(depth) { ++depth_; }
+    ~DepthGuard() { --depth_; }
+    DepthGuard(const DepthGuard&) = delete;
+    DepthGuard& operator=(const DepthGuard&) = delete;
+    bool too_deep() const { return depth_ > kMaxNestingDepth; }
+
+   private:
+    int& depth_;
+  };
+
+  absl::Status nesting_error(Pos pos) const {
+    return template_error(pos, absl::StrCat("nested deeper than ", kMaxNestingDepth, " levels"));
+  }
+
  public:
   explicit Parser(std::vector<Piece> pieces) : pieces_(std::move(pieces)) {}
 
@@ -82,6 +105,8 @@ class Parser {
 
   // Parses statements until a block whose keyword is in `stops` (left unconsumed) or the end.
   absl::StatusOr<Body> parse_body(const std::vector<std::string>& stops) {
+    const DepthGuard guard(depth_);
+    if (guard.too_deep()) return nesting_error(pieces_[at_ > 0 ? at_ - 1 : 0].pos);
     Body body;
     while (at_ < pieces_.size()) {
       Piece& p = pieces_[at_];
@@ -329,6 +354,8 @@ class Parser {
 
   // `x if c else y` (when allowed; a for loop's iterable is parsed without it).
   absl::StatusOr<ExprPtr> parse_cond_expr(bool allow_cond) {
+    const DepthGuard guard(depth_);
+    if (guard.too_deep()) return nesting_error(cur().pos);
     FP8RL_ASSIGN_OR_RETURN(ExprPtr e, parse_or());
     while (allow_cond && is_name("if")) {
       const Pos pos = next().pos;
@@ -372,6 +399,8 @@ class Parser {
 
   absl::StatusOr<ExprPtr> parse_not() {
     if (is_name("not")) {
+      const DepthGuard guard(depth_);
+      if (guard.too_deep()) return nesting_error(cur().pos);
       ExprPtr n = new_expr(Expr::kNot, next().pos);
       FP8RL_ASSIGN_OR_RETURN(ExprPtr operand, parse_not());
       n->kids = {std::move(operand)};
@@ -447,6 +476,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> parse_unary(bool with_filter) {
+    const DepthGuard guard(depth_);
+    if (guard.too_deep()) return nesting_error(cur().pos);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       const Token op = next();
@@ -706,6 +737,7 @@ class Parser {
   }
 
   std::vector<Piece> pieces_;
+  int depth_ = 0;  // nesting levels open; see kMaxNestingDepth
   size_t at_ = 0;  // the current piece
   const std::vector<Token>* toks_ = nullptr;
   size_t ti_ = 0;  // the current token of pieces_[at_]

@@ -519,6 +519,39 @@ TEST(ChatTemplate, IntegerOverflowAndHugeResultsAreErrors) {
                    "chat_template 1:6: integer literal out of range");
 }
 
+// Deep nesting is a parse error, not a stack overflow (the interpreter before the split crashed
+// from about 3,700 nested parentheses); moderate nesting still renders.
+TEST(ChatTemplate, DeepNestingIsAnErrorNotACrash) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int k = 0; k < n; ++k) out += s;
+    return out;
+  };
+  for (int n : {300, 100000}) {
+    SCOPED_TRACE(n);
+    for (const std::string& tmpl :
+         {"{{ " + repeat("(", n) + "1" + repeat(")", n) + " }}",
+          "{{ " + repeat("[", n) + repeat("]", n) + " }}", "{{ " + repeat("not ", n) + "1 }}",
+          "{{ " + repeat("- ", n) + "1 }}",
+          "{{ " + repeat("{'a': ", n) + "1" + repeat("}", n) + " }}",
+          repeat("{% if 1 %}", n) + "x" + repeat("{% endif %}", n),
+          repeat("{% for i in [1] %}", n) + "x" + repeat("{% endfor %}", n),
+          "{{ 1 " + repeat("if 1 else 1 ", n) + "}}"}) {
+      absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(tmpl);
+      ASSERT_FALSE(t.ok()) << tmpl.substr(0, 40);
+      EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(t.status().message().find("nested deeper than 256 levels"), std::string_view::npos)
+          << t.status();
+    }
+  }
+  absl::StatusOr<std::string> r = RenderString(
+      "{{ " + repeat("(", 60) + "7" + repeat(")", 60) + " }}" + repeat("{% if 1 %}", 60) + "x" +
+          repeat("{% endif %}", 60) + "{{ " + repeat("[", 60) + repeat("]", 60) + " | length }}",
+      {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, "7x1");
+}
+
 TEST(ChatTemplate, TokenizerConfigHelpers) {
   const ojson list_form = ojson::parse(
       R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
