@@ -16,10 +16,10 @@
 namespace fp8rl::rl {
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
-  using namespace chat_template_internal;
-  FP8RL_ASSIGN_OR_RETURN(std::vector<Piece> pieces, lex_template(source));
-  auto program = std::make_shared<Program>();
-  FP8RL_ASSIGN_OR_RETURN(program->body, parse_template(std::move(pieces)));
+  namespace internal = chat_template_internal;
+  FP8RL_ASSIGN_OR_RETURN(std::vector<internal::Piece> pieces, internal::lex_template(source));
+  auto program = std::make_shared<internal::Program>();
+  FP8RL_ASSIGN_OR_RETURN(program->body, internal::parse_template(std::move(pieces)));
   return ChatTemplate(std::move(program));
 }
 
