@@ -2,7 +2,8 @@
 // npm tokenizer packages cached by scripts/fetch_tokenizers.sh; never committed here) render
 // byte-identical to jinja2 run by tests/reference/render_template.py on a corpus of
 // conversations; a coverage template of our own checks every supported construct the same way;
-// unsupported constructs fail with their line:col.
+// unsupported constructs fail with their line:col; a golden file keeps every render and error
+// message byte-identical to what the interpreter produced before its split into files.
 #include "rl/chat_template.h"
 
 #include <algorithm>
