@@ -36,8 +36,9 @@ absl::StatusOr<std::string> ChatTemplateFromTokenizerConfig(const nlohmann::orde
   if (t.is_string()) return t.get<std::string>();
   if (t.is_array()) {
     for (const auto& entry : t) {
-      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
-          entry["template"].is_string()) {
+      // (Not entry.value("name", ""): it throws when "name" is not a string.)
+      if (entry.is_object() && entry.contains("name") && entry["name"] == "default" &&
+          entry.contains("template") && entry["template"].is_string()) {
         return entry["template"].get<std::string>();
       }
     }

@@ -566,6 +566,15 @@ TEST(ChatTemplate, TokenizerConfigHelpers) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(ChatTemplateFromTokenizerConfig(ojson{{"chat_template", 3}}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // A list entry whose name is not a string is skipped, not an exception.
+  const ojson odd_names = ojson::parse(
+      R"({"chat_template": [{"name": 5, "template": "T"}, {"name": null}, {"name": "default",
+          "template": "D"}]})");
+  EXPECT_EQ(*ChatTemplateFromTokenizerConfig(odd_names), "D");
+  EXPECT_EQ(ChatTemplateFromTokenizerConfig(ojson::parse(R"({"chat_template": [{"name": 5}]})"))
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
 }
 
 // --- Golden: every render and error byte-identical to the interpreter before its split ----------
