@@ -2,16 +2,22 @@
 // npm tokenizer packages cached by scripts/fetch_tokenizers.sh; never committed here) render
 // byte-identical to jinja2 run by tests/reference/render_template.py on a corpus of
 // conversations; a coverage template of our own checks every supported construct the same way;
-// unsupported constructs fail with their line:col.
+// unsupported constructs fail with their line:col; a golden file keeps every render and error
+// message byte-identical to what the interpreter produced before its split into files.
 #include "rl/chat_template.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace fp8rl::rl {
@@ -514,6 +520,39 @@ TEST(ChatTemplate, IntegerOverflowAndHugeResultsAreErrors) {
                    "chat_template 1:6: integer literal out of range");
 }
 
+// Deep nesting is a parse error, not a stack overflow (the interpreter before the split crashed
+// from about 3,700 nested parentheses); moderate nesting still renders.
+TEST(ChatTemplate, DeepNestingIsAnErrorNotACrash) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int k = 0; k < n; ++k) out += s;
+    return out;
+  };
+  for (int n : {300, 100000}) {
+    SCOPED_TRACE(n);
+    for (const std::string& tmpl :
+         {"{{ " + repeat("(", n) + "1" + repeat(")", n) + " }}",
+          "{{ " + repeat("[", n) + repeat("]", n) + " }}", "{{ " + repeat("not ", n) + "1 }}",
+          "{{ " + repeat("- ", n) + "1 }}",
+          "{{ " + repeat("{'a': ", n) + "1" + repeat("}", n) + " }}",
+          repeat("{% if 1 %}", n) + "x" + repeat("{% endif %}", n),
+          repeat("{% for i in [1] %}", n) + "x" + repeat("{% endfor %}", n),
+          "{{ 1 " + repeat("if 1 else 1 ", n) + "}}"}) {
+      absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(tmpl);
+      ASSERT_FALSE(t.ok()) << tmpl.substr(0, 40);
+      EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(t.status().message().find("nested deeper than 256 levels"), std::string_view::npos)
+          << t.status();
+    }
+  }
+  absl::StatusOr<std::string> r = RenderString(
+      "{{ " + repeat("(", 60) + "7" + repeat(")", 60) + " }}" + repeat("{% if 1 %}", 60) + "x" +
+          repeat("{% endif %}", 60) + "{{ " + repeat("[", 60) + repeat("]", 60) + " | length }}",
+      {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, "7x1");
+}
+
 TEST(ChatTemplate, TokenizerConfigHelpers) {
   const ojson list_form = ojson::parse(
       R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
@@ -527,6 +566,450 @@ TEST(ChatTemplate, TokenizerConfigHelpers) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(ChatTemplateFromTokenizerConfig(ojson{{"chat_template", 3}}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // A list entry whose name is not a string is skipped, not an exception.
+  const ojson odd_names = ojson::parse(
+      R"({"chat_template": [{"name": 5, "template": "T"}, {"name": null}, {"name": "default",
+          "template": "D"}]})");
+  EXPECT_EQ(*ChatTemplateFromTokenizerConfig(odd_names), "D");
+  EXPECT_EQ(ChatTemplateFromTokenizerConfig(ojson::parse(R"({"chat_template": [{"name": 5}]})"))
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+}
+
+// --- Golden: every render and error byte-identical to the interpreter before its split ----------
+//
+// tests/unit/rl/testdata/chat_template_golden.jsonl was written by the single-file interpreter
+// (rl/chat_template.cc before it became lexer / parser / evaluator files, 2026-12-05) with
+//   FP8RL_CHAT_TEMPLATE_GOLDEN_WRITE=1 build/bin/fp8rl_rl_test --gtest_filter='*Golden*'
+// One line per case: {"key", "out"}; "out" is "ok:" + the rendered text or "error:" + the status
+// message. Cases of the npm packages' templates (not committed here) and of the fuzz seeds store
+// the FNV-1a 64 hash of "out" instead; the npm ones are absent when the packages are missing.
+// FP8RL_CHAT_TEMPLATE_DUMP=DIR also writes each full "out" to DIR/<n>.txt, for a diff of two
+// builds.
+
+std::string Fnv1a64(const std::string& s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::string Outcome(const std::string& tmpl, const ChatTemplateInputs& in) {
+  const absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(tmpl);
+  if (!t.ok()) return "error:parse:" + std::string(t.status().message());
+  const absl::StatusOr<std::string> r = t->Render(in);
+  if (!r.ok()) return "error:" + std::string(r.status().message());
+  return "ok:" + *r;
+}
+
+struct GoldenCase {
+  std::string key;
+  std::string out;
+  bool hashed = false;
+};
+
+// Malformed templates (errors at parse or render time) and small templates for the constructs the
+// coverage template does not reach. Each renders with kwargs {"s": "héllo", "n": 3, "xs": [..]}.
+const std::vector<std::string>& GoldenSnippets() {
+  static const auto* snippets = new std::vector<std::string>{
+      // Lexer.
+      "{# open",
+      "line\n{{ x ",
+      "{% if x ",
+      "{{ a ? b }}",
+      "{{ a $ }}",
+      "{{ 'abc }}",
+      "{{ 'ab\\",
+      "{{ '\\u12",
+      "{{ '\\xZZ' }}",
+      "{{ '\\0' }}",
+      "{{\xe2\x80 }}",
+      "ab\xe2\x80{%- if 1 %}{% endif %}",
+      "{{ '\\a\\b\\f\\v\\x41\\u00e9\\U0001F600\\q\\\n' }}",
+      "{{ 1_000 + 1.5e3 + 2E-2 }}",
+      "a\r\nb\rc\n",
+      "{%- if 1 -%}  x  {%- endif -%}",
+      "{{- 1 -}}  \n {{+ 2 }}",
+      // Parser.
+      "{% 1 %}",
+      "{% if x %}no end",
+      "{% for x of y %}{% endfor %}",
+      "{% for x in xs recursive %}{% endfor %}",
+      "{% set x = 1 %}{% endfor %}",
+      "{% else %}",
+      "{% include 'x' %}",
+      "{% set x.y 1 %}",
+      "{% set 1 = 2 %}",
+      "{{ 1 2 }}",
+      "{{ 99999999999999999999 }}",
+      "{{ x.99999999999999999999 }}",
+      "{{ 1 + }}",
+      "{{ x[] }}",
+      "{{ f(*a) }}",
+      "{{ f(**a) }}",
+      "{{ f(a=1, 2) }}",
+      "{{ x | wordcount }}",
+      "{{ x is lowercase }}",
+      "{{ x is divisibleby is }}",
+      "{{ (1, 2 }}",
+      "{{ [1, 2 }}",
+      "{{ {'a' 1} }}",
+      "{% for x in xs %}{% else %}{% endif %}",
+      "{% set x %}abc",
+      "{% generation %}g{% endgeneration %}",
+      "{% if 1 %}a{% elif 2 %}b{% else %}c{% endif %}",
+      "{% if 0 %}a{% elif 2 %}b{% endif %}",
+      "{{ ) }}",
+      "{{ x.1 }}",
+      "{{ 'a' 'b' \"c\" }}",
+      // Printing and values.
+      "{{ namespace() }}",
+      "{{ range }}",
+      "{{ [x] }}",
+      "{{ {'a': x} }}",
+      "{{ xs }}",
+      "{{ [1.0, -0.0, 1e16, 1e-5, 123.456, 1e308 * 10, -1e308 * 10] }}",
+      "{{ 1e308 * 10 - 1e308 * 10 }}",
+      "{{ ['\\x01\\u200b\\n\\t\\r\\\\', \"'\", '\"', '\\'\"'] }}",
+      "{{ namespace() | tojson }}",
+      "{{ [range] | tojson }}",
+      "{{ x | tojson }}",
+      "{{ [1e308 * 10, 1e308 * 10 - 1e308 * 10, 0.5, 'é😀\\u0001'] | tojson }}",
+      "{{ {'b': [], 'a': {}} | tojson(indent=0) }}",
+      "{{ xs | tojson(indent=-3) }}",
+      "{{ 1 | tojson(indent='a') }}",
+      "{{ 1 | tojson(separators=1) }}",
+      "{{ 1 | tojson(separators=(1, 2)) }}",
+      "{{ 1 | tojson(separators=(',', 2)) }}",
+      "{{ xs | tojson(ensure_ascii=true, sort_keys=true) }}",
+      // Statements.
+      "{% for x in 1 %}{% endfor %}",
+      "{% break %}",
+      "{% continue %}",
+      "{% set a, b = [1] %}",
+      "{% set a, b = 'xy' %}{{ b }}{{ a }}",
+      "{% set a, b = 1, 2, %}{{ a + b }}",
+      "{% set x = 1 %}{% set x.y = 2 %}",
+      "{% set ns = namespace(a=1) %}{% set ns.b = 2 %}{{ ns.b }}",
+      "{% for a, b in [[1, 2], [3, 4]] %}{{ a }}{{ b }}{{ loop.previtem }}{{ loop.nextitem }}"
+      "{{ loop.depth }}{{ loop.depth0 }}{{ loop.revindex }}{% endfor %}",
+      "{% for x in xs if x %}{{ x }}{% else %}none{% endfor %}",
+      "{% for x in [0, ''] if x %}{{ x }}{% else %}none{% endfor %}",
+      "{% for c in s %}{{ c }}|{% endfor %}{% for k in {'a': 1, 'b': 2} %}{{ k }}{% endfor %}",
+      "{% for x in y %}{{ x }}{% endfor %}.",
+      "{% for i in range(3) %}{% for j in range(3) %}{% if j > i %}{% break %}{% endif %}{{ i }}{{ "
+      "j "
+      "}} {% endfor %}{% endfor %}",
+      "{% set x %}{% for i in range(3) %}{{ i }}{% endfor %}{% endset %}{{ x | length }}",
+      // Lookups, slices and operators.
+      "{{ x.y }}",
+      "{{ [1][5].x }}",
+      "{{ {}['a'].b }}",
+      "{{ xs.0 }}{{ xs[-1] }}{{ xs[9] is defined }}",
+      "{{ s[1] }}{{ s[-1] }}{{ s[10] is defined }}{{ s['upper']() }}{{ xs['x'] is defined }}",
+      "{{ 1[1:] }}",
+      "{{ x[1:] }}",
+      "{{ 'abc'['a':] }}",
+      "{{ 'abc'[::0] }}",
+      "{{ s[::-2] }}{{ s[-100:100] }}{{ s[3:1] }}{{ xs[::-1] }}{{ xs[1::2] }}{{ xs[none:2] }}",
+      "{{ -'a' }}",
+      "{{ -x }}",
+      "{{ +true }}{{ -true }}{{ +1.5 }}{{ -1.5 }}",
+      "{{ {1: 2} }}",
+      "{{ 1 in 'abc' }}",
+      "{{ 1 in 2 }}",
+      "{{ 1 in x }}{{ 'a' in {'a': 1} }}{{ 1 in {'a': 1} }}",
+      "{{ 1 < 'a' }}",
+      "{{ 'a' < 'b' <= 'b' }}{{ 1 < 2.5 }}{{ 2 >= 2 > 1 }}{{ 1 != 1.0 }}",
+      "{{ [1, [2]] == [1, [2]] }}{{ {'a': 1} == {'a': 1.0} }}{{ {'a': 1} == {'b': 1} }}{{ none == "
+      "x }}",
+      "{{ 'x' + 1 }}",
+      "{{ [1] * 'a' }}",
+      "{{ 'a' * 2.0 }}",
+      "{{ x + 1 }}",
+      "{{ 1 + x }}",
+      "{{ 'ab' * -1 }}{{ [1] * 0 }}{{ 3 * 'ab' }}{{ 2 * [1] }}",
+      "{{ '%s' % 1 }}",
+      "{{ 1 / 0 }}",
+      "{{ 1 // 0 }}",
+      "{{ 1 % 0 }}",
+      "{{ 1.5 // 0.0 }}",
+      "{{ 7.5 // 2 }} {{ -7.5 % 2 }} {{ 2 ** -1 }} {{ 2.0 ** 3 }} {{ 10 / 4 }} {{ true + true }}",
+      "{{ 9223372036854775807 + 1 }}",
+      "{{ -9223372036854775807 - 2 }}",
+      "{{ (-9223372036854775807 - 1) % -1 }}",
+      "{{ 2 ** 64 }}",
+      "{{ ('ab' * 100000000) }}",
+      "{{ range ~ dict }}",
+      "{{ 1 ~ 2.5 ~ none ~ [1] }}",
+      "{{ x ~ 'a' }}",
+      "{{ 'a' if x }}|{{ 'a' if x else 'b' }}|{{ x or 'y' }}|{{ 0 and 1 }}|{{ not x }}",
+      // Calls.
+      "{{ 1() }}",
+      "{{ x() }}",
+      "{{ raise_exception(namespace()) }}",
+      "{{ raise_exception() }}",
+      "{{ raise_exception('a', 'b') }}",
+      "{{ strftime_now(1) }}",
+      "{{ strftime_now('') }}|",
+      "{{ strftime_now('%Y' * 300) }}",
+      "{{ strftime_now('%Y-%m-%d %H:%M:%S %j') }}",
+      "{{ namespace(1, 2) }}",
+      "{{ dict(1) }}",
+      "{{ dict({'a': 1}, b=2) }}{{ dict(a=1) }}",
+      "{% set ns = namespace({'a': 1}, b=2) %}{{ ns.a }}{{ ns.b }}{{ ns['a'] }}{{ ns[1] is defined "
+      "}}",
+      "{{ range() }}",
+      "{{ range('a') }}",
+      "{{ range(1, 2, 0) }}",
+      "{{ range(2000000) | length }}",
+      "{{ range(a=1) }}",
+      "{{ range(1, 2, 3, 4) }}",
+      "{{ range(5) }}{{ range(2, 8, 3) }}{{ range(5, 0, -2) }}{{ range(-3) }}",
+      // Methods.
+      "{{ 'a'.center(9) }}",
+      "{{ {'a': 1}.update({}) }}",
+      "{{ [1].append(2) }}",
+      "{{ 1.real }}",
+      "{{ 'a'.strip(1) }}",
+      "{{ 'a'.strip(1, 2) }}",
+      "{{ 'a'.strip(x=1) }}",
+      "{{ 'a'.startswith(1) }}",
+      "{{ 'a'.startswith(['a', 1]) }}",
+      "{{ 'a'.join([1]) }}",
+      "{{ 'a'.split(1) }}",
+      "{{ 'a'.split('') }}",
+      "{{ 'a'.split(',', 'x') }}",
+      "{{ 'a'.replace(1, 2) }}",
+      "{{ 'a'.replace('a', 'b', 'c') }}",
+      "{{ 'É'.lower() }}",
+      "{{ 'É'.upper(1) }}",
+      "{{ ' a b  c '.split(none, 1) }}{{ 'a,b,c'.split(',', 1) }}{{ '  '.split() }}{{ 'a "
+      "b'.split(maxsplit=0) }}",
+      "{{ 'abc'.replace('', '-') }}{{ 'abc'.replace('', '-', 2) }}{{ 'aaa'.replace('a', 'b', 0) }}",
+      "{{ 'Hello'.startswith(('x', 'He')) }}{{ 'Hello'.endswith('') }}{{ 'lo'.endswith('Hello') }}",
+      "{{ '\\u3000x\\u00a0'.strip() }}|{{ 'xyx'.lstrip('x') }}|{{ 'xyx'.rstrip(none) }}",
+      "{{ ', '.join(['a', 'b']) }}{{ ''.join('abc') }}{{ 'MiXed'.lower() }}{{ 'MiXed'.upper() }}",
+      "{{ {'a': 1, 'b': 2}.items() }}{{ {'a': 1}.keys() }}{{ {'a': 1}.values() }}"
+      "{{ {'a': 1}.get('a') }}{{ {'a': 1}.get('b') }}{{ {'a': 1}.get('b', 5) }}{{ {'a': 1}.get(1) "
+      "}}",
+      // Tests.
+      "{{ 1 is equalto }}",
+      "{{ 1 is sameas 1 }}",
+      "{{ 'a' is even }}",
+      "{{ 4 is divisibleby 0 }}",
+      "{{ 'É' is lower }}",
+      "{{ 1 is divisibleby(x=1) }}",
+      "{{ 1 is in }}",
+      "{{ none is sameas none }}{{ true is sameas true }}{{ xs is sameas xs }}{{ [1] is sameas [1] "
+      "}}"
+      "{{ x is sameas x }}{{ 1 is sameas 'a' }}",
+      "{{ 1 is boolean }}{{ true is boolean }}{{ 1 is integer }}{{ 1.0 is float }}{{ range is "
+      "callable }}"
+      "{{ 'a' is sequence }}{{ 1 is sequence }}{{ 3 is even }}{{ 3 is odd }}{{ true is true }}",
+      "{{ 1 is eq 1 }}{{ 1 is == 1 }}{{ 1 is ne 2 }}{{ 1 is != 1 }}{{ 1 is lt 2 }}{{ 1 is < 1 }}"
+      "{{ 1 is le 1 }}{{ 1 is <= 0 }}{{ 2 is gt 1 }}{{ 2 is > 3 }}{{ 2 is ge 2 }}{{ 2 is >= 3 }}",
+      "{{ 1 is in [1, 2] }}{{ 'a' is in 'abc' }}{{ 'abc' is lower }}{{ 'ABC' is upper }}"
+      "{{ '1' is lower }}{{ 'aB' is upper }}{{ 4 is divisibleby(2) }}{{ xs is not mapping }}",
+      // Filters.
+      "{{ 1 | length }}",
+      "{{ 1 | items }}",
+      "{{ x | items }}{{ {'a': 1} | items }}",
+      "{{ xs | join(attribute='a') }}",
+      "{{ [1] | select(x=1) }}",
+      "{{ [1] | selectattr }}",
+      "{{ [1] | select(1) }}",
+      "{{ [1] | select('foo') }}",
+      "{{ [1] | map('x') }}",
+      "{{ [1] | map() }}",
+      "{{ 'a' | replace('a', 'b', 'c') }}",
+      "{{ 'a' | abs }}",
+      "{{ 1 | int(base=2) }}",
+      "{{ 'a' | int }}",
+      "{{ 1e30 | int }}",
+      "{{ 1 | unique }}",
+      "{{ 'a' | capitalize }}",
+      "{{ 'a' | title }}",
+      "{{ 1 | float }}",
+      "{{ {} | dictsort }}",
+      "{{ 1 | trim }}",
+      "{{ 1 | first }}",
+      "{{ range | replace(namespace, dict) }}",
+      "{{ 'xax' | trim('x') }}{{ s | length }}{{ {'a': 1} | count }}{{ x | length }}",
+      "{{ [] | first is defined }}{{ 'abc' | last }}{{ s | list }}{{ {'a': 1} | list }}",
+      "{{ [1, 2] | join }}{{ [1, 2] | join(0) }}{{ {'a': 1, 'b': 2} | join('-') }}",
+      "{{ [0, 1, '', 'a', none] | select | list }}{{ [0, 1, 2] | reject('odd') | list }}"
+      "{{ [1, 5, 3] | select('gt', 2) | list }}",
+      "{{ [{'a': 1}, {'a': 0}, {}] | selectattr('a') | list }}"
+      "{{ [{'a': 1}, {'a': 0}, {}] | rejectattr('a', 'defined') | list }}",
+      "{{ [{'a': 1}, {}] | map(attribute='a') | list }}{{ [{'a': 1}, {}] | map(attribute='a', "
+      "default=7) | list }}",
+      "{{ x | default('d') }}{{ '' | default('d') }}{{ '' | default('d', true) }}{{ 0 | d(5, "
+      "boolean=true) }}{{ x | d }}|",
+      "{{ 'aXa' | replace('a', 'b', 1) }}{{ 12 | replace(1, 3) }}{{ 'aa' | replace('a', 'b', none) "
+      "}}",
+      "{{ 'MiX' | lower }}{{ 'MiX' | upper }}{{ 1 | string }}{{ 'q' | safe }}{{ -2.5 | abs }}"
+      "{{ true | int }}{{ 7 | int }}{{ -0.5 | int }}{{ [3] | string }}",
+      "{{ xs | string | length }}{{ messages | length }}{{ tools }}{{ documents }}"
+      "{{ add_generation_prompt }}{{ bos_token }}{{ eos_token }}",
+      // Which of two failing operands reports first (the right one, as before the split).
+      "{{ x.a + y.b }}",
+      "{{ x.a[y.b] }}",
+      "{{ x.a ~ y.b }}",
+      "{{ x.a < y.b }}",
+      "{{ x.a in y.b }}",
+      "{{ f(x.a, y.b) }}",
+      "{{ x.a | replace(y.b, z.c) }}",
+      "{{ [x.a, y.b] }}",
+      "{{ {'k': x.a, 'l': y.b} }}",
+      "{{ x.a[y.b:z.c] }}",
+      "{{ [{'a': 1}, {}] | map(attribute='a', default=7) | list }}",
+      "{{ s['upper']() }}",
+      "{{ {'b': [], 'a': {} } | tojson(indent=0) }}",
+  };
+  return *snippets;
+}
+
+ChatTemplateInputs GoldenSnippetInputs() {
+  ChatTemplateInputs in;
+  in.messages = ojson::array({Msg("user", "Hi"), Msg("assistant", "Yo")});
+  in.kwargs = ojson::parse(R"({"s": "héllo", "n": 3, "xs": [1, "a", null, 2.5, {"k": [true]}]})");
+  in.now_unix_seconds = kNow;
+  return in;
+}
+
+// Inputs the snippets cannot express: bad input values.
+std::vector<GoldenCase> GoldenInputErrors() {
+  std::vector<GoldenCase> out;
+  ChatTemplateInputs in;
+  in.kwargs = ojson::array({1});
+  out.push_back({"input/kwargs-array", Outcome("x", in)});
+  in.kwargs = ojson{{"u", std::numeric_limits<uint64_t>::max()}};
+  out.push_back({"input/uint64", Outcome("x{{ u }}", in)});
+  in.kwargs = ojson{{"u", uint64_t{5}}, {"bad", std::string("\xff\xfe")}};
+  out.push_back({"input/uint64-small", Outcome("{{ u }}{{ bad }}", in)});
+  out.push_back({"input/bad-utf8-length", Outcome("{{ bad | length }}", in)});
+  out.push_back({"input/bad-utf8-repr", Outcome("{{ [bad] }}", in)});
+  out.push_back({"input/bad-utf8-tojson", Outcome("{{ bad | tojson }}", in)});
+  in.kwargs = nullptr;
+  in.messages = ojson::object();
+  out.push_back({"input/messages-object", Outcome("x", in)});
+  in.messages = ojson::array({Msg("user", "Hi")});
+  in.bos_token = "<s>";
+  in.eos_token = "</s>";
+  in.add_generation_prompt = true;
+  in.tools = WeatherTools();
+  out.push_back(
+      {"input/globals", Outcome("{{ bos_token }}{{ eos_token }}{{ add_generation_prompt }}"
+                                "{{ tools | length }}{{ messages }}",
+                                in)});
+  return out;
+}
+
+std::vector<GoldenCase> GoldenCases() {
+  std::vector<GoldenCase> out;
+  auto add_corpus = [&](const std::string& name, const std::string& tmpl,
+                        const std::vector<Case>& cases, const std::optional<std::string>& bos,
+                        const std::optional<std::string>& eos, bool hashed) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      out.push_back({absl::StrCat(name, "/", k, "/", c.label, c.add_generation_prompt ? "/gen" : "",
+                                  "/", c.kwargs.dump()),
+                     Outcome(tmpl, Inputs(c, bos, eos)), hashed});
+    }
+  };
+  for (const char* npm : {"qwen3", "llama3_1", "deepseek_v3"}) {
+    const ojson cfg = LoadConfig(npm);
+    if (cfg.is_null()) continue;
+    const std::string tmpl = *ChatTemplateFromTokenizerConfig(cfg);
+    std::vector<Case> cases =
+        Corpus(/*with_tools=*/true, /*null_tool_content=*/std::string(npm) == "deepseek_v3",
+               {nullptr, ojson{{"enable_thinking", true}}, ojson{{"enable_thinking", false}}});
+    add_corpus(absl::StrCat("npm-", npm), tmpl, cases,
+               SpecialTokenFromTokenizerConfig(cfg, "bos_token"),
+               SpecialTokenFromTokenizerConfig(cfg, "eos_token"), /*hashed=*/true);
+  }
+  // The same templates as committed fuzz seeds, and the fuzz regressions, over a short corpus.
+  std::vector<Case> short_corpus =
+      Corpus(true, false, {nullptr, ojson{{"enable_thinking", false}}});
+  for (const char* dir : {"corpus", "regressions"}) {
+    std::vector<std::filesystem::path> files;
+    for (const auto& f :
+         std::filesystem::directory_iterator(SourceDir() + "/fuzz/" + dir + "/chat_template")) {
+      files.push_back(f.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      std::stringstream text;
+      text << in.rdbuf();
+      add_corpus(absl::StrCat("fuzz-", dir, "-", f.filename().string()), text.str(), short_corpus,
+                 "<s>", "</s>", /*hashed=*/std::string(dir) == "corpus");
+    }
+  }
+  add_corpus("coverage", kCoverageTemplate, short_corpus, std::nullopt, std::nullopt, false);
+  const std::vector<std::string>& snippets = GoldenSnippets();
+  for (size_t k = 0; k < snippets.size(); ++k) {
+    out.push_back({absl::StrCat("snippet/", k, "/", snippets[k]),
+                   Outcome(snippets[k], GoldenSnippetInputs())});
+  }
+  for (GoldenCase& c : GoldenInputErrors()) out.push_back(std::move(c));
+  return out;
+}
+
+TEST(ChatTemplate, RendersMatchGoldenFromBeforeTheSplit) {
+  setenv("TZ", "UTC", 1);
+  tzset();
+  const std::vector<GoldenCase> cases = GoldenCases();
+  unsetenv("TZ");
+  tzset();
+  const std::string path = SourceDir() + "/tests/unit/rl/testdata/chat_template_golden.jsonl";
+  if (const char* dump = std::getenv("FP8RL_CHAT_TEMPLATE_DUMP")) {
+    std::filesystem::create_directories(dump);
+    std::ofstream index(std::string(dump) + "/index.txt");
+    for (size_t k = 0; k < cases.size(); ++k) {
+      std::ofstream(std::string(dump) + "/" + std::to_string(k) + ".txt", std::ios::binary)
+          << cases[k].out;
+      index << k << " " << ojson(cases[k].key).dump(-1, ' ', false, ojson::error_handler_t::replace)
+            << "\n";
+    }
+  }
+  auto stored = [](const GoldenCase& c) { return c.hashed ? "fnv1a64:" + Fnv1a64(c.out) : c.out; };
+  if (std::getenv("FP8RL_CHAT_TEMPLATE_GOLDEN_WRITE")) {
+    std::ofstream out(path, std::ios::binary);
+    for (const GoldenCase& c : cases) {
+      out << ojson{{"key", c.key}, {"out", stored(c)}}.dump(-1, ' ', false,
+                                                            ojson::error_handler_t::replace)
+          << "\n";
+    }
+    GTEST_SKIP() << "wrote " << cases.size() << " cases to " << path;
+  }
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_TRUE(in) << path;
+  std::map<std::string, std::string> want;
+  for (std::string line; std::getline(in, line);) {
+    const ojson j = ojson::parse(line);
+    want[j["key"].get<std::string>()] = j["out"].get<std::string>();
+  }
+  size_t checked = 0;
+  for (const GoldenCase& c : cases) {
+    const auto key = ojson(c.key).dump(-1, ' ', false, ojson::error_handler_t::replace);
+    const auto it = want.find(ojson::parse(key).get<std::string>());
+    ASSERT_NE(it, want.end()) << "no golden entry for " << key;
+    const std::string got = ojson(stored(c)).dump(-1, ' ', false, ojson::error_handler_t::replace);
+    EXPECT_EQ(got, ojson(it->second).dump(-1, ' ', false, ojson::error_handler_t::replace)) << key;
+    ++checked;
+  }
+  // Without the npm packages their hashed cases are absent; everything else must be there.
+  size_t unhashed = 0;
+  for (const auto& [key, out] : want) unhashed += out.rfind("fnv1a64:", 0) != 0;
+  EXPECT_GE(checked, unhashed);
+  EXPECT_GT(checked, 400u);
 }
 
 }  // namespace
