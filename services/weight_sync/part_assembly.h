@@ -30,6 +30,7 @@ class PartAssembly {
 
   int64_t version() const { return stored_->version(); }
   uint32_t part_count() const { return part_count_; }
+  uint64_t upload_id() const { return first_.upload_id(); }
   const std::shared_ptr<StoredVersion>& stored() const { return stored_; }
   const std::shared_ptr<ArrivingVersion>& arriving() const { return arriving_; }
 

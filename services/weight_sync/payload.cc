@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <chrono>
 #include <new>
 #include <nlohmann/json.hpp>
 
@@ -227,6 +228,11 @@ absl::StatusOr<PartRange> part_range(const v1::VersionManifest& manifest) {
     return absl::InvalidArgumentError(absl::StrCat("manifest.part_index: ", manifest.part_index(),
                                                    " is out of range [0, ", count, ")"));
   }
+  if (manifest.upload_id() == 0) {
+    return absl::InvalidArgumentError(
+        "manifest.upload_id: must be non-zero in a parallel upload (one random id per attempt, "
+        "the same in every part)");
+  }
   if (manifest.part_offsets(0) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("manifest.part_offsets[0]: must be 0, got ", manifest.part_offsets(0)));
@@ -278,6 +284,13 @@ absl::Status plan_parts(v1::VersionManifest* manifest, uint32_t parts) {
   manifest->clear_part_offsets();
   manifest->set_part_index(0);
   manifest->set_part_count(parts);
+  if (manifest->upload_id() == 0) {
+    // Later attempts get larger ids (the service refuses parts of an earlier attempt).
+    manifest->set_upload_id(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::system_clock::now().time_since_epoch())
+            .count()));
+  }
   const uint64_t total = manifest->total_bytes();
   // Part p starts at the first tensor offset at or past p * total / parts that is past the
   // previous part's start, so every part holds at least one non-empty tensor.
@@ -303,6 +316,7 @@ absl::Status plan_parts(v1::VersionManifest* manifest, uint32_t parts) {
   if (parts == 1) {
     manifest->clear_part_offsets();
     manifest->set_part_count(0);
+    manifest->set_upload_id(0);
   }
   return absl::OkStatus();
 }
@@ -313,6 +327,7 @@ std::string manifest_difference(const v1::VersionManifest& a, const v1::VersionM
   if (a.model_config_json() != b.model_config_json()) return "model_config_json";
   if (a.total_bytes() != b.total_bytes()) return "total_bytes";
   if (a.part_count() != b.part_count()) return "part_count";
+  if (a.upload_id() != b.upload_id()) return "upload_id";
   if (a.part_offsets_size() != b.part_offsets_size()) return "part_offsets";
   for (int i = 0; i < a.part_offsets_size(); ++i) {
     if (a.part_offsets(i) != b.part_offsets(i)) return absl::StrCat("part_offsets[", i, "]");

@@ -64,7 +64,7 @@ bool is_multipart(const v1::VersionManifest& manifest);
 
 // Checks the part fields of a manifest that passed validate_manifest and returns the range of its
 // part_index: part_count in [1, kMaxUploadParts] with part_offsets.size() == part_count;
-// part_index < part_count; part_offsets[0] == 0, strictly increasing (no empty or overlapping
+// part_index < part_count; upload_id != 0; part_offsets[0] == 0, strictly increasing (no empty or overlapping
 // part), each below total_bytes and each the offset of a tensor (no tensor split between parts).
 // A single-part manifest (part_count 0 or 1, no offsets, index 0) is the whole payload.
 // InvalidArgument naming the field ("manifest.part_offsets[2]: ...").
@@ -72,7 +72,7 @@ inline constexpr uint32_t kMaxUploadParts = 256;
 absl::StatusOr<PartRange> part_range(const v1::VersionManifest& manifest);
 
 // Sets the part fields of `manifest` (validated) for an upload in `parts` parts of about equal
-// bytes, cut at tensor boundaries (part_index 0). InvalidArgument when `parts` is outside
+// bytes, cut at tensor boundaries (part_index 0; upload_id the wall clock in ns unless set). InvalidArgument when `parts` is outside
 // [1, kMaxUploadParts] or larger than the number of non-empty tensors.
 absl::Status plan_parts(v1::VersionManifest* manifest, uint32_t parts);
 

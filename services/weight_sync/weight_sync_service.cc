@@ -427,12 +427,33 @@ grpc::Status WeightSyncServiceImpl::receive_part(grpc::ServerContext* context,
 
   // The first part of a version sets up the shared payload buffer and its arrival; the others
   // join it.
+  // Attempts are told apart by upload_id, a later attempt having a larger one: a part of an
+  // earlier attempt than the one in progress, or of one that failed, is refused (ABORTED); a part
+  // of a later one ends the attempt in progress (ABORTED for its parts) and starts anew.
   std::shared_ptr<PartAssembly> assembly;
+  std::shared_ptr<PartAssembly> superseded;
+  const uint64_t upload_id = manifest.upload_id();
   {
     std::lock_guard<std::mutex> lock(parts_mu_);
-    if (auto it = parts_.find(version); it != parts_.end()) {
+    auto it = parts_.find(version);
+    const auto f = failed_parts_.find(version);
+    if (it != parts_.end() && it->second->upload_id() == upload_id) {
       assembly = it->second;
+    } else if ((it != parts_.end() && it->second->upload_id() > upload_id) ||
+               (it == parts_.end() && f != failed_parts_.end() &&
+                f->second.upload_id >= upload_id)) {
+      return reject_upload(
+          absl::AbortedError(absl::StrCat(
+              "version ", version, ": upload_id ", upload_id, " is a stale attempt (",
+              it != parts_.end() ? absl::StrCat("upload_id ", it->second->upload_id(),
+                                                " is in progress")
+                                 : absl::StrCat("upload_id ", f->second.upload_id,
+                                                " failed in ", f->second.failure.message()),
+              ")")),
+          version);
     } else {
+      if (it != parts_.end()) superseded = it->second;
+      failed_parts_.erase(version);  // a new attempt
       const uint64_t total = manifest.total_bytes();
       // As a single-part upload with cut-through: fixed from the first byte, its buffer back to
       // the pool once evicted and no longer sent.
@@ -450,9 +471,12 @@ grpc::Status WeightSyncServiceImpl::receive_part(grpc::ServerContext* context,
       auto arriving = std::make_shared<ArrivingVersion>(stored, stored->payload.data());
       assembly = std::make_shared<PartAssembly>(manifest, stored, arriving,
                                                 stored->arrived + options_.part_timeout);
-      parts_.emplace(version, assembly);
+      parts_[version] = assembly;
       if (cut_through_.load()) store_.begin_arrival(arriving);
     }
+  }
+  if (superseded != nullptr) {
+    fail_parts(superseded, absl::AbortedError(absl::StrCat("superseded by upload_id ", upload_id)));
   }
   const std::string part = absl::StrCat("part ", index, " of ", assembly->part_count());
   // This part failed the version: every other part stops with it.
@@ -572,6 +596,10 @@ void WeightSyncServiceImpl::fail_parts(const std::shared_ptr<PartAssembly>& asse
         it != parts_.end() && it->second == assembly) {
       parts_.erase(it);
     }
+    const int64_t latest = store_.latest_version();
+    std::erase_if(failed_parts_, [&](const auto& f) { return f.first <= latest; });
+    failed_parts_[assembly->version()] = {assembly->upload_id(), status};
+    while (failed_parts_.size() > kMaxFailedAttempts) failed_parts_.erase(failed_parts_.begin());
   }
   service::log_warn(kComponent, "parallel upload failed; nothing stored",
                     {{"version", absl::StrCat(assembly->version())},

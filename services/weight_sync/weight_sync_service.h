@@ -221,6 +221,15 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   // Guarded by parts_mu_: parallel uploads by version, from their first part until stored or
   // failed.
   std::map<int64_t, std::shared_ptr<PartAssembly>> parts_;
+  // Guarded by parts_mu_: parallel uploads that failed, by version: a late part of the same
+  // attempt (upload_id) is refused with the failure instead of starting a new attempt. Only
+  // versions newer than the latest stored, at most kMaxFailedAttempts.
+  struct FailedAttempt {
+    uint64_t upload_id = 0;
+    absl::Status failure;
+  };
+  static constexpr size_t kMaxFailedAttempts = 16;
+  std::map<int64_t, FailedAttempt> failed_parts_;
 
   // One encoding of (base, target): the first stream to ask encodes, the others wait on `once`.
   struct DeltaEntry {

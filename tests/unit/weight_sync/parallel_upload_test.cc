@@ -150,8 +150,15 @@ TEST(PartFormat, BadPartFieldsNameTheField) {
   }
   {
     v1::VersionManifest m = good;
-    m.set_part_offsets(1, m.part_offsets(2) + 1);
+    const uint64_t second = m.part_offsets(1);
+    m.set_part_offsets(1, m.part_offsets(2));
+    m.set_part_offsets(2, second);
     cases.push_back({"decreasing", m, "manifest.part_offsets[2]"});
+  }
+  {
+    v1::VersionManifest m = good;
+    m.set_upload_id(0);
+    cases.push_back({"no upload id", m, "manifest.upload_id: must be non-zero"});
   }
   {
     v1::VersionManifest m = good;
@@ -197,6 +204,9 @@ TEST(PartFormat, ManifestDifferenceNamesTheFieldAndIgnoresThePartIndex) {
   b = a;
   b.set_version(5);
   EXPECT_EQ(manifest_difference(a, b), "version");
+  b = a;
+  b.set_upload_id(a.upload_id() + 1);
+  EXPECT_EQ(manifest_difference(a, b), "upload_id");
 }
 
 // One part's chunks land in the shared buffer at their payload offsets; its tensors are checked;
@@ -509,13 +519,13 @@ TEST(ParallelUpload, SubscribersReceiveCutThroughWhilePartsArrive) {
   reader->Finish();
 }
 
-// Uploads parts `send` of a 3-part version with manifests from `manifest_for`, each part's chunks
-// from `chunks_for`; returns each part's status.
+// Uploads parts `send` of a version as one attempt (`upload_id`) with manifests from
+// `manifest_for`, each part's chunks from `chunks_for`; returns each part's status.
 std::vector<grpc::Status> upload_some(
     TestServer& server, const std::vector<uint32_t>& send,
     const std::function<v1::VersionManifest(uint32_t)>& manifest_for,
     const std::function<std::vector<std::pair<uint64_t, std::string>>(uint32_t)>& chunks_for,
-    int64_t version) {
+    int64_t version, uint64_t upload_id) {
   auto channels = part_channels(server, static_cast<int>(send.size()));
   std::vector<grpc::Status> results(send.size());
   std::vector<std::thread> threads;
@@ -523,7 +533,9 @@ std::vector<grpc::Status> upload_some(
     threads.emplace_back([&, i] {
       auto stub = v1::WeightSyncService::NewStub(channels[i]);
       PartStream s(stub.get());
-      if (s.manifest(manifest_for(send[i]))) {
+      v1::VersionManifest manifest = manifest_for(send[i]);
+      manifest.set_upload_id(upload_id);
+      if (s.manifest(manifest)) {
         for (auto& [at, data] : chunks_for(send[i])) {
           if (!s.chunk(version, at, data)) break;
         }
@@ -563,7 +575,7 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
           bad.mutable_tensors(5)->set_crc32c(bad.tensors(5).crc32c() ^ 4);
           return bad;
         },
-        good_chunks, 9);
+        good_chunks, 9, 100);
     expect_status(results[1], grpc::StatusCode::INVALID_ARGUMENT, "manifest.tensors[5].crc32c");
     expect_status(results[0], grpc::StatusCode::ABORTED, "part 1 of 3: manifest.tensors[5]");
     EXPECT_EQ(server.status().latest_version(), 0);
@@ -573,7 +585,7 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
     SCOPED_TRACE("index out of range");
     auto results = upload_some(
         server, {3}, [&](uint32_t p) { return with_index(m, p); },
-        [](uint32_t) { return std::vector<std::pair<uint64_t, std::string>>{}; }, 9);
+        [](uint32_t) { return std::vector<std::pair<uint64_t, std::string>>{}; }, 9, 200);
     expect_status(results[0], grpc::StatusCode::INVALID_ARGUMENT,
                   "manifest.part_index: 3 is out of range [0, 3)");
   }
@@ -583,7 +595,7 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
     v1::VersionManifest bad = m;
     bad.set_part_offsets(2, bad.part_offsets(1));
     auto results = upload_some(
-        server, {0}, [&](uint32_t) { return bad; }, good_chunks, 9);
+        server, {0}, [&](uint32_t) { return bad; }, good_chunks, 9, 300);
     expect_status(results[0], grpc::StatusCode::INVALID_ARGUMENT, "manifest.part_offsets[2]");
   }
   // A chunk outside its part (part 2 sends a chunk of part 1's range).
@@ -594,7 +606,7 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
                                  if (p != 2) return good_chunks(p);
                                  return good_chunks(1);
                                },
-                               9);
+                               9, 400);
     expect_status(results[2], grpc::StatusCode::INVALID_ARGUMENT, "chunk.offset: overlap");
     EXPECT_EQ(server.status().latest_version(), 0);
   }
@@ -607,13 +619,19 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
                                  if (p == 2) c.back().second[0] ^= 1;
                                  return c;
                                },
-                               9);
+                               9, 500);
     expect_status(results[2], grpc::StatusCode::DATA_LOSS, "crc32c mismatch");
     EXPECT_EQ(server.status().latest_version(), 0);
     for (size_t i : {0u, 1u}) {
       if (!results[i].ok()) expect_status(results[i], grpc::StatusCode::ABORTED, "part 2 of 3");
       EXPECT_FALSE(results[i].ok());
     }
+    // A part of that attempt arriving late is refused, as is one of an earlier attempt.
+    for (uint64_t id : {500u, 450u}) {
+      results = upload_some(server, {1}, good_manifest, good_chunks, 9, id);
+      expect_status(results[0], grpc::StatusCode::ABORTED, "is a stale attempt");
+    }
+    EXPECT_EQ(server.status().latest_version(), 0);
   }
   // The same part twice.
   {
@@ -624,7 +642,7 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
           std::this_thread::sleep_for(30ms);
           return good_chunks(p);
         },
-        9);
+        9, 600);
     const bool first_failed = !results[0].ok() &&
                               results[0].error_code() == grpc::StatusCode::INVALID_ARGUMENT;
     expect_status(results[first_failed ? 0 : 1], grpc::StatusCode::INVALID_ARGUMENT,
@@ -635,7 +653,7 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
   {
     SCOPED_TRACE("missing part");
     const auto start = std::chrono::steady_clock::now();
-    auto results = upload_some(server, {0, 2}, good_manifest, good_chunks, 9);
+    auto results = upload_some(server, {0, 2}, good_manifest, good_chunks, 9, 700);
     for (const grpc::Status& s : results) {
       expect_status(s, grpc::StatusCode::DEADLINE_EXCEEDED, "part(s) 1 of 3 did not begin");
     }
@@ -644,7 +662,7 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
     EXPECT_EQ(server.status().arriving_version(), 0);
   }
   // After all that, the same version in full parts is accepted and bit-exact.
-  auto results = upload_some(server, {1, 2, 0}, good_manifest, good_chunks, 9);
+  auto results = upload_some(server, {1, 2, 0}, good_manifest, good_chunks, 9, 800);
   for (const grpc::Status& s : results) EXPECT_TRUE(s.ok()) << s.error_message();
   const StoredVersionPtr stored = server.service().store().get(9);
   ASSERT_NE(stored, nullptr);
@@ -675,7 +693,7 @@ TEST(ParallelUpload, AFailedVersionIsNeverCompletedBySubscribers) {
         if (p == 1) c.pop_back();  // part 1 ends short
         return c;
       },
-      5);
+      5, 1);
   expect_status(results[1], grpc::StatusCode::DATA_LOSS, "incomplete payload");
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(installs.load(), 0);
