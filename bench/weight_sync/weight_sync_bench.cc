@@ -122,7 +122,8 @@ bool parse(int argc, char** argv, Options* o) {
         int n = 0;
         if (!absl::SimpleAtoi(item, &n) || n < 1 ||
             n > static_cast<int>(weight_sync::kMaxUploadParts)) {
-          std::fprintf(stderr, "--upload-parts: expected part counts in [1, %u] like 1,2,4, got '%s'\n",
+          std::fprintf(stderr,
+                       "--upload-parts: expected part counts in [1, %u] like 1,2,4, got '%s'\n",
                        weight_sync::kMaxUploadParts, v.c_str());
           return false;
         }
@@ -379,10 +380,10 @@ int run(const Options& o) {
     start = Clock::now();
     const double cpu0 = process_cpu_seconds();
     absl::StatusOr<v1::UploadVersionResponse> up =
-        r.parts == 1 ? weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8)
-                     : weight_sync::upload_parallel(part_channels, e->weights,
-                                                    v1::WEIGHT_FORMAT_FP8,
-                                                    static_cast<uint32_t>(r.parts));
+        r.parts == 1
+            ? weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8)
+            : weight_sync::upload_parallel(part_channels, e->weights, v1::WEIGHT_FORMAT_FP8,
+                                           static_cast<uint32_t>(r.parts));
     if (!up.ok()) {
       std::fprintf(stderr, "upload: %s\n", up.status().ToString().c_str());
       return 1;
@@ -403,9 +404,9 @@ int run(const Options& o) {
     // The service counts a push after its last chunk went out, before the worker installs it.
     r.delta_pushes = static_cast<int>(metrics->pushes->with({"delta"}).value() - deltas0);
     r.pushes = r.delta_pushes + static_cast<int>(metrics->pushes->with({"full"}).value() - fulls0);
-    std::string label =
-        o.ab_block == 0 ? absl::StrCat(v)
-                        : absl::StrCat(v, (v - 1) / o.ab_block % 2 == 0 ? " old" : " new");
+    std::string label = o.ab_block == 0
+                            ? absl::StrCat(v)
+                            : absl::StrCat(v, (v - 1) / o.ab_block % 2 == 0 ? " old" : " new");
     if (o.upload_parts.size() > 1) absl::StrAppend(&label, " p", r.parts);
     print_row(label, r, static_cast<int>(workers.size()));
     rows.push_back(r);

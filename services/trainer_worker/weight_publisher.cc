@@ -44,10 +44,9 @@ class GrpcWeightPublisher final : public WeightPublisher {
     weight_sync::UploadOptions options;
     options.timeout = timeout_;
     absl::StatusOr<v1::UploadVersionResponse> response =
-        upload_streams_ == 1
-            ? weight_sync::upload(channel(address), set, format, options)
-            : weight_sync::upload_parallel(part_channels(address), set, format, upload_streams_,
-                                           options);
+        upload_streams_ == 1 ? weight_sync::upload(channel(address), set, format, options)
+                             : weight_sync::upload_parallel(part_channels(address), set, format,
+                                                            upload_streams_, options);
     if (!response.ok()) {
       return absl::Status(
           response.status().code(),

@@ -48,10 +48,11 @@ absl::Status check_upload_options(const UploadOptions& options) {
 
 // One UploadVersion call: `manifest`, then `tensors`' bytes (consecutive in the payload from
 // `first_offset`) in chunks of options.chunk_bytes.
-absl::StatusOr<v1::UploadVersionResponse> stream_upload(
-    v1::WeightSyncService::StubInterface* stub, const v1::VersionManifest& manifest,
-    std::span<const model::NamedTensor> tensors, uint64_t first_offset,
-    const UploadOptions& options) {
+absl::StatusOr<v1::UploadVersionResponse> stream_upload(v1::WeightSyncService::StubInterface* stub,
+                                                        const v1::VersionManifest& manifest,
+                                                        std::span<const model::NamedTensor> tensors,
+                                                        uint64_t first_offset,
+                                                        const UploadOptions& options) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + options.timeout);
   v1::UploadVersionResponse response;
@@ -127,19 +128,18 @@ absl::StatusOr<v1::UploadVersionResponse> upload_part(v1::WeightSyncService::Stu
     const v1::TensorManifestEntry& e = manifest.tensors(range->first_tensor + i);
     const model::NamedTensor& t = tensors[static_cast<size_t>(i)];
     if (t.name != e.name() || t.bytes.size() != e.byte_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensors[", i, "]: '", t.name, "' (", t.bytes.size(), " bytes) but the manifest's tensor ",
-          range->first_tensor + i, " of this part is '", e.name(), "' (", e.byte_size(),
-          " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors[", i, "]: '", t.name, "' (", t.bytes.size(),
+                       " bytes) but the manifest's tensor ", range->first_tensor + i,
+                       " of this part is '", e.name(), "' (", e.byte_size(), " bytes)"));
     }
   }
   return stream_upload(stub, manifest, tensors, range->begin, options);
 }
 
 absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
-    std::span<const std::shared_ptr<grpc::ChannelInterface>> channels,
-    const model::WeightSet& set, v1::WeightFormat format, uint32_t parts,
-    const UploadOptions& options) {
+    std::span<const std::shared_ptr<grpc::ChannelInterface>> channels, const model::WeightSet& set,
+    v1::WeightFormat format, uint32_t parts, const UploadOptions& options) {
   if (channels.empty()) return absl::InvalidArgumentError("channels: empty");
   if (absl::Status s = check_upload_options(options); !s.ok()) return s;
   absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
@@ -164,11 +164,11 @@ absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
       }
       auto stub = v1::WeightSyncService::NewStub(channels[p % channels.size()]);
       const std::span<const model::NamedTensor> all(set.tensors);
-      results[p] = upload_part(
-          stub.get(), mine,
-          all.subspan(static_cast<size_t>(range->first_tensor),
-                      static_cast<size_t>(range->end_tensor - range->first_tensor)),
-          options);
+      results[p] =
+          upload_part(stub.get(), mine,
+                      all.subspan(static_cast<size_t>(range->first_tensor),
+                                  static_cast<size_t>(range->end_tensor - range->first_tensor)),
+                      options);
     });
   }
   for (std::thread& t : threads) t.join();

@@ -64,9 +64,8 @@ absl::StatusOr<v1::UploadVersionResponse> upload_part(v1::WeightSyncService::Stu
 // bytes_received is the sum over the parts. The first error of any part otherwise (a part that
 // fails makes weight sync fail the others: nothing is stored).
 absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
-    std::span<const std::shared_ptr<grpc::ChannelInterface>> channels,
-    const model::WeightSet& set, v1::WeightFormat format, uint32_t parts,
-    const UploadOptions& options = {});
+    std::span<const std::shared_ptr<grpc::ChannelInterface>> channels, const model::WeightSet& set,
+    v1::WeightFormat format, uint32_t parts, const UploadOptions& options = {});
 
 // Sees each version a WeightSubscriber receives while it lands, so a relay (relay.h) can pass it on
 // before the worker installs it. Called on the subscriber's thread only, in this order per

@@ -18,8 +18,7 @@ v1::VersionManifest without_index(const v1::VersionManifest& m) {
 
 }  // namespace
 
-PartAssembly::PartAssembly(const v1::VersionManifest& first,
-                           std::shared_ptr<StoredVersion> version,
+PartAssembly::PartAssembly(const v1::VersionManifest& first, std::shared_ptr<StoredVersion> version,
                            std::shared_ptr<ArrivingVersion> arriving,
                            std::chrono::steady_clock::time_point begin_deadline)
     : first_(without_index(first)),
@@ -107,9 +106,9 @@ absl::Status PartAssembly::missing_parts_error() const {
   for (uint32_t i = 0; i < part_count_; ++i) {
     if (!begun_[i]) missing.push_back(i);
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("version ", version(), ": part(s) ", absl::StrJoin(missing, ", "), " of ",
-                   part_count_, " did not begin before the part deadline"));
+  return absl::DeadlineExceededError(absl::StrCat("version ", version(), ": part(s) ",
+                                                  absl::StrJoin(missing, ", "), " of ", part_count_,
+                                                  " did not begin before the part deadline"));
 }
 
 }  // namespace fp8rl::weight_sync

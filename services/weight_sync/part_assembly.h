@@ -69,11 +69,11 @@ class PartAssembly {
   mutable std::mutex mu_;
   // Waits for: the version stored or failed (wait()). Notified by complete() and fail().
   mutable std::condition_variable cv_;
-  std::vector<bool> begun_;  // guarded by mu_; by part index
-  std::vector<bool> ended_;  // guarded by mu_
-  uint32_t ended_count_ = 0;  // guarded by mu_
-  bool stored_flag_ = false;  // guarded by mu_
-  absl::Status failure_;      // guarded by mu_
+  std::vector<bool> begun_;               // guarded by mu_; by part index
+  std::vector<bool> ended_;               // guarded by mu_
+  uint32_t ended_count_ = 0;              // guarded by mu_
+  bool stored_flag_ = false;              // guarded by mu_
+  absl::Status failure_;                  // guarded by mu_
   std::atomic<bool> failed_flag_{false};  // failure_ is set (read per chunk without the lock)
 };
 

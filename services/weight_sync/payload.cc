@@ -2,9 +2,9 @@
 #include "services/weight_sync/payload.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
-#include <chrono>
 #include <new>
 #include <nlohmann/json.hpp>
 
@@ -206,8 +206,7 @@ absl::Status for_each_chunk(const model::WeightSet& set, uint64_t chunk_bytes,
 }
 
 bool is_multipart(const v1::VersionManifest& manifest) {
-  return manifest.part_count() > 1 || manifest.part_offsets_size() > 0 ||
-         manifest.part_index() > 0;
+  return manifest.part_count() > 1 || manifest.part_offsets_size() > 0 || manifest.part_index() > 0;
 }
 
 absl::StatusOr<PartRange> part_range(const v1::VersionManifest& manifest) {
@@ -216,8 +215,8 @@ absl::StatusOr<PartRange> part_range(const v1::VersionManifest& manifest) {
   if (!is_multipart(manifest)) return PartRange{0, total, 0, num_tensors};
   const uint32_t count = manifest.part_count();
   if (count < 1 || count > kMaxUploadParts) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest.part_count: must be in [1, ",
-                                                   kMaxUploadParts, "], got ", count));
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.part_count: must be in [1, ", kMaxUploadParts, "], got ", count));
   }
   if (manifest.part_offsets_size() != static_cast<int>(count)) {
     return absl::InvalidArgumentError(
@@ -256,10 +255,9 @@ absl::StatusOr<PartRange> part_range(const v1::VersionManifest& manifest) {
     // before it ends there.)
     while (t < num_tensors && manifest.tensors(t).offset() < at) ++t;
     if (t == num_tensors || manifest.tensors(t).offset() != at) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("manifest.part_offsets[", p, "]: ", at, " splits ",
-                       where(t - 1, manifest.tensors(t - 1)),
-                       " (a part must start at a tensor's offset)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest.part_offsets[", p, "]: ", at, " splits ", where(t - 1, manifest.tensors(t - 1)),
+          " (a part must start at a tensor's offset)"));
     }
     if (p == manifest.part_index()) {
       out.begin = at;
@@ -286,10 +284,10 @@ absl::Status plan_parts(v1::VersionManifest* manifest, uint32_t parts) {
   manifest->set_part_count(parts);
   if (manifest->upload_id() == 0) {
     // Later attempts get larger ids (the service refuses parts of an earlier attempt).
-    manifest->set_upload_id(static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(
-            std::chrono::system_clock::now().time_since_epoch())
-            .count()));
+    manifest->set_upload_id(
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count()));
   }
   const uint64_t total = manifest->total_bytes();
   // Part p starts at the first tensor offset at or past p * total / parts that is past the
@@ -307,9 +305,9 @@ absl::Status plan_parts(v1::VersionManifest* manifest, uint32_t parts) {
       const uint32_t asked = parts;
       manifest->clear_part_offsets();
       manifest->set_part_count(0);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parts: ", asked, " parts need ", asked,
-          " tensors to start them, but the version has too few non-empty tensors"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parts: ", asked, " parts need ", asked,
+                       " tensors to start them, but the version has too few non-empty tensors"));
     }
     manifest->add_part_offsets(manifest->tensors(t).offset());
   }
@@ -404,8 +402,8 @@ absl::Status PayloadAssembler::begin_into(v1::VersionManifest manifest, std::spa
   return check_finished_tensors();
 }
 
-absl::Status PayloadAssembler::begin_part_into(v1::VersionManifest manifest,
-                                               std::span<char> target, const PartRange& range) {
+absl::Status PayloadAssembler::begin_part_into(v1::VersionManifest manifest, std::span<char> target,
+                                               const PartRange& range) {
   if (absl::Status s = begin_into(std::move(manifest), target); !s.ok()) return s;
   if (range.begin > range.end || range.end > manifest_.total_bytes() || range.first_tensor < 0 ||
       range.first_tensor > range.end_tensor || range.end_tensor > manifest_.tensors_size()) {
@@ -452,11 +450,11 @@ absl::Status PayloadAssembler::check_chunk(int64_t version, uint64_t offset, uin
         absl::StrCat("chunk.data: ", size, " bytes, more than the limit of ", kMaxChunkBytes));
   } else if (size > end_ - received_) {
     error = end_ == manifest_.total_bytes() && begin_ == 0
-                ? absl::InvalidArgumentError(absl::StrCat("chunk.data: runs past total_bytes: ",
-                                                          received_ + size, " > ", end_))
-                : absl::InvalidArgumentError(absl::StrCat("chunk.data: runs past the part's end: ",
-                                                          received_ + size, " > ", end_,
-                                                          part_note()));
+                ? absl::InvalidArgumentError(absl::StrCat(
+                      "chunk.data: runs past total_bytes: ", received_ + size, " > ", end_))
+                : absl::InvalidArgumentError(
+                      absl::StrCat("chunk.data: runs past the part's end: ", received_ + size,
+                                   " > ", end_, part_note()));
   }
   if (!error.ok()) reset();
   return error;

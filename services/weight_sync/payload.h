@@ -64,16 +64,17 @@ bool is_multipart(const v1::VersionManifest& manifest);
 
 // Checks the part fields of a manifest that passed validate_manifest and returns the range of its
 // part_index: part_count in [1, kMaxUploadParts] with part_offsets.size() == part_count;
-// part_index < part_count; upload_id != 0; part_offsets[0] == 0, strictly increasing (no empty or overlapping
-// part), each below total_bytes and each the offset of a tensor (no tensor split between parts).
-// A single-part manifest (part_count 0 or 1, no offsets, index 0) is the whole payload.
-// InvalidArgument naming the field ("manifest.part_offsets[2]: ...").
+// part_index < part_count; upload_id != 0; part_offsets[0] == 0, strictly increasing (no empty or
+// overlapping part), each below total_bytes and each the offset of a tensor (no tensor split
+// between parts). A single-part manifest (part_count 0 or 1, no offsets, index 0) is the whole
+// payload. InvalidArgument naming the field ("manifest.part_offsets[2]: ...").
 inline constexpr uint32_t kMaxUploadParts = 256;
 absl::StatusOr<PartRange> part_range(const v1::VersionManifest& manifest);
 
 // Sets the part fields of `manifest` (validated) for an upload in `parts` parts of about equal
-// bytes, cut at tensor boundaries (part_index 0; upload_id the wall clock in ns unless set). InvalidArgument when `parts` is outside
-// [1, kMaxUploadParts] or larger than the number of non-empty tensors.
+// bytes, cut at tensor boundaries (part_index 0; upload_id the wall clock in ns unless set).
+// InvalidArgument when `parts` is outside [1, kMaxUploadParts] or larger than the number of
+// non-empty tensors.
 absl::Status plan_parts(v1::VersionManifest* manifest, uint32_t parts);
 
 // Empty when `a` and `b` are the same manifest apart from part_index; otherwise the first field
@@ -147,8 +148,8 @@ class PayloadAssembler {
   v1::VersionManifest manifest_;
   std::string payload_;     // the payload, unless begun with begin_into()
   std::span<char> target_;  // begin_into()'s buffer (empty otherwise)
-  uint64_t received_ = 0;  // payload offset of the next byte expected
-  uint64_t begin_ = 0;     // the range being received: [begin_, end_) (all of it unless a part)
+  uint64_t received_ = 0;   // payload offset of the next byte expected
+  uint64_t begin_ = 0;      // the range being received: [begin_, end_) (all of it unless a part)
   uint64_t end_ = 0;
   int end_tensor_ = 0;     // one past the last tensor in the range
   uint64_t landing_ = 0;   // chunk_target()'s size, until commit_chunk()

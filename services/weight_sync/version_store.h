@@ -68,7 +68,7 @@ class ArrivingVersion {
   uint64_t ready_ = 0;                  // guarded by mu_; the final prefix readers may read
   // Guarded by mu_: final ranges past the prefix, begin -> end, disjoint and not touching.
   std::map<uint64_t, uint64_t> ranges_;
-  State state_ = State::kArriving;      // guarded by mu_
+  State state_ = State::kArriving;  // guarded by mu_
 };
 
 class VersionStore {

@@ -396,8 +396,8 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
   return grpc::Status::OK;
 }
 
-void WeightSyncServiceImpl::record_stored(int64_t version, v1::WeightFormat format,
-                                          int num_tensors, uint64_t bytes, uint32_t parts) {
+void WeightSyncServiceImpl::record_stored(int64_t version, v1::WeightFormat format, int num_tensors,
+                                          uint64_t bytes, uint32_t parts) {
   metrics_->uploads->with({"accepted"}).inc();
   metrics_->latest_version->get().set(static_cast<double>(version));
   for (v1::WeightFormat f : {v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_BF16}) {
@@ -445,10 +445,10 @@ grpc::Status WeightSyncServiceImpl::receive_part(grpc::ServerContext* context,
       return reject_upload(
           absl::AbortedError(absl::StrCat(
               "version ", version, ": upload_id ", upload_id, " is a stale attempt (",
-              it != parts_.end() ? absl::StrCat("upload_id ", it->second->upload_id(),
-                                                " is in progress")
-                                 : absl::StrCat("upload_id ", f->second.upload_id,
-                                                " failed in ", f->second.failure.message()),
+              it != parts_.end()
+                  ? absl::StrCat("upload_id ", it->second->upload_id(), " is in progress")
+                  : absl::StrCat("upload_id ", f->second.upload_id, " failed in ",
+                                 f->second.failure.message()),
               ")")),
           version);
     } else {
@@ -592,8 +592,7 @@ void WeightSyncServiceImpl::fail_parts(const std::shared_ptr<PartAssembly>& asse
   store_.end_arrival(assembly->arriving().get());
   {
     std::lock_guard<std::mutex> lock(parts_mu_);
-    if (auto it = parts_.find(assembly->version());
-        it != parts_.end() && it->second == assembly) {
+    if (auto it = parts_.find(assembly->version()); it != parts_.end() && it->second == assembly) {
       parts_.erase(it);
     }
     const int64_t latest = store_.latest_version();
@@ -601,9 +600,9 @@ void WeightSyncServiceImpl::fail_parts(const std::shared_ptr<PartAssembly>& asse
     failed_parts_[assembly->version()] = {assembly->upload_id(), status};
     while (failed_parts_.size() > kMaxFailedAttempts) failed_parts_.erase(failed_parts_.begin());
   }
-  service::log_warn(kComponent, "parallel upload failed; nothing stored",
-                    {{"version", absl::StrCat(assembly->version())},
-                     {"error", std::string(status.message())}});
+  service::log_warn(
+      kComponent, "parallel upload failed; nothing stored",
+      {{"version", absl::StrCat(assembly->version())}, {"error", std::string(status.message())}});
 }
 
 absl::Status WeightSyncServiceImpl::store_parts(const std::shared_ptr<PartAssembly>& assembly) {

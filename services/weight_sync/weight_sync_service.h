@@ -77,8 +77,8 @@ struct WeightSyncOptions {
 };
 
 // InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
-// max_version_bytes == 0, a non-positive poll_interval or part_timeout, delta_max_fraction outside (0, 1] or
-// delta_zstd_level outside [1, 19].
+// max_version_bytes == 0, a non-positive poll_interval or part_timeout, delta_max_fraction outside
+// (0, 1] or delta_zstd_level outside [1, 19].
 absl::Status validate_options(const WeightSyncOptions& options);
 
 class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {

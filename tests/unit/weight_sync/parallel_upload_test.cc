@@ -351,8 +351,7 @@ TEST(ParallelUpload, PartsOfOddSizesArriveBitExact) {
     UploadOptions options;
     options.chunk_bytes = 10007;  // chunks that end inside tensors
     absl::StatusOr<v1::UploadVersionResponse> up = upload_parallel(
-        part_channels(server, static_cast<int>(parts)), set, v1::WEIGHT_FORMAT_FP8, parts,
-        options);
+        part_channels(server, static_cast<int>(parts)), set, v1::WEIGHT_FORMAT_FP8, parts, options);
     ASSERT_TRUE(up.ok()) << up.status();
     EXPECT_EQ(up->version(), version);
     EXPECT_EQ(up->bytes_received(), static_cast<uint64_t>(set.nbytes()));
@@ -363,8 +362,8 @@ TEST(ParallelUpload, PartsOfOddSizesArriveBitExact) {
     // The stored manifest's CRCs are the ones of the whole set, recomputed here.
     for (int i = 0; i < stored->manifest.tensors_size(); ++i) {
       const auto& t = set.tensors[static_cast<size_t>(i)];
-      EXPECT_EQ(stored->manifest.tensors(i).crc32c(), service::crc32c(t.bytes.data(),
-                                                                      t.bytes.size(), 0));
+      EXPECT_EQ(stored->manifest.tensors(i).crc32c(),
+                service::crc32c(t.bytes.data(), t.bytes.size(), 0));
     }
     expect_same_set(set, subscribe_once(server, absl::StrCat("w", parts)));
   }
@@ -601,25 +600,27 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
   // A chunk outside its part (part 2 sends a chunk of part 1's range).
   {
     SCOPED_TRACE("chunk outside its part");
-    auto results = upload_some(server, {0, 1, 2}, good_manifest,
-                               [&](uint32_t p) {
-                                 if (p != 2) return good_chunks(p);
-                                 return good_chunks(1);
-                               },
-                               9, 400);
+    auto results = upload_some(
+        server, {0, 1, 2}, good_manifest,
+        [&](uint32_t p) {
+          if (p != 2) return good_chunks(p);
+          return good_chunks(1);
+        },
+        9, 400);
     expect_status(results[2], grpc::StatusCode::INVALID_ARGUMENT, "chunk.offset: overlap");
     EXPECT_EQ(server.status().latest_version(), 0);
   }
   // A corrupt byte in part 2: DATA_LOSS there, the others ABORTED.
   {
     SCOPED_TRACE("corrupt part");
-    auto results = upload_some(server, {0, 1, 2}, good_manifest,
-                               [&](uint32_t p) {
-                                 auto c = good_chunks(p);
-                                 if (p == 2) c.back().second[0] ^= 1;
-                                 return c;
-                               },
-                               9, 500);
+    auto results = upload_some(
+        server, {0, 1, 2}, good_manifest,
+        [&](uint32_t p) {
+          auto c = good_chunks(p);
+          if (p == 2) c.back().second[0] ^= 1;
+          return c;
+        },
+        9, 500);
     expect_status(results[2], grpc::StatusCode::DATA_LOSS, "crc32c mismatch");
     EXPECT_EQ(server.status().latest_version(), 0);
     for (size_t i : {0u, 1u}) {
@@ -643,8 +644,8 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
           return good_chunks(p);
         },
         9, 600);
-    const bool first_failed = !results[0].ok() &&
-                              results[0].error_code() == grpc::StatusCode::INVALID_ARGUMENT;
+    const bool first_failed =
+        !results[0].ok() && results[0].error_code() == grpc::StatusCode::INVALID_ARGUMENT;
     expect_status(results[first_failed ? 0 : 1], grpc::StatusCode::INVALID_ARGUMENT,
                   "manifest.part_index: part 0 of version 9 was already uploaded");
     EXPECT_EQ(server.status().latest_version(), 0);
