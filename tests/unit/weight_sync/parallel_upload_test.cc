@@ -3,7 +3,8 @@
 // (part_range, plan_parts, manifest_difference), one part's assembly, the ready ranges of an
 // arriving version, and the service over real gRPC on loopback: N = 1, 2, 3, 5 parts of odd
 // sizes arrive bit-exact, in any order, pushed cut-through while parts still arrive, and every
-// malformed case fails the version with a named error and stores nothing.
+// malformed case fails the version with a named error and stores nothing; the trainer's publisher
+// uploads on several streams.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "common/service/crc32c.h"
+#include "services/trainer_worker/weight_publisher.h"
 #include "services/weight_sync/client.h"
 #include "services/weight_sync/payload.h"
 #include "services/weight_sync/version_store.h"
@@ -719,6 +721,23 @@ TEST(ParallelUpload, UploadPartChecksItsTensorsBeforeSending) {
   expect_error(upload_part(server.stub(), m, all.subspan(0, 1)).status(),
                absl::StatusCode::kInvalidArgument, "tensors: 1 given but part 1 holds");
   EXPECT_EQ(server.status().rejected_uploads(), 0u);  // nothing was sent
+}
+
+// The trainer's publisher with upload_streams > 1 goes through the parallel upload: the version
+// arrives bit-exact, and more streams than the version has tensors is the planner's error.
+TEST(ParallelUpload, TrainerPublisherUploadsOnSeveralStreams) {
+  TestServer server(part_options());
+  const model::WeightSet set = odd_set(12, 71);
+  auto publisher = trainer::make_grpc_weight_publisher(30s, {}, 3);
+  absl::StatusOr<uint64_t> bytes = publisher->upload(server.address(), set, v1::WEIGHT_FORMAT_FP8);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(*bytes, static_cast<uint64_t>(set.nbytes()));
+  const StoredVersionPtr stored = server.service().store().get(12);
+  ASSERT_NE(stored, nullptr);
+  EXPECT_TRUE(stored->payload == payload_of(set));
+  auto too_many = trainer::make_grpc_weight_publisher(30s, {}, 14);
+  expect_error(too_many->upload(server.address(), odd_set(13, 72), v1::WEIGHT_FORMAT_FP8).status(),
+               absl::StatusCode::kInvalidArgument, "parts: 14 parts need 14 tensors");
 }
 
 }  // namespace
