@@ -432,6 +432,7 @@ grpc::Status WeightSyncServiceImpl::receive_part(grpc::ServerContext* context,
   // of a later one ends the attempt in progress (ABORTED for its parts) and starts anew.
   std::shared_ptr<PartAssembly> assembly;
   std::shared_ptr<PartAssembly> superseded;
+  std::shared_ptr<ArrivingVersion> announce;  // a new attempt's arrival, for cut-through
   const uint64_t upload_id = manifest.upload_id();
   {
     std::lock_guard<std::mutex> lock(parts_mu_);
@@ -472,11 +473,17 @@ grpc::Status WeightSyncServiceImpl::receive_part(grpc::ServerContext* context,
       assembly = std::make_shared<PartAssembly>(manifest, stored, arriving,
                                                 stored->arrived + options_.part_timeout);
       parts_[version] = assembly;
-      if (cut_through_.load()) store_.begin_arrival(arriving);
+      if (cut_through_.load()) announce = arriving;
     }
   }
   if (superseded != nullptr) {
+    // Withdrawn first: the store announces one arrival per version.
     fail_parts(superseded, absl::AbortedError(absl::StrCat("superseded by upload_id ", upload_id)));
+  }
+  if (announce != nullptr) {
+    store_.begin_arrival(announce);
+    // A part that failed the attempt before it was announced found nothing to withdraw.
+    if (assembly->failed()) store_.end_arrival(announce.get());
   }
   const std::string part = absl::StrCat("part ", index, " of ", assembly->part_count());
   // This part failed the version: every other part stops with it.

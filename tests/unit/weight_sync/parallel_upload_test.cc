@@ -672,6 +672,34 @@ TEST(ParallelUpload, MalformedPartsFailTheVersionWithANamedErrorAndStoreNothing)
   EXPECT_TRUE(stored->payload == payload);
 }
 
+// A part of a later attempt (larger upload_id) ends the attempt in progress; the later attempt's
+// version is stored bit-exact.
+TEST(ParallelUpload, ALaterAttemptSupersedesTheOneInProgress) {
+  TestServer server(part_options());
+  const model::WeightSet set = odd_set(8, 81);
+  const std::string payload = payload_of(set);
+  v1::VersionManifest m = planned(set, 2);
+  auto channels = part_channels(server, 1);
+  auto stub = v1::WeightSyncService::NewStub(channels[0]);
+  // Attempt 10: part 0 begins and sends one chunk, then waits.
+  PartStream early(stub.get());
+  m.set_upload_id(10);
+  ASSERT_TRUE(early.manifest(with_index(m, 0)));
+  ASSERT_TRUE(early.chunk(8, 0, payload.substr(0, 1000)));
+  ASSERT_TRUE(wait_until([&] { return server.status().arriving_version() == 8; }));
+  // Attempt 20, both parts.
+  auto results = upload_some(
+      server, {0, 1}, [&](uint32_t p) { return with_index(m, p); },
+      [&](uint32_t p) { return part_chunks(payload, part_range(with_index(m, p)).value(), 9000); },
+      8, 20);
+  for (const grpc::Status& r : results) EXPECT_TRUE(r.ok()) << r.error_message();
+  expect_status(early.finish(), grpc::StatusCode::ABORTED, "superseded by upload_id 20");
+  const StoredVersionPtr stored = server.service().store().get(8);
+  ASSERT_NE(stored, nullptr);
+  EXPECT_TRUE(stored->payload == payload);
+  expect_same_set(set, subscribe_once(server, "w"));
+}
+
 // A subscriber that was pushed a version cut-through never completes it when a part fails.
 TEST(ParallelUpload, AFailedVersionIsNeverCompletedBySubscribers) {
   TestServer server(part_options());
