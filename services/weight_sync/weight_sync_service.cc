@@ -555,6 +555,7 @@ grpc::Status WeightSyncServiceImpl::receive_part(grpc::ServerContext* context,
     arriving.add_ready(request.chunk().offset(),
                        request.chunk().offset() + request.chunk().data().size());
   }
+  if (assembly->failed()) return aborted();  // while this part's last messages came in
   if (context->IsCancelled()) return fail(absl::CancelledError("upload cancelled by the client"));
   if (absl::StatusOr<AssembledVersion> done = assembler.finish(); !done.ok()) {
     return fail(done.status());
