@@ -292,6 +292,14 @@ TEST(ArrivingVersionRanges, ReadersSeeTheLowestMissingRange) {
   EXPECT_EQ(ready, 1000u);
 }
 
+TEST(ParallelUpload, PartTimeoutMustBePositive) {
+  WeightSyncOptions o;
+  ASSERT_TRUE(validate_options(o).ok());
+  o.part_timeout = 0ms;
+  expect_error(validate_options(o), absl::StatusCode::kInvalidArgument,
+               "part_timeout: must be > 0");
+}
+
 // ---- the service over loopback ----
 
 WeightSyncOptions part_options() {
