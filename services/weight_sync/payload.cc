@@ -407,7 +407,7 @@ absl::Status PayloadAssembler::begin_part_into(v1::VersionManifest manifest, std
   if (absl::Status s = begin_into(std::move(manifest), target); !s.ok()) return s;
   if (range.begin > range.end || range.end > manifest_.total_bytes() || range.first_tensor < 0 ||
       range.first_tensor > range.end_tensor || range.end_tensor > manifest_.tensors_size()) {
-    const absl::Status s = absl::InvalidArgumentError(
+    absl::Status s = absl::InvalidArgumentError(
         absl::StrCat("part range [", range.begin, ", ", range.end, ") does not fit version ",
                      manifest_.version(), " of ", manifest_.total_bytes(), " bytes"));
     reset();
