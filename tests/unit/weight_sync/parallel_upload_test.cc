@@ -719,7 +719,7 @@ TEST(ParallelUpload, AFailedVersionIsNeverCompletedBySubscribers) {
   options.worker_id = "gen";
   options.initial_backoff = 20ms;
   options.max_backoff = 100ms;
-  WeightSubscriber sub(server.channel(), options, [&](model::WeightSet) {
+  WeightSubscriber sub(server.channel(), options, [&](const model::WeightSet&) {
     installs.fetch_add(1);
     return absl::OkStatus();
   });
