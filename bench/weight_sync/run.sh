@@ -8,7 +8,8 @@
 # the workers (--generate: the share is then that of a whole GRPO step), NO_TRAIN=1 for the push
 # path alone (--no-train), AB=N to alternate the previous and the current push path every N versions
 # (--ab N, medians per path), AB_WHAT=service to switch only the weight-sync service's message copies (AB_WHAT=cut-through: only cut-through)
-# (--ab-what service).
+# (--ab-what service), UPLOAD_PARTS=1,2,4 to upload versions in that many parts in turn (parallel
+# upload, --upload-parts; medians per part count).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -41,6 +42,7 @@ FLAGS=()
 [ "${NO_TRAIN:-0}" = 1 ] && FLAGS+=(--no-train)
 [ -n "${AB:-}" ] && FLAGS+=(--ab "$AB")
 [ -n "${AB_WHAT:-}" ] && FLAGS+=(--ab-what "$AB_WHAT")
+[ -n "${UPLOAD_PARTS:-}" ] && FLAGS+=(--upload-parts "$UPLOAD_PARTS")
 for m in "${MODELS[@]}"; do
   for w in ${WORKERS:-1 4}; do
     "$BENCH" --model "configs/models/$m.json" --workers "$w" --versions "${VERSIONS:-3}" \

@@ -19,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/service/crc32c.h"
 #include "common/service/grpc_server.h"
@@ -78,6 +79,10 @@ struct Options {
   // stored version vs copied into a SubscribeResponse that gRPC serializes), or "cut-through"
   // (only that: a version pushed while its upload arrives vs once it is stored).
   std::string ab_what = "all";
+  // Parallel upload: version v is uploaded in upload_parts[(v - 1) % size] parts on as many
+  // streams, each on its own connection (weight_sync::upload_parallel); more than one entry
+  // rotates them version by version in one run and prints a median per part count.
+  std::vector<int> upload_parts = {1};
 };
 
 void usage() {
@@ -85,7 +90,7 @@ void usage() {
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
                "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK] "
-               "[--ab-what all|service|cut-through]\n");
+               "[--ab-what all|service|cut-through] [--upload-parts N[,N...]]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
@@ -111,6 +116,19 @@ bool parse(int argc, char** argv, Options* o) {
                                      : nullptr;
     if (a == "--model") {
       o->model = v;
+    } else if (a == "--upload-parts") {
+      o->upload_parts.clear();
+      for (absl::string_view item : absl::StrSplit(v, ',')) {
+        int n = 0;
+        if (!absl::SimpleAtoi(item, &n) || n < 1 ||
+            n > static_cast<int>(weight_sync::kMaxUploadParts)) {
+          std::fprintf(stderr,
+                       "--upload-parts: expected part counts in [1, %u] like 1,2,4, got '%s'\n",
+                       weight_sync::kMaxUploadParts, v.c_str());
+          return false;
+        }
+        o->upload_parts.push_back(n);
+      }
     } else if (a == "--ab-what") {
       if (v != "all" && v != "service" && v != "cut-through") {
         std::fprintf(stderr, "--ab-what: expected all, service or cut-through, got '%s'\n",
@@ -152,6 +170,7 @@ struct Row {
   double sync_cpu = 0;                    // process CPU seconds during publish -> all hold it
   double old_calibrate = 0, kv_diff = 0;  // --compare-kv
   int delta_pushes = 0, pushes = 0;       // of this version, to the workers (deltas column)
+  int parts = 1;                          // upload parts (streams)
   double publish() const { return calibrate + quantize + serialize + upload + sync; }
 };
 
@@ -290,10 +309,19 @@ int run(const Options& o) {
   // One channel for every upload, as the trainer's publisher caches its channel per address.
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  // --upload-parts: one channel per part, each with its own connection.
+  std::vector<std::shared_ptr<grpc::ChannelInterface>> part_channels;
+  for (int i = 0; i < *std::max_element(o.upload_parts.begin(), o.upload_parts.end()); ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    part_channels.push_back(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
   std::vector<Row> rows;
   std::vector<int> row_path;  // --ab: 0 old, 1 new, -1 first of a block
   for (int v = 1; v <= o.versions; ++v) {
     Row r;
+    r.parts = o.upload_parts[static_cast<size_t>(v - 1) % o.upload_parts.size()];
     if (o.ab_block > 0) {
       const bool old_path = (v - 1) / o.ab_block % 2 == 0;
       set_push_path(!old_path, o.ab_what, sync, workers);
@@ -352,7 +380,10 @@ int run(const Options& o) {
     start = Clock::now();
     const double cpu0 = process_cpu_seconds();
     absl::StatusOr<v1::UploadVersionResponse> up =
-        weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8);
+        r.parts == 1
+            ? weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8)
+            : weight_sync::upload_parallel(part_channels, e->weights, v1::WEIGHT_FORMAT_FP8,
+                                           static_cast<uint32_t>(r.parts));
     if (!up.ok()) {
       std::fprintf(stderr, "upload: %s\n", up.status().ToString().c_str());
       return 1;
@@ -373,9 +404,10 @@ int run(const Options& o) {
     // The service counts a push after its last chunk went out, before the worker installs it.
     r.delta_pushes = static_cast<int>(metrics->pushes->with({"delta"}).value() - deltas0);
     r.pushes = r.delta_pushes + static_cast<int>(metrics->pushes->with({"full"}).value() - fulls0);
-    const std::string label =
-        o.ab_block == 0 ? absl::StrCat(v)
-                        : absl::StrCat(v, (v - 1) / o.ab_block % 2 == 0 ? " old" : " new");
+    std::string label = o.ab_block == 0
+                            ? absl::StrCat(v)
+                            : absl::StrCat(v, (v - 1) / o.ab_block % 2 == 0 ? " old" : " new");
+    if (o.upload_parts.size() > 1) absl::StrAppend(&label, " p", r.parts);
     print_row(label, r, static_cast<int>(workers.size()));
     rows.push_back(r);
   }
@@ -399,6 +431,29 @@ int run(const Options& o) {
         m.*f = med(f);
       }
       print_row(path == 0 ? "med old" : "med new", m, static_cast<int>(workers.size()));
+    }
+  }
+  if (o.upload_parts.size() > 1) {
+    // Per part count, over the versions after 1-2 (they build the workers' two slots).
+    std::vector<int> counts = o.upload_parts;
+    std::sort(counts.begin(), counts.end());
+    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    for (int parts : counts) {
+      std::vector<const Row*> picked;
+      for (size_t i = 2; i < rows.size(); ++i) {
+        if (rows[i].parts == parts) picked.push_back(&rows[i]);
+      }
+      if (picked.empty()) continue;
+      Row m;
+      m.mb = rows.back().mb;
+      for (double Row::*f :
+           {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize,
+            &Row::upload, &Row::upload_cpu, &Row::sync, &Row::sync_cpu}) {
+        std::vector<double> v;
+        for (const Row* r : picked) v.push_back(r->*f);
+        m.*f = median(v);
+      }
+      print_row(absl::StrCat("med p", parts), m, static_cast<int>(workers.size()));
     }
   }
   // Median over the versions after the first (the first pays for warm-up: allocation, channels).

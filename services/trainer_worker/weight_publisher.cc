@@ -3,8 +3,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
@@ -17,8 +19,11 @@ namespace {
 
 class GrpcWeightPublisher final : public WeightPublisher {
  public:
-  GrpcWeightPublisher(std::chrono::milliseconds timeout, service::ClientSecurity security)
-      : timeout_(timeout), security_(std::move(security)) {}
+  GrpcWeightPublisher(std::chrono::milliseconds timeout, service::ClientSecurity security,
+                      uint32_t upload_streams)
+      : timeout_(timeout),
+        security_(std::move(security)),
+        upload_streams_(std::max<uint32_t>(upload_streams, 1)) {}
 
   absl::StatusOr<int64_t> latest_version(const std::string& address) override {
     std::unique_ptr<v1::WeightSyncService::Stub> stub =
@@ -39,7 +44,9 @@ class GrpcWeightPublisher final : public WeightPublisher {
     weight_sync::UploadOptions options;
     options.timeout = timeout_;
     absl::StatusOr<v1::UploadVersionResponse> response =
-        weight_sync::upload(channel(address), set, format, options);
+        upload_streams_ == 1 ? weight_sync::upload(channel(address), set, format, options)
+                             : weight_sync::upload_parallel(part_channels(address), set, format,
+                                                            upload_streams_, options);
     if (!response.ok()) {
       return absl::Status(
           response.status().code(),
@@ -62,17 +69,37 @@ class GrpcWeightPublisher final : public WeightPublisher {
     return channel;
   }
 
+  // One channel per upload stream, each with its own connection (a local subchannel pool), so
+  // the parts do not share one TCP connection.
+  std::vector<std::shared_ptr<grpc::ChannelInterface>> part_channels(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::shared_ptr<grpc::ChannelInterface>>& out = part_channels_[address];
+    while (out.size() < upload_streams_) {
+      grpc::ChannelArguments args;
+      args.SetMaxSendMessageSize(64 << 20);
+      args.SetMaxReceiveMessageSize(64 << 20);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      service::set_reconnect_backoff(&args);
+      out.push_back(service::make_channel(address, args, security_));
+    }
+    return out;
+  }
+
   const std::chrono::milliseconds timeout_;
   const service::ClientSecurity security_;
+  const uint32_t upload_streams_;
   std::mutex mu_;
-  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
+  // Guarded by mu_: upload_streams_ channels per address (with upload_streams_ > 1).
+  std::map<std::string, std::vector<std::shared_ptr<grpc::ChannelInterface>>> part_channels_;
 };
 
 }  // namespace
 
 std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout,
-                                                            service::ClientSecurity security) {
-  return std::make_unique<GrpcWeightPublisher>(timeout, std::move(security));
+                                                            service::ClientSecurity security,
+                                                            uint32_t upload_streams) {
+  return std::make_unique<GrpcWeightPublisher>(timeout, std::move(security), upload_streams);
 }
 
 }  // namespace fp8rl::trainer

@@ -25,9 +25,13 @@ class WeightPublisher {
                                           v1::WeightFormat format) = 0;
 };
 
-// The real thing: services/weight_sync/client.h over a gRPC channel per address (cached).
+// The real thing: services/weight_sync/client.h over gRPC channels per address (cached).
 // `timeout` bounds each call; `security` gives TLS and the cluster token (security.h).
+// `upload_streams` > 1 uploads each version as that many parts on as many concurrent streams,
+// each on its own connection (weight_sync::upload_parallel; a version with fewer non-empty
+// tensors than streams is refused with INVALID_ARGUMENT); 1 is the single-stream upload.
 std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout,
-                                                            service::ClientSecurity security = {});
+                                                            service::ClientSecurity security = {},
+                                                            uint32_t upload_streams = 1);
 
 }  // namespace fp8rl::trainer

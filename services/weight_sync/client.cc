@@ -10,6 +10,8 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
@@ -33,25 +35,31 @@ std::shared_ptr<grpc::Channel> insecure_data_channel(const std::string& address)
 
 }  // namespace
 
-absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInterface* stub,
-                                                 const model::WeightSet& set,
-                                                 v1::WeightFormat format,
-                                                 const UploadOptions& options) {
+namespace {
+
+absl::Status check_upload_options(const UploadOptions& options) {
   if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
     return absl::InvalidArgumentError(absl::StrCat("chunk_bytes: must be in [1, ", kMaxChunkBytes,
                                                    "], got ", options.chunk_bytes));
   }
   if (options.timeout.count() <= 0) return absl::InvalidArgumentError("timeout: must be > 0");
-  absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
-  if (!manifest.ok()) return manifest.status();
+  return absl::OkStatus();
+}
 
+// One UploadVersion call: `manifest`, then `tensors`' bytes (consecutive in the payload from
+// `first_offset`) in chunks of options.chunk_bytes.
+absl::StatusOr<v1::UploadVersionResponse> stream_upload(v1::WeightSyncService::StubInterface* stub,
+                                                        const v1::VersionManifest& manifest,
+                                                        std::span<const model::NamedTensor> tensors,
+                                                        uint64_t first_offset,
+                                                        const UploadOptions& options) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + options.timeout);
   v1::UploadVersionResponse response;
   std::unique_ptr<grpc::ClientWriterInterface<v1::UploadVersionRequest>> writer =
       stub->UploadVersion(&context, &response);
   v1::UploadVersionRequest request;
-  *request.mutable_manifest() = std::move(*manifest);
+  *request.mutable_manifest() = manifest;
   bool stream_ok = writer->Write(request);
   if (stream_ok) {
     // Chunks are filled straight from the tensors into one reused chunk message (its data buffer
@@ -59,10 +67,10 @@ absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInte
     // A failed Write means the service ended the call (it rejected the upload or went away);
     // Finish() below reports why.
     v1::WeightChunk* chunk = request.mutable_chunk();
-    chunk->set_version(set.version);
+    chunk->set_version(manifest.version());
     std::string* data = chunk->mutable_data();
     data->reserve(options.chunk_bytes);
-    uint64_t offset = 0;  // payload offset of (*data)[0]
+    uint64_t offset = first_offset;  // payload offset of (*data)[0]
     auto send = [&]() {
       chunk->set_offset(offset);
       offset += data->size();
@@ -70,7 +78,7 @@ absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInte
       data->clear();
       return ok;
     };
-    for (const model::NamedTensor& t : set.tensors) {
+    for (const model::NamedTensor& t : tensors) {
       const char* p = reinterpret_cast<const char*>(t.bytes.data());
       uint64_t left = t.bytes.size();
       while (left > 0 && stream_ok) {
@@ -89,6 +97,92 @@ absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInte
   if (!status.ok()) return service::from_grpc_status(status);
   if (!stream_ok) return absl::UnavailableError("upload stream closed before the payload was sent");
   return response;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInterface* stub,
+                                                 const model::WeightSet& set,
+                                                 v1::WeightFormat format,
+                                                 const UploadOptions& options) {
+  if (absl::Status s = check_upload_options(options); !s.ok()) return s;
+  absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
+  if (!manifest.ok()) return manifest.status();
+  return stream_upload(stub, *manifest, set.tensors, 0, options);
+}
+
+absl::StatusOr<v1::UploadVersionResponse> upload_part(v1::WeightSyncService::StubInterface* stub,
+                                                      const v1::VersionManifest& manifest,
+                                                      std::span<const model::NamedTensor> tensors,
+                                                      const UploadOptions& options) {
+  if (absl::Status s = check_upload_options(options); !s.ok()) return s;
+  if (absl::Status s = validate_manifest(manifest); !s.ok()) return s;
+  absl::StatusOr<PartRange> range = part_range(manifest);
+  if (!range.ok()) return range.status();
+  const int want = range->end_tensor - range->first_tensor;
+  if (static_cast<int>(tensors.size()) != want) {
+    return absl::InvalidArgumentError(absl::StrCat("tensors: ", tensors.size(), " given but part ",
+                                                   manifest.part_index(), " holds ", want));
+  }
+  for (int i = 0; i < want; ++i) {
+    const v1::TensorManifestEntry& e = manifest.tensors(range->first_tensor + i);
+    const model::NamedTensor& t = tensors[static_cast<size_t>(i)];
+    if (t.name != e.name() || t.bytes.size() != e.byte_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensors[", i, "]: '", t.name, "' (", t.bytes.size(),
+                       " bytes) but the manifest's tensor ", range->first_tensor + i,
+                       " of this part is '", e.name(), "' (", e.byte_size(), " bytes)"));
+    }
+  }
+  return stream_upload(stub, manifest, tensors, range->begin, options);
+}
+
+absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
+    std::span<const std::shared_ptr<grpc::ChannelInterface>> channels, const model::WeightSet& set,
+    v1::WeightFormat format, uint32_t parts, const UploadOptions& options) {
+  if (channels.empty()) return absl::InvalidArgumentError("channels: empty");
+  if (absl::Status s = check_upload_options(options); !s.ok()) return s;
+  absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
+  if (!manifest.ok()) return manifest.status();
+  if (absl::Status s = plan_parts(&*manifest, parts); !s.ok()) return s;
+  if (parts == 1) {
+    auto stub = v1::WeightSyncService::NewStub(channels[0]);
+    return stream_upload(stub.get(), *manifest, set.tensors, 0, options);
+  }
+  std::vector<absl::StatusOr<v1::UploadVersionResponse>> results(
+      parts, absl::UnknownError("part not run"));
+  std::vector<std::thread> threads;
+  threads.reserve(parts);
+  for (uint32_t p = 0; p < parts; ++p) {
+    threads.emplace_back([&, p] {
+      v1::VersionManifest mine = *manifest;
+      mine.set_part_index(p);
+      absl::StatusOr<PartRange> range = part_range(mine);
+      if (!range.ok()) {
+        results[p] = range.status();
+        return;
+      }
+      auto stub = v1::WeightSyncService::NewStub(channels[p % channels.size()]);
+      const std::span<const model::NamedTensor> all(set.tensors);
+      results[p] =
+          upload_part(stub.get(), mine,
+                      all.subspan(static_cast<size_t>(range->first_tensor),
+                                  static_cast<size_t>(range->end_tensor - range->first_tensor)),
+                      options);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  v1::UploadVersionResponse out;
+  out.set_version(set.version);
+  // The part that failed the version says why; the others say ABORTED pointing at it.
+  for (const auto& r : results) {
+    if (!r.ok() && r.status().code() != absl::StatusCode::kAborted) return r.status();
+  }
+  for (const auto& r : results) {
+    if (!r.ok()) return r.status();
+    out.set_bytes_received(out.bytes_received() + r->bytes_received());
+  }
+  return out;
 }
 
 absl::StatusOr<v1::UploadVersionResponse> upload(

@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -42,6 +43,29 @@ absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInte
 absl::StatusOr<v1::UploadVersionResponse> upload(
     const std::shared_ptr<grpc::ChannelInterface>& channel, const model::WeightSet& set,
     v1::WeightFormat format, const UploadOptions& options = {});
+
+// Parallel upload (docs/design/weight-sync-fanout.md "Parallel upload from N trainer ranks").
+// One part of a version, what each of N trainer ranks calls with its own range: `manifest` is the
+// whole version's manifest (every tensor of every rank, with its CRC-32C) with the part fields set
+// (plan_parts) and part_index naming this part; `tensors` are exactly the manifest's tensors of
+// that part's range, in order. Returns when every part has ended and weight sync stored the
+// version, or with the error that failed it (this part's own, or ABORTED naming the part that
+// failed). InvalidArgument before anything is sent for bad options, a manifest that fails
+// validate_manifest / part_range, or tensors that are not the part's (naming the first mismatch).
+absl::StatusOr<v1::UploadVersionResponse> upload_part(v1::WeightSyncService::StubInterface* stub,
+                                                      const v1::VersionManifest& manifest,
+                                                      std::span<const model::NamedTensor> tensors,
+                                                      const UploadOptions& options = {});
+
+// Uploads `set` as `parts` parts (plan_parts: about equal bytes, cut at tensor boundaries) on
+// `parts` concurrent streams, part i on channels[i % channels.size()]; parts == 1 is upload().
+// Streams on one channel share its connection: give each part its own channel, made with
+// GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL set, for parts that travel on their own TCP connections.
+// bytes_received is the sum over the parts. The first error of any part otherwise (a part that
+// fails makes weight sync fail the others: nothing is stored).
+absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
+    std::span<const std::shared_ptr<grpc::ChannelInterface>> channels, const model::WeightSet& set,
+    v1::WeightFormat format, uint32_t parts, const UploadOptions& options = {});
 
 // Sees each version a WeightSubscriber receives while it lands, so a relay (relay.h) can pass it on
 // before the worker installs it. Called on the subscriber's thread only, in this order per

@@ -2,6 +2,7 @@
 #include "services/weight_sync/payload.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <new>
@@ -204,12 +205,162 @@ absl::Status for_each_chunk(const model::WeightSet& set, uint64_t chunk_bytes,
   return absl::OkStatus();
 }
 
+bool is_multipart(const v1::VersionManifest& manifest) {
+  return manifest.part_count() > 1 || manifest.part_offsets_size() > 0 || manifest.part_index() > 0;
+}
+
+absl::StatusOr<PartRange> part_range(const v1::VersionManifest& manifest) {
+  const uint64_t total = manifest.total_bytes();
+  const int num_tensors = manifest.tensors_size();
+  if (!is_multipart(manifest)) return PartRange{0, total, 0, num_tensors};
+  const uint32_t count = manifest.part_count();
+  if (count < 1 || count > kMaxUploadParts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.part_count: must be in [1, ", kMaxUploadParts, "], got ", count));
+  }
+  if (manifest.part_offsets_size() != static_cast<int>(count)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.part_offsets: ", manifest.part_offsets_size(),
+                     " offsets for part_count ", count, " (one per part)"));
+  }
+  if (manifest.part_index() >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.part_index: ", manifest.part_index(),
+                                                   " is out of range [0, ", count, ")"));
+  }
+  if (manifest.upload_id() == 0) {
+    return absl::InvalidArgumentError(
+        "manifest.upload_id: must be non-zero in a parallel upload (one random id per attempt, "
+        "the same in every part)");
+  }
+  if (manifest.part_offsets(0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.part_offsets[0]: must be 0, got ", manifest.part_offsets(0)));
+  }
+  // Walk the tensors once, matching each part offset to a tensor's offset.
+  PartRange out;
+  int t = 0;
+  for (uint32_t p = 0; p < count; ++p) {
+    const uint64_t at = manifest.part_offsets(static_cast<int>(p));
+    if (p > 0 && at <= manifest.part_offsets(static_cast<int>(p) - 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest.part_offsets[", p, "]: ", at, " overlaps part ", p - 1, " starting at ",
+          manifest.part_offsets(static_cast<int>(p) - 1), " (offsets must strictly increase)"));
+    }
+    if (at >= total) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest.part_offsets[", p, "]: ", at,
+                                                     " is not below total_bytes ", total));
+    }
+    // The first tensor starting at `at` (zero-size tensors at a boundary go to the later part).
+    // (validate_manifest made the tensors contiguous, so a tensor starting at `at` means the one
+    // before it ends there.)
+    while (t < num_tensors && manifest.tensors(t).offset() < at) ++t;
+    if (t == num_tensors || manifest.tensors(t).offset() != at) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "manifest.part_offsets[", p, "]: ", at, " splits ", where(t - 1, manifest.tensors(t - 1)),
+          " (a part must start at a tensor's offset)"));
+    }
+    if (p == manifest.part_index()) {
+      out.begin = at;
+      out.first_tensor = t;
+    } else if (p == manifest.part_index() + 1) {
+      out.end = at;
+      out.end_tensor = t;
+    }
+  }
+  if (manifest.part_index() + 1 == count) {
+    out.end = total;
+    out.end_tensor = num_tensors;
+  }
+  return out;
+}
+
+absl::Status plan_parts(v1::VersionManifest* manifest, uint32_t parts) {
+  if (parts < 1 || parts > kMaxUploadParts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parts: must be in [1, ", kMaxUploadParts, "], got ", parts));
+  }
+  manifest->clear_part_offsets();
+  manifest->set_part_index(0);
+  manifest->set_part_count(parts);
+  if (manifest->upload_id() == 0) {
+    // Later attempts get larger ids (the service refuses parts of an earlier attempt).
+    manifest->set_upload_id(
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count()));
+  }
+  const uint64_t total = manifest->total_bytes();
+  // Part p starts at the first tensor offset at or past p * total / parts that is past the
+  // previous part's start, so every part holds at least one non-empty tensor.
+  manifest->add_part_offsets(0);
+  int t = 0;
+  for (uint32_t p = 1; p < parts; ++p) {
+    const uint64_t want = total / parts * p + (total % parts) * p / parts;
+    const uint64_t prev = manifest->part_offsets(static_cast<int>(p) - 1);
+    while (t < manifest->tensors_size() &&
+           (manifest->tensors(t).offset() < want || manifest->tensors(t).offset() <= prev)) {
+      ++t;
+    }
+    if (t == manifest->tensors_size() || manifest->tensors(t).offset() >= total) {
+      const uint32_t asked = parts;
+      manifest->clear_part_offsets();
+      manifest->set_part_count(0);
+      return absl::InvalidArgumentError(
+          absl::StrCat("parts: ", asked, " parts need ", asked,
+                       " tensors to start them, but the version has too few non-empty tensors"));
+    }
+    manifest->add_part_offsets(manifest->tensors(t).offset());
+  }
+  if (parts == 1) {
+    manifest->clear_part_offsets();
+    manifest->set_part_count(0);
+    manifest->set_upload_id(0);
+  }
+  return absl::OkStatus();
+}
+
+std::string manifest_difference(const v1::VersionManifest& a, const v1::VersionManifest& b) {
+  if (a.version() != b.version()) return "version";
+  if (a.format() != b.format()) return "format";
+  if (a.model_config_json() != b.model_config_json()) return "model_config_json";
+  if (a.total_bytes() != b.total_bytes()) return "total_bytes";
+  if (a.part_count() != b.part_count()) return "part_count";
+  if (a.upload_id() != b.upload_id()) return "upload_id";
+  if (a.part_offsets_size() != b.part_offsets_size()) return "part_offsets";
+  for (int i = 0; i < a.part_offsets_size(); ++i) {
+    if (a.part_offsets(i) != b.part_offsets(i)) return absl::StrCat("part_offsets[", i, "]");
+  }
+  if (a.tensors_size() != b.tensors_size()) return "tensors";
+  for (int i = 0; i < a.tensors_size(); ++i) {
+    const v1::TensorManifestEntry& x = a.tensors(i);
+    const v1::TensorManifestEntry& y = b.tensors(i);
+    const std::string at = absl::StrCat("tensors[", i, "].");
+    if (x.name() != y.name()) return at + "name";
+    if (x.dtype() != y.dtype()) return at + "dtype";
+    if (!std::equal(x.shape().begin(), x.shape().end(), y.shape().begin(), y.shape().end())) {
+      return at + "shape";
+    }
+    if (x.byte_size() != y.byte_size()) return at + "byte_size";
+    if (x.offset() != y.offset()) return at + "offset";
+    if (x.crc32c() != y.crc32c()) return at + "crc32c";
+  }
+  return "";
+}
+
+std::string PayloadAssembler::part_note() const {
+  if (begin_ == 0 && end_ == manifest_.total_bytes()) return "";
+  return absl::StrCat(" (part [", begin_, ", ", end_, "))");
+}
+
 void PayloadAssembler::reset() {
   active_ = false;
   manifest_.Clear();
   payload_ = std::string();
   target_ = {};
   received_ = 0;
+  begin_ = 0;
+  end_ = 0;
+  end_tensor_ = 0;
   landing_ = 0;
   next_tensor_ = 0;
   crc_ = 0;
@@ -228,6 +379,8 @@ absl::Status PayloadAssembler::begin(v1::VersionManifest manifest, std::string b
         absl::StrCat("manifest.total_bytes: cannot allocate ", manifest.total_bytes(), " bytes"));
   }
   manifest_ = std::move(manifest);
+  end_ = manifest_.total_bytes();
+  end_tensor_ = manifest_.tensors_size();
   active_ = true;
   // Empty tensors at the front are complete already.
   return check_finished_tensors();
@@ -243,8 +396,35 @@ absl::Status PayloadAssembler::begin_into(v1::VersionManifest manifest, std::spa
   }
   manifest_ = std::move(manifest);
   target_ = target;
+  end_ = manifest_.total_bytes();
+  end_tensor_ = manifest_.tensors_size();
   active_ = true;
   return check_finished_tensors();
+}
+
+absl::Status PayloadAssembler::begin_part_into(v1::VersionManifest manifest, std::span<char> target,
+                                               const PartRange& range) {
+  if (absl::Status s = begin_into(std::move(manifest), target); !s.ok()) return s;
+  if (range.begin > range.end || range.end > manifest_.total_bytes() || range.first_tensor < 0 ||
+      range.first_tensor > range.end_tensor || range.end_tensor > manifest_.tensors_size()) {
+    absl::Status s = absl::InvalidArgumentError(
+        absl::StrCat("part range [", range.begin, ", ", range.end, ") does not fit version ",
+                     manifest_.version(), " of ", manifest_.total_bytes(), " bytes"));
+    reset();
+    return s;
+  }
+  begin_ = range.begin;
+  end_ = range.end;
+  received_ = range.begin;
+  crc_upto_ = range.begin;
+  next_tensor_ = range.first_tensor;
+  end_tensor_ = range.end_tensor;
+  // Empty tensors at the part's start are complete already.
+  if (absl::Status s = check_finished_tensors(); !s.ok()) {
+    reset();
+    return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PayloadAssembler::check_chunk(int64_t version, uint64_t offset, uint64_t size) {
@@ -257,19 +437,24 @@ absl::Status PayloadAssembler::check_chunk(int64_t version, uint64_t offset, uin
         "chunk.version: ", version, " but the manifest is version ", manifest_.version()));
   } else if (offset > received_) {
     error = absl::InvalidArgumentError(absl::StrCat("chunk.offset: gap: chunk starts at ", offset,
-                                                    " but ", received_, " bytes were received"));
+                                                    " but ", received_ - begin_,
+                                                    " bytes were received", part_note()));
   } else if (offset < received_) {
-    error =
-        absl::InvalidArgumentError(absl::StrCat("chunk.offset: overlap: chunk starts at ", offset,
-                                                " but ", received_, " bytes were received"));
+    error = absl::InvalidArgumentError(absl::StrCat("chunk.offset: overlap: chunk starts at ",
+                                                    offset, " but ", received_ - begin_,
+                                                    " bytes were received", part_note()));
   } else if (size == 0) {
     error = absl::InvalidArgumentError(absl::StrCat("chunk.data: empty chunk at offset ", offset));
   } else if (size > kMaxChunkBytes) {
     error = absl::InvalidArgumentError(
         absl::StrCat("chunk.data: ", size, " bytes, more than the limit of ", kMaxChunkBytes));
-  } else if (size > manifest_.total_bytes() - received_) {
-    error = absl::InvalidArgumentError(absl::StrCat(
-        "chunk.data: runs past total_bytes: ", received_ + size, " > ", manifest_.total_bytes()));
+  } else if (size > end_ - received_) {
+    error = end_ == manifest_.total_bytes() && begin_ == 0
+                ? absl::InvalidArgumentError(absl::StrCat(
+                      "chunk.data: runs past total_bytes: ", received_ + size, " > ", end_))
+                : absl::InvalidArgumentError(
+                      absl::StrCat("chunk.data: runs past the part's end: ", received_ + size,
+                                   " > ", end_, part_note()));
   }
   if (!error.ok()) reset();
   return error;
@@ -316,7 +501,7 @@ absl::Status PayloadAssembler::add(const v1::WeightChunk& chunk) {
 }
 
 absl::Status PayloadAssembler::check_finished_tensors() {
-  while (next_tensor_ < manifest_.tensors_size()) {
+  while (next_tensor_ < end_tensor_) {
     const v1::TensorManifestEntry& t = manifest_.tensors(next_tensor_);
     const uint64_t end = t.offset() + t.byte_size();
     const uint64_t upto = std::min(received_, end);
@@ -338,10 +523,10 @@ absl::Status PayloadAssembler::check_finished_tensors() {
 
 absl::StatusOr<AssembledVersion> PayloadAssembler::finish() {
   if (!active_) return absl::InvalidArgumentError("no version in progress (no manifest)");
-  if (received_ != manifest_.total_bytes()) {
+  if (received_ != end_) {
     const absl::Status s = absl::DataLossError(
         absl::StrCat("incomplete payload for version ", manifest_.version(), ": received ",
-                     received_, " of ", manifest_.total_bytes(), " bytes"));
+                     received_ - begin_, " of ", end_ - begin_, " bytes", part_note()));
     reset();
     return s;
   }

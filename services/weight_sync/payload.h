@@ -50,6 +50,37 @@ absl::StatusOr<v1::VersionManifest> build_manifest(const model::WeightSet& set,
 absl::Status for_each_chunk(const model::WeightSet& set, uint64_t chunk_bytes,
                             const std::function<absl::Status(uint64_t, std::string_view)>& emit);
 
+// The byte range [begin, end) of the payload that one part of a parallel upload carries, and the
+// tensors [first_tensor, end_tensor) that lie in it (proto: VersionManifest.part_offsets).
+struct PartRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  int first_tensor = 0;
+  int end_tensor = 0;
+};
+
+// True when `manifest` is one part of a parallel upload (part_count > 1 or part_offsets set).
+bool is_multipart(const v1::VersionManifest& manifest);
+
+// Checks the part fields of a manifest that passed validate_manifest and returns the range of its
+// part_index: part_count in [1, kMaxUploadParts] with part_offsets.size() == part_count;
+// part_index < part_count; upload_id != 0; part_offsets[0] == 0, strictly increasing (no empty or
+// overlapping part), each below total_bytes and each the offset of a tensor (no tensor split
+// between parts). A single-part manifest (part_count 0 or 1, no offsets, index 0) is the whole
+// payload. InvalidArgument naming the field ("manifest.part_offsets[2]: ...").
+inline constexpr uint32_t kMaxUploadParts = 256;
+absl::StatusOr<PartRange> part_range(const v1::VersionManifest& manifest);
+
+// Sets the part fields of `manifest` (validated) for an upload in `parts` parts of about equal
+// bytes, cut at tensor boundaries (part_index 0; upload_id the wall clock in ns unless set).
+// InvalidArgument when `parts` is outside [1, kMaxUploadParts] or larger than the number of
+// non-empty tensors.
+absl::Status plan_parts(v1::VersionManifest* manifest, uint32_t parts);
+
+// Empty when `a` and `b` are the same manifest apart from part_index; otherwise the first field
+// that differs, as a path ("tensors[3].crc32c", "model_config_json").
+std::string manifest_difference(const v1::VersionManifest& a, const v1::VersionManifest& b);
+
 // A verified version: its manifest and the concatenated payload bytes.
 struct AssembledVersion {
   v1::VersionManifest manifest;
@@ -77,6 +108,12 @@ class PayloadAssembler {
   // version that fails are left partly written. ResourceExhausted naming manifest.total_bytes
   // when `target` is smaller.
   absl::Status begin_into(v1::VersionManifest manifest, std::span<char> target);
+  // begin_into() for one part of a parallel upload: `target` is the whole payload buffer, and the
+  // chunks must cover exactly [range.begin, range.end) in order (the first at range.begin); the
+  // tensors in the range are CRC-checked as their last byte lands. finish() then needs the
+  // range complete. Other parts write the rest of `target` meanwhile (disjoint bytes).
+  absl::Status begin_part_into(v1::VersionManifest manifest, std::span<char> target,
+                               const PartRange& range);
   absl::Status add(const v1::WeightChunk& chunk);
   // add() without a WeightChunk message, for a receiver that copies a chunk's bytes straight from
   // the transport (WeightSubscriber's zero-copy receive): checks the chunk's header as add() does
@@ -90,8 +127,10 @@ class PayloadAssembler {
   void reset();
 
   bool active() const { return active_; }
-  bool complete() const { return active_ && received_ == manifest_.total_bytes(); }
+  bool complete() const { return active_ && received_ == end_; }
   int64_t version() const { return active_ ? manifest_.version() : 0; }
+  // The payload offset up to which bytes arrived (from the part's first byte with
+  // begin_part_into()).
   uint64_t received() const { return received_; }
 
  private:
@@ -99,6 +138,8 @@ class PayloadAssembler {
   const char* bytes() const { return target_.empty() ? payload_.data() : target_.data(); }
   // Checks every tensor whose bytes are all in, advancing next_tensor_.
   absl::Status check_finished_tensors();
+  // " (part [begin, end))" when receiving one part of a parallel upload, "" otherwise.
+  std::string part_note() const;
   // The ordering and size rules of a chunk (see the class comment); resets on an error.
   absl::Status check_chunk(int64_t version, uint64_t offset, uint64_t size);
 
@@ -107,7 +148,10 @@ class PayloadAssembler {
   v1::VersionManifest manifest_;
   std::string payload_;     // the payload, unless begun with begin_into()
   std::span<char> target_;  // begin_into()'s buffer (empty otherwise)
-  uint64_t received_ = 0;
+  uint64_t received_ = 0;   // payload offset of the next byte expected
+  uint64_t begin_ = 0;      // the range being received: [begin_, end_) (all of it unless a part)
+  uint64_t end_ = 0;
+  int end_tensor_ = 0;     // one past the last tensor in the range
   uint64_t landing_ = 0;   // chunk_target()'s size, until commit_chunk()
   int next_tensor_ = 0;    // first tensor whose checksum is not yet verified
   uint32_t crc_ = 0;       // running CRC-32C of next_tensor_'s bytes received so far

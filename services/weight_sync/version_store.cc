@@ -2,6 +2,7 @@
 #include "services/weight_sync/version_store.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -65,14 +66,35 @@ StoredVersionPtr VersionStore::wait_newer(int64_t held, std::chrono::millisecond
   return versions_.back();
 }
 
-void ArrivingVersion::advance(uint64_t ready) {
+void ArrivingVersion::add_ready(uint64_t begin, uint64_t end) {
+  if (begin >= end) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // The last byte waits for finish(true): the upload can still be refused after its last chunk
-    // (a message beyond the end, a store that took a newer version), and no worker may complete a
-    // version that is not stored.
+    // (a message beyond the end, a store that took a newer version, a part that never came), and
+    // no worker may complete a version that is not stored.
     const uint64_t total = version_->payload.size();
-    ready_ = std::max(ready_, std::min(ready, total > 0 ? total - 1 : 0));
+    const uint64_t cap = total > 0 ? total - 1 : 0;
+    if (begin <= ready_) {
+      ready_ = std::max(ready_, std::min(end, cap));
+    } else {
+      // Merge [begin, end) with the ranges it touches.
+      auto it = ranges_.upper_bound(begin);
+      if (it != ranges_.begin() && std::prev(it)->second >= begin) {
+        --it;
+        begin = it->first;
+      }
+      while (it != ranges_.end() && it->first <= end) {
+        end = std::max(end, it->second);
+        it = ranges_.erase(it);
+      }
+      ranges_.emplace(begin, end);
+    }
+    // Ranges the prefix now reaches join it.
+    for (auto it = ranges_.begin(); it != ranges_.end() && it->first <= ready_;) {
+      ready_ = std::max(ready_, std::min(it->second, cap));
+      it = ranges_.erase(it);
+    }
   }
   cv_.notify_all();
 }

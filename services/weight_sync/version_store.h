@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,10 +31,12 @@ using StoredVersionPtr = std::shared_ptr<const StoredVersion>;
 
 // A version while its upload is being received. Its StoredVersion (manifest, payload storage of
 // the final size) is fixed from the start and becomes the stored version when the upload
-// completes; the upload writes payload bytes in order and advance()s, and bytes [0, ready) are
-// final (every tensor ending in them passed its CRC-32C). Readers must read only that prefix. The
-// last byte becomes ready only when the version is stored (finish(true)), so a reader never
-// completes a version whose upload was refused at its end.
+// completes. The upload marks byte ranges final as they land (every tensor ending in them passed
+// its CRC-32C): a single-part upload one growing prefix (advance), a parallel upload one range
+// per part, landing in any order (add_ready). Readers forward in payload order, so what they may
+// read is the prefix [0, ready): the lowest missing range holds them up. The last byte becomes
+// ready only when the version is stored (finish(true)), so a reader never completes a version
+// whose upload was refused at its end.
 class ArrivingVersion {
  public:
   enum class State { kArriving, kComplete, kFailed };
@@ -48,7 +51,9 @@ class ArrivingVersion {
 
   // The upload's side: bytes [0, min(ready, total - 1)) are final; then complete (stored: all of
   // it) or failed.
-  void advance(uint64_t ready);
+  void advance(uint64_t ready) { add_ready(0, ready); }
+  // Bytes [begin, end) are final (ranges may arrive in any order, touch or repeat).
+  void add_ready(uint64_t begin, uint64_t end);
   void finish(bool ok);
 
   // Waits up to `timeout` for ready >= bytes or the end of the upload; returns the state then and
@@ -60,8 +65,10 @@ class ArrivingVersion {
   char* const data_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;  // notified by advance() and finish()
-  uint64_t ready_ = 0;                  // guarded by mu_
-  State state_ = State::kArriving;      // guarded by mu_
+  uint64_t ready_ = 0;                  // guarded by mu_; the final prefix readers may read
+  // Guarded by mu_: final ranges past the prefix, begin -> end, disjoint and not touching.
+  std::map<uint64_t, uint64_t> ranges_;
+  State state_ = State::kArriving;  // guarded by mu_
 };
 
 class VersionStore {

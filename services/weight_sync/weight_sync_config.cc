@@ -36,6 +36,10 @@ void add_flags(flags::FlagTable& table, WeightSyncConfig* config, DeltasFlag* de
                "zstd level of delta payloads")
       .add_bool("cut-through", &sync.cut_through,
                 "push a full version while its upload still arrives")
+      .add_duration("upload-part-timeout-ms", &sync.part_timeout,
+                    flags::DurationUnit::kMilliseconds, 1, int64_t{3600} * 1000,
+                    "a version uploaded in parts fails when a part has not begun this long after "
+                    "the first")
       .add_string("fanout", fanout,
                   "direct | chain | tree:K (K in [1, 64]): how a version reaches N workers");
 }

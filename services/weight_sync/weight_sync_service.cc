@@ -147,6 +147,9 @@ absl::Status validate_options(const WeightSyncOptions& options) {
   if (options.poll_interval.count() <= 0) {
     return absl::InvalidArgumentError("poll_interval: must be > 0");
   }
+  if (options.part_timeout.count() <= 0) {
+    return absl::InvalidArgumentError("part_timeout: must be > 0");
+  }
   if (!(options.delta_max_fraction > 0 && options.delta_max_fraction <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("delta_max_fraction: must be in (0, 1], got ", options.delta_max_fraction));
@@ -305,6 +308,9 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
                                  " is not newer than the latest stored version ", latest)),
                              version);
       }
+      if (is_multipart(request.manifest())) {
+        return receive_part(context, read, std::move(*request.mutable_manifest()), response);
+      }
       const uint64_t total = request.manifest().total_bytes();
       absl::Status s;
       // Sized only after the bound check (begin() reports a version that is too large).
@@ -384,6 +390,14 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
     arriving.reset();  // stored now: nothing to withdraw
   }
 
+  record_stored(version, format, num_tensors, bytes, 1);
+  response->set_version(version);
+  response->set_bytes_received(bytes);
+  return grpc::Status::OK;
+}
+
+void WeightSyncServiceImpl::record_stored(int64_t version, v1::WeightFormat format, int num_tensors,
+                                          uint64_t bytes, uint32_t parts) {
   metrics_->uploads->with({"accepted"}).inc();
   metrics_->latest_version->get().set(static_cast<double>(version));
   for (v1::WeightFormat f : {v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_BF16}) {
@@ -395,10 +409,226 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
                     {{"version", absl::StrCat(version)},
                      {"format", std::string(format_label(format))},
                      {"tensors", absl::StrCat(num_tensors)},
-                     {"bytes", absl::StrCat(bytes)}});
+                     {"bytes", absl::StrCat(bytes)},
+                     {"parts", absl::StrCat(parts)}});
+}
+
+grpc::Status WeightSyncServiceImpl::receive_part(grpc::ServerContext* context,
+                                                 const std::function<bool(grpc::ByteBuffer*)>& read,
+                                                 v1::VersionManifest manifest,
+                                                 v1::UploadVersionResponse* response) {
+  const int64_t version = manifest.version();
+  if (absl::Status s = validate_manifest(manifest, options_.max_version_bytes); !s.ok()) {
+    return reject_upload(s, version);
+  }
+  absl::StatusOr<PartRange> range = part_range(manifest);
+  if (!range.ok()) return reject_upload(range.status(), version);
+  const uint32_t index = manifest.part_index();
+
+  // The first part of a version sets up the shared payload buffer and its arrival; the others
+  // join it.
+  // Attempts are told apart by upload_id, a later attempt having a larger one: a part of an
+  // earlier attempt than the one in progress, or of one that failed, is refused (ABORTED); a part
+  // of a later one ends the attempt in progress (ABORTED for its parts) and starts anew.
+  std::shared_ptr<PartAssembly> assembly;
+  std::shared_ptr<PartAssembly> superseded;
+  std::shared_ptr<ArrivingVersion> announce;  // a new attempt's arrival, for cut-through
+  const uint64_t upload_id = manifest.upload_id();
+  {
+    std::lock_guard<std::mutex> lock(parts_mu_);
+    auto it = parts_.find(version);
+    const auto f = failed_parts_.find(version);
+    if (it != parts_.end() && it->second->upload_id() == upload_id) {
+      assembly = it->second;
+    } else if ((it != parts_.end() && it->second->upload_id() > upload_id) ||
+               (it == parts_.end() && f != failed_parts_.end() &&
+                f->second.upload_id >= upload_id)) {
+      return reject_upload(
+          absl::AbortedError(absl::StrCat(
+              "version ", version, ": upload_id ", upload_id, " is a stale attempt (",
+              it != parts_.end()
+                  ? absl::StrCat("upload_id ", it->second->upload_id(), " is in progress")
+                  : absl::StrCat("upload_id ", f->second.upload_id, " failed in ",
+                                 f->second.failure.message()),
+              ")")),
+          version);
+    } else {
+      if (it != parts_.end()) superseded = it->second;
+      failed_parts_.erase(version);  // a new attempt
+      const uint64_t total = manifest.total_bytes();
+      // As a single-part upload with cut-through: fixed from the first byte, its buffer back to
+      // the pool once evicted and no longer sent.
+      std::shared_ptr<StoredVersion> stored(new StoredVersion, [pool = pool_](StoredVersion* v) {
+        pool->give(std::move(v->payload));
+        delete v;
+      });
+      stored->manifest = manifest;  // what Subscribe streams send: a single-part manifest
+      stored->manifest.clear_part_index();
+      stored->manifest.clear_part_count();
+      stored->manifest.clear_part_offsets();
+      stored->payload = pool_->take(total);
+      stored->payload.resize(total);
+      stored->arrived = std::chrono::steady_clock::now();
+      auto arriving = std::make_shared<ArrivingVersion>(stored, stored->payload.data());
+      assembly = std::make_shared<PartAssembly>(manifest, stored, arriving,
+                                                stored->arrived + options_.part_timeout);
+      parts_[version] = assembly;
+      if (cut_through_.load()) announce = arriving;
+    }
+  }
+  if (superseded != nullptr) {
+    // Withdrawn first: the store announces one arrival per version.
+    fail_parts(superseded, absl::AbortedError(absl::StrCat("superseded by upload_id ", upload_id)));
+  }
+  if (announce != nullptr) {
+    store_.begin_arrival(announce);
+    // A part that failed the attempt before it was announced found nothing to withdraw.
+    if (assembly->failed()) store_.end_arrival(announce.get());
+  }
+  const std::string part = absl::StrCat("part ", index, " of ", assembly->part_count());
+  // This part failed the version: every other part stops with it.
+  auto fail = [&](const absl::Status& s) {
+    fail_parts(assembly, absl::Status(s.code(), absl::StrCat(part, ": ", s.message())));
+    return reject_upload(s, version);
+  };
+  // Another part failed the version (a missing part fails every waiting part alike).
+  auto aborted = [&] {
+    const absl::Status failure = assembly->failure();
+    if (failure.code() == absl::StatusCode::kDeadlineExceeded) {
+      return reject_upload(failure, version);
+    }
+    return reject_upload(
+        absl::AbortedError(absl::StrCat("version ", version, " failed in ", failure.message())),
+        version);
+  };
+  if (absl::Status s = assembly->begin_part(manifest); !s.ok()) {
+    if (assembly->failed()) return aborted();
+    return fail(s);
+  }
+
+  StoredVersion& stored = *assembly->stored();
+  ArrivingVersion& arriving = *assembly->arriving();
+  PayloadAssembler assembler(options_.max_version_bytes);
+  if (absl::Status s = assembler.begin_part_into(
+          std::move(manifest), std::span<char>(stored.payload.data(), stored.payload.size()),
+          *range);
+      !s.ok()) {
+    return fail(s);
+  }
+  v1::UploadVersionRequest request;
+  grpc::ByteBuffer buffer;
+  while (read(&buffer)) {
+    if (assembly->failed()) return aborted();
+    if (zero_copy_receive_.load()) {
+      grpc::ProtoBufferReader stream(&buffer);
+      google::protobuf::io::CodedInputStream in(&stream);
+      ChunkHeader h;
+      if (read_chunk_header(&in, &h)) {
+        metrics_->received_bytes->get().inc(static_cast<double>(h.size));
+        absl::StatusOr<char*> at = assembler.chunk_target(h.version, h.offset, h.size);
+        absl::Status s = at.status();
+        if (s.ok() && !in.ReadRaw(*at, static_cast<int>(h.size))) {
+          s = absl::DataLossError(absl::StrCat("chunk at offset ", h.offset, " of version ",
+                                               h.version, ": message shorter than its data"));
+        }
+        if (s.ok()) s = assembler.commit_chunk();
+        if (!s.ok()) return fail(s);
+        // In order within the part, every tensor ending in it verified: this range is final.
+        arriving.add_ready(h.offset, h.offset + h.size);
+        continue;
+      }
+    }
+    {
+      grpc::ProtoBufferReader stream(&buffer);
+      if (!request.ParseFromZeroCopyStream(&stream)) {
+        return fail(absl::InvalidArgumentError("an upload message that does not parse"));
+      }
+    }
+    if (request.has_manifest()) {
+      return fail(absl::InvalidArgumentError("a second manifest in one upload"));
+    }
+    if (!request.has_chunk()) {
+      return fail(absl::InvalidArgumentError("a message with neither manifest nor chunk"));
+    }
+    metrics_->received_bytes->get().inc(static_cast<double>(request.chunk().data().size()));
+    if (absl::Status s = assembler.add(request.chunk()); !s.ok()) return fail(s);
+    arriving.add_ready(request.chunk().offset(),
+                       request.chunk().offset() + request.chunk().data().size());
+  }
+  if (assembly->failed()) return aborted();  // while this part's last messages came in
+  if (context->IsCancelled()) return fail(absl::CancelledError("upload cancelled by the client"));
+  if (absl::StatusOr<AssembledVersion> done = assembler.finish(); !done.ok()) {
+    return fail(done.status());
+  }
+  if (assembly->end_part(index)) {
+    // The last part to end stores the version for all of them.
+    if (absl::Status s = store_parts(assembly); !s.ok()) return fail(s);
+  } else {
+    bool stored_now = false;
+    while (!stored_now) {
+      if (context->IsCancelled()) {
+        return fail(absl::CancelledError("upload cancelled by the client"));
+      }
+      if (shutting_down_.load()) {
+        return fail(absl::UnavailableError("weight sync is shutting down"));
+      }
+      switch (assembly->wait(options_.poll_interval)) {
+        case PartAssembly::Wait::kStored:
+          stored_now = true;
+          break;
+        case PartAssembly::Wait::kFailed:
+          return aborted();
+        case PartAssembly::Wait::kMissingParts: {
+          const absl::Status missing = assembly->missing_parts_error();
+          fail_parts(assembly, missing);
+          return reject_upload(missing, version);
+        }
+        case PartAssembly::Wait::kPending:
+          break;
+      }
+    }
+  }
   response->set_version(version);
-  response->set_bytes_received(bytes);
+  response->set_bytes_received(range->end - range->begin);
   return grpc::Status::OK;
+}
+
+void WeightSyncServiceImpl::fail_parts(const std::shared_ptr<PartAssembly>& assembly,
+                                       const absl::Status& status) {
+  if (!assembly->fail(status)) return;
+  assembly->arriving()->finish(false);
+  store_.end_arrival(assembly->arriving().get());
+  {
+    std::lock_guard<std::mutex> lock(parts_mu_);
+    if (auto it = parts_.find(assembly->version()); it != parts_.end() && it->second == assembly) {
+      parts_.erase(it);
+    }
+    const int64_t latest = store_.latest_version();
+    std::erase_if(failed_parts_, [&](const auto& f) { return f.first <= latest; });
+    failed_parts_[assembly->version()] = {assembly->upload_id(), status};
+    while (failed_parts_.size() > kMaxFailedAttempts) failed_parts_.erase(failed_parts_.begin());
+  }
+  service::log_warn(
+      kComponent, "parallel upload failed; nothing stored",
+      {{"version", absl::StrCat(assembly->version())}, {"error", std::string(status.message())}});
+}
+
+absl::Status WeightSyncServiceImpl::store_parts(const std::shared_ptr<PartAssembly>& assembly) {
+  const StoredVersion& stored = *assembly->stored();
+  // Registered as pending before the store wakes the Subscribe streams (as a single upload).
+  workers_.published(stored.version(), std::chrono::steady_clock::now());
+  if (absl::Status s = store_.add(assembly->stored()); !s.ok()) return s;
+  assembly->arriving()->finish(true);
+  assembly->complete(absl::OkStatus());
+  {
+    std::lock_guard<std::mutex> lock(parts_mu_);
+    if (auto it = parts_.find(stored.version()); it != parts_.end() && it->second == assembly) {
+      parts_.erase(it);
+    }
+  }
+  record_stored(stored.version(), stored.manifest.format(), stored.manifest.tensors_size(),
+                stored.payload.size(), assembly->part_count());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<WeightSyncServiceImpl::LocalUpload>>

@@ -22,6 +22,7 @@
 #include "fp8rl/v1/weight_sync.grpc.pb.h"
 #include "services/weight_sync/delta.h"
 #include "services/weight_sync/fanout.h"
+#include "services/weight_sync/part_assembly.h"
 #include "services/weight_sync/payload.h"
 #include "services/weight_sync/payload_pool.h"
 #include "services/weight_sync/push_choice.h"
@@ -69,11 +70,15 @@ struct WeightSyncOptions {
   // this many bytes per second shared by all streams (send_pacer.h), as if the process were a
   // host with that NIC.
   double emulated_link_bytes_per_second = 0;
+  // Parallel upload (a version in N parts on N streams, VersionManifest.part_count): every part
+  // must have begun within this long of the first one, or the version fails (DEADLINE_EXCEEDED
+  // naming the missing parts) and nothing is stored.
+  std::chrono::milliseconds part_timeout{std::chrono::seconds(60)};
 };
 
 // InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
-// max_version_bytes == 0, a non-positive poll_interval, delta_max_fraction outside (0, 1] or
-// delta_zstd_level outside [1, 19].
+// max_version_bytes == 0, a non-positive poll_interval or part_timeout, delta_max_fraction outside
+// (0, 1] or delta_zstd_level outside [1, 19].
 absl::Status validate_options(const WeightSyncOptions& options);
 
 class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
@@ -149,6 +154,20 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   grpc::Status receive_upload(grpc::ServerContext* context,
                               const std::function<bool(grpc::ByteBuffer*)>& read,
                               v1::UploadVersionResponse* response);
+  // One part of a parallel upload, from its manifest (already read) to the end of the version:
+  // the part's chunks go into the shared payload buffer; the stream answers once every part
+  // ended and the version is stored, or with the error that failed the version.
+  grpc::Status receive_part(grpc::ServerContext* context,
+                            const std::function<bool(grpc::ByteBuffer*)>& read,
+                            v1::VersionManifest manifest, v1::UploadVersionResponse* response);
+  // Metrics and log line of a newly stored version.
+  void record_stored(int64_t version, v1::WeightFormat format, int num_tensors, uint64_t bytes,
+                     uint32_t parts);
+  // Fails a parallel upload for every part (first failure wins): its arrival is withdrawn
+  // (streams relaying it stop) and it is forgotten, so nothing of it is stored.
+  void fail_parts(const std::shared_ptr<PartAssembly>& assembly, const absl::Status& status);
+  // Stores a parallel upload whose parts all ended (the last part's stream calls it).
+  absl::Status store_parts(const std::shared_ptr<PartAssembly>& assembly);
   // The Subscribe stream behind both entry points (the registered raw handler, which writes
   // ByteBuffers, and the generated Subscribe override).
   grpc::Status subscribe(grpc::ServerContext* context, const v1::SubscribeRequest& request,
@@ -196,6 +215,21 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   std::atomic<bool> zero_copy_receive_{true};
   std::atomic<bool> cut_through_{true};
   std::shared_ptr<const service::TokenSet> auth_;  // null: open
+
+  // Guards parts_.
+  std::mutex parts_mu_;
+  // Guarded by parts_mu_: parallel uploads by version, from their first part until stored or
+  // failed.
+  std::map<int64_t, std::shared_ptr<PartAssembly>> parts_;
+  // Guarded by parts_mu_: parallel uploads that failed, by version: a late part of the same
+  // attempt (upload_id) is refused with the failure instead of starting a new attempt. Only
+  // versions newer than the latest stored, at most kMaxFailedAttempts.
+  struct FailedAttempt {
+    uint64_t upload_id = 0;
+    absl::Status failure;
+  };
+  static constexpr size_t kMaxFailedAttempts = 16;
+  std::map<int64_t, FailedAttempt> failed_parts_;
 
   // One encoding of (base, target): the first stream to ask encodes, the others wait on `once`.
   struct DeltaEntry {

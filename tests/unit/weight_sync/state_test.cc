@@ -276,10 +276,13 @@ TEST(Config, DeltaFlags) {
   EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, defaults.delta_max_fraction);
   EXPECT_EQ(c->sync.delta_zstd_level, kDefaultDeltaZstdLevel);
   EXPECT_TRUE(c->sync.cut_through);
+  EXPECT_EQ(c->sync.part_timeout, std::chrono::seconds(60));
 
   c = parse_weight_sync_config({"--deltas", "off", "--delta-max-fraction", "0.25",
-                                "--delta-zstd-level=19", "--cut-through", "off"});
+                                "--delta-zstd-level=19", "--cut-through", "off",
+                                "--upload-part-timeout-ms", "2500"});
   ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sync.part_timeout, std::chrono::milliseconds(2500));
   EXPECT_FALSE(c->sync.deltas);
   EXPECT_FALSE(c->sync.cut_through);
   EXPECT_DOUBLE_EQ(c->sync.delta_max_fraction, 0.25);
@@ -331,6 +334,8 @@ TEST(Config, BadValuesNameTheFlag) {
       {{"--delta-zstd-level", "22"}, "--delta-zstd-level: must be in [1, 19], got 22"},
       {{"--delta-zstd-level", "fast"}, "--delta-zstd-level: expected an integer, got 'fast'"},
       {{"--cut-through", "yes"}, "--cut-through: must be on or off, got 'yes'"},
+      {{"--upload-part-timeout-ms", "0"},
+       "--upload-part-timeout-ms: must be in [1, 3600000], got 0"},
   };
   for (const auto& [args, expect] : cases) {
     SCOPED_TRACE(expect);
