@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <random>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -51,7 +52,7 @@ class Statement {
         // error, a lock held too long): nothing was written, and the same call can succeed once
         // that is fixed, so callers see UNAVAILABLE (HTTP 503), not an internal error.
         return absl::UnavailableError(
-            absl::StrCat("job store: ", sqlite3_errmsg(db_), " (nothing was written)"));
+            absl::StrCat("job store: ", sqlite3_errmsg(db_), system_error(), " (nothing was written)"));
       default:
         return absl::InternalError(absl::StrCat("job store: ", sqlite3_errmsg(db_)));
     }
@@ -64,6 +65,13 @@ class Statement {
   }
   int64_t integer(int column) const { return sqlite3_column_int64(stmt_, column); }
   int changes() const { return sqlite3_changes(db_); }
+  // ": <OS error>" of the last failed call when the OS refused it ("Read-only file system"),
+  // which SQLite's own text ("disk I/O error") does not say; "" when none.
+  std::string system_error() const {
+    const int err = sqlite3_system_errno(db_);
+    if (err == 0) return "";
+    return absl::StrCat(": ", std::error_code(err, std::generic_category()).message());
+  }
 
  private:
   sqlite3* db_;

@@ -88,6 +88,7 @@ int run(const std::vector<std::string>& args) {
   loop_options.generate_deadline = config->generate_deadline;
   loop_options.worker_wait = config->worker_wait;
   loop_options.trainer_resume_wait = config->trainer_resume;
+  loop_options.store_retry_wait = config->store_retry;
   loop_options.sync_wait = config->sync_wait;
   coordinator::JobManager jobs(store->get(), &cluster, &workers, metrics->get(), loop_options);
   rl::JobPathRoots roots{config->data_root, config->models_root, config->datasets_root};
