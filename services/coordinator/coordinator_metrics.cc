@@ -45,6 +45,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
                                      "try counted, by record (metrics_row, step, checkpoint, "
                                      "state).",
                                      {"write"}));
+  FP8RL_ASSIGN(m->trainer_groups_reformed,
+               registry->add_counter("fp8rl_coordinator_trainer_groups_reformed_total",
+                                     "Trainer groups (trainer.data_parallel > 1) formed again to "
+                                     "resume a job, after a rank was lost or a restart."));
   FP8RL_ASSIGN(m->checkpoint_fallbacks,
                registry->add_counter("fp8rl_coordinator_checkpoint_fallbacks_total",
                                      "Resumes whose checkpoint the trainer could not read, so "

@@ -50,6 +50,7 @@ class CoordinatorMetrics {
   service::CounterFamily* requests_refused = nullptr;       // {reason}, admission.h
   service::CounterFamily* checkpoint_fallbacks = nullptr;   // unreadable checkpoint, previous one
   service::CounterFamily* store_write_failures = nullptr;   // {write}, store_retry.h
+  service::CounterFamily* trainer_groups_reformed = nullptr;  // groups formed again on resume
   service::GaugeFamily* live_workers = nullptr;             // {kind}
   service::GaugeFamily* step = nullptr;                     // running job's completed steps
   service::CounterFamily* steps = nullptr;                  // RL steps completed

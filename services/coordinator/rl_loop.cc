@@ -441,6 +441,7 @@ absl::Status RlLoop::connect_trainer(JobRun& run) {
         cluster_->trainer_group(group, run.config.trainer.shard);
     if (trainer.ok()) {
       run.trainer = *std::move(trainer);
+      if (group > 1 && run.job.resume) note_group_reformed(run, group, seconds_since(start));
       return absl::OkStatus();
     }
     if (Clock::now() - start > options_.worker_wait) {
@@ -455,6 +456,23 @@ absl::Status RlLoop::connect_trainer(JobRun& run) {
       set_phase("waiting_for_trainer", 0, group, shown);
     }
     std::this_thread::sleep_for(options_.poll_interval);
+  }
+}
+
+void RlLoop::note_group_reformed(const JobRun& run, int size, double waited_seconds) {
+  const std::string from =
+      run.job.checkpoint.empty() ? "the beginning (no checkpoint yet)" : run.job.checkpoint;
+  service::log_info(kLog, "trainer group formed again",
+                    {{"job", run.job.id},
+                     {"size", absl::StrCat(size)},
+                     {"waited_seconds", absl::StrFormat("%.1f", waited_seconds)},
+                     {"resume_from", from}});
+  if (hooks_.metrics != nullptr) hooks_.metrics->trainer_groups_reformed->get().inc();
+  if (hooks_.on_event) {
+    hooks_.on_event("group_reformed",
+                    absl::StrFormat("a trainer group of %d formed again after %.1f s; resuming "
+                                    "from %s",
+                                    size, waited_seconds, from));
   }
 }
 

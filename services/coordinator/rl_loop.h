@@ -242,6 +242,8 @@ class RlLoop {
   absl::Status log_prompt_format(const JobRun& run);
   // Step 0: waits (up to worker_wait) for a registered trainer.
   absl::Status connect_trainer(JobRun& run);
+  // A resumed job got its trainer group of `size` again: log line, metric, group_reformed event.
+  void note_group_reformed(const JobRun& run, int size, double waited_seconds);
   // Step 0: loads the job's last checkpoint; the steps after it run (and record rows) again. A
   // checkpoint the trainer cannot read (not a lost trainer) falls back to the one before it,
   // saying so in a log line, fp8rl_coordinator_checkpoint_fallbacks_total and a job event;
