@@ -7,10 +7,10 @@ of, and the job must come through as if nothing happened.
       rank the seed picks is stopped (SIGSTOP); if the phase is still that step's "train" 0.3 s
       later, the TrainStep call is in flight (no rank can finish it without the stopped one) and
       the rank is SIGKILLed; else it is continued and a later step is tried.
-  (b) During a weight push: when the phase is "publish" at a later seeded step, rank 0 (the rank
-      that uploads the new version to weight sync) is stopped; if weight sync's newest complete
-      version (fp8rl_weight_sync_latest_version) is still the previous step's while the phase is
-      unchanged, the version is being received and rank 0 is SIGKILLed.
+  (b) During a weight push: weight sync is stopped (SIGSTOP) while the job is in the "train"
+      phase of a later seeded step, before the step's upload begins; when the job reaches that
+      step's "publish" phase, rank 0 (the rank that uploads the version to weight sync) is
+      SIGKILLed with its upload in flight, and weight sync is continued.
 
 `fp8rl up` restarts the killed rank; the coordinator forms the group again and resumes the job
 from its last checkpoint. Checked: the job SUCCEEDS; its metrics rows are 0..N exactly once and
@@ -23,7 +23,6 @@ The seed is printed; rerun one with FP8RL_CHAOS_SEED=<seed> (it picks the steps 
 
 import os
 import random
-import re
 import signal
 import time
 
@@ -54,37 +53,69 @@ def progress(cluster, job_id):
     return job["state"], p.get("detail") if p.get("phase") == "rl" else p.get("phase"), step
 
 
-def weight_sync_version(cluster):
-    port = cluster.service("weight-sync")["http_port"]
-    status, text = su.http_quiet("GET", f"http://127.0.0.1:{port}/metrics")
-    su.check(status == 200, f"weight sync /metrics: {status}")
-    m = re.search(r"^fp8rl_weight_sync_latest_version (\S+)$", text, re.M)
-    su.check(m is not None, "no fp8rl_weight_sync_latest_version")
-    return int(float(m.group(1)))
-
-
-def kill_during(cluster, job_id, detail, name, from_step, in_flight, timeout=150):
-    """SIGKILLs service `name` while the job's `detail` call of a step >= from_step is held in
-    flight by it (see the module text); returns the step."""
-    deadline = time.time() + timeout
+def wait_detail(cluster, job_id, detail, from_step, deadline):
+    """The step whose `detail` phase the job is in, once it is in one of a step >= from_step."""
     while time.time() < deadline:
         state, now, step = progress(cluster, job_id)
         su.check(state in ("QUEUED", "RUNNING"), f"job ended before the kill: {state}")
-        if now != detail or step < from_step:
-            time.sleep(0.01)
-            continue
+        if now == detail and step >= from_step:
+            return step
+        time.sleep(0.01)
+    su.fail(f"the job reached no '{detail}' of a step >= {from_step} in time")
+
+
+def kill_in_train_step(cluster, job_id, name, from_step, timeout=150):
+    """(a) SIGKILLs rank `name` while a TrainStep of a step >= from_step is in flight; returns
+    the step. The rank is stopped first: if the job is still in that step's "train" phase 0.3 s
+    later, no rank can have finished the call (the others wait for the stopped one)."""
+    deadline = time.time() + timeout
+    while True:
+        step = wait_detail(cluster, job_id, "train", from_step, deadline)
         pid = su.read_pids(cluster)[name]
         os.kill(pid, signal.SIGSTOP)
         time.sleep(0.3)
-        state, later, later_step = progress(cluster, job_id)
-        if later == detail and later_step == step and in_flight(step):
+        _, later, later_step = progress(cluster, job_id)
+        if (later, later_step) == ("train", step):
             os.kill(pid, signal.SIGKILL)
-            su.log(f"  SIGKILL {name} (pid {pid}) during '{detail}' of step {step}")
+            su.log(f"  SIGKILL {name} (pid {pid}) inside TrainStep of step {step}")
             return step
         os.kill(pid, signal.SIGCONT)
-        su.log(f"  '{detail}' of step {step} ended before {name} was stopped; trying a later step")
+        su.log(f"  TrainStep of step {step} ended before {name} was stopped; trying a later step")
         from_step = step + 1
-    su.fail(f"no '{detail}' call caught in flight within {timeout} s")
+
+
+def kill_in_weight_push(cluster, job_id, from_step, timeout=150):
+    """(b) SIGKILLs rank 0 ("trainer", the rank that uploads) while weight sync receives the
+    version of a step >= from_step; returns the step. Weight sync is stopped during the step's
+    TrainStep, before the upload starts, so the version cannot be stored; once the job is in that
+    step's "publish" phase the upload is in flight, rank 0 is killed and weight sync continued."""
+    deadline = time.time() + timeout
+    sync = su.read_pids(cluster)["weight-sync"]
+    while True:
+        step = wait_detail(cluster, job_id, "train", from_step, deadline)
+        os.kill(sync, signal.SIGSTOP)
+        # Still in that TrainStep after the stop: the upload after it has not begun.
+        if progress(cluster, job_id)[1:] == ("train", step):
+            break
+        os.kill(sync, signal.SIGCONT)
+        su.log(f"  TrainStep of step {step} ended before weight sync was stopped; a later step")
+        from_step = step + 1
+    try:
+        while time.time() < deadline:
+            _, now, now_step = progress(cluster, job_id)
+            if (now, now_step) == ("publish", step):
+                break
+            su.check(now_step == step and now == "train",
+                     f"the job left step {step}'s train phase for {now} of {now_step}")
+            time.sleep(0.01)
+        time.sleep(0.2)  # the upload is on its way; weight sync cannot finish receiving it
+        pid = su.read_pids(cluster)["trainer"]
+        os.kill(pid, signal.SIGKILL)
+        su.log(f"  SIGKILL trainer (rank 0, pid {pid}) while weight sync receives the version of "
+               f"step {step}")
+    finally:
+        os.kill(sync, signal.SIGCONT)
+    return step
 
 
 def main_body(clusters):
@@ -109,17 +140,9 @@ def main_body(clusters):
 
     job_id = submit(cluster, "chaos")
     # (a) a rank killed inside TrainStep.
-    hit_train = kill_during(cluster, job_id, "train", train_rank, train_step, lambda step: True)
-    # (b) rank 0 killed while weight sync receives the version it uploads: the phase is "publish"
-    # and weight sync's newest complete version is still the one of the step before.
-    def pushing(step):
-        status, metrics = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}/metrics")
-        rows = metrics["steps"] if status == 200 else []
-        before = [r for r in rows if r["step"] == step - 1]
-        return bool(before) and weight_sync_version(cluster) <= \
-            before[0]["metrics"]["weight_version"]
-    hit_push = kill_during(cluster, job_id, "publish", "trainer", max(push_step, hit_train + 3),
-                           pushing)
+    hit_train = kill_in_train_step(cluster, job_id, train_rank, train_step)
+    # (b) rank 0 killed while weight sync receives the version it uploads.
+    hit_push = kill_in_weight_push(cluster, job_id, max(push_step, hit_train + 3))
 
     job = su.wait_job(cluster, job_id, timeout=200)
     su.check(job["state"] == "SUCCEEDED",
@@ -133,6 +156,10 @@ def main_body(clusters):
              f"no trainer_lost event for the train step {hit_train}: {lost}")
     su.check(any(m.startswith("publish:") for m in lost),
              f"no trainer_lost event for the publish of step {hit_push}: {lost}")
+    port = cluster.service("weight-sync")["http_port"]
+    _, text = su.http_quiet("GET", f"http://127.0.0.1:{port}/metrics")
+    su.log("  weight sync: " + "; ".join(
+        line for line in str(text).splitlines() if line.startswith("fp8rl_weight_sync_uploads")))
     su.check(cluster.log_of("coordinator").count("resuming job after trainer loss") >= 2,
              "the coordinator log does not show two resumes")
     for job_tag in ((reference_id, "reference"), (job_id, "chaos")):
