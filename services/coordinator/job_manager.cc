@@ -154,10 +154,11 @@ void JobManager::record_end(const std::string& id, JobState state, const std::st
   retry.metrics = metrics_;
   retry.stop = [this] { return stopping_.load(); };
   const absl::Status s = retry_store_write(
-      "state", absl::StrCat("the end of job '", id, "' (", std::string(job_state_name(state)), ")"), retry,
-      [&] { return store_->set_state(id, state, error); });
+      "state", absl::StrCat("the end of job '", id, "' (", std::string(job_state_name(state)), ")"),
+      retry, [&] { return store_->set_state(id, state, error); });
   if (s.ok()) return;
-  service::log_error(kLog, "cannot record job state; reporting it from memory until the store "
+  service::log_error(kLog,
+                     "cannot record job state; reporting it from memory until the store "
                      "takes it",
                      {{"job", id},
                       {"state", std::string(job_state_name(state))},

@@ -128,8 +128,8 @@ class JobManager {
     std::string error;
   };
   std::map<std::string, UnrecordedEnd> unrecorded_ends_;  // guarded by mu_
-  std::atomic<bool> stopping_{false};            // atomic: read by the loop without mu_
-  std::thread runner_;                           // started and joined by start()/stop() only
+  std::atomic<bool> stopping_{false};                     // atomic: read by the loop without mu_
+  std::thread runner_;  // started and joined by start()/stop() only
 };
 
 }  // namespace fp8rl::coordinator

@@ -2,8 +2,8 @@
 // a single statement, so a crash never leaves a half-updated job.
 #include "services/coordinator/job_store.h"
 
-#include <sqlite3.h>
 #include <fcntl.h>
+#include <sqlite3.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -56,8 +56,8 @@ class Statement {
         // The storage under the store refused the write (a full or read-only disk, an I/O
         // error, a lock held too long): nothing was written, and the same call can succeed once
         // that is fixed, so callers see UNAVAILABLE (HTTP 503), not an internal error.
-        return absl::UnavailableError(
-            absl::StrCat("job store: ", sqlite3_errmsg(db_), " (nothing was written)", system_error()));
+        return absl::UnavailableError(absl::StrCat("job store: ", sqlite3_errmsg(db_),
+                                                   " (nothing was written)", system_error()));
       default:
         return absl::InternalError(absl::StrCat("job store: ", sqlite3_errmsg(db_)));
     }

@@ -512,18 +512,22 @@ absl::StatusOr<bool> RlLoop::resume_from_checkpoint(JobRun& run) {
   }
   if (path != job.checkpoint) {
     // A later resume starts from the checkpoint that loaded, not the unreadable one.
-    if (absl::Status s = store_write("checkpoint", absl::StrCat("the checkpoint of step ", step),
-                                     [&] { return hooks_.store->set_checkpoint(job.id, path, step); });
+    if (absl::Status s =
+            store_write("checkpoint", absl::StrCat("the checkpoint of step ", step),
+                        [&] { return hooks_.store->set_checkpoint(job.id, path, step); });
         !s.ok()) {
       return s;
     }
   }
   run.start_step = step;
   // Steps after the checkpoint run again and record their rows again.
-  if (absl::Status s = store_write("step", absl::StrCat("the progress of step ", step), [&] {
-        if (absl::Status w = hooks_.store->set_step(job.id, step); !w.ok()) return w;
-        return hooks_.store->delete_metrics_after(job.id, step);
-      });
+  if (absl::Status s = store_write("step", absl::StrCat("the progress of step ", step),
+                                   [&] {
+                                     if (absl::Status w = hooks_.store->set_step(job.id, step);
+                                         !w.ok())
+                                       return w;
+                                     return hooks_.store->delete_metrics_after(job.id, step);
+                                   });
       !s.ok()) {
     return s;
   }
@@ -537,10 +541,13 @@ absl::Status RlLoop::init_policy(JobRun& run) {
   if (job.resume) {
     service::log_info(kLog, "resuming job from the beginning (no checkpoint yet)",
                       {{"job", job.id}});
-    if (absl::Status s = store_write("step", "the progress of step 0", [&] {
-          if (absl::Status w = hooks_.store->set_step(job.id, 0); !w.ok()) return w;
-          return hooks_.store->delete_metrics_after(job.id, -1);
-        });
+    if (absl::Status s = store_write("step", "the progress of step 0",
+                                     [&] {
+                                       if (absl::Status w = hooks_.store->set_step(job.id, 0);
+                                           !w.ok())
+                                         return w;
+                                       return hooks_.store->delete_metrics_after(job.id, -1);
+                                     });
         !s.ok()) {
       return s;
     }
@@ -621,8 +628,9 @@ absl::Status RlLoop::validate_start(JobRun& run) {
   row.validate_seconds = seconds_since(start);
   row.weight_version = run.version;
   const rl::MetricsValues values = rl::to_row(row);
-  if (absl::Status s = store_write("metrics_row", "the metrics row of step 0",
-                                   [&] { return hooks_.store->put_metrics(run.job.id, 0, values); });
+  if (absl::Status s =
+          store_write("metrics_row", "the metrics row of step 0",
+                      [&] { return hooks_.store->put_metrics(run.job.id, 0, values); });
       !s.ok()) {
     return s;
   }

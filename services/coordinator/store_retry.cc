@@ -17,7 +17,8 @@ constexpr char kLog[] = "jobs";
 }  // namespace
 
 absl::Status retry_store_write(std::string_view label, std::string_view what,
-                               const StoreRetry& retry, const std::function<absl::Status()>& write) {
+                               const StoreRetry& retry,
+                               const std::function<absl::Status()>& write) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   std::chrono::milliseconds pause(100);
@@ -41,8 +42,8 @@ absl::Status retry_store_write(std::string_view label, std::string_view what,
       std::string reason(status.message());
       if (reason.starts_with("job store: ")) reason.erase(0, 11);
       const std::string message = absl::StrFormat(
-          "job store: cannot record %s (refused %d times in %.1f s): %s", what, refusals,
-          std::chrono::duration<double>(spent).count(), reason);
+          "job store: cannot record %s (refused %d time%s in %.1f s): %s", what, refusals,
+          refusals == 1 ? "" : "s", std::chrono::duration<double>(spent).count(), reason);
       service::log_error(kLog, "job store write given up", {{"error", message}});
       return absl::UnavailableError(message);
     }

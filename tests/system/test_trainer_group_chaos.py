@@ -16,13 +16,15 @@ of, and the job must come through as if nothing happened.
 from its last checkpoint. Checked: the job SUCCEEDS; its metrics rows are 0..N exactly once and
 every deterministic value equals that of the same job run undisturbed first (test_chaos.py's
 comparison); the coordinator's trainer_lost events name the train step and the publish call the
-kills hit; every checkpoint loads (safetensors reader and `fp8rl export`).
+kills hit; every checkpoint loads (safetensors reader and `fp8rl export`); each loss shows a group_reformed
+event, and the group formed again well within the group timeout (60 s).
 
 The seed is printed; rerun one with FP8RL_CHAOS_SEED=<seed> (it picks the steps and the rank of
 (a); when a kill lands is measured, not seeded)."""
 
 import os
 import random
+import re
 import signal
 import time
 
@@ -156,6 +158,12 @@ def main_body(clusters):
              f"no trainer_lost event for the train step {hit_train}: {lost}")
     su.check(any(m.startswith("publish:") for m in lost),
              f"no trainer_lost event for the publish of step {hit_push}: {lost}")
+    # Each loss re-formed the group, without waiting out the group timeout (60 s) for the lost
+    # rank's stale registry entry: a rank that cannot join abandons the group at the rendezvous.
+    reformed = [e["message"] for e in events["events"] if e["kind"] == "group_reformed"]
+    waits = [float(re.search(r"formed again after ([0-9.]+) s", m).group(1)) for m in reformed]
+    su.log(f"  group_reformed after {waits} s")
+    su.check(len(waits) >= 2 and max(waits) < 30, f"group_reformed events: {reformed}")
     port = cluster.service("weight-sync")["http_port"]
     _, text = su.http_quiet("GET", f"http://127.0.0.1:{port}/metrics")
     su.log("  weight sync: " + "; ".join(
