@@ -171,8 +171,8 @@ def job_store_readonly(tmp):
         su.log(f"  job: {job['state']} after {took:.1f} s: {job['error']}")
         su.check(job["state"] == "FAILED", f"expected FAILED, got {job['state']}")
         su.check(took < 10 + 30, f"the job took {took:.0f} s to end (store retry 10 s)")
-        m = re.search(r"job store: cannot record (?:the metrics row|the progress|the checkpoint) of "
-                      r"step (\d+)", job["error"])
+        m = re.search(r"job store: cannot record (?:the metrics row|the progress|the checkpoint) "
+                      r"of step (\d+)", job["error"])
         su.check(m is not None and "read-only" in job["error"].lower(),
                  f"the error does not name the job store, the step and the read-only disk: "
                  f"{job['error']}")

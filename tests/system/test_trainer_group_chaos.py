@@ -16,8 +16,8 @@ of, and the job must come through as if nothing happened.
 from its last checkpoint. Checked: the job SUCCEEDS; its metrics rows are 0..N exactly once and
 every deterministic value equals that of the same job run undisturbed first (test_chaos.py's
 comparison); the coordinator's trainer_lost events name the train step and the publish call the
-kills hit; every checkpoint loads (safetensors reader and `fp8rl export`); each loss shows a group_reformed
-event, and the group formed again well within the group timeout (60 s).
+kills hit; every checkpoint loads (safetensors reader and `fp8rl export`); each loss shows a
+group_reformed event, and the group formed again well within the group timeout (60 s).
 
 The seed is printed; rerun one with FP8RL_CHAOS_SEED=<seed> (it picks the steps and the rank of
 (a); when a kill lands is measured, not seeded)."""
