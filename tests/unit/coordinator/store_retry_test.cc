@@ -9,7 +9,6 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-
 #include "services/coordinator/coordinator_metrics.h"
 
 namespace fp8rl::coordinator {
@@ -54,8 +53,8 @@ TEST(StoreRetry, GivesUpNamingTheRecordAndTheReason) {
   });
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(std::string(s.message()).starts_with(
-      "job store: cannot record the progress of step 12 (refused "))
+  EXPECT_TRUE(std::string(s.message())
+                  .starts_with("job store: cannot record the progress of step 12 (refused "))
       << s;
   EXPECT_NE(s.message().find("): disk I/O error (nothing was written): Read-only file system"),
             std::string::npos)
