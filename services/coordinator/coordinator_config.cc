@@ -32,6 +32,9 @@ void add_flags(flags::FlagTable& table, CoordinatorConfig* c) {
                     kWeekSeconds,
                     "after losing the trainer, resume from the last checkpoint when one is back "
                     "within this time (0: fail the job)")
+      .add_duration("store-retry-seconds", &c->store_retry, DurationUnit::kSeconds, 0, 24 * 3600,
+                    "a running job's write the job store refuses (full or read-only disk) is "
+                    "retried this long before the job fails naming it")
       .add_duration("sync-wait-seconds", &c->sync_wait, DurationUnit::kSeconds, 1, 24 * 3600,
                     "how long the live generation workers get to load a new version")
       .add_string("data-root", &c->data_root,

@@ -29,6 +29,9 @@ struct CoordinatorConfig {
   // --trainer-resume-seconds: after losing the trainer, resume the job from its last checkpoint
   // when a trainer is back within this time; 0 fails the job at once.
   std::chrono::seconds trainer_resume{120};
+  // --store-retry-seconds: a running job's write the job store refuses (a metrics row, its state)
+  // is retried this long before the job fails naming it (store_retry.h).
+  std::chrono::seconds store_retry{10};
   // --sync-wait-seconds: how long every live generation worker gets to load a new version before
   // the loop goes on (laggards refuse work); none holding it makes it resume.
   std::chrono::seconds sync_wait{60};

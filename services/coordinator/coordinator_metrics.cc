@@ -38,6 +38,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
                                      "(inflight, queue_full: HTTP 429 / RESOURCE_EXHAUSTED; "
                                      "token_quota: HTTP 400 / INVALID_ARGUMENT).",
                                      {"reason"}));
+  FP8RL_ASSIGN(m->store_write_failures,
+               registry->add_counter("fp8rl_coordinator_store_write_failures_total",
+                                     "Writes of a running job's records that the job store "
+                                     "refused (full or read-only disk, I/O error, lock), each "
+                                     "try counted, by record (metrics_row, step, checkpoint, "
+                                     "state).",
+                                     {"write"}));
+  FP8RL_ASSIGN(m->trainer_groups_reformed,
+               registry->add_counter("fp8rl_coordinator_trainer_groups_reformed_total",
+                                     "Trainer groups (trainer.data_parallel > 1) formed again to "
+                                     "resume a job, after a rank was lost or a restart."));
   FP8RL_ASSIGN(m->checkpoint_fallbacks,
                registry->add_counter("fp8rl_coordinator_checkpoint_fallbacks_total",
                                      "Resumes whose checkpoint the trainer could not read, so "

@@ -46,21 +46,23 @@ class CoordinatorMetrics {
   service::CounterFamily* jobs_submitted = nullptr;  // jobs accepted
   service::CounterFamily* job_resumes =
       nullptr;  // jobs resumed (coordinator restart, lost trainer)
-  service::CounterFamily* requests_rejected = nullptr;      // {api}
-  service::CounterFamily* requests_refused = nullptr;       // {reason}, admission.h
-  service::CounterFamily* checkpoint_fallbacks = nullptr;   // unreadable checkpoint, previous one
-  service::GaugeFamily* live_workers = nullptr;             // {kind}
-  service::GaugeFamily* step = nullptr;                     // running job's completed steps
-  service::CounterFamily* steps = nullptr;                  // RL steps completed
-  service::GaugeFamily* reward_mean = nullptr;              // last step's mean reward
-  service::GaugeFamily* validation_accuracy = nullptr;      // last validation accuracy
-  service::GaugeFamily* step_phase_seconds = nullptr;       // {phase}, last step
-  service::CounterFamily* phase_seconds_total = nullptr;    // {phase}
-  service::HistogramFamily* phase_seconds = nullptr;        // {phase}, distribution
-  service::CounterFamily* samples = nullptr;                // samples generated and scored
-  service::CounterFamily* redispatched_requests = nullptr;  // failed generation calls re-sent
-  service::CounterFamily* redispatched_samples = nullptr;   // samples those calls carried
-  service::GaugeFamily* weight_version = nullptr;           // last published policy version
+  service::CounterFamily* requests_rejected = nullptr;        // {api}
+  service::CounterFamily* requests_refused = nullptr;         // {reason}, admission.h
+  service::CounterFamily* checkpoint_fallbacks = nullptr;     // unreadable checkpoint, previous one
+  service::CounterFamily* store_write_failures = nullptr;     // {write}, store_retry.h
+  service::CounterFamily* trainer_groups_reformed = nullptr;  // groups formed again on resume
+  service::GaugeFamily* live_workers = nullptr;               // {kind}
+  service::GaugeFamily* step = nullptr;                       // running job's completed steps
+  service::CounterFamily* steps = nullptr;                    // RL steps completed
+  service::GaugeFamily* reward_mean = nullptr;                // last step's mean reward
+  service::GaugeFamily* validation_accuracy = nullptr;        // last validation accuracy
+  service::GaugeFamily* step_phase_seconds = nullptr;         // {phase}, last step
+  service::CounterFamily* phase_seconds_total = nullptr;      // {phase}
+  service::HistogramFamily* phase_seconds = nullptr;          // {phase}, distribution
+  service::CounterFamily* samples = nullptr;                  // samples generated and scored
+  service::CounterFamily* redispatched_requests = nullptr;    // failed generation calls re-sent
+  service::CounterFamily* redispatched_samples = nullptr;     // samples those calls carried
+  service::GaugeFamily* weight_version = nullptr;             // last published policy version
   std::map<std::string, service::GaugeFamily*, std::less<>> step_metrics;  // by metric name
   // Asynchronous RL only (stay at 0 in synchronous jobs).
   service::HistogramFamily* sample_staleness = nullptr;         // versions behind, per sample

@@ -214,6 +214,24 @@ grpc::Status JobServiceImpl::GetJobMetrics(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::GetJobEvents(grpc::ServerContext* context,
+                                          const v1::GetJobEventsRequest* req,
+                                          v1::GetJobEventsResponse* resp) {
+  if (grpc::Status auth = service::authorize(auth_.get(), context); !auth.ok()) return auth;
+  AdmissionControl::Ticket ticket;
+  if (grpc::Status admitted = admit(jobs_, context, &ticket); !admitted.ok()) return admitted;
+  if (req->id().empty()) return counted(jobs_, bad_id(req->id()));
+  absl::StatusOr<std::vector<JobEvent>> events = jobs_->events(req->id());
+  if (!events.ok()) return counted(jobs_, service::to_grpc_status(events.status()));
+  for (const JobEvent& event : *events) {
+    v1::JobFaultEvent* out = resp->add_events();
+    out->set_kind(event.kind);
+    out->set_message(event.message);
+    out->set_recorded_unix_ms(event.recorded_ms);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkerRegistryImpl::RegisterWorker(grpc::ServerContext* context,
                                                 const v1::RegisterWorkerRequest* req,
                                                 v1::RegisterWorkerResponse* resp) {

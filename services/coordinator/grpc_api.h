@@ -31,6 +31,8 @@ class JobServiceImpl final : public fp8rl::v1::JobService::Service {
                         grpc::ServerWriter<v1::JobEvent>*) override;
   grpc::Status GetJobMetrics(grpc::ServerContext*, const v1::GetJobMetricsRequest*,
                              v1::GetJobMetricsResponse*) override;
+  grpc::Status GetJobEvents(grpc::ServerContext*, const v1::GetJobEventsRequest*,
+                            v1::GetJobEventsResponse*) override;
 
  private:
   JobManager* jobs_;

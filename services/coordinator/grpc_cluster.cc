@@ -351,13 +351,22 @@ class GroupTrainerClient final : public TrainerClient {
   GroupTrainerClient(std::vector<Member> members, std::string group_id, std::string shard)
       : members_(std::move(members)), group_id_(std::move(group_id)), shard_(std::move(shard)) {}
 
-  absl::Status join(std::chrono::milliseconds timeout) {
+  // `on_failed` (optional) hears at once of a rank whose JoinGroup failed, so the other ranks'
+  // wait for it can be ended (a rank that died is still listed until it expires).
+  absl::Status join(std::chrono::milliseconds timeout,
+                    const std::function<void(const std::string&, const std::string&)>& on_failed) {
     const int size = static_cast<int>(members_.size());
     return on_all<bool>("join trainer group",
                         [&](GrpcTrainerClient& c, int rank) {
                           absl::Status s = c.join_group(group_id_, rank, size, timeout, shard_);
-                          if (!s.ok()) return absl::StatusOr<bool>(s);
-                          return absl::StatusOr<bool>(true);
+                          if (s.ok()) return absl::StatusOr<bool>(true);
+                          if (on_failed) {
+                            const WorkerInfo& w = members_[static_cast<size_t>(rank)].worker;
+                            on_failed(group_id_,
+                                      absl::StrCat("rank ", rank, " (", w.name, " at ", w.address,
+                                                   ") could not join: ", s.message()));
+                          }
+                          return absl::StatusOr<bool>(s);
                         })
         .status();
   }
@@ -521,7 +530,7 @@ absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(
                                                 .count(),
                                             "-", next_group.fetch_add(1));
   auto group = std::make_shared<GroupTrainerClient>(std::move(clients), group_id, shard);
-  if (absl::Status s = group->join(group_timeout_); !s.ok()) {
+  if (absl::Status s = group->join(group_timeout_, on_join_failed_); !s.ok()) {
     return absl::UnavailableError(s.message());
   }
   return std::shared_ptr<TrainerClient>(group);

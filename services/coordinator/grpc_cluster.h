@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,12 @@ class GrpcCluster final : public Cluster {
   absl::StatusOr<std::shared_ptr<TrainerClient>> trainer_group(int size,
                                                                const std::string& shard) override;
 
+  // Called with a group id and a reason when a rank could not join that group, so the ranks
+  // that did stop waiting for it (RendezvousImpl::abandon). Before the first call; optional.
+  void set_on_join_failed(std::function<void(const std::string&, const std::string&)> f) {
+    on_join_failed_ = std::move(f);
+  }
+
   // TLS and the cluster token for calls to workers (security.h). Before the first call.
   void set_client_security(service::ClientSecurity security) { security_ = std::move(security); }
 
@@ -41,6 +48,7 @@ class GrpcCluster final : public Cluster {
   service::ClientSecurity security_;  // set before serving, read-only after
   std::mutex mu_;                     // guards channels_ (held only to look up or insert a channel)
   std::chrono::milliseconds group_timeout_;
+  std::function<void(const std::string&, const std::string&)> on_join_failed_;  // read-only
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_; by address
 };
 

@@ -9,6 +9,7 @@
 #include "model/config.h"
 #include "rl/model_checkpoint.h"
 #include "services/coordinator/coordinator_metrics.h"
+#include "services/coordinator/store_retry.h"
 
 namespace fp8rl::coordinator {
 
@@ -97,15 +98,17 @@ absl::StatusOr<JobRecord> JobManager::submit(const rl::JobConfig& submitted) {
 
 absl::StatusOr<JobRecord> JobManager::get(const std::string& id) const {
   absl::StatusOr<JobRecord> job = store_->get_job(id);
-  if (job.ok()) fill_progress(&*job);
+  if (job.ok()) fill_in_memory(&*job);
   return job;
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobManager::list(std::optional<JobState> state,
                                                         int64_t limit) const {
   absl::StatusOr<std::vector<JobRecord>> jobs = store_->list_jobs(state, limit);
-  if (jobs.ok()) {
-    for (JobRecord& job : *jobs) fill_progress(&job);
+  if (!jobs.ok()) return jobs;
+  for (JobRecord& job : *jobs) fill_in_memory(&job);
+  if (state.has_value()) {  // an end kept in memory moved the job out of the filter's state
+    std::erase_if(*jobs, [&](const JobRecord& job) { return job.state != *state; });
   }
   return jobs;
 }
@@ -134,12 +137,61 @@ void JobManager::clear_progress(const std::string& id) {
   progress_.erase(id);
 }
 
-void JobManager::fill_progress(JobRecord* job) const {
+void JobManager::fill_in_memory(JobRecord* job) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = progress_.find(job->id);
-      it != progress_.end() && job->state == JobState::kRunning) {
-    job->progress = it->second;
+  if (job->state != JobState::kRunning) return;
+  if (auto it = unrecorded_ends_.find(job->id); it != unrecorded_ends_.end()) {
+    job->state = it->second.state;
+    job->error = it->second.error;
+    return;
   }
+  if (auto it = progress_.find(job->id); it != progress_.end()) job->progress = it->second;
+}
+
+void JobManager::record_end(const std::string& id, JobState state, const std::string& error) {
+  StoreRetry retry;
+  retry.wait = options_.store_retry_wait;
+  retry.metrics = metrics_;
+  retry.stop = [this] { return stopping_.load(); };
+  const absl::Status s = retry_store_write(
+      "state", absl::StrCat("the end of job '", id, "' (", std::string(job_state_name(state)), ")"),
+      retry, [&] { return store_->set_state(id, state, error); });
+  if (s.ok()) return;
+  service::log_error(kLog,
+                     "cannot record job state; reporting it from memory until the store "
+                     "takes it",
+                     {{"job", id},
+                      {"state", std::string(job_state_name(state))},
+                      {"job_error", error},
+                      {"error", std::string(s.message())}});
+  std::lock_guard<std::mutex> lock(mu_);
+  unrecorded_ends_[id] = UnrecordedEnd{state, error};
+}
+
+bool JobManager::flush_unrecorded_ends() {
+  std::map<std::string, UnrecordedEnd> ends;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (unrecorded_ends_.empty()) return true;
+    ends = unrecorded_ends_;
+  }
+  bool all = true;
+  for (const auto& [id, end] : ends) {
+    if (absl::Status s = store_->set_state(id, end.state, end.error); !s.ok()) {
+      all = false;
+      continue;
+    }
+    service::log_info(kLog, "job state recorded after the store refused it",
+                      {{"job", id}, {"state", std::string(job_state_name(end.state))}});
+    std::lock_guard<std::mutex> lock(mu_);
+    unrecorded_ends_.erase(id);
+  }
+  return all;
+}
+
+void JobManager::pause(std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, wait, [&] { return stopping_.load(); });
 }
 
 bool JobManager::cancel_requested(const std::string& id) const {
@@ -195,6 +247,11 @@ void JobManager::refresh_gauges() {
 
 void JobManager::run_loop() {
   while (!stopping_) {
+    if (!flush_unrecorded_ends()) {
+      // The store still refuses a job's end: start nothing until it takes writes again.
+      pause(std::chrono::seconds(1));
+      continue;
+    }
     absl::StatusOr<std::optional<JobRecord>> next = store_->next_runnable();
     if (!next.ok()) {
       service::log_error(kLog, "job store read failed",
@@ -213,10 +270,7 @@ void JobManager::run_loop() {
 void JobManager::run_job(const JobRecord& job) {
   const std::string& id = job.id;
   auto finish = [&](JobState state, const std::string& error) {
-    if (absl::Status s = store_->set_state(id, state, error); !s.ok()) {
-      service::log_error(kLog, "cannot record job state",
-                         {{"job", id}, {"error", std::string(s.message())}});
-    }
+    record_end(id, state, error);
     std::lock_guard<std::mutex> lock(mu_);
     cancel_requests_.erase(id);
     progress_.erase(id);
@@ -224,6 +278,7 @@ void JobManager::run_job(const JobRecord& job) {
   if (absl::Status s = store_->set_state(id, JobState::kRunning); !s.ok()) {
     service::log_error(kLog, "cannot start job",
                        {{"job", id}, {"error", std::string(s.message())}});
+    pause(std::chrono::seconds(1));  // the store refuses writes: do not spin on it
     return;
   }
   refresh_gauges();

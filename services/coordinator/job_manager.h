@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -89,7 +90,15 @@ class JobManager {
   // Stores a job event (a failure to store it is logged, not returned).
   void add_event(const std::string& id, std::string_view kind, std::string_view message);
   void clear_progress(const std::string& id);
-  void fill_progress(JobRecord* job) const;
+  // Adds what only memory holds: the running job's progress, and an end the store refused.
+  void fill_in_memory(JobRecord* job) const;
+  // Stores the job's final state, retried while the store refuses it (store_retry.h); when it
+  // still refuses, the end is kept in unrecorded_ends_ (and reported from there).
+  void record_end(const std::string& id, JobState state, const std::string& error);
+  // Tries to store the ends kept in unrecorded_ends_; true when none is left.
+  bool flush_unrecorded_ends();
+  // Waits up to `wait` for stop() or a wake-up (a submission, a cancel).
+  void pause(std::chrono::milliseconds wait);
   bool cancel_requested(const std::string& id) const;
 
   JobStore* store_;
@@ -110,8 +119,17 @@ class JobManager {
   std::condition_variable cv_;
   std::set<std::string> cancel_requests_;        // guarded by mu_
   std::map<std::string, JobProgress> progress_;  // guarded by mu_; running jobs only
-  std::atomic<bool> stopping_{false};            // atomic: read by the loop without mu_
-  std::thread runner_;                           // started and joined by start()/stop() only
+  // Jobs that ended while the store refused every write of their final state (a read-only or
+  // full disk): reported from here, stored when the store takes writes again. The store still
+  // says RUNNING; a coordinator restarted before that resumes them. No new job starts while
+  // one is here.
+  struct UnrecordedEnd {
+    JobState state;
+    std::string error;
+  };
+  std::map<std::string, UnrecordedEnd> unrecorded_ends_;  // guarded by mu_
+  std::atomic<bool> stopping_{false};                     // atomic: read by the loop without mu_
+  std::thread runner_;  // started and joined by start()/stop() only
 };
 
 }  // namespace fp8rl::coordinator

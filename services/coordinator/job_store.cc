@@ -2,10 +2,16 @@
 // a single statement, so a crash never leaves a half-updated job.
 #include "services/coordinator/job_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <random>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,8 +56,8 @@ class Statement {
         // The storage under the store refused the write (a full or read-only disk, an I/O
         // error, a lock held too long): nothing was written, and the same call can succeed once
         // that is fixed, so callers see UNAVAILABLE (HTTP 503), not an internal error.
-        return absl::UnavailableError(
-            absl::StrCat("job store: ", sqlite3_errmsg(db_), " (nothing was written)"));
+        return absl::UnavailableError(absl::StrCat("job store: ", sqlite3_errmsg(db_),
+                                                   " (nothing was written)", system_error()));
       default:
         return absl::InternalError(absl::StrCat("job store: ", sqlite3_errmsg(db_)));
     }
@@ -64,6 +70,30 @@ class Statement {
   }
   int64_t integer(int column) const { return sqlite3_column_int64(stmt_, column); }
   int changes() const { return sqlite3_changes(db_); }
+  // ": <why>" when the storage says why it refused a write, which SQLite's own text ("disk I/O
+  // error") does not: the OS error of the failed call when SQLite kept it, else what the
+  // database's folder answers now (a file system that an I/O error turned read-only still shows
+  // "rw" in statvfs, so a probe file is created and removed); "" when neither tells.
+  std::string system_error() const {
+    auto text = [](int err) {
+      return absl::StrCat(": ", std::error_code(err, std::generic_category()).message());
+    };
+    if (const int err = sqlite3_system_errno(db_); err != 0) return text(err);
+    const char* file = sqlite3_db_filename(db_, "main");
+    if (file == nullptr || *file == '\0') return "";  // in memory
+    const std::filesystem::path folder = std::filesystem::path(file).parent_path();
+    struct statvfs fs;
+    if (statvfs(folder.empty() ? "." : folder.c_str(), &fs) == 0) {
+      if ((fs.f_flag & ST_RDONLY) != 0) return text(EROFS);
+      if (fs.f_bavail == 0) return text(ENOSPC);
+    }
+    const std::string probe = absl::StrCat(file, ".probe.", static_cast<long>(::getpid()));
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return text(errno);
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return "";
+  }
 
  private:
   sqlite3* db_;
@@ -159,7 +189,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::open(const std::string& path
   std::unique_ptr<JobStore> store(new JobStore(db));
   for (const char* sql : {
            "PRAGMA journal_mode=WAL",
-           "PRAGMA synchronous=NORMAL",
+           "PRAGMA synchronous=FULL",  // a commit is on disk before the call returns
            "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, state TEXT NOT NULL, "
            "config_json TEXT NOT NULL, step INTEGER NOT NULL DEFAULT 0, total_steps INTEGER NOT "
            "NULL, error TEXT NOT NULL DEFAULT '', resume INTEGER NOT NULL DEFAULT 0, checkpoint "

@@ -82,12 +82,19 @@ int run(const std::vector<std::string>& args) {
   auto metrics = coordinator::CoordinatorMetrics::create(&registry);
   if (!metrics.ok()) return fail(std::string(metrics.status().message()));
   coordinator::WorkerRegistry workers{config->worker_expiry, config->heartbeat_interval};
+  // Trainer groups meet here; declared before the cluster, which abandons groups in it.
+  coordinator::RendezvousImpl rendezvous_service;
   coordinator::GrpcCluster cluster(&workers, config->trainer_timeout);
   cluster.set_client_security(security->client);
+  cluster.set_on_join_failed(
+      [&rendezvous_service](const std::string& group, const std::string& why) {
+        rendezvous_service.abandon(group, why);
+      });
   coordinator::RlLoopOptions loop_options;
   loop_options.generate_deadline = config->generate_deadline;
   loop_options.worker_wait = config->worker_wait;
   loop_options.trainer_resume_wait = config->trainer_resume;
+  loop_options.store_retry_wait = config->store_retry;
   loop_options.sync_wait = config->sync_wait;
   coordinator::JobManager jobs(store->get(), &cluster, &workers, metrics->get(), loop_options);
   rl::JobPathRoots roots{config->data_root, config->models_root, config->datasets_root};
@@ -133,7 +140,6 @@ int run(const std::vector<std::string>& args) {
   service::GrpcServerOptions grpc_options;
   grpc_options.address = service::listen_address(*options, options->grpc_port);
   grpc_options.credentials = security->grpc_credentials;
-  coordinator::RendezvousImpl rendezvous_service;  // trainer groups meet here
   rendezvous_service.require_tokens(security->cluster_tokens);
   auto grpc = service::GrpcServer::start(
       grpc_options, {&job_service, &registry_service, &rendezvous_service},

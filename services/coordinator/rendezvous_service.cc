@@ -46,9 +46,14 @@ grpc::Status RendezvousImpl::Get(grpc::ServerContext* context,
   }
   const auto wait = std::min(std::chrono::milliseconds(request->wait_ms()), kRendezvousMaxWait);
   const auto deadline = std::chrono::steady_clock::now() + wait;
+  const std::string group = request->key().substr(0, request->key().find('/'));
   std::unique_lock<std::mutex> lock(mu_);
   // Wakes at least every 100 ms to notice a cancelled call (client gone).
   while (!values_.contains(request->key())) {
+    if (auto it = abandoned_.find(group); it != abandoned_.end()) {
+      return grpc::Status(grpc::StatusCode::ABORTED,
+                          absl::StrCat("trainer group '", group, "' abandoned: ", it->second));
+    }
     if (context->IsCancelled() || std::chrono::steady_clock::now() >= deadline) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           absl::StrCat("rendezvous key '", request->key(), "' not set within ",
@@ -58,6 +63,18 @@ grpc::Status RendezvousImpl::Get(grpc::ServerContext* context,
   }
   response->set_value(values_[request->key()]);
   return grpc::Status::OK;
+}
+
+void RendezvousImpl::abandon(const std::string& group_id, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abandoned_.emplace(group_id, reason).second) abandoned_order_.push_back(group_id);
+    while (abandoned_order_.size() > kRendezvousMaxAbandoned) {
+      abandoned_.erase(abandoned_order_.front());
+      abandoned_order_.pop_front();
+    }
+  }
+  cv_.notify_all();
 }
 
 size_t RendezvousImpl::size() {

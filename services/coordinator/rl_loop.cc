@@ -19,6 +19,7 @@
 #include "rl/scoring.h"
 #include "rl/sft_batch.h"
 #include "services/coordinator/coordinator_metrics.h"
+#include "services/coordinator/store_retry.h"
 
 namespace fp8rl::coordinator {
 namespace {
@@ -155,6 +156,19 @@ absl::Status RlLoop::check_cancelled() const {
   if (stop_generation_) return absl::CancelledError("asynchronous rollouts stopped");
   if (hooks_.cancelled && hooks_.cancelled()) return absl::CancelledError("cancelled by user");
   return absl::OkStatus();
+}
+
+absl::Status RlLoop::store_write(std::string_view label, std::string_view what,
+                                 const std::function<absl::Status()>& write) const {
+  StoreRetry retry;
+  retry.wait = options_.store_retry_wait;
+  retry.metrics = hooks_.metrics;
+  retry.stop = hooks_.cancelled;
+  absl::Status status = retry_store_write(label, what, retry, write);
+  if (!status.ok() && hooks_.cancelled && hooks_.cancelled()) {
+    return absl::CancelledError("cancelled by user");
+  }
+  return status;
 }
 
 absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch(
@@ -427,6 +441,7 @@ absl::Status RlLoop::connect_trainer(JobRun& run) {
         cluster_->trainer_group(group, run.config.trainer.shard);
     if (trainer.ok()) {
       run.trainer = *std::move(trainer);
+      if (group > 1 && run.job.resume) note_group_reformed(run, group, seconds_since(start));
       return absl::OkStatus();
     }
     if (Clock::now() - start > options_.worker_wait) {
@@ -441,6 +456,23 @@ absl::Status RlLoop::connect_trainer(JobRun& run) {
       set_phase("waiting_for_trainer", 0, group, shown);
     }
     std::this_thread::sleep_for(options_.poll_interval);
+  }
+}
+
+void RlLoop::note_group_reformed(const JobRun& run, int size, double waited_seconds) {
+  const std::string from =
+      run.job.checkpoint.empty() ? "the beginning (no checkpoint yet)" : run.job.checkpoint;
+  service::log_info(kLog, "trainer group formed again",
+                    {{"job", run.job.id},
+                     {"size", absl::StrCat(size)},
+                     {"waited_seconds", absl::StrFormat("%.1f", waited_seconds)},
+                     {"resume_from", from}});
+  if (hooks_.metrics != nullptr) hooks_.metrics->trainer_groups_reformed->get().inc();
+  if (hooks_.on_event) {
+    hooks_.on_event("group_reformed",
+                    absl::StrFormat("a trainer group of %d formed again after %.1f s; resuming "
+                                    "from %s",
+                                    size, waited_seconds, from));
   }
 }
 
@@ -480,12 +512,23 @@ absl::StatusOr<bool> RlLoop::resume_from_checkpoint(JobRun& run) {
   }
   if (path != job.checkpoint) {
     // A later resume starts from the checkpoint that loaded, not the unreadable one.
-    if (absl::Status s = hooks_.store->set_checkpoint(job.id, path, step); !s.ok()) return s;
+    if (absl::Status s =
+            store_write("checkpoint", absl::StrCat("the checkpoint of step ", step),
+                        [&] { return hooks_.store->set_checkpoint(job.id, path, step); });
+        !s.ok()) {
+      return s;
+    }
   }
   run.start_step = step;
   // Steps after the checkpoint run again and record their rows again.
-  if (absl::Status s = hooks_.store->set_step(job.id, run.start_step); !s.ok()) return s;
-  if (absl::Status s = hooks_.store->delete_metrics_after(job.id, run.start_step); !s.ok()) {
+  if (absl::Status s = store_write("step", absl::StrCat("the progress of step ", step),
+                                   [&] {
+                                     if (absl::Status w = hooks_.store->set_step(job.id, step);
+                                         !w.ok())
+                                       return w;
+                                     return hooks_.store->delete_metrics_after(job.id, step);
+                                   });
+      !s.ok()) {
     return s;
   }
   service::log_info(kLog, "resuming job",
@@ -498,8 +541,16 @@ absl::Status RlLoop::init_policy(JobRun& run) {
   if (job.resume) {
     service::log_info(kLog, "resuming job from the beginning (no checkpoint yet)",
                       {{"job", job.id}});
-    if (absl::Status s = hooks_.store->set_step(job.id, 0); !s.ok()) return s;
-    if (absl::Status s = hooks_.store->delete_metrics_after(job.id, -1); !s.ok()) return s;
+    if (absl::Status s = store_write("step", "the progress of step 0",
+                                     [&] {
+                                       if (absl::Status w = hooks_.store->set_step(job.id, 0);
+                                           !w.ok())
+                                         return w;
+                                       return hooks_.store->delete_metrics_after(job.id, -1);
+                                     });
+        !s.ok()) {
+      return s;
+    }
   }
   set_phase("initializing");
   absl::StatusOr<int64_t> version = run.trainer->init_policy(job.id, run.config);
@@ -577,7 +628,12 @@ absl::Status RlLoop::validate_start(JobRun& run) {
   row.validate_seconds = seconds_since(start);
   row.weight_version = run.version;
   const rl::MetricsValues values = rl::to_row(row);
-  if (absl::Status s = hooks_.store->put_metrics(run.job.id, 0, values); !s.ok()) return s;
+  if (absl::Status s =
+          store_write("metrics_row", "the metrics row of step 0",
+                      [&] { return hooks_.store->put_metrics(run.job.id, 0, values); });
+      !s.ok()) {
+    return s;
+  }
   ++progress_;
   if (hooks_.metrics != nullptr) {
     hooks_.metrics->validation_accuracy->get().set(*accuracy);
@@ -712,7 +768,12 @@ absl::Status RlLoop::validate_and_checkpoint(const JobRun& run, int64_t step,
     if (absl::Status s = run.trainer->save_checkpoint(path); !s.ok()) {
       return trainer_error(s, absl::StrCat("checkpoint at step ", step, ": "));
     }
-    if (absl::Status s = hooks_.store->set_checkpoint(run.job.id, path, step); !s.ok()) return s;
+    if (absl::Status s =
+            store_write("checkpoint", absl::StrCat("the checkpoint of step ", step),
+                        [&] { return hooks_.store->set_checkpoint(run.job.id, path, step); });
+        !s.ok()) {
+      return s;
+    }
     row.checkpoint_seconds = seconds_since(start);
   }
   return absl::OkStatus();
@@ -726,9 +787,17 @@ bool RlLoop::validates_at(const rl::JobConfig& config, int64_t step) {
 absl::Status RlLoop::record_step(const JobRun& run, int64_t step, const rl::StepMetrics& row) {
   const std::string& job_id = run.job.id;
   const rl::MetricsValues values = rl::to_row(row);
-  if (absl::Status s = hooks_.store->put_metrics(job_id, step, values); !s.ok()) return s;
+  if (absl::Status s = store_write("metrics_row", absl::StrCat("the metrics row of step ", step),
+                                   [&] { return hooks_.store->put_metrics(job_id, step, values); });
+      !s.ok()) {
+    return s;
+  }
   ++progress_;
-  if (absl::Status s = hooks_.store->set_step(job_id, step); !s.ok()) return s;
+  if (absl::Status s = store_write("step", absl::StrCat("the progress of step ", step),
+                                   [&] { return hooks_.store->set_step(job_id, step); });
+      !s.ok()) {
+    return s;
+  }
   if (CoordinatorMetrics* metrics = hooks_.metrics; metrics != nullptr) {
     const rl::AlgorithmConfig& alg = run.config.algorithm;
     metrics->step->get().set(static_cast<double>(step));

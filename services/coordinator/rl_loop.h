@@ -144,6 +144,9 @@ struct RlLoopOptions {
   std::chrono::milliseconds trainer_resume_wait{std::chrono::seconds(120)};
   // Resumes of one job after trainer losses, at most (a trainer that keeps dying fails the job).
   int max_trainer_resumes = 10;
+  // How long a job-store write the job needs (a metrics row, its step, its checkpoint, its final
+  // state) is retried while the store refuses it before the job fails naming it (store_retry.h).
+  std::chrono::milliseconds store_retry_wait{std::chrono::seconds(10)};
 };
 
 struct RlLoopHooks {
@@ -239,6 +242,8 @@ class RlLoop {
   absl::Status log_prompt_format(const JobRun& run);
   // Step 0: waits (up to worker_wait) for a registered trainer.
   absl::Status connect_trainer(JobRun& run);
+  // A resumed job got its trainer group of `size` again: log line, metric, group_reformed event.
+  void note_group_reformed(const JobRun& run, int size, double waited_seconds);
   // Step 0: loads the job's last checkpoint; the steps after it run (and record rows) again. A
   // checkpoint the trainer cannot read (not a lost trainer) falls back to the one before it,
   // saying so in a log line, fp8rl_coordinator_checkpoint_fallbacks_total and a job event;
@@ -297,6 +302,10 @@ class RlLoop {
   // the code says the trainer is gone (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED).
   static absl::Status trainer_error(const absl::Status& status, const std::string& what);
   absl::Status check_cancelled() const;
+  // A job-store write retried while the store refuses it (retry_store_write, stopped by
+  // cancellation); `label` and `what` as there.
+  absl::Status store_write(std::string_view label, std::string_view what,
+                           const std::function<absl::Status()>& write) const;
   absl::Status wait_for_version(int64_t version);
   // dispatch() that also returns this dispatch's own stats (safe when dispatches overlap).
   absl::StatusOr<std::map<std::string, GenResult>> dispatch_counted(

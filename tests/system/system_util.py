@@ -244,6 +244,36 @@ def wait_job(cluster, job_id, timeout=150, on_poll=None):
     fail(f"job {job_id} not finished within {timeout} s")
 
 
+def read_pids(cluster):
+    """Service name -> pid as `fp8rl up` has them now (cluster.json is rewritten on a restart)."""
+    with open(os.path.join(cluster.data_dir, "cluster.json")) as f:
+        return {s["name"]: s["pid"] for s in json.load(f)["services"]}
+
+
+def metrics_rows(cluster, job_id, total):
+    """{step: metrics} of a job whose rows must be exactly 0..total, each once."""
+    status, metrics = http("GET", f"{cluster.rest}/v1/jobs/{job_id}/metrics")
+    check(status == 200, f"metrics of {job_id}: {status}")
+    steps = [r["step"] for r in metrics["steps"]]
+    check(steps == list(range(total + 1)), f"job {job_id}: metrics rows {steps}, want 0..{total}")
+    return {r["step"]: r["metrics"] for r in metrics["steps"]}
+
+
+def kill_at_step(cluster, job_id, name, step, timeout=200):
+    """SIGKILLs service `name` once the running job has reached `step`; returns the pid."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status, job = http("GET", f"{cluster.rest}/v1/jobs/{job_id}")
+        check(job["state"] in ("QUEUED", "RUNNING"), f"job ended early: {job}")
+        if job["step"] >= step:
+            pid = read_pids(cluster)[name]
+            os.kill(pid, signal.SIGKILL)
+            log(f"  SIGKILL {name} (pid {pid}) at step {job['step']}")
+            return pid
+        time.sleep(0.2)
+    fail(f"job {job_id} never reached step {step}")
+
+
 def main_guard(body):
     """Runs a test body with a list to register clusters in; whatever happens, no cluster is left
     behind (the launcher is killed, and its children die with it)."""

@@ -42,10 +42,12 @@ JOB_BOUND_S = 300  # a 24-step job takes ~15 s undisturbed on the loaded 2-core 
 
 class LocalCluster:
     """The four kinds of service started directly (fp8rl up listens on 127.0.0.1 only), on the
-    host end of the veth pair, generation-worker-1 inside the namespace."""
+    host end of the veth pair, one of them (`isolated`: generation-worker-1 or trainer) inside the
+    namespace."""
 
-    def __init__(self, net):
+    def __init__(self, net, isolated="generation-worker-1"):
         self.net = net
+        self.isolated = isolated
         self.tmp = tempfile.mkdtemp(prefix="fp8rl-system-")
         self.offset = su.free_port_offset(workers=2)
         self.procs = {}
@@ -57,6 +59,9 @@ class LocalCluster:
             return ["--listen-host", listen, "--advertise-host", listen, "--log-level", "info",
                     "--data-dir", os.path.join(self.tmp, "data", name)]
 
+        def at(name):  # the address a service listens on
+            return net.ns_ip if name == isolated else host
+
         self.specs = {
             "weight-sync": ["fp8rl-weight-sync"] + common("weight-sync", host) +
             ["--grpc-port", str(50052 + o), "--http-port", str(9402 + o),
@@ -64,20 +69,21 @@ class LocalCluster:
             "coordinator": ["fp8rl-coordinator"] + common("coordinator", host) +
             ["--grpc-port", str(50051 + o), "--http-port", str(8080 + o), "--data-root", self.tmp,
              "--generate-deadline-seconds", str(GENERATE_DEADLINE_S)],
-            "trainer": ["fp8rl-trainer-worker"] + common("trainer", host) +
+            "trainer": ["fp8rl-trainer-worker"] + common("trainer", at("trainer")) +
             ["--grpc-port", str(50053 + o), "--http-port", str(9403 + o),
              "--coordinator", coordinator, "--weight-sync", weight_sync,
              "--data-root", self.tmp, "--models-root", su.SOURCE_DIR],
         }
-        for i, listen in ((0, host), (1, net.ns_ip)):
+        for i, listen in ((0, host), (1, at("generation-worker-1"))):
             self.specs[f"generation-worker-{i}"] = (
                 ["fp8rl-generation-worker", "--listen-host", listen, "--advertise-host", listen,
                  "--log-level", "info", "--grpc-port", str(50061 + i + o),
                  "--http-port", str(9461 + i + o), "--coordinator", coordinator,
                  "--weight-sync", weight_sync, "--worker-id", f"generation-worker-{i}"])
         self.health = {"weight-sync": (host, 9402 + o), "coordinator": (host, 8080 + o),
-                       "trainer": (host, 9403 + o), "generation-worker-0": (host, 9461 + o),
-                       "generation-worker-1": (net.ns_ip, 9462 + o)}
+                       "trainer": (at("trainer"), 9403 + o),
+                       "generation-worker-0": (host, 9461 + o),
+                       "generation-worker-1": (at("generation-worker-1"), 9462 + o)}
 
     def log_path(self, name):
         return os.path.join(self.tmp, f"{name}.log")
@@ -89,7 +95,7 @@ class LocalCluster:
     def start(self):
         for name, args in self.specs.items():
             command = [os.path.join(su.BIN_DIR, args[0])] + args[1:]
-            if name == "generation-worker-1":
+            if name == self.isolated:
                 command = self.net.command(command)
             self.procs[name] = subprocess.Popen(command, stdout=open(self.log_path(name), "w"),
                                                 stderr=subprocess.STDOUT, cwd=su.SOURCE_DIR)
@@ -100,7 +106,8 @@ class LocalCluster:
                          f"{name} exited {self.procs[name].returncode}:\n{self.log_of(name)}")
                 su.check(time.time() < deadline, f"{name} not healthy within 120 s")
                 time.sleep(0.2)
-        su.log(f"cluster up on {self.net.host_ip} (+ {self.net.ns_ip} in {self.net.name}), "
+        su.log(f"cluster up on {self.net.host_ip} (+ {self.isolated} on {self.net.ns_ip} in "
+               f"{self.net.name}), "
                f"port offset {self.offset}, logs in {self.tmp}")
 
     def metric(self, name, text=None):

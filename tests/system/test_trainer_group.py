@@ -20,9 +20,7 @@ The measured differences are printed, so a change that loosens them is visible."
 
 import json
 import os
-import signal
 import struct
-import time
 
 import numpy as np
 
@@ -73,14 +71,6 @@ def submit(cluster, tag, data_parallel, every_steps=1, steps=STEPS):
     return reply["id"], config
 
 
-def rows(cluster, job_id, total=STEPS):
-    status, metrics = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}/metrics")
-    su.check(status == 200, f"metrics: {status}")
-    steps = [r["step"] for r in metrics["steps"]]
-    su.check(steps == list(range(total + 1)), f"metrics rows {steps}")
-    return {r["step"]: r["metrics"] for r in metrics["steps"]}
-
-
 def checkpoint_weights(config, job_id, step):
     path = os.path.join(config["checkpoint"]["dir"], job_id, f"step-{step}", "model.safetensors")
     su.check(os.path.exists(path), f"no checkpoint {path}")
@@ -92,7 +82,7 @@ def run_job(cluster, data_parallel):
     job = su.wait_job(cluster, job_id, timeout=300)
     su.check(job["state"] == "SUCCEEDED",
              f"data_parallel {data_parallel}: job ended {job['state']}: {job.get('error')}")
-    return job_id, config, rows(cluster, job_id)
+    return job_id, config, su.metrics_rows(cluster, job_id, STEPS)
 
 
 def compare(alone, group, size, lr_max, updates_per_step):
@@ -120,11 +110,6 @@ def compare(alone, group, size, lr_max, updates_per_step):
         su.check(max_abs <= bound, f"dp={size} step {step}: weights max diff {max_abs} > {bound}")
 
 
-def read_pids(cluster):
-    with open(os.path.join(cluster.data_dir, "cluster.json")) as f:
-        return {s["name"]: s["pid"] for s in json.load(f)["services"]}
-
-
 def body(clusters):
     su.require_binaries()
     cluster = su.Cluster(workers=2, trainers=3)
@@ -144,21 +129,11 @@ def body(clusters):
 
     # A rank of a group of 2 dies mid-job: the group is formed again, the job resumes.
     job_id, _ = submit(cluster, "kill", 2, every_steps=5, steps=KILL_STEPS)
-    deadline = time.time() + 200
-    killed = None
-    while time.time() < deadline and killed is None:
-        status, job = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}")
-        su.check(job["state"] in ("QUEUED", "RUNNING"), f"job ended early: {job}")
-        if job["step"] >= 12:
-            killed = read_pids(cluster)["trainer-1"]
-            os.kill(killed, signal.SIGKILL)
-            su.log(f"  SIGKILL trainer-1 (pid {killed}) at step {job['step']}")
-        time.sleep(0.2)
-    su.check(killed is not None, "job never reached step 12")
+    su.kill_at_step(cluster, job_id, "trainer-1", 12)
     job = su.wait_job(cluster, job_id, timeout=300)
     su.check(job["state"] == "SUCCEEDED",
              f"job ended {job['state']} after a group rank was killed: {job.get('error')}")
-    rows(cluster, job_id, KILL_STEPS)
+    su.metrics_rows(cluster, job_id, KILL_STEPS)
     coordinator_log = cluster.log_of("coordinator")
     su.check("resuming job after trainer loss" in coordinator_log,
              "coordinator log does not show the resume after losing a rank")

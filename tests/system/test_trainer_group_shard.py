@@ -14,8 +14,6 @@ format reward), so what differs between the two jobs can only come from the shar
 
 import json
 import os
-import signal
-import time
 
 import system_util as su
 
@@ -39,14 +37,6 @@ def submit(cluster, tag, shard, every_steps=1, steps=STEPS):
     return reply["id"], config
 
 
-def rows(cluster, job_id, total=STEPS):
-    status, metrics = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}/metrics")
-    su.check(status == 200, f"metrics: {status}")
-    steps = [r["step"] for r in metrics["steps"]]
-    su.check(steps == list(range(total + 1)), f"metrics rows {steps}")
-    return {r["step"]: r["metrics"] for r in metrics["steps"]}
-
-
 def checkpoint_dir(config, job_id, step):
     return os.path.join(config["checkpoint"]["dir"], job_id, f"step-{step}")
 
@@ -56,12 +46,7 @@ def run_job(cluster, shard):
     job = su.wait_job(cluster, job_id, timeout=300)
     su.check(job["state"] == "SUCCEEDED",
              f"trainer.shard {shard}: job ended {job['state']}: {job.get('error')}")
-    return job_id, config, rows(cluster, job_id)
-
-
-def read_pids(cluster):
-    with open(os.path.join(cluster.data_dir, "cluster.json")) as f:
-        return {s["name"]: s["pid"] for s in json.load(f)["services"]}
+    return job_id, config, su.metrics_rows(cluster, job_id, STEPS)
 
 
 def body(clusters):
@@ -115,21 +100,11 @@ def body(clusters):
 
     # A rank of the sharded group dies mid-job: the job resumes from its sharded checkpoint.
     job_id, _ = submit(cluster, "shard-kill", "grads_optimizer", every_steps=5, steps=KILL_STEPS)
-    deadline = time.time() + 200
-    killed = None
-    while time.time() < deadline and killed is None:
-        status, job = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}")
-        su.check(job["state"] in ("QUEUED", "RUNNING"), f"job ended early: {job}")
-        if job["step"] >= 12:
-            killed = read_pids(cluster)["trainer-1"]
-            os.kill(killed, signal.SIGKILL)
-            su.log(f"  SIGKILL trainer-1 (pid {killed}) at step {job['step']}")
-        time.sleep(0.2)
-    su.check(killed is not None, "job never reached step 12")
+    su.kill_at_step(cluster, job_id, "trainer-1", 12)
     job = su.wait_job(cluster, job_id, timeout=300)
     su.check(job["state"] == "SUCCEEDED",
              f"job ended {job['state']} after a sharded rank was killed: {job.get('error')}")
-    rows(cluster, job_id, KILL_STEPS)
+    su.metrics_rows(cluster, job_id, KILL_STEPS)
     su.check("resuming job after trainer loss" in cluster.log_of("coordinator"),
              "coordinator log does not show the resume after losing a rank")
     cluster.stop()

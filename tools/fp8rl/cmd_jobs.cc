@@ -106,6 +106,9 @@ int status_main(const std::vector<std::string>& argv) {
   absl::StatusOr<v1::Job> job = client->get(id);
   if (!job.ok()) return failure(kName, std::string(job.status().message()));
   std::fputs(format_job_details(*job).c_str(), stdout);
+  absl::StatusOr<std::vector<v1::JobFaultEvent>> events = client->events(id);
+  if (!events.ok()) return failure(kName, std::string(events.status().message()));
+  std::fputs(format_job_events(*events).c_str(), stdout);
   return 0;
 }
 

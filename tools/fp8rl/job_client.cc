@@ -283,6 +283,18 @@ absl::StatusOr<std::vector<v1::StepMetrics>> JobClient::metrics(const std::strin
   return rows;
 }
 
+absl::StatusOr<std::vector<v1::JobFaultEvent>> JobClient::events(const std::string& id) {
+  v1::GetJobEventsRequest request;
+  request.set_id(id);
+  v1::GetJobEventsResponse response;
+  grpc::Status s = with_retries("GetJobEvents", true, [&](grpc::ClientContext& context) {
+    response.Clear();
+    return stub_->GetJobEvents(&context, request, &response);
+  });
+  if (!s.ok()) return to_status(s, "GetJobEvents");
+  return std::vector<v1::JobFaultEvent>(response.events().begin(), response.events().end());
+}
+
 absl::Status JobClient::watch(const std::string& id,
                               const std::function<bool(const v1::Job&)>& on_event) {
   grpc::ClientContext context;
@@ -504,6 +516,16 @@ std::string format_job_details(const v1::Job& job) {
     for (const auto& [key, value] : sorted) {
       absl::StrAppend(&out, absl::StrFormat("  %-28s %.6g\n", key, value));
     }
+  }
+  return out;
+}
+
+std::string format_job_events(const std::vector<v1::JobFaultEvent>& events) {
+  if (events.empty()) return "";
+  std::string out = "events:\n";
+  for (const v1::JobFaultEvent& e : events) {
+    absl::StrAppend(&out, "  ", format_time_ms(e.recorded_unix_ms()), "  ", e.kind(), ": ",
+                    e.message(), "\n");
   }
   return out;
 }

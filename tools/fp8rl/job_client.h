@@ -74,6 +74,8 @@ class JobClient {
                                             int limit = 0);
   absl::StatusOr<v1::Job> cancel(const std::string& id);
   absl::StatusOr<std::vector<v1::StepMetrics>> metrics(const std::string& id);
+  // The faults the coordinator handled for the job (GetJobEvents), in the order recorded.
+  absl::StatusOr<std::vector<v1::JobFaultEvent>> events(const std::string& id);
   // Streams WatchJob: `on_event` gets the current job, then every change; returns when the job
   // reaches a terminal state (OK), when `on_event` returns false (OK), when stop_watch() is
   // called (Cancelled) or on an RPC error.
@@ -139,6 +141,8 @@ absl::StatusOr<v1::JobState> parse_job_state(const std::string& text);
 
 // `fp8rl status ID`: several lines (id, state, step, error, latest metrics).
 std::string format_job_details(const v1::Job& job);
+// "events:" and one line per event ("  <time>  <kind>: <message>"); "" when there are none.
+std::string format_job_events(const std::vector<v1::JobFaultEvent>& events);
 // `fp8rl list`: a header line and one row per job.
 std::string format_job_table(const std::vector<v1::Job>& jobs);
 // One line for a job's current phase, or "" for phases the step lines already show ("rl"):

@@ -255,12 +255,14 @@ function jobPage(id) {
     <div id="job-summary" class="summary"><span>Loading…</span></div>
     <div id="action-msg"></div>
     <p><button id="cancel-btn" class="danger" hidden>Cancel job…</button></p>
+    <h2>Events</h2><div id="job-events"><p class="muted">none</p></div>
     <h2>Metrics <small id="points-info"></small></h2><div id="charts" class="charts"></div>
     <h2>Config</h2><pre id="job-config"></pre>`;
   const cancelBtn = document.getElementById('cancel-btn');
   cancelBtn.onclick = () => confirmCancel(id);
   return async (serial) => {
-    const [job, metrics] = await Promise.all([api(jobPath), api(metricsPath)]);
+    const [job, metrics, events] =
+        await Promise.all([api(jobPath), api(metricsPath), api(jobPath + '/events')]);
     if (serial !== routeSerial) return;
     if (job.status !== 200) throw new Error(job.data && job.data.error || `HTTP ${job.status}`);
     if (job.changed) {
@@ -276,6 +278,7 @@ function jobPage(id) {
       cancelBtn.hidden = terminal;
       document.getElementById('job-config').textContent = JSON.stringify(j.config, null, 2);
     }
+    if (events.status === 200 && events.changed) renderEvents(events.data.events);
     if (metrics.status === 200 && metrics.changed) {
       const m = metrics.data;
       renderCharts(document.getElementById('charts'), m.steps);
@@ -284,6 +287,19 @@ function jobPage(id) {
           `(${m.steps.length} rows)`;
     }
   };
+}
+
+// The faults the coordinator handled for the job (GET /v1/jobs/{id}/events), oldest first.
+function renderEvents(events) {
+  const box = document.getElementById('job-events');
+  if (!events || events.length === 0) {
+    box.innerHTML = '<p class="muted">none</p>';
+    return;
+  }
+  box.innerHTML = `<table class="events"><thead><tr><th>time</th><th>kind</th><th>what happened</th>
+    </tr></thead><tbody>${events.map((e) => `<tr class="event event-${esc(e.kind)}">
+      <td>${esc(fmtTime(e.recorded_unix_ms))}</td><td class="event-kind">${esc(e.kind)}</td>
+      <td class="event-message">${esc(e.message)}</td></tr>`).join('')}</tbody></table>`;
 }
 
 function confirmCancel(id) {
