@@ -872,6 +872,29 @@ def report_main(args):
     return 0
 
 
+def restore_main(args):
+    """Seeds a new run folder with the committed summaries of finished GRPO units (and of the
+    timing job), so `run` on it skips them and rebuilds only the warm start, whose hash
+    `warm_start.sha256` checks, and the missing units. SFT summaries are not restored (their
+    checkpoints are gone), nor the repro check (it runs again on the new machine)."""
+    restored = []
+    for f in sorted(os.listdir(args.runs)):
+        if not f.endswith(".json") or f == "aggregate.json":
+            continue
+        s = read_json(os.path.join(args.runs, f))
+        keep = (s.get("kind") == "rl" and s.get("state") == "SUCCEEDED") or \
+            s.get("kind") == "timing"
+        if keep:
+            dst = os.path.join(args.out, "units", f[:-len(".json")], "summary.json")
+            if os.path.exists(dst):
+                raise SystemExit(f"experiment_fp8_table: restore: {dst} exists; use a new --out")
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            write_json(dst, s)
+            restored.append(f[:-len(".json")])
+    print(f"restored {len(restored)} unit summaries into {args.out}: {' '.join(restored)}")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -895,8 +918,13 @@ def main():
     p = sub.add_parser("report", help="tables and plots from the finished units")
     p.add_argument("--out", required=True)
     p.add_argument("--docs", default=os.path.join(REPO, "docs/results"))
+    rs = sub.add_parser("restore", help="seed a new run folder with committed GRPO summaries")
+    rs.add_argument("--runs", required=True,
+                    help="a committed runs folder, e.g. docs/results/experiment-runs/fp8-table/"
+                         "design2")
+    rs.add_argument("--out", required=True)
     args = ap.parse_args()
-    return run_main(args) if args.cmd == "run" else report_main(args)
+    return {"run": run_main, "report": report_main, "restore": restore_main}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -203,6 +203,21 @@ class Storage(unittest.TestCase):
             self.assertEqual(t.read_json(path)["final_accuracy"], 0.4)
             self.assertTrue(t.runs_dir(docs, {}).endswith("design1-ceiling"))
 
+    def test_restore_copies_finished_grpo_units_only(self):
+        with tempfile.TemporaryDirectory() as runs, tempfile.TemporaryDirectory() as out:
+            for name, kind, state in (("bf16-s1", "rl", "SUCCEEDED"), ("fp8-s1", "rl", "FAILED"),
+                                      ("warm-start", "sft", "SUCCEEDED"),
+                                      ("repro", "repro", None), ("timing", "timing", "SUCCEEDED")):
+                t.write_json(os.path.join(runs, f"{name}.json"),
+                             {"unit": name, "kind": kind, "state": state})
+            t.write_json(os.path.join(runs, "aggregate.json"), {"finished_units": 1})
+            args = type("A", (), {"runs": runs, "out": out})
+            t.restore_main(args)
+            self.assertEqual(sorted(os.listdir(os.path.join(out, "units"))),
+                             ["bf16-s1", "timing"])
+            with self.assertRaises(SystemExit):  # never over a unit that is there
+                t.restore_main(args)
+
 
 if __name__ == "__main__":
     unittest.main()
