@@ -217,7 +217,8 @@ def task_section(cfg, out):
     return task
 
 
-def sft_job_config(cfg, out, name, model_config, sft, seed, start=None, task_seed_offset=0):
+def sft_job_config(cfg, out, name, model_config, sft, seed, start=None, task_seed_offset=0,
+                   val_prompts=None):
     """A BF16 SFT job that ends with one GRPO step at a negligible learning rate (a job needs
     algorithm.steps >= 1) and a checkpoint of that step, which the other units start from. With
     `start` (a checkpoint folder) it continues from those weights instead of a random init, and
@@ -237,7 +238,8 @@ def sft_job_config(cfg, out, name, model_config, sft, seed, start=None, task_see
                              "prompts_per_step": 2, "samples_per_prompt": 2, "seed": seed})
     job["precision"] = {**job.get("precision", {}), **ws["precision"]}
     job["algorithm"]["is"] = {"rule": "tis", "cap": 2.0}
-    job["validation"] = {"every_steps": 0, "num_prompts": ws.get("val_prompts", 100)}
+    job["validation"] = {"every_steps": 0,
+                         "num_prompts": val_prompts or ws.get("val_prompts", 100)}
     job["checkpoint"] = {"every_steps": 1,
                          "dir": os.path.join(os.path.abspath(out), "checkpoints", name)}
     return job
@@ -323,14 +325,16 @@ def check_warm_hash(name, summary, expect):
             f"warm start, so new GRPO units would not pair with the committed ones")
 
 
-def sft_unit(cluster, cfg, out, name, model_config, sft, seed, start=None, task_seed_offset=0):
+def sft_unit(cluster, cfg, out, name, model_config, sft, seed, start=None, task_seed_offset=0,
+             val_prompts=None):
     """Runs (or finds) an SFT unit; returns its summary (with the checkpoint folder)."""
     udir = os.path.join(out, "units", name)
     done = os.path.join(udir, "summary.json")
     if os.path.exists(done):
         return read_json(done)
     os.makedirs(udir, exist_ok=True)
-    job_cfg = sft_job_config(cfg, out, name, model_config, sft, seed, start, task_seed_offset)
+    job_cfg = sft_job_config(cfg, out, name, model_config, sft, seed, start, task_seed_offset,
+                             val_prompts)
     log(f"{name}: SFT {sft['steps']} steps on {model_config}")
     final, rows, wall = cluster.job(job_cfg, name)
     write_json(os.path.join(udir, "rows.json"), rows)
@@ -382,8 +386,9 @@ def repro_unit(cluster, cfg, out):
     ws = cfg["warm_start"]
     sft = {**{k: ws["sft"][k] for k in SFT_JOB_KEYS if k in ws["sft"]},
            "steps": cfg.get("repro", {}).get("sft_steps", 10)}
-    a = sft_unit(cluster, cfg, out, "repro-a", ws["model"], sft, ws["init_seed"])
-    b = sft_unit(cluster, cfg, out, "repro-b", ws["model"], sft, ws["init_seed"])
+    # A few validation prompts only: validation does not touch the weights.
+    a = sft_unit(cluster, cfg, out, "repro-a", ws["model"], sft, ws["init_seed"], val_prompts=8)
+    b = sft_unit(cluster, cfg, out, "repro-b", ws["model"], sft, ws["init_seed"], val_prompts=8)
     same = a["weights_sha256"] == b["weights_sha256"]
     if not os.path.exists(done):
         finish_unit(out, "repro", {
