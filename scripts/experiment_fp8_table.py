@@ -426,7 +426,8 @@ def timing_unit(cluster, cfg, out, checkpoint):
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                "load_avg_start": load0, "load_avg_end": os.getloadavg()[0], **summarize_rl(rows)}
     finish_unit(out, name, summary)
-    log(f"timing: {final['state']}, step {fnum(summary['time_step_seconds'], 1)} s (generate "
+    log(f"timing: {final['state']}, step {fnum(summary['time_step_no_val_seconds'], 1)} s "
+        f"without validation (generate "
         f"{fnum(summary['time_generate_seconds'], 1)} s, train "
         f"{fnum(summary['time_train_seconds'], 1)} s), validation "
         f"{fnum(summary['time_validate_seconds'], 1)} s, wall {wall / 60:.1f} min")
@@ -470,6 +471,10 @@ def summarize_rl(rows):
         out[k + "_series"] = series(k)
     for k in TIME_KEYS:
         out[k] = avg(k)
+    # A step's time without the validation that some steps run (time_step_seconds includes it).
+    no_val = [r["metrics"]["time_step_seconds"] - r["metrics"].get("time_validate_seconds", 0.0)
+              for r in rl_rows if "time_step_seconds" in r["metrics"]]
+    out["time_step_no_val_seconds"] = sum(no_val) / len(no_val) if no_val else None
     return out
 
 
@@ -605,6 +610,13 @@ def mean_val_after_start(u):
     return sum(xs) / len(xs) if xs else None
 
 
+def step_seconds(u):
+    """A unit's mean GRPO step time without validation (summaries of design 1 have only the
+    step time with it)."""
+    x = u.get("time_step_no_val_seconds")
+    return x if x is not None else u.get("time_step_seconds")
+
+
 def holm(pvals):
     """Holm step-down adjusted p-values (family-wise error over the comparisons), same order."""
     order = sorted(range(len(pvals)), key=lambda i: pvals[i])
@@ -639,6 +651,7 @@ def build_report(units, meta):
                   "best_accuracy", *MISMATCH_KEYS, "time_step_seconds", "wall_seconds",
                   "response_length_mean"]:
             a[k] = st.mean_ci([u.get(k) for u in us])
+        a["step_seconds"] = st.mean_ci([step_seconds(u) for u in us])
         if s != "bf16":
             common = sorted(seed for (x, seed) in by if x == s and ("bf16", seed) in by)
             a["paired_seeds"] = common
@@ -648,9 +661,8 @@ def build_report(units, meta):
                 a[f"{k}_vs_bf16"] = st.paired_compare([p for p, _ in pairs], [q for _, q in pairs])
             # Step-time ratio per seed (CPU emulation), then its mean and t interval.
             a["step_time_ratio_vs_bf16"] = st.mean_ci(
-                [by[(s, x)]["time_step_seconds"] / by[("bf16", x)]["time_step_seconds"]
-                 for x in common if by[(s, x)]["time_step_seconds"]
-                 and by[("bf16", x)]["time_step_seconds"]])
+                [step_seconds(by[(s, x)]) / step_seconds(by[("bf16", x)])
+                 for x in common if step_seconds(by[(s, x)]) and step_seconds(by[("bf16", x)])])
         agg[s] = a
     # Holm over the FP8 setups' primary comparisons (the pre-registered family).
     fam = [s for s in setups if s != "bf16" and agg[s]["primary_vs_bf16"]["n"] >= 2]
@@ -674,7 +686,7 @@ def build_report(units, meta):
           "time per GRPO step. Step times are of the CPU reference path, FP8 emulated (CPU "
           "emulation: they say nothing about a GPU).", "",
           "| setup | token_mult_prob_error | gen_kl_error | sampling_importance_ratio "
-          "| IS weights clipped | response length (tokens) | step time (s) "
+          "| IS weights clipped | response length (tokens) | step time without validation (s) "
           "| step time / BF16 (CPU emulation) |",
           "|---|---|---|---|---|---|---|---|"]
     for s in setups:
@@ -682,7 +694,7 @@ def build_report(units, meta):
         L.append(f"| {s} | {ci_cell(a['token_mult_prob_error'], 5)} "
                  f"| {ci_cell(a['gen_kl_error'], 6)} | {ci_cell(a['sampling_importance_ratio'], 4)}"
                  f" | {ci_cell(a['is_oob_ratio'], 4)} | {ci_cell(a['response_length_mean'], 1)} "
-                 f"| {ci_cell(a['time_step_seconds'], 1)} "
+                 f"| {ci_cell(a['step_seconds'], 1)} "
                  f"| {ci_cell(a['step_time_ratio_vs_bf16'], 2) if s != 'bf16' else '1'} |")
     return L, agg
 
@@ -818,8 +830,8 @@ def report_head(cfg, out, n_finished, n_planned, complete_seeds, warm, repro, ti
         head.append(
             f"Timing job ({timing['date']}, load {fnum(timing.get('load_avg_start'), 1)}): "
             f"{timing['steps']} BF16 GRPO steps from a 10-step SFT model, "
-            f"{fnum(timing['time_step_seconds'], 1)} s per step (upper bound: completions run "
-            f"to the token limit), {fnum(timing['time_validate_seconds'], 1)} s per "
+            f"{fnum(step_seconds(timing), 1)} s per step without validation, "
+            f"{fnum(timing['time_validate_seconds'], 1)} s per "
             f"{job['validation']['num_prompts']}-prompt validation.")
     head += [
         "", "Paired cells: mean difference [95% t CI], two-sided paired t-test p (p_t) and "
@@ -864,7 +876,7 @@ def report_main(args):
             f"{fnum(u.get('final_accuracy'))} (curve "
             + ", ".join(f"{int(s)}: {v:.3f}" for s, v in u.get("val_accuracy", []))
             + f"), token_mult_prob_error {fnum(u.get('token_mult_prob_error'), 5)}, step "
-            f"{fnum(u.get('time_step_seconds'), 1)} s, wall {u['wall_seconds'] / 60:.0f} min, "
+            f"{fnum(step_seconds(u), 1)} s, wall {u['wall_seconds'] / 60:.0f} min, "
             f"{u.get('date', '?')}, load {fnum(u.get('load_avg_start'), 1)}"
             f"->{fnum(u.get('load_avg_end'), 1)}")
     total = sum(u["wall_seconds"] for u in units) / 3600

@@ -63,6 +63,17 @@ class Aggregation(unittest.TestCase):
         self.assertAlmostEqual(u["token_mult_prob_error"], 1.02)
         self.assertEqual(u["steps_done"], 2)
 
+    def test_step_time_without_validation(self):
+        rows = [{"step": 0, "metrics": {"val_accuracy": 0.1, "time_validate_seconds": 50.0}},
+                {"step": 1, "metrics": {"time_step_seconds": 21.0}},
+                {"step": 2, "metrics": {"time_step_seconds": 80.0, "time_validate_seconds": 61.0,
+                                        "val_accuracy": 0.2}}]
+        u = t.summarize_rl(rows)
+        self.assertAlmostEqual(u["time_step_seconds"], 50.5)
+        self.assertAlmostEqual(u["time_step_no_val_seconds"], 20.0)
+        self.assertAlmostEqual(t.step_seconds(u), 20.0)
+        self.assertAlmostEqual(t.step_seconds({"time_step_seconds": 9.0}), 9.0)  # design 1
+
     def test_paired_over_common_seeds_only(self):
         units = [unit("bf16", 1, 0.50), unit("bf16", 2, 0.60), unit("bf16", 3, 0.55),
                  unit("fp8", 1, 0.45, 20.0), unit("fp8", 2, 0.58, 30.0),
