@@ -504,10 +504,38 @@ def rl_unit(cluster, cfg, out, setup, seed, checkpoint):
 PHASES = ("repro", "timing", "sweep", "sweep-models", "table")
 
 
+def check_config(cfg):
+    """The harness's own keys (the job keys are checked by the coordinator at submission);
+    stops with one line naming the field."""
+    def bad(field, why):
+        raise SystemExit(f"experiment_fp8_table: config: {field}: {why}")
+    sft = cfg.get("warm_start", {}).get("sft", {})
+    if sft.get("target_accuracy") is not None:
+        if not 0 < sft["target_accuracy"] <= 1:
+            bad("warm_start.sft.target_accuracy", "must be in (0, 1]")
+        if int(sft.get("extend_steps", 0)) < 1:
+            bad("warm_start.sft.extend_steps", "must be >= 1 with target_accuracy")
+        if int(sft.get("max_extensions", 0)) < 0:
+            bad("warm_start.sft.max_extensions", "must be >= 0")
+    early = cfg.get("analysis", {}).get("early_step")
+    if early is not None:
+        every = cfg["job"]["validation"]["every_steps"]
+        steps = cfg["job"]["algorithm"]["steps"]
+        if not 0 < early <= steps or (every and early % every and early != steps):
+            bad("analysis.early_step", f"must be a validated step (a multiple of "
+                f"job.validation.every_steps {every}, at most job.algorithm.steps {steps})")
+    for p in cfg.get("phases", []):
+        if p not in PHASES:
+            bad("phases", f"unknown phase '{p}' ({', '.join(PHASES)})")
+
+
 def run_main(args):
     global PUBLISH
+    if not os.path.isfile(args.config):
+        raise SystemExit(f"experiment_fp8_table: --config {args.config}: no such file")
     with open(args.config) as fh:
         cfg = yaml.safe_load(fh)
+    check_config(cfg)
     out = args.out
     os.makedirs(os.path.join(out, "units"), exist_ok=True)
     with open(os.path.join(out, "config.yaml"), "w") as fh:
@@ -843,6 +871,9 @@ def report_head(cfg, out, n_finished, n_planned, complete_seeds, warm, repro, ti
 
 def report_main(args):
     out = args.out
+    if not os.path.isfile(os.path.join(out, "config.yaml")):
+        raise SystemExit(f"experiment_fp8_table: report: {out} is not a run folder (no "
+                         f"config.yaml)")
     cfg = yaml.safe_load(open(os.path.join(out, "config.yaml")))
     units = load_rl_units(out)
     planned = [(s, x) for x in cfg["seeds"] for s in cfg["setups"]]
@@ -894,6 +925,8 @@ def restore_main(args):
     timing job), so `run` on it skips them and rebuilds only the warm start, whose hash
     `warm_start.sha256` checks, and the missing units. SFT summaries are not restored (their
     checkpoints are gone), nor the repro check (it runs again on the new machine)."""
+    if not os.path.isdir(args.runs):
+        raise SystemExit(f"experiment_fp8_table: restore: --runs {args.runs}: no such folder")
     restored = []
     for f in sorted(os.listdir(args.runs)):
         if not f.endswith(".json") or f == "aggregate.json":

@@ -6,6 +6,7 @@ early-stopped warm start, the weight hash and the publishing of summaries.
   /usr/bin/python3 scripts/experiment_fp8_table_test.py
 """
 
+import copy
 import hashlib
 import os
 import random
@@ -196,6 +197,33 @@ class EarlyStoppedWarmStart(unittest.TestCase):
         job = t.sft_job_config(self.CFG, "/tmp/x", "warm-start-part1", "m.json", self.SFT, 1)
         self.assertEqual(sorted(job["sft"]), ["batch_size", "learning_rate", "steps"])
         self.assertEqual(job["validation"]["num_prompts"], 50)
+
+
+class Config(unittest.TestCase):
+    def test_the_committed_configs_pass(self):
+        import yaml
+        for name in ("fp8-table.yaml", "fp8-table-design1.yaml"):
+            with open(os.path.join(t.REPO, "configs", "experiments", name)) as fh:
+                t.check_config(yaml.safe_load(fh))
+
+    def test_bad_fields_are_named(self):
+        import yaml
+        with open(os.path.join(t.REPO, "configs", "experiments", "fp8-table.yaml")) as fh:
+            good = yaml.safe_load(fh)
+        for path, value, field in ((("analysis", "early_step"), 7, "analysis.early_step"),
+                                   (("analysis", "early_step"), 40, "analysis.early_step"),
+                                   (("warm_start", "sft", "target_accuracy"), 1.5,
+                                    "warm_start.sft.target_accuracy"),
+                                   (("warm_start", "sft", "extend_steps"), 0,
+                                    "warm_start.sft.extend_steps")):
+            cfg = copy.deepcopy(good)
+            node = cfg
+            for k in path[:-1]:
+                node = node[k]
+            node[path[-1]] = value
+            with self.assertRaises(SystemExit) as e:
+                t.check_config(cfg)
+            self.assertIn(field, str(e.exception))
 
 
 class Storage(unittest.TestCase):
