@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The seed's precision table with statistical power: resumable, in units, for hours in the background.
+"""The seed's precision table with statistical power: resumable units for hours in the background.
 
 One config (configs/experiments/fp8-table.yaml) describes everything; `run` works through the
 units below in order, and a unit whose summary.json exists is skipped, so the same command
