@@ -130,6 +130,25 @@ int64_t unix_ms_now() {
       .count();
 }
 
+// One upload message read as a chunk straight into the assembler's target (zero copy from gRPC's
+// slices): true when it was a chunk (landed and verified), false when it is some other message
+// (the caller parses it as a request). DataLoss when the message is shorter than its header says.
+absl::StatusOr<bool> receive_chunk_in_place(grpc::ByteBuffer* buffer, PayloadAssembler* assembler,
+                                            WeightSyncMetrics* metrics, ChunkHeader* h) {
+  grpc::ProtoBufferReader stream(buffer);
+  google::protobuf::io::CodedInputStream in(&stream);
+  if (!read_chunk_header(&in, h)) return false;
+  metrics->received_bytes->get().inc(static_cast<double>(h->size));
+  absl::StatusOr<char*> at = assembler->chunk_target(h->version, h->offset, h->size);
+  if (!at.ok()) return at.status();
+  if (!in.ReadRaw(*at, static_cast<int>(h->size))) {
+    return absl::DataLossError(absl::StrCat("chunk at offset ", h->offset, " of version ",
+                                            h->version, ": message shorter than its data"));
+  }
+  if (absl::Status s = assembler->commit_chunk(); !s.ok()) return s;
+  return true;
+}
+
 }  // namespace
 
 absl::Status validate_options(const WeightSyncOptions& options) {
@@ -270,19 +289,10 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
   } arrival_end{store_, arriving};
   while (read(&buffer)) {
     if (have_manifest && (!in_place.empty() || arriving != nullptr)) {
-      grpc::ProtoBufferReader stream(&buffer);
-      google::protobuf::io::CodedInputStream in(&stream);
       ChunkHeader h;
-      if (read_chunk_header(&in, &h)) {
-        metrics_->received_bytes->get().inc(static_cast<double>(h.size));
-        absl::StatusOr<char*> at = assembler.chunk_target(h.version, h.offset, h.size);
-        absl::Status s = at.status();
-        if (s.ok() && !in.ReadRaw(*at, static_cast<int>(h.size))) {
-          s = absl::DataLossError(absl::StrCat("chunk at offset ", h.offset, " of version ",
-                                               h.version, ": message shorter than its data"));
-        }
-        if (s.ok()) s = assembler.commit_chunk();
-        if (!s.ok()) return reject_upload(s, version);
+      if (absl::StatusOr<bool> chunk = receive_chunk_in_place(&buffer, &assembler, metrics_, &h);
+          !chunk.ok() || *chunk) {
+        if (!chunk.ok()) return reject_upload(chunk.status(), version);
         // Chunks arrive in order (the assembler refuses gaps and overlaps) and every tensor that
         // ends in them has passed its CRC-32C: this prefix is final.
         if (arriving != nullptr) arriving->advance(h.offset + h.size);
@@ -520,19 +530,10 @@ grpc::Status WeightSyncServiceImpl::receive_part(grpc::ServerContext* context,
   while (read(&buffer)) {
     if (assembly->failed()) return aborted();
     if (zero_copy_receive_.load()) {
-      grpc::ProtoBufferReader stream(&buffer);
-      google::protobuf::io::CodedInputStream in(&stream);
       ChunkHeader h;
-      if (read_chunk_header(&in, &h)) {
-        metrics_->received_bytes->get().inc(static_cast<double>(h.size));
-        absl::StatusOr<char*> at = assembler.chunk_target(h.version, h.offset, h.size);
-        absl::Status s = at.status();
-        if (s.ok() && !in.ReadRaw(*at, static_cast<int>(h.size))) {
-          s = absl::DataLossError(absl::StrCat("chunk at offset ", h.offset, " of version ",
-                                               h.version, ": message shorter than its data"));
-        }
-        if (s.ok()) s = assembler.commit_chunk();
-        if (!s.ok()) return fail(s);
+      if (absl::StatusOr<bool> chunk = receive_chunk_in_place(&buffer, &assembler, metrics_, &h);
+          !chunk.ok() || *chunk) {
+        if (!chunk.ok()) return fail(chunk.status());
         // In order within the part, every tensor ending in it verified: this range is final.
         arriving.add_ready(h.offset, h.offset + h.size);
         continue;

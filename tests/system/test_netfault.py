@@ -168,7 +168,9 @@ def finish(cluster, job_id, tag, reference, started):
     return took
 
 
-def body(clusters):
+def seeded_start(label):
+    """Skips (exit code su.SKIP) where namespaces cannot be made, removes what an earlier run left,
+    and returns the run's seeded random source (FP8RL_CHAOS_SEED reruns a seed)."""
     su.require_binaries()
     why = net_fault.available()
     if why:
@@ -176,8 +178,12 @@ def body(clusters):
         raise SystemExit(su.SKIP)
     net_fault.remove_stale()
     seed = int(os.environ.get("FP8RL_CHAOS_SEED", random.SystemRandom().randrange(1 << 31)))
-    su.log(f"netfault seed {seed} (rerun with FP8RL_CHAOS_SEED={seed})")
-    rng = random.Random(seed)
+    su.log(f"{label} seed {seed} (rerun with FP8RL_CHAOS_SEED={seed})")
+    return random.Random(seed)
+
+
+def body(clusters):
+    rng = seeded_start("netfault")
     with net_fault.NetNamespace(rng) as net:
         cluster = LocalCluster(net)
         clusters.append(cluster)

@@ -16,8 +16,6 @@ with rows 0..N exactly once equal to the reference's; the trainer expired within
 
 Needs root, iproute2 and nftables (skips with a message otherwise)."""
 
-import os
-import random
 import re
 import time
 
@@ -31,15 +29,7 @@ PARTITION_S = 12.0
 
 
 def body(clusters):
-    su.require_binaries()
-    why = net_fault.available()
-    if why:
-        print(f"SKIP: {why}", flush=True)
-        raise SystemExit(su.SKIP)
-    net_fault.remove_stale()
-    seed = int(os.environ.get("FP8RL_CHAOS_SEED", random.SystemRandom().randrange(1 << 31)))
-    su.log(f"netfault (trainer) seed {seed} (rerun with FP8RL_CHAOS_SEED={seed})")
-    rng = random.Random(seed)
+    rng = netfault.seeded_start("netfault (trainer)")
     with net_fault.NetNamespace(rng) as net:
         cluster = netfault.LocalCluster(net, isolated="trainer")
         clusters.append(cluster)
