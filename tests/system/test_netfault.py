@@ -170,7 +170,7 @@ def finish(cluster, job_id, tag, reference, started):
 
 def seeded_start(label):
     """Skips (exit code su.SKIP) where namespaces cannot be made, removes what an earlier run left,
-    and returns the run's seeded random source (FP8RL_CHAOS_SEED reruns a seed)."""
+    and returns the run's seed and its random source (FP8RL_CHAOS_SEED reruns a seed)."""
     su.require_binaries()
     why = net_fault.available()
     if why:
@@ -179,11 +179,11 @@ def seeded_start(label):
     net_fault.remove_stale()
     seed = int(os.environ.get("FP8RL_CHAOS_SEED", random.SystemRandom().randrange(1 << 31)))
     su.log(f"{label} seed {seed} (rerun with FP8RL_CHAOS_SEED={seed})")
-    return random.Random(seed)
+    return seed, random.Random(seed)
 
 
 def body(clusters):
-    rng = seeded_start("netfault")
+    seed, rng = seeded_start("netfault")
     with net_fault.NetNamespace(rng) as net:
         cluster = LocalCluster(net)
         clusters.append(cluster)

@@ -29,7 +29,7 @@ PARTITION_S = 12.0
 
 
 def body(clusters):
-    rng = netfault.seeded_start("netfault (trainer)")
+    seed, rng = netfault.seeded_start("netfault (trainer)")
     with net_fault.NetNamespace(rng) as net:
         cluster = netfault.LocalCluster(net, isolated="trainer")
         clusters.append(cluster)
