@@ -1,6 +1,8 @@
 // Atomic file and folder writes: the rename-at-the-end discipline every fp8rl output follows.
 #include "common/fs.h"
 
+#include <signal.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +11,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace fp8rl {
@@ -55,7 +58,71 @@ absl::StatusOr<Container> read_whole(const std::string& path) {
   return out;
 }
 
+// The pid in "<base><marker><pid>" (marker ".tmp." or ".old."), or 0 when `name` is not of that
+// form.
+long writer_pid(std::string_view name, std::string_view base, std::string_view marker) {
+  if (!name.starts_with(base)) return 0;
+  name.remove_prefix(base.size());
+  if (!name.starts_with(marker)) return 0;
+  name.remove_prefix(marker.size());
+  int64_t pid = 0;
+  if (name.empty() || !absl::SimpleAtoi(absl::string_view(name.data(), name.size()), &pid) || pid <= 0) return 0;
+  return static_cast<long>(pid);
+}
+
+// True when no process with this pid exists on this host (EPERM means it exists).
+bool writer_is_dead(long pid) {
+  return pid != static_cast<long>(::getpid()) && ::kill(static_cast<pid_t>(pid), 0) != 0 &&
+         errno == ESRCH;
+}
+
+// write_dir_atomic's cleanup of dead writers of the same target (see fs.h).
+void recover_dead_writers(const std::string& target) {
+  const stdfs::path p(target);
+  const stdfs::path parent = p.has_parent_path() ? p.parent_path() : stdfs::path(".");
+  const std::string base = p.filename().string();
+  std::error_code ec;
+  std::vector<stdfs::path> tmps, olds;
+  for (stdfs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (long pid = writer_pid(name, base, ".tmp."); pid != 0 && writer_is_dead(pid)) {
+      tmps.push_back(it->path());
+    } else if (long pid = writer_pid(name, base, ".old."); pid != 0 && writer_is_dead(pid)) {
+      olds.push_back(it->path());
+    }
+  }
+  for (const stdfs::path& t : tmps) remove_all_quietly(t.string());
+  for (const stdfs::path& o : olds) {
+    std::error_code e;
+    if (!stdfs::exists(target, e)) {
+      stdfs::rename(o, target, e);
+      if (!e) continue;
+    }
+    remove_all_quietly(o.string());
+  }
+}
+
 }  // namespace
+
+std::vector<std::string> remove_dead_temp_dirs(const std::string& folder, std::string_view prefix,
+                                               bool own_are_stale) {
+  const long self = static_cast<long>(::getpid());
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (stdfs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos) continue;
+    const long pid = writer_pid(name, std::string_view(name).substr(0, at), ".tmp.");
+    std::error_code e;
+    if (pid == 0 || !(writer_is_dead(pid) || (own_are_stale && pid == self))) continue;
+    if (!it->is_directory(e) || e) continue;
+    stdfs::remove_all(it->path(), e);
+    if (!e) removed.push_back(it->path().string());
+  }
+  return removed;
+}
 
 std::string temp_path_for(const std::string& path) {
   std::string base = path;
@@ -125,6 +192,7 @@ absl::Status write_dir_atomic(const std::string& dir,
     return absl::NotFoundError(absl::StrCat("cannot write ", target, ": parent folder ",
                                             parent.string(), " does not exist"));
   }
+  recover_dead_writers(target);
   const bool replacing = stdfs::exists(target, ec);
   if (replacing && !stdfs::is_directory(target, ec)) {
     return absl::FailedPreconditionError(

@@ -95,7 +95,6 @@ Model::Model(const ModelConfig& config, const PrecisionPolicy& policy, Storage s
     if (lo.shared_up == p.offset) linear_of_[i] = &mw.shared[1];
     if (lo.shared_down == p.offset) linear_of_[i] = &mw.shared[2];
   }
-  fp8_pinned_.assign(params.size(), false);
   if (storage == Storage::kNone) return;  // a description: no weights, no RoPE tables
   const int64_t half = config.head_dim / 2, max_pos = config.max_position_embeddings;
   rope_cos_.resize(half * max_pos);
@@ -125,7 +124,6 @@ void Model::refresh() {
     const ParamInfo& p = params[i];
     if (LinearWeight* w = linear_of_[i]) {
       const Precision prec = policy_.layer_linear(p.layer, n_layers);
-      if (fp8_pinned_[i] && prec == Precision::kFP8) continue;
       // fp32 linears feeding a rounding KV cache: the whole residual stream must be independent
       // of the batch shape, or K/V roundings flip between prefill and decode.
       const bool exact = policy_.kv_cache != KvCacheDtype::kF32;
@@ -150,7 +148,6 @@ void Model::refresh() {
     prepare_linear(params_.data() + layout_.lm_head(), config_.vocab_size, config_.hidden_size,
                    dense, false, &head_w_);
   }
-  std::fill(fp8_pinned_.begin(), fp8_pinned_.end(), false);
   // Norm weights and biases: bf16 tensors on a bf16 GPU path.
   small_.clear();
   small_index_.clear();
@@ -293,7 +290,6 @@ absl::Status Model::load_from(const Source& src) {
   for (auto& [index, q] : pinned) {
     LinearWeight* w = linear_of_[index];
     prepare_linear_fp8(w->master, std::move(q), policy_.pow2_scales, w);
-    fp8_pinned_[index] = true;
   }
   return absl::OkStatus();
 }

@@ -187,7 +187,10 @@ class Model {
   std::span<float> params() { return params_; }
   std::span<const float> params() const { return params_; }
   // Re-derives every working copy (bf16 rounding, FP8 requantization with fresh block scales).
-  // Does nothing on a sharded master (shard_master): install_working() sets them there.
+  // A model loaded from an FP8 checkpoint runs the checkpoint's codes and scales as they are until
+  // the first refresh(), which derives them from the master like every other layer (a test pins
+  // that the first update reaches the FP8 layers). Does nothing on a sharded master
+  // (shard_master): install_working() sets them there.
   void refresh();
 
   // ZeRO-2, the fp32 master per shard (docs/design/sharding.md "ZeRO-2 in the learner"). The
@@ -212,8 +215,7 @@ class Model {
   absl::StatusOr<WorkingCounts> working_counts(int64_t begin, int64_t end) const;
   // The working copies of [begin, end) derived from the master this model holds (the whole
   // master, or its shard: then [begin, end) must lie inside it), exactly as refresh() derives
-  // them: FP8 block rows quantized with fresh scales (codes pinned from an FP8 checkpoint are
-  // taken as they are, as refresh() keeps them), everything else rounded to bf16.
+  // them: FP8 block rows quantized with fresh scales, everything else rounded to bf16.
   // FAILED_PRECONDITION under a policy with fp32 working copies (fp32 activations or linears).
   absl::StatusOr<WorkingStreams> encode_working(int64_t begin, int64_t end) const;
   // Sets every working copy from whole streams (every shard's encode_working concatenated in
@@ -335,7 +337,6 @@ class Model {
   // nullptr for other kinds.
   std::vector<LinearWeight*> linear_of_;
   std::vector<RouterWeight*> router_of_;
-  std::vector<bool> fp8_pinned_;  // per parameter index: FP8 codes came from a checkpoint
   std::vector<float> small_;      // norms and biases as the forward uses them
   std::vector<std::pair<int64_t, int64_t>> small_index_;  // (param offset, offset in small_)
 };

@@ -107,16 +107,7 @@ absl::StatusOr<Model::WorkingStreams> Model::encode_working(int64_t begin, int64
     // FP8: the block rows [r0, r1) (r0 is a multiple of 128), quantized on their own, give the
     // same codes and scales as the whole tensor's quantization: no block spans the cut.
     const RowRange r = rows_of(p, pb, pe);
-    const int64_t cols = p.shape[1], scale_cols = kernels::ceil_div(cols, kernels::kBlock);
-    const int64_t s0 = r.r0 / kernels::kBlock, s1 = kernels::ceil_div(r.r1, kernels::kBlock);
-    if (fp8_pinned_[pi]) {
-      // Codes from an FP8 checkpoint, kept by refresh() until the first one after the load.
-      const kernels::Fp8Matrix& q = linear_of_[pi]->q;
-      out.codes.insert(out.codes.end(), q.data.begin() + r.r0 * cols, q.data.begin() + r.r1 * cols);
-      out.scales.insert(out.scales.end(), q.scale_inv.begin() + s0 * scale_cols,
-                        q.scale_inv.begin() + s1 * scale_cols);
-      continue;
-    }
+    const int64_t cols = p.shape[1];
     const kernels::Fp8Matrix q =
         kernels::quantize(master, r.r1 - r.r0, cols, kernels::ScalingMode::kBlock128x128,
                           {.pow2_scales = policy_.pow2_scales});
@@ -197,7 +188,6 @@ absl::Status Model::install_working(const WorkingStreams& all) {
       for (int64_t i = 0; i < p.numel; ++i) small_.push_back(kernels::bf16_to_float(bits[i]));
     }
   }
-  std::fill(fp8_pinned_.begin(), fp8_pinned_.end(), false);
   return absl::OkStatus();
 }
 

@@ -27,6 +27,23 @@
 namespace fp8rl::trainer {
 namespace {
 
+// Removes the temporary step folders ("step-K.tmp.<pid>") that cut-off saves (a killed trainer, a
+// disk that turned read-only) left in the job folder of `path` (".../<job>/step-K"). No resume
+// reads them; without this nothing would remove them. Other live processes' folders are kept.
+// `own_are_stale`: also this process's own (a save cut off by a disk that turned read-only leaves
+// the live trainer's pid); only when loading (LoadCheckpoint, or a job starting from a checkpoint
+// with model.checkpoint), since in-process groups (tests) run several trainers
+// in one process and one may be saving while another enters save_checkpoint.
+void remove_cut_off_saves(const std::string& path, bool own_are_stale) {
+  const std::filesystem::path p(path);
+  if (!p.filename().string().starts_with("step-")) return;
+  for (const std::string& gone :
+       remove_dead_temp_dirs(p.parent_path().string(), "step-", own_are_stale)) {
+    service::log_warn("trainer", "removed the temporary folder of a cut-off checkpoint save",
+                      {{"path", gone}});
+  }
+}
+
 using Clock = std::chrono::steady_clock;
 
 constexpr char kNoPolicy[] = "no policy loaded: call InitPolicy or LoadCheckpoint first";
@@ -124,6 +141,7 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
         if (!confined.ok()) return confined.status();
         init.checkpoint_dir = *confined;
       }
+      remove_cut_off_saves(init.checkpoint_dir, /*own_are_stale=*/true);
       break;
     case v1::ModelSpec::kInit:
       init.model_config_json = request.model().init().model_config_json();
@@ -365,6 +383,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> Trainer::save_checkpoint(
   if (request.path().empty()) return absl::InvalidArgumentError("path: required");
   absl::StatusOr<std::string> path = confined_data_path(request.path());
   if (!path.ok()) return path.status();
+  remove_cut_off_saves(*path, /*own_are_stale=*/false);
   absl::StatusOr<train::SavedCheckpoint> saved =
       train::save_checkpoint(*learner_, *path, request.include_optimizer());
   if (!saved.ok()) return saved.status();
@@ -383,6 +402,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> Trainer::load_checkpoint(
   // Loaded in full first: a failure leaves the held policy untouched.
   absl::StatusOr<std::string> path = confined_data_path(request.path());
   if (!path.ok()) return path.status();
+  remove_cut_off_saves(*path, /*own_are_stale=*/true);
   absl::StatusOr<train::LoadedCheckpoint> loaded = train::load_checkpoint(*path, placement());
   if (!loaded.ok()) return loaded.status();
   // Joined before it replaces the held policy: a sharded optimizer state is restored (re-cut to

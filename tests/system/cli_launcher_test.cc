@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -989,6 +990,133 @@ TEST(JobClientConnect, UnreachableCoordinatorIsOneClearError) {
   EXPECT_NE(client.status().message().find("cannot reach the coordinator at " + address),
             std::string::npos);
   EXPECT_EQ(JobClient::connect("no-port").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+
+// A JobService whose WatchJob answers from a script, one entry per stream opened: refuse it
+// (RESOURCE_EXHAUSTED with a push-back, as the coordinator's admission does), send these states
+// then break it (UNAVAILABLE, a coordinator going away), or send these states and end.
+class ScriptedWatchService final : public v1::JobService::Service {
+ public:
+  struct Stream {
+    std::vector<v1::JobState> states;
+    grpc::StatusCode end = grpc::StatusCode::OK;
+  };
+  explicit ScriptedWatchService(std::vector<Stream> script) : script_(std::move(script)) {}
+
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+    const int call = calls_.fetch_add(1);
+    const Stream& stream = script_[std::min<size_t>(call, script_.size() - 1)];
+    for (v1::JobState state : stream.states) {
+      v1::JobEvent event;
+      event.mutable_job()->set_id(request->id());
+      event.mutable_job()->set_state(state);
+      event.mutable_job()->set_step(call);
+      writer->Write(event);
+    }
+    if (stream.end == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      context->AddTrailingMetadata("grpc-retry-pushback-ms", "20");
+      return grpc::Status(stream.end, "too many requests in flight (--max-inflight-requests 1)");
+    }
+    if (stream.end != grpc::StatusCode::OK) return grpc::Status(stream.end, "coordinator stopping");
+    return grpc::Status::OK;
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  std::vector<Stream> script_;
+  std::atomic<int> calls_{0};
+};
+
+struct FakeCoordinator {
+  explicit FakeCoordinator(std::vector<ScriptedWatchService::Stream> script)
+      : service(std::move(script)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  }
+  ~FakeCoordinator() { server->Shutdown(); }
+  std::unique_ptr<JobClient> client() {
+    absl::StatusOr<std::unique_ptr<JobClient>> c =
+        JobClient::connect(absl::StrCat("127.0.0.1:", port));
+    EXPECT_TRUE(c.ok()) << c.status();
+    RetryPolicy fast;
+    fast.initial_backoff = std::chrono::milliseconds(10);
+    fast.max_backoff = std::chrono::milliseconds(40);
+    (*c)->set_retry_policy(fast);
+    return std::move(*c);
+  }
+  ScriptedWatchService service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
+using Code = grpc::StatusCode;
+
+TEST(JobClientWatch, RefusedAndBrokenStreamsAreOpenedAgainUntilTheJobEnds) {
+  FakeCoordinator fake({{{}, Code::RESOURCE_EXHAUSTED},
+                        {{}, Code::RESOURCE_EXHAUSTED},
+                        {{v1::JOB_STATE_RUNNING}, Code::UNAVAILABLE},
+                        {{v1::JOB_STATE_RUNNING}, Code::OK},  // ended early by the server
+                        {{v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED}, Code::OK}});
+  std::unique_ptr<JobClient> client = fake.client();
+  ASSERT_NE(client, nullptr);
+  std::vector<std::pair<v1::JobState, int64_t>> seen;
+  absl::Status s = client->watch("job-1", [&](const v1::Job& job) {
+    seen.emplace_back(job.state(), job.step());
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(fake.service.calls(), 5);
+  const std::vector<std::pair<v1::JobState, int64_t>> want = {{v1::JOB_STATE_RUNNING, 2},
+                                                              {v1::JOB_STATE_RUNNING, 3},
+                                                              {v1::JOB_STATE_RUNNING, 4},
+                                                              {v1::JOB_STATE_SUCCEEDED, 4}};
+  EXPECT_EQ(seen, want);
+}
+
+TEST(JobClientWatch, GivesUpAfterTheTriesNamingTheRefusal) {
+  FakeCoordinator fake({{{}, Code::RESOURCE_EXHAUSTED}});
+  std::unique_ptr<JobClient> client = fake.client();
+  ASSERT_NE(client, nullptr);
+  absl::Status s = client->watch("job-1", [](const v1::Job&) { return true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("gave up after 8 tries"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--max-inflight-requests"), std::string::npos) << s;
+  EXPECT_EQ(fake.service.calls(), 8);
+}
+
+TEST(JobClientWatch, OtherErrorsEndTheWatchAtOnce) {
+  FakeCoordinator fake({{{v1::JOB_STATE_RUNNING}, Code::NOT_FOUND}});
+  std::unique_ptr<JobClient> client = fake.client();
+  ASSERT_NE(client, nullptr);
+  absl::Status s = client->watch("job-1", [](const v1::Job&) { return true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(fake.service.calls(), 1);
+}
+
+TEST(JobClientWatch, StopWatchEndsTheWaitBetweenTries) {
+  FakeCoordinator fake({{{}, Code::RESOURCE_EXHAUSTED}});
+  std::unique_ptr<JobClient> client = fake.client();
+  ASSERT_NE(client, nullptr);
+  RetryPolicy slow;
+  slow.initial_backoff = std::chrono::milliseconds(30'000);
+  slow.max_backoff = std::chrono::milliseconds(30'000);
+  slow.budget = std::chrono::milliseconds(600'000);
+  client->set_retry_policy(slow);
+  std::thread stopper([&] {
+    while (fake.service.calls() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    client->stop_watch();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = client->watch("job-1", [](const v1::Job&) { return true; });
+  stopper.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(fake.service.calls(), 1);
 }
 
 }  // namespace

@@ -128,14 +128,34 @@ def checkpoint_dir_readonly(cluster):
             check_readable(os.path.join(folder, name))
         su.log(f"  {len(final)} checkpoints before step {failed} readable, no step-{failed}; "
                f"temporary folders left on the read-only disk: {left or 'none'}")
-        # Writable again: nothing was lost, and the folder takes checkpoints again.
+        # Writable again: nothing was lost, and the folder takes checkpoints again. The new job
+        # starts from the failed job's last checkpoint (what docs/guide.md tells a user to do);
+        # loading it removes the temporary folders the cut-off save left beside it.
         sh(["mount", "-o", "remount,rw", ckpt])
         su.check(sorted(os.listdir(folder), key=lambda n: (len(n), n)) == names,
                  "checkpoints changed by the remount")
-        again = submit(cluster, job_config(cluster.tmp, "rw", os.path.join(ckpt, "c"), steps=4))
+        # Whether or not the remount cut a save between two files, plant the leftovers such a
+        # cut leaves: one of a trainer that has since died, one of the live trainer itself.
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        trainer_pid = su.read_pids(cluster)["trainer"]
+        planted = [f"step-{failed + EVERY}.tmp.{dead.pid}", f"step-{failed}.tmp.{trainer_pid}"]
+        for name in planted:
+            os.makedirs(os.path.join(folder, name))
+            with open(os.path.join(folder, name, "model.safetensors.tmp.1"), "wb") as f:
+                f.write(b"cut off")
+        left = sorted(set(left) | set(planted))
+        config = job_config(cluster.tmp, "rw", os.path.join(ckpt, "c"), steps=4)
+        config["model"] = {"checkpoint": os.path.join(folder, final[-1])}
+        again = submit(cluster, config)
         job = su.wait_job(cluster, again, timeout=120)
         su.check(job["state"] == "SUCCEEDED", f"job after the remount: {job}")
         check_readable(os.path.join(ckpt, "c", again, "step-4"))
+        after = sorted(os.listdir(folder), key=lambda n: (len(n), n))
+        su.check(after == final, f"after resuming from {final[-1]}: {after}, want {final}")
+        logged = cluster.log_of("trainer").count("removed the temporary folder of a cut-off")
+        su.check(logged == len(left), f"{logged} trainer log lines for {len(left)} folders removed")
+        su.log(f"  resumed from {final[-1]}: temporary folders removed ({len(left)}), each logged")
     finally:
         sh(["umount", "-l", ckpt], check=False)
 
@@ -215,7 +235,9 @@ def job_store_readonly(tmp):
 def body(clusters):
     su.require_binaries()
     need(os.geteuid() == 0, "mounting file systems needs root")
-    cluster = su.Cluster(workers=1)
+    # Models lie in the source tree (the smoke model's config) and in the temp folder (the second
+    # job starts from a checkpoint there).
+    cluster = su.Cluster(workers=1, extra_args=("--models-root", "/"))
     clusters.append(cluster)
     cluster.wait_up()
     checkpoint_dir_readonly(cluster)

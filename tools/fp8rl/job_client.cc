@@ -297,48 +297,93 @@ absl::StatusOr<std::vector<v1::JobFaultEvent>> JobClient::events(const std::stri
 
 absl::Status JobClient::watch(const std::string& id,
                               const std::function<bool(const v1::Job&)>& on_event) {
-  grpc::ClientContext context;
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    if (watch_stopped_) return absl::CancelledError("watch stopped");
-    watch_context_ = &context;
-  }
-  v1::WatchJobRequest request;
-  request.set_id(id);
-  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
-  v1::JobEvent event;
-  bool terminal = false;
-  bool stopped_by_caller = false;
-  while (reader->Read(&event)) {
-    if (!on_event(event.job())) {
-      stopped_by_caller = true;
-      context.TryCancel();
-      break;
+  using Clock = std::chrono::steady_clock;
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  // A refused (RESOURCE_EXHAUSTED) or broken (UNAVAILABLE) stream is opened again under retry_;
+  // the tries and the time budget count from the last event received, so a watch of a long job
+  // survives one coordinator restart after another. The new stream starts with the job as it is
+  // now, so `on_event` may see the same state twice.
+  auto since = Clock::now();
+  for (int tries = 1;; ++tries) {
+    grpc::ClientContext context;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      if (watch_stopped_) return absl::CancelledError("watch stopped");
+      watch_context_ = &context;
     }
-    if (is_terminal(event.job().state())) {
-      terminal = true;
-      break;
-    }
-  }
-  if (!terminal && !stopped_by_caller) {
-    // Drain so Finish() reports the stream's real status.
+    v1::WatchJobRequest request;
+    request.set_id(id);
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+    v1::JobEvent event;
+    bool terminal = false;
+    bool stopped_by_caller = false;
+    bool got_event = false;
     while (reader->Read(&event)) {
+      got_event = true;
+      if (!on_event(event.job())) {
+        stopped_by_caller = true;
+        context.TryCancel();
+        break;
+      }
+      if (is_terminal(event.job().state())) {
+        terminal = true;
+        break;
+      }
+    }
+    if (!terminal && !stopped_by_caller) {
+      // Drain so Finish() reports the stream's real status.
+      while (reader->Read(&event)) {
+      }
+    }
+    grpc::Status s = reader->Finish();
+    bool stopped;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch_context_ = nullptr;
+      stopped = watch_stopped_;
+    }
+    if (terminal || stopped_by_caller) return absl::OkStatus();
+    if (stopped) return absl::CancelledError("watch stopped");
+    if (got_event) {
+      tries = 1;
+      since = Clock::now();
+    }
+    // A stream the server ended cleanly before the job did (a coordinator shutting down) is
+    // treated as unavailable.
+    const bool ended_early = s.ok();
+    const bool overloaded = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    const bool unavailable = ended_early || s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    const std::string message =
+        ended_early ? absl::StrCat("the coordinator at ", address_,
+                                   " ended the watch before the job ended")
+                    : s.error_message();
+    if (!overloaded && !unavailable) return to_status(s, "WatchJob");
+    const int limit = overloaded ? retry_.max_tries : retry_.max_unavailable_tries;
+    const std::chrono::milliseconds delay =
+        retry_delay(retry_, tries, pushback_of(context), uniform(rng));
+    const auto elapsed = Clock::now() - since;
+    if (tries >= limit || elapsed + delay > retry_.budget) {
+      const std::string gave_up =
+          absl::StrFormat("%s; gave up after %d tries in %.1f s", message, tries,
+                          std::chrono::duration<double>(elapsed).count());
+      if (ended_early) return absl::UnavailableError(gave_up);
+      return to_status(grpc::Status(s.error_code(), gave_up), "WatchJob");
+    }
+    std::fprintf(stderr, "fp8rl: WatchJob: %s (%s); retrying in %.1f s (try %d of %d)\n",
+                 overloaded ? "coordinator overloaded" : "coordinator unavailable",
+                 message.c_str(), delay.count() / 1000.0, tries + 1, limit);
+    // Sleep in slices so stop_watch() ends the wait at once.
+    const auto wake = Clock::now() + delay;
+    while (Clock::now() < wake) {
+      {
+        std::lock_guard<std::mutex> lock(watch_mu_);
+        if (watch_stopped_) return absl::CancelledError("watch stopped");
+      }
+      std::this_thread::sleep_for(
+          std::min<Clock::duration>(std::chrono::milliseconds(50), wake - Clock::now()));
     }
   }
-  grpc::Status s = reader->Finish();
-  bool stopped;
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    watch_context_ = nullptr;
-    stopped = watch_stopped_;
-  }
-  if (terminal || stopped_by_caller) return absl::OkStatus();
-  if (stopped) return absl::CancelledError("watch stopped");
-  if (s.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("the coordinator at ", address_, " ended the watch before the job ended"));
-  }
-  return to_status(s, "WatchJob");
 }
 
 void JobClient::stop_watch() {

@@ -78,7 +78,10 @@ class JobClient {
   absl::StatusOr<std::vector<v1::JobFaultEvent>> events(const std::string& id);
   // Streams WatchJob: `on_event` gets the current job, then every change; returns when the job
   // reaches a terminal state (OK), when `on_event` returns false (OK), when stop_watch() is
-  // called (Cancelled) or on an RPC error.
+  // called (Cancelled) or on an RPC error. A stream refused for load (RESOURCE_EXHAUSTED) or
+  // broken (UNAVAILABLE, or ended by the server before the job ended) is opened again under the
+  // retry policy, with the tries and the budget counted from the last event received; the new
+  // stream starts with the job as it is then, so `on_event` may see one state twice.
   absl::Status watch(const std::string& id, const std::function<bool(const v1::Job&)>& on_event);
   // Ends a watch() running on another thread. Safe to call at any time.
   void stop_watch();

@@ -2,10 +2,14 @@
 #include "common/fs.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "tests/unit/common/temp_dir.h"
 
 namespace fp8rl {
@@ -107,6 +111,92 @@ TEST(AtomicFs, WriteDirRejectsMissingParentAndExistingFile) {
   s = write_dir_atomic(tmp.file("plain"), ok_fill);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(tmp.entries(), std::vector<std::string>{"plain"});
+}
+
+// The pid of a process that has exited and been reaped: no live process has it (until the kernel
+// reuses it, which takes a full turn of the pid space).
+long dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return static_cast<long>(child);
+}
+
+void make_folder_with(const std::string& dir, const std::string& name, const std::string& text) {
+  stdfs::create_directories(dir);
+  ASSERT_TRUE(write_file_atomic(dir + "/" + name, text).ok());
+}
+
+TEST(AtomicFs, WriteDirRemovesDeadWritersTemporaryAndKeepsLiveOnes) {
+  TempDir tmp;
+  const std::string dir = tmp.file("step-4");
+  const std::string dead = absl::StrCat(dir, ".tmp.", dead_pid());
+  const std::string live = absl::StrCat(dir, ".tmp.", static_cast<long>(::getppid()));
+  make_folder_with(dead, "model.safetensors", "cut off");
+  make_folder_with(live, "model.safetensors", "still being written");
+  ASSERT_TRUE(write_dir_atomic(dir, [](const std::string& d) {
+                return write_file_atomic(d + "/a.txt", "new");
+              }).ok());
+  EXPECT_FALSE(stdfs::exists(dead));
+  EXPECT_TRUE(stdfs::exists(live + "/model.safetensors"));
+  EXPECT_EQ(*read_text_file(dir + "/a.txt"), "new");
+}
+
+TEST(AtomicFs, WriteDirPutsBackTheFolderADeadWriterMovedAside) {
+  TempDir tmp;
+  const std::string dir = tmp.file("export");
+  const std::string old = absl::StrCat(dir, ".old.", dead_pid());
+  make_folder_with(old, "a.txt", "previous");
+  // The writer died between its renames: `dir` is missing and the old folder is aside. A failing
+  // write puts the previous folder back and leaves it as it was.
+  absl::Status s =
+      write_dir_atomic(dir, [](const std::string&) { return absl::DataLossError("boom"); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(*read_text_file(dir + "/a.txt"), "previous");
+  EXPECT_EQ(tmp.entries(), std::vector<std::string>{"export"});
+
+  // With `dir` present, a dead writer's old folder is only removed.
+  const std::string old2 = absl::StrCat(dir, ".old.", dead_pid());
+  make_folder_with(old2, "a.txt", "older");
+  ASSERT_TRUE(write_dir_atomic(dir, [](const std::string& d) {
+                return write_file_atomic(d + "/b.txt", "newest");
+              }).ok());
+  EXPECT_EQ(*read_text_file(dir + "/b.txt"), "newest");
+  EXPECT_EQ(tmp.entries(), std::vector<std::string>{"export"});
+}
+
+TEST(AtomicFs, RemoveDeadTempDirsTakesOnlyDeadWritersFoldersWithThePrefix) {
+  TempDir tmp;
+  const long gone = dead_pid();
+  const long alive = static_cast<long>(::getppid());
+  make_folder_with(tmp.file(absl::StrCat("step-3.tmp.", gone)), "x", "cut");
+  make_folder_with(tmp.file(absl::StrCat("step-4.tmp.", alive)), "x", "writing");
+  make_folder_with(tmp.file(absl::StrCat("other-1.tmp.", gone)), "x", "not ours");
+  make_folder_with(tmp.file("step-2"), "x", "complete");
+  make_folder_with(tmp.file("step-7.tmp.notapid"), "x", "odd name");
+  // A file temporary (another writer's, maybe on another host) is never touched.
+  ASSERT_TRUE(write_file_atomic(tmp.file(absl::StrCat("step-5.safetensors.tmp.", gone)), "f").ok());
+
+  const std::vector<std::string> removed = remove_dead_temp_dirs(tmp.path(), "step-");
+  EXPECT_EQ(removed, std::vector<std::string>{tmp.file(absl::StrCat("step-3.tmp.", gone))});
+  std::vector<std::string> want = {absl::StrCat("other-1.tmp.", gone),
+                                   absl::StrCat("step-4.tmp.", alive),
+                                   "step-2",
+                                   absl::StrCat("step-5.safetensors.tmp.", gone),
+                                   "step-7.tmp.notapid"};
+  std::sort(want.begin(), want.end());
+  std::vector<std::string> got = tmp.entries();
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(remove_dead_temp_dirs(tmp.file("absent"), "step-").empty());
+
+  // This process's own folder stays unless the caller says its writes are not under way.
+  const std::string own = tmp.file(absl::StrCat("step-6.tmp.", static_cast<long>(::getpid())));
+  make_folder_with(own, "x", "mine");
+  EXPECT_TRUE(remove_dead_temp_dirs(tmp.path(), "step-").empty());
+  EXPECT_EQ(remove_dead_temp_dirs(tmp.path(), "step-", /*own_are_stale=*/true),
+            std::vector<std::string>{own});
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // rebuilding the optimizer with the new lr and its saved state.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "common/safetensors.h"
 #include "model/model.h"
 #include "model/nll.h"
@@ -180,6 +182,53 @@ AdamWState read_state(const AdamW& opt, const std::string& path) {
   auto v = f->read_f32("adamw.exp_avg_sq");
   EXPECT_TRUE(m.ok() && v.ok());
   return {std::move(*m), std::move(*v)};
+}
+
+// The tensors of two weight sets whose bytes differ (names in `a`'s order).
+std::vector<std::string> differing_tensors(const WeightSet& a, const WeightSet& b) {
+  std::vector<std::string> out;
+  for (const NamedTensor& t : a.tensors) {
+    const NamedTensor* u = b.find(t.name);
+    if (u == nullptr || u->bytes != t.bytes) out.push_back(t.name);
+  }
+  return out;
+}
+
+// A model loaded from an FP8 checkpoint uses the checkpoint's codes and scales as they are until
+// its first update; the update's re-quantization then derives every FP8 layer from the updated
+// master, as for any model (the first refresh after the load used to keep the loaded codes, so
+// the first update reached the FP8 working weights, and the published version, one step late).
+TEST(Training, FirstUpdateAfterAnFp8CheckpointRequantizesItsLayers) {
+  const ModelConfig c = testing::make_config(40, 128, 256, 2, 4, 2, false);
+  const PrecisionPolicy fp8{.linear = Precision::kFP8};
+  auto made = Model::Init(c, fp8, 23);
+  ASSERT_TRUE(made.ok());
+  testing::randomize(**made, 23);
+  testing::TempDir dir;
+  ASSERT_TRUE((*made)->save(dir / "fp8", WeightFormat::kFP8).ok());
+  auto loaded = Model::Load(dir / "fp8", fp8);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  Model& m = **loaded;
+  const WeightSet checkpoint = *m.export_weights(WeightFormat::kFP8);
+  EXPECT_TRUE(differing_tensors(*(*made)->export_weights(WeightFormat::kFP8), checkpoint).empty());
+
+  AdamW opt(m, {.lr = 2e-2});
+  Rng rng(29);
+  std::vector<float> g = random_grads(rng, m.num_params());
+  ASSERT_TRUE(opt.step(m, g.data()).ok());
+  // The same master in a model that never held pinned codes, re-derived by refresh().
+  auto fresh = Model::Init(c, fp8, 1);
+  ASSERT_TRUE(fresh.ok());
+  std::copy(m.params().begin(), m.params().end(), (*fresh)->params().begin());
+  (*fresh)->refresh();
+  const WeightSet after = *m.export_weights(WeightFormat::kFP8);
+  EXPECT_EQ(differing_tensors(*(*fresh)->export_weights(WeightFormat::kFP8), after),
+            std::vector<std::string>{});
+  // The update moved the FP8 layers (so the comparison above can tell stale codes apart).
+  const std::vector<std::string> moved = differing_tensors(checkpoint, after);
+  EXPECT_TRUE(std::any_of(moved.begin(), moved.end(), [](const std::string& name) {
+    return absl::StrContains(name, "q_proj.weight") && !absl::StrContains(name, "scale");
+  })) << absl::StrJoin(moved, ", ");
 }
 
 // ZeRO-2's optimizer (docs/design/sharding.md): AdamW cut into shards at uneven points (one
