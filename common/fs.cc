@@ -66,7 +66,9 @@ long writer_pid(std::string_view name, std::string_view base, std::string_view m
   if (!name.starts_with(marker)) return 0;
   name.remove_prefix(marker.size());
   int64_t pid = 0;
-  if (name.empty() || !absl::SimpleAtoi(absl::string_view(name.data(), name.size()), &pid) || pid <= 0) return 0;
+  if (name.empty() || !absl::SimpleAtoi(absl::string_view(name.data(), name.size()), &pid) ||
+      pid <= 0)
+    return 0;
   return static_cast<long>(pid);
 }
 

@@ -337,7 +337,7 @@ class Model {
   // nullptr for other kinds.
   std::vector<LinearWeight*> linear_of_;
   std::vector<RouterWeight*> router_of_;
-  std::vector<float> small_;      // norms and biases as the forward uses them
+  std::vector<float> small_;  // norms and biases as the forward uses them
   std::vector<std::pair<int64_t, int64_t>> small_index_;  // (param offset, offset in small_)
 };
 

@@ -992,7 +992,6 @@ TEST(JobClientConnect, UnreachableCoordinatorIsOneClearError) {
   EXPECT_EQ(JobClient::connect("no-port").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-
 // A JobService whose WatchJob answers from a script, one entry per stream opened: refuse it
 // (RESOURCE_EXHAUSTED with a push-back, as the coordinator's admission does), send these states
 // then break it (UNAVAILABLE, a coordinator going away), or send these states and end.

@@ -354,10 +354,9 @@ absl::Status JobClient::watch(const std::string& id,
     const bool ended_early = s.ok();
     const bool overloaded = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     const bool unavailable = ended_early || s.error_code() == grpc::StatusCode::UNAVAILABLE;
-    const std::string message =
-        ended_early ? absl::StrCat("the coordinator at ", address_,
-                                   " ended the watch before the job ended")
-                    : s.error_message();
+    const std::string message = ended_early ? absl::StrCat("the coordinator at ", address_,
+                                                           " ended the watch before the job ended")
+                                            : s.error_message();
     if (!overloaded && !unavailable) return to_status(s, "WatchJob");
     const int limit = overloaded ? retry_.max_tries : retry_.max_unavailable_tries;
     const std::chrono::milliseconds delay =
@@ -371,8 +370,8 @@ absl::Status JobClient::watch(const std::string& id,
       return to_status(grpc::Status(s.error_code(), gave_up), "WatchJob");
     }
     std::fprintf(stderr, "fp8rl: WatchJob: %s (%s); retrying in %.1f s (try %d of %d)\n",
-                 overloaded ? "coordinator overloaded" : "coordinator unavailable",
-                 message.c_str(), delay.count() / 1000.0, tries + 1, limit);
+                 overloaded ? "coordinator overloaded" : "coordinator unavailable", message.c_str(),
+                 delay.count() / 1000.0, tries + 1, limit);
     // Sleep in slices so stop_watch() ends the wait at once.
     const auto wake = Clock::now() + delay;
     while (Clock::now() < wake) {

@@ -180,11 +180,9 @@ TEST(AtomicFs, RemoveDeadTempDirsTakesOnlyDeadWritersFoldersWithThePrefix) {
 
   const std::vector<std::string> removed = remove_dead_temp_dirs(tmp.path(), "step-");
   EXPECT_EQ(removed, std::vector<std::string>{tmp.file(absl::StrCat("step-3.tmp.", gone))});
-  std::vector<std::string> want = {absl::StrCat("other-1.tmp.", gone),
-                                   absl::StrCat("step-4.tmp.", alive),
-                                   "step-2",
-                                   absl::StrCat("step-5.safetensors.tmp.", gone),
-                                   "step-7.tmp.notapid"};
+  std::vector<std::string> want = {
+      absl::StrCat("other-1.tmp.", gone), absl::StrCat("step-4.tmp.", alive), "step-2",
+      absl::StrCat("step-5.safetensors.tmp.", gone), "step-7.tmp.notapid"};
   std::sort(want.begin(), want.end());
   std::vector<std::string> got = tmp.entries();
   std::sort(got.begin(), got.end());
