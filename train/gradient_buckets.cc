@@ -43,6 +43,7 @@ GradientBuckets::GradientBuckets(Collectives* group, const ShardLayout& layout,
     : group_(group),
       layout_(layout),
       total_(params.total()),
+      chunk_(std::max<int64_t>(1, bucket_elements)),
       buckets_(cut(params, bucket_elements)),
       thread_([this] { run(); }) {}
 
@@ -195,8 +196,16 @@ void GradientBuckets::run() {
     const bool skip = !status_.ok();
     const std::string what = absl::StrCat(what_, " (bucket ", k + 1, " of ", buckets_.size(), ")");
     lock.unlock();
-    absl::Status s =
-        skip ? absl::OkStatus() : reduce_scatter_bucket(*group_, data, first, layout_, shard, what);
+    // One collective per chunk of at most a bucket's size: a bucket of one large tensor (the
+    // embedding) sent whole would make its owner's Gloo receive buffer ranks x the tensor. Each
+    // element's sum does not depend on the cut.
+    absl::Status s;
+    for (int64_t at = 0; !skip && s.ok() && at < std::ssize(data); at += chunk_) {
+      const int64_t n = std::min<int64_t>(chunk_, std::ssize(data) - at);
+      s = reduce_scatter_bucket(*group_,
+                                data.subspan(static_cast<size_t>(at), static_cast<size_t>(n)),
+                                first + at, layout_, shard, what);
+    }
     lock.lock();
     if (!s.ok() && status_.ok()) status_ = std::move(s);
     holder_[static_cast<size_t>(k)] = kSent;

@@ -1,11 +1,12 @@
 // ZeRO-2's gradient storage per shard (docs/design/sharding.md "ZeRO-2 in the learner"): a
 // model::GradientSink that hands the backward one buffer per bucket of whole parameter tensors,
 // reduce-scatters each bucket from its buffer into this rank's shard of the summed gradient on a
-// communication thread as soon as the backward says the bucket is final, and reuses the buffer
-// once the collective is done with it. A sharded rank then holds its shard of the sum, the
-// buckets the backward is writing (those of the decoder layer it is in, and a tied embedding's
-// from the lm_head at the start to the token lookup at the end) and the buckets being
-// reduce-scattered, never the whole gradient array.
+// communication thread as soon as the backward says the bucket is final (in calls of at most the
+// bucket size, also for a bucket of one larger tensor), and reuses the buffer once the collective
+// is done with it. A sharded rank then holds its shard of the sum, the buckets the backward is
+// writing (those of the decoder layer it is in, and a tied embedding's from the lm_head at the
+// start to the token lookup at the end) and the buckets being reduce-scattered, never the whole
+// gradient array.
 //
 // The sum of each element is the collective's (on Gloo: rank order, whatever the cut), so the
 // shard equals the whole-array reduce-scatter's bit for bit (train/collectives_bucketed.h).
@@ -82,6 +83,7 @@ class GradientBuckets final : public model::GradientSink {
   Collectives* const group_;
   const ShardLayout& layout_;
   const int64_t total_;
+  const int64_t chunk_;  // floats per reduce-scatter call: the bucket size (see run)
   const std::vector<Bucket> buckets_;
   double last_wait_seconds_ = 0;  // only touched by the caller's thread
   int64_t last_peak_bytes_ = 0;   // only touched by the caller's thread
