@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/config.h"
+#include "model/gradient_sink.h"
 #include "model/kv_cache.h"
 #include "model/kv_calibration.h"
 #include "model/linear.h"
@@ -257,6 +258,11 @@ class Model {
   using GradientsFinal = std::function<void(int64_t from)>;
   absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp, float* grads,
                         const GradientsFinal& on_final = {}) const;
+  // The same into `sink` (model/gradient_sink.h): each parameter tensor's storage is asked for
+  // when the backward first writes its gradient, and sink.final_from is told what is final as
+  // on_final above. The values are the same, bit for bit, as the flat array's.
+  absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp,
+                        GradientSink& sink) const;
   // Values per token of a routing record: sparse layers x top_k (0 for a dense model).
   int64_t routing_width() const;
   // Checks a routing record against the model: per sequence at most its tokens, ids in [0, E),

@@ -397,6 +397,12 @@ absl::StatusOr<std::vector<float>> Model::logits(const std::vector<int32_t>& tok
 
 absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, float* grads,
                              const GradientsFinal& on_final) const {
+  FlatGradientSink sink(grads, on_final);
+  return backward(c, dlogp, sink);
+}
+
+absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp,
+                             GradientSink& grads) const {
   if (auto s = check_has_weights("backward"); !s.ok()) return s;
   if (storage_ != Storage::kTraining) {
     return absl::FailedPreconditionError("backward: inference-only model");
@@ -450,7 +456,7 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, 
         }
       });
       if (auto st = linear_backward(head(), hs, logits.data(), rows, dchunk.data(),
-                                    grads + layout_.lm_head(), nullptr);
+                                    grads.grad(layout_.lm_head()), nullptr);
           !st.ok()) {
         return st;
       }
@@ -459,11 +465,11 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, 
   }
   // Final norm (in place: dx becomes the gradient at the last layer's output).
   ops::rmsnorm_backward(c.x_final.data(), small_param(layout_.final_norm()), c.inv_final.data(),
-                        dx.data(), m, h, tmp.data(), grads + layout_.final_norm());
+                        dx.data(), m, h, tmp.data(), grads.grad(layout_.final_norm()));
   std::copy(tmp.begin(), tmp.begin() + m * h, dx.begin());
   // Parameters are laid out embedding, layers 0..n-1, final norm, lm_head (model/params.h), and
   // the backward runs from the end: a tied lm_head adds into the embedding, which is last.
-  if (on_final) on_final(layout_.final_norm());
+  grads.final_from(layout_.final_norm());
 
   std::vector<float> dact(m * f), dg(m * f), du(m * f), dq(m * qd), dk(m * kvd), dv(m * kvd),
       dh(m * h), dO(m * qd);
@@ -503,29 +509,30 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, 
       }
     } else {
       // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
-      if (auto s = linear_backward(W[6], a.act.data(), dx.data(), m, dact.data(), grads + lo.down,
-                                   nullptr);
+      if (auto s = linear_backward(W[6], a.act.data(), dx.data(), m, dact.data(),
+                                   grads.grad(lo.down), nullptr);
           !s.ok()) {
         return s;
       }
       ops::swiglu_backward(a.g.data(), a.u.data(), dact.data(), m * f, dg.data(), du.data());
-      if (auto s =
-              linear_backward(W[4], a.h2.data(), dg.data(), m, dh.data(), grads + lo.gate, nullptr);
+      if (auto s = linear_backward(W[4], a.h2.data(), dg.data(), m, dh.data(), grads.grad(lo.gate),
+                                   nullptr);
           !s.ok()) {
         return s;
       }
-      if (auto s =
-              linear_backward(W[5], a.h2.data(), du.data(), m, tmp.data(), grads + lo.up, nullptr);
+      if (auto s = linear_backward(W[5], a.h2.data(), du.data(), m, tmp.data(), grads.grad(lo.up),
+                                   nullptr);
           !s.ok()) {
         return s;
       }
       add_inplace(dh.data(), tmp.data(), m * h);
     }
     ops::rmsnorm_backward(a.x2.data(), small_param(lo.post_norm), a.inv2.data(), dh.data(), m, h,
-                          tmp.data(), grads + lo.post_norm);
+                          tmp.data(), grads.grad(lo.post_norm));
     add_inplace(dx.data(), tmp.data(), m * h);  // dx is now d x2
     // Attention: x2 = x + o_proj(attn(q, k, v)).
-    if (auto s = linear_backward(W[3], a.o.data(), dx.data(), m, dO.data(), grads + lo.o, nullptr);
+    if (auto s =
+            linear_backward(W[3], a.o.data(), dx.data(), m, dO.data(), grads.grad(lo.o), nullptr);
         !s.ok()) {
       return s;
     }
@@ -560,37 +567,37 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, 
     if (config_.qk_norm()) {
       // q = q_norm(q_raw), k = k_norm(k_raw) per head (forward: "Qwen3: q [m, heads, hd] <- ...").
       ops::rmsnorm_backward(a.q_raw.data(), small_param(lo.q_norm), a.inv_q.data(), dq.data(),
-                            m * config_.num_attention_heads, hd, tmp.data(), grads + lo.q_norm);
+                            m * config_.num_attention_heads, hd, tmp.data(), grads.grad(lo.q_norm));
       std::copy(tmp.begin(), tmp.begin() + m * qd, dq.begin());
       ops::rmsnorm_backward(a.k_raw.data(), small_param(lo.k_norm), a.inv_k.data(), dk.data(),
-                            m * n_kv, hd, tmp.data(), grads + lo.k_norm);
+                            m * n_kv, hd, tmp.data(), grads.grad(lo.k_norm));
       std::copy(tmp.begin(), tmp.begin() + m * kvd, dk.begin());
     }
-    auto bias = [&](int64_t off) { return off >= 0 ? grads + off : nullptr; };
-    if (auto s = linear_backward(W[0], a.h1.data(), dq.data(), m, dh.data(), grads + lo.q,
+    auto bias = [&](int64_t off) { return off >= 0 ? grads.grad(off) : nullptr; };
+    if (auto s = linear_backward(W[0], a.h1.data(), dq.data(), m, dh.data(), grads.grad(lo.q),
                                  bias(lo.q_bias));
         !s.ok()) {
       return s;
     }
-    if (auto s = linear_backward(W[1], a.h1.data(), dk.data(), m, tmp.data(), grads + lo.k,
+    if (auto s = linear_backward(W[1], a.h1.data(), dk.data(), m, tmp.data(), grads.grad(lo.k),
                                  bias(lo.k_bias));
         !s.ok()) {
       return s;
     }
     add_inplace(dh.data(), tmp.data(), m * h);
-    if (auto s = linear_backward(W[2], a.h1.data(), dv.data(), m, tmp.data(), grads + lo.v,
+    if (auto s = linear_backward(W[2], a.h1.data(), dv.data(), m, tmp.data(), grads.grad(lo.v),
                                  bias(lo.v_bias));
         !s.ok()) {
       return s;
     }
     add_inplace(dh.data(), tmp.data(), m * h);
     ops::rmsnorm_backward(a.x.data(), small_param(lo.input_norm), a.inv1.data(), dh.data(), m, h,
-                          tmp.data(), grads + lo.input_norm);
+                          tmp.data(), grads.grad(lo.input_norm));
     add_inplace(dx.data(), tmp.data(), m * h);  // dx is now d x (layer input)
-    if (on_final) on_final(lo.input_norm);      // layer l's first parameter
+    grads.final_from(lo.input_norm);            // layer l's first parameter
   }
   // Embedding rows (serial: repeated tokens add into the same row).
-  float* de = grads + layout_.embed();
+  float* de = grads.grad(layout_.embed());
   int64_t r = 0;
   for (int64_t s = 0; s < n_seq; ++s) {
     for (int32_t tok : c.tokens[s]) {
@@ -598,7 +605,7 @@ absl::Status Model::backward(const ForwardContext& c, const TokenValues& dlogp, 
       ++r;
     }
   }
-  if (on_final) on_final(0);
+  grads.final_from(0);
   return absl::OkStatus();
 }
 

@@ -76,23 +76,21 @@ absl::Status swiglu_mlp(const std::array<LinearWeight, 3>& w, const float* x, in
   return linear_forward(w[2], act, m, nullptr, y);
 }
 
-// Backward of swiglu_mlp: dx[m, H] overwritten; gradients into grads + offsets. tmp: [m, H].
+// Backward of swiglu_mlp: dx[m, H] overwritten; gradients added into d_gate, d_up, d_down.
 absl::Status swiglu_mlp_backward(const std::array<LinearWeight, 3>& w, const float* x,
                                  const float* g, const float* u, const float* act, const float* dy,
-                                 int64_t m, int64_t off_gate, int64_t off_up, int64_t off_down,
-                                 float* grads, float* dx) {
+                                 int64_t m, float* d_gate, float* d_up, float* d_down, float* dx) {
   if (m == 0) return absl::OkStatus();
   const int64_t f = w[0].out, h = w[0].in;
   std::vector<float> dact(m * f), dg(m * f), du(m * f), tmp(m * h);
-  if (auto s = linear_backward(w[2], act, dy, m, dact.data(), grads + off_down, nullptr); !s.ok()) {
+  if (auto s = linear_backward(w[2], act, dy, m, dact.data(), d_down, nullptr); !s.ok()) {
     return s;
   }
   ops::swiglu_backward(g, u, dact.data(), m * f, dg.data(), du.data());
-  if (auto s = linear_backward(w[0], x, dg.data(), m, dx, grads + off_gate, nullptr); !s.ok()) {
+  if (auto s = linear_backward(w[0], x, dg.data(), m, dx, d_gate, nullptr); !s.ok()) {
     return s;
   }
-  if (auto s = linear_backward(w[1], x, du.data(), m, tmp.data(), grads + off_up, nullptr);
-      !s.ok()) {
+  if (auto s = linear_backward(w[1], x, du.data(), m, tmp.data(), d_up, nullptr); !s.ok()) {
     return s;
   }
   for (int64_t i = 0; i < m * h; ++i) dx[i] += tmp[i];
@@ -275,7 +273,7 @@ absl::Status moe_forward(const MoeLayerWeights& w, const MoeOptions& opt, const 
 absl::Status moe_backward(const MoeLayerWeights& w, const MoeOptions& opt,
                           const MoeGradOffsets& off, const MoeActivations& a, const float* x,
                           const float* dout, int64_t m, const float* dprob_extra, float* dx,
-                          float* grads) {
+                          GradientSink& grads) {
   const int64_t n_exp = w.router.out, h = w.router.in, k = opt.top_k;
   const int64_t slots = m * k;
   const ExpertGroups& gr = a.groups;
@@ -296,7 +294,13 @@ absl::Status moe_backward(const MoeLayerWeights& w, const MoeOptions& opt,
         }
       },
       16);
-  // The experts' grouped backward (each expert's gradients are its own: no races).
+  // The experts' grouped backward (each expert's gradients are its own: no races). The sink is
+  // asked for every expert's storage here, on this thread.
+  std::vector<std::array<float*, 3>> dw(static_cast<size_t>(n_exp));
+  for (int64_t e = 0; e < n_exp; ++e) {
+    dw[e] = {grads.grad((*off.expert_gate)[e]), grads.grad((*off.expert_up)[e]),
+             grads.grad((*off.expert_down)[e])};
+  }
   std::vector<float> dxs(slots * h);
   const int64_t f = w.experts.empty() ? 0 : w.experts[0][0].out;
   if (auto s = for_each_expert(n_exp,
@@ -305,8 +309,7 @@ absl::Status moe_backward(const MoeLayerWeights& w, const MoeOptions& opt,
                                  return swiglu_mlp_backward(
                                      w.experts[e], a.xs.data() + o * h, a.g.data() + o * f,
                                      a.u.data() + o * f, a.act.data() + o * f, dys.data() + o * h,
-                                     n, (*off.expert_gate)[e], (*off.expert_up)[e],
-                                     (*off.expert_down)[e], grads, dxs.data() + o * h);
+                                     n, dw[e][0], dw[e][1], dw[e][2], dxs.data() + o * h);
                                });
       !s.ok()) {
     return s;
@@ -350,7 +353,7 @@ absl::Status moe_backward(const MoeLayerWeights& w, const MoeOptions& opt,
         }
       },
       16);
-  router_backward(w.router, x, dlogits.data(), m, dx, grads + off.router);
+  router_backward(w.router, x, dlogits.data(), m, dx, grads.grad(off.router));
   if (w.has_shared) {
     // out += sigmoid(z) * s_out, z = shared_gate . x, s_out = shared(x).
     std::vector<float> ds(m * h), dz(m), dsx(m * h);
@@ -362,12 +365,13 @@ absl::Status moe_backward(const MoeLayerWeights& w, const MoeOptions& opt,
     }
     if (auto s =
             swiglu_mlp_backward(w.shared, x, a.sg.data(), a.su.data(), a.sact.data(), ds.data(), m,
-                                off.shared_gate, off.shared_up, off.shared_down, grads, dsx.data());
+                                grads.grad(off.shared_gate), grads.grad(off.shared_up),
+                                grads.grad(off.shared_down), dsx.data());
         !s.ok()) {
       return s;
     }
     for (int64_t i = 0; i < m * h; ++i) dx[i] += dsx[i];
-    router_backward(w.shared_gate, x, dz.data(), m, dx, grads + off.shared_expert_gate);
+    router_backward(w.shared_gate, x, dz.data(), m, dx, grads.grad(off.shared_expert_gate));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "model/gradient_sink.h"
 #include "model/linear.h"
 #include "model/params.h"
 
@@ -72,7 +73,7 @@ struct MoeOptions {
 absl::Status moe_forward(const MoeLayerWeights& w, const MoeOptions& opt, const float* x, int64_t m,
                          const int32_t* forced, MoeActivations* a, float* out);
 
-// Gradient offsets of one sparse layer (grads + offset), from ParamLayout.
+// Gradient offsets of one sparse layer (GradientSink::grad(offset)), from ParamLayout.
 struct MoeGradOffsets {
   int64_t router = -1;
   const std::vector<int64_t>* expert_gate = nullptr;
@@ -82,12 +83,13 @@ struct MoeGradOffsets {
 };
 
 // Backward of moe_forward (the forward's activations `a` and input x): dx[m, H] is overwritten
-// with dL/dx, parameter gradients are added into grads. `dprob_extra` ([E] or nullptr) is added
-// to dL/dprobs[r, e] of every row (the load-balancing loss's gradient).
+// with dL/dx, parameter gradients are added into grads (every tensor's storage asked for before
+// the experts' threads start). `dprob_extra` ([E] or nullptr) is added to dL/dprobs[r, e] of
+// every row (the load-balancing loss's gradient).
 absl::Status moe_backward(const MoeLayerWeights& w, const MoeOptions& opt,
                           const MoeGradOffsets& offsets, const MoeActivations& a, const float* x,
                           const float* dout, int64_t m, const float* dprob_extra, float* dx,
-                          float* grads);
+                          GradientSink& grads);
 
 // Tokens per expert of one layer's routing: counts[e] = rows with e among their k choices.
 std::vector<int64_t> expert_counts(const std::vector<int32_t>& sel, int64_t num_experts);

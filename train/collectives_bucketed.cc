@@ -56,24 +56,30 @@ void BucketedAllReduce::begin_scatter(std::span<const float> data, const ShardLa
   }
 }
 
+absl::Status reduce_scatter_bucket(Collectives& group, std::span<const float> bucket, int64_t first,
+                                   const ShardLayout& layout, std::span<float> shard,
+                                   const std::string& what) {
+  // Piece r of this bucket: rank r's shard inside [first, end).
+  const int64_t end = first + std::ssize(bucket);
+  std::vector<int64_t> counts;
+  for (int r = 0; r < layout.ranks(); ++r) {
+    counts.push_back(
+        std::max<int64_t>(0, std::min(end, layout.end(r)) - std::max(first, layout.begin(r))));
+  }
+  const int rank = group.rank();
+  const int64_t mine = counts[static_cast<size_t>(rank)];
+  const int64_t at = std::max(first, layout.begin(rank)) - layout.begin(rank);
+  const std::span<float> out =
+      mine > 0 ? shard.subspan(static_cast<size_t>(at), static_cast<size_t>(mine))
+               : std::span<float>();
+  return group.reduce_scatter(bucket, out, counts, what);
+}
+
 absl::Status BucketedAllReduce::reduce_bucket(std::span<float> bucket, int64_t first,
                                               const ShardLayout* layout, std::span<float> shard,
                                               const std::string& what) {
   if (layout == nullptr) return group_->all_reduce(bucket, ReduceOp::kSum, what);
-  // Piece r of this bucket: rank r's shard inside [first, end).
-  const int64_t end = first + std::ssize(bucket);
-  std::vector<int64_t> counts;
-  for (int r = 0; r < layout->ranks(); ++r) {
-    counts.push_back(
-        std::max<int64_t>(0, std::min(end, layout->end(r)) - std::max(first, layout->begin(r))));
-  }
-  const int rank = group_->rank();
-  const int64_t mine = counts[static_cast<size_t>(rank)];
-  const int64_t at = std::max(first, layout->begin(rank)) - layout->begin(rank);
-  const std::span<float> out =
-      mine > 0 ? shard.subspan(static_cast<size_t>(at), static_cast<size_t>(mine))
-               : std::span<float>();
-  return group_->reduce_scatter(bucket, out, counts, what);
+  return reduce_scatter_bucket(*group_, bucket, first, *layout, shard, what);
 }
 
 void BucketedAllReduce::final_from(int64_t from) {

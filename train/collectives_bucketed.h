@@ -26,6 +26,13 @@
 
 namespace fp8rl::train {
 
+// One bucket's reduce-scatter: `bucket` holds elements [first, first + size) of a rank's gradient
+// array, and each rank r receives the sum of the part of its shard inside it
+// (layout.begin(r)..layout.end(r)) at that part's place in `shard` (this rank's whole shard).
+absl::Status reduce_scatter_bucket(Collectives& group, std::span<const float> bucket, int64_t first,
+                                   const ShardLayout& layout, std::span<float> shard,
+                                   const std::string& what);
+
 class BucketedAllReduce {
  public:
   // `group` (non-owning) must outlive this object; bucket_elements >= 1 floats.

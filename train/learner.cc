@@ -406,7 +406,7 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
 absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
     const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
     const rl::PolicyLossConfig& config, std::vector<float>* grads, BucketedAllReduce* bucketed,
-    const std::string& what, std::span<float> shard) const {
+    const std::string& what, std::span<float> shard, GradientBuckets* sink) const {
   std::unique_ptr<ForwardState> saved = backend_->new_forward_state();
   absl::StatusOr<std::vector<float>> cur = backend_->logprobs(mb, saved.get());
   if (!cur.ok()) return cur.status();
@@ -420,6 +420,15 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
   in.advantages = mb.advantages;
   absl::StatusOr<rl::PolicyLossResult> loss = rl::grpo_policy_loss(in, config);
   if (!loss.ok()) return loss.status();
+  if (sink != nullptr) {
+    // ZeRO-2's buckets: no whole gradient array on this rank.
+    sink->begin(shard, what);
+    if (auto s = backend_->backward_to_sink(*saved, mb, loss->dloss_dcur, *sink); !s.ok()) {
+      sink->finish().IgnoreError();  // every rank runs the same collectives; the error wins
+      return s;
+    }
+    return loss;
+  }
   float* out = nullptr;  // null: the backend's own buffer (see the header)
   if (grads != nullptr) {
     grads->assign(backend_->num_params(), 0.0f);
@@ -439,12 +448,34 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
 }
 
 void Learner::set_group(Collectives* group, int64_t bucket_bytes) {
+  gradient_buckets_.reset();
   bucketed_.reset();
   group_ = group;
   if (group != nullptr && group->size() > 1 && bucket_bytes > 0) {
     const auto floats = static_cast<int64_t>(sizeof(float));
     bucketed_ = std::make_unique<BucketedAllReduce>(group, (bucket_bytes + floats - 1) / floats);
   }
+  make_gradient_buckets();
+}
+
+void Learner::make_gradient_buckets() {
+  gradient_buckets_.reset();
+  if (!sharded() || bucketed_ == nullptr || group_ == nullptr ||
+      group_->size() != shard_layout_->ranks()) {
+    return;
+  }
+  gradient_buckets_ = std::make_unique<GradientBuckets>(
+      group_, *shard_layout_, backend_->host_model().layout(), bucketed_->bucket_elements());
+}
+
+int64_t Learner::gradient_bytes(const std::vector<float>& grads, std::span<const float> shard,
+                                bool backend_buffer) const {
+  const auto f = static_cast<int64_t>(sizeof(float));
+  if (gradient_buckets_ != nullptr) {
+    return std::ssize(shard) * f + gradient_buckets_->last_peak_bytes();
+  }
+  if (backend_buffer) return backend_->num_params() * f;
+  return (static_cast<int64_t>(grads.capacity()) + std::ssize(shard)) * f;
 }
 
 void Learner::begin_buckets(BucketedAllReduce* bucketed, std::vector<float>* grads,
@@ -461,7 +492,10 @@ absl::Status Learner::reduce_gradients(std::vector<float>* grads, bool begun,
                                        std::span<float> shard) {
   const auto start = Clock::now();
   absl::Status s;
-  if (bucketed_ != nullptr) {
+  if (gradient_buckets_ != nullptr) {
+    if (!begun) gradient_buckets_->begin(shard, what);
+    s = gradient_buckets_->finish();
+  } else if (bucketed_ != nullptr) {
     if (!begun) begin_buckets(bucketed_.get(), grads, shard, what);
     s = bucketed_->finish();
   } else if (sharded()) {
@@ -502,6 +536,7 @@ absl::Status Learner::set_shard_mode(ShardMode mode) {
   }
   shard_layout_ = std::move(*layout);
   shard_rank_ = rank;
+  make_gradient_buckets();
   return restore_optimizer_shards();
 }
 
@@ -624,6 +659,7 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
   // The KV calibration of the next export rides on the prev-logprobs forward.
   if (absl::Status s = check_shard_group(); !s.ok()) return s;
   if (absl::Status s = restore_optimizer_shards(); !s.ok()) return s;
+  gradient_peak_bytes_ = data_parallel() ? 0 : gradient_bytes({}, {}, /*backend_buffer=*/true);
   std::unique_ptr<model::KvCalibrator> records = new_kv_records();
   const bool dp = data_parallel();
   const CollectiveStats group_before = dp ? group_->stats() : CollectiveStats{};
@@ -691,13 +727,14 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
       const std::span<const float> ref_mb =
           ref.empty() ? std::span<const float>()
                       : std::span<const float>(ref.data() + s0 * L, (s1 - s0) * L);
-      result = minibatch_gradient(mb, prev_mb, ref_mb, mb_config, dp ? &grads : nullptr,
-                                  dp ? bucketed_.get() : nullptr,
-                                  absl::StrCat(where, "gradient all-reduce"), shard);
+      result = minibatch_gradient(
+          mb, prev_mb, ref_mb, mb_config, dp ? &grads : nullptr, dp ? bucketed_.get() : nullptr,
+          absl::StrCat(where, "gradient all-reduce"), shard, gradient_buckets_.get());
     } else {
-      // No sequence of this minibatch fell to this rank: it adds nothing but still takes part.
+      // No sequence of this minibatch fell to this rank: it adds nothing but still takes part
+      // (with ZeRO-2's buckets, reduce_gradients sends zero buckets).
       result = rl::PolicyLossResult{};
-      grads.assign(backend_->num_params(), 0.0f);
+      if (gradient_buckets_ == nullptr) grads.assign(backend_->num_params(), 0.0f);
     }
     if (!result.ok()) return interrupted(u, with_prefix(result.status(), where));
     r.forward_backward_seconds += seconds_since(start);
@@ -707,6 +744,8 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
           !s.ok()) {
         return interrupted(u, s);
       }
+      gradient_peak_bytes_ =
+          std::max(gradient_peak_bytes_, gradient_bytes(grads, shard, /*backend_buffer=*/false));
       if (auto s = reduce_loss_stats(*group_, &*result); !s.ok()) return interrupted(u, s);
     }
     start = Clock::now();
@@ -767,6 +806,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
                                               const std::atomic<bool>* stop) {
   if (absl::Status s = check_shard_group(); !s.ok()) return s;
   if (absl::Status s = restore_optimizer_shards(); !s.ok()) return s;
+  gradient_peak_bytes_ = data_parallel() ? 0 : gradient_bytes({}, {}, /*backend_buffer=*/true);
   absl::StatusOr<PackedBatch> batch =
       pack_sequences(request.batch, policy(), "batch", /*require_gen=*/false);
   if (!batch.ok()) return batch.status();
@@ -807,7 +847,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
     const int64_t normalizer =
         dp ? std::max<int64_t>(1, valid_tokens(*batch, B * i / m, B * (i + 1) / m)) : 0;
     auto start = Clock::now();
-    if (dp) grads.assign(backend_->num_params(), 0.0f);
+    if (dp && gradient_buckets_ == nullptr) grads.assign(backend_->num_params(), 0.0f);
     double loss = 0;
     if (s1 > s0) {
       const PackedBatch mb = batch->slice(s0, s1);
@@ -816,17 +856,27 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
       if (!cur.ok()) return interrupted(i, cur.status());
       absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask, normalizer);
       if (!nll.ok()) return interrupted(i, nll.status());
-      model::Model::GradientsFinal on_final;
-      if (dp && bucketed_ != nullptr) {
-        begin_buckets(bucketed_.get(), &grads, shard,
-                      absl::StrCat("minibatch ", i, ": gradient all-reduce"));
-        on_final = [this](int64_t from) { bucketed_->final_from(from); };
-      }
-      if (auto s = backend_->backward(*saved, mb, nll->dloss_dlogp, dp ? grads.data() : nullptr,
-                                      on_final);
-          !s.ok()) {
-        if (on_final) bucketed_->finish().IgnoreError();  // every rank runs the same collectives
-        return interrupted(i, s);
+      const std::string what = absl::StrCat("minibatch ", i, ": gradient all-reduce");
+      if (gradient_buckets_ != nullptr) {
+        // ZeRO-2's buckets: no whole gradient array on this rank.
+        gradient_buckets_->begin(shard, what);
+        if (auto s = backend_->backward_to_sink(*saved, mb, nll->dloss_dlogp, *gradient_buckets_);
+            !s.ok()) {
+          gradient_buckets_->finish().IgnoreError();  // every rank runs the same collectives
+          return interrupted(i, s);
+        }
+      } else {
+        model::Model::GradientsFinal on_final;
+        if (dp && bucketed_ != nullptr) {
+          begin_buckets(bucketed_.get(), &grads, shard, what);
+          on_final = [this](int64_t from) { bucketed_->final_from(from); };
+        }
+        if (auto s = backend_->backward(*saved, mb, nll->dloss_dlogp, dp ? grads.data() : nullptr,
+                                        on_final);
+            !s.ok()) {
+          if (on_final) bucketed_->finish().IgnoreError();  // every rank runs the same collectives
+          return interrupted(i, s);
+        }
       }
       loss = nll->loss;
     }
@@ -838,6 +888,8 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
           !s.ok()) {
         return interrupted(i, s);
       }
+      gradient_peak_bytes_ =
+          std::max(gradient_peak_bytes_, gradient_bytes(grads, shard, /*backend_buffer=*/false));
       std::vector<double> sum = {loss};
       if (auto s = group_->all_reduce(std::span<double>(sum), ReduceOp::kSum,
                                       absl::StrCat(where, "loss all-reduce"));

@@ -30,6 +30,7 @@
 #include "train/batch.h"
 #include "train/collectives.h"
 #include "train/collectives_bucketed.h"
+#include "train/gradient_buckets.h"
 #include "train/memory_plan.h"
 #include "train/optimizer_shards.h"
 #include "train/shard.h"
@@ -259,6 +260,13 @@ class Learner {
   void set_pending_optimizer_shards(std::string dir, OptimizerShardManifest manifest);
   bool optimizer_restore_pending() const { return pending_shards_.has_value(); }
   ShardMode shard_mode() const { return shard_mode_; }
+  // Bytes of gradient storage this rank held at most during the last update: the backend's
+  // whole buffer alone; in a group the whole host array (plus, sharded without buckets, the
+  // shard of the sum); sharded with buckets (set_group's bucket_bytes > 0) the shard of the sum
+  // plus the most bucket buffers held at once (train/gradient_buckets.h), never a whole array.
+  int64_t gradient_peak_bytes() const { return gradient_peak_bytes_; }
+  // ZeRO-2's gradient buckets (null unless sharded in a group with bucket_bytes > 0).
+  const GradientBuckets* gradient_buckets() const { return gradient_buckets_.get(); }
   // The cut in use (null unless sharded).
   const ShardLayout* shard_layout() const { return shard_layout_ ? &*shard_layout_ : nullptr; }
   // After a successful upload of `version`.
@@ -301,12 +309,20 @@ class Learner {
   bool data_parallel() const { return group_ != nullptr && group_->size() > 1; }
   // `grads` null: into the backend's own gradient buffer (TrainBackend::backward), which the
   // next optimizer_step(nullptr) reads.
-  // Sharded: `bucketed` reduce-scatters into `shard` instead (begin_buckets).
+  // Sharded: `bucketed` reduce-scatters into `shard` instead (begin_buckets); with `sink`
+  // (ZeRO-2's buckets) the backward writes into the sink, `grads` is not touched and the sink
+  // reduce-scatters into `shard`.
   absl::StatusOr<rl::PolicyLossResult> minibatch_gradient(
       const PackedBatch& mb, std::span<const float> prev, std::span<const float> ref,
       const rl::PolicyLossConfig& config, std::vector<float>* grads,
       BucketedAllReduce* bucketed = nullptr, const std::string& what = "",
-      std::span<float> shard = {}) const;
+      std::span<float> shard = {}, GradientBuckets* sink = nullptr) const;
+  // (Re)builds gradient_buckets_ when sharded with buckets in the shard's group, else null.
+  void make_gradient_buckets();
+  // The gradient storage of one minibatch (see gradient_peak_bytes): the bucket pool's peak and
+  // `shard`, the backend's whole buffer, or `grads` (+ `shard`).
+  int64_t gradient_bytes(const std::vector<float>& grads, std::span<const float> shard,
+                         bool backend_buffer) const;
   // Starts the buckets over `grads`: an all-reduce in place, or sharded a reduce-scatter into
   // `shard` (this rank's shard_layout_ piece).
   void begin_buckets(BucketedAllReduce* bucketed, std::vector<float>* grads, std::span<float> shard,
@@ -352,6 +368,10 @@ class Learner {
   // A sharded checkpoint's optimizer state not restored yet (see set_pending_optimizer_shards).
   std::string pending_shards_dir_;
   std::optional<OptimizerShardManifest> pending_shards_;
+  int64_t gradient_peak_bytes_ = 0;  // see gradient_peak_bytes
+  // Sharded with buckets: the gradient sink of every backward (make_gradient_buckets). Last: it
+  // refers to group_ and shard_layout_, so it goes first.
+  std::unique_ptr<GradientBuckets> gradient_buckets_;
 };
 
 // Checks a PrecisionConfig the services can run: fp8 or bf16 formats, layer counts >= 0. Errors

@@ -56,6 +56,14 @@ class CpuTrainBackend final : public TrainBackend {
     return s;
   }
 
+  absl::Status backward_to_sink(const ForwardState& saved, const PackedBatch& batch,
+                                std::span<const float> dloss_dlogp,
+                                model::GradientSink& sink) override {
+    if (pending_) return gradients_pending_error("backward_to_sink");
+    return model_->backward(static_cast<const CpuForwardState&>(saved).ctx,
+                            scatter_response(batch, dloss_dlogp), sink);
+  }
+
   absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) override {
     if (grads == nullptr) {
       if (!pending_) own_grads_.assign(static_cast<size_t>(model_->num_params()), 0.0f);
@@ -193,6 +201,10 @@ absl::Status no_sharding(const TrainBackend& backend) {
 }  // namespace
 
 absl::Status TrainBackend::shard_optimizer(int64_t, int64_t) { return no_sharding(*this); }
+absl::Status TrainBackend::backward_to_sink(const ForwardState&, const PackedBatch&,
+                                            std::span<const float>, model::GradientSink&) {
+  return no_sharding(*this);
+}
 absl::StatusOr<model::OptimizerStepStats> TrainBackend::optimizer_step_shard(std::span<float>,
                                                                              double) {
   return no_sharding(*this);

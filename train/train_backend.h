@@ -81,6 +81,14 @@ class TrainBackend {
                                 std::span<const float> dloss_dlogp, float* grads,
                                 const model::Model::GradientsFinal& on_final = {}) = 0;
 
+  // The same backward into `sink` (model/gradient_sink.h: storage handed out tensor by tensor,
+  // ZeRO-2's buckets, train/gradient_buckets.h) instead of a whole host array; the values are the
+  // same bit for bit. Only the CPU backend has it today (the default is FAILED_PRECONDITION, as
+  // for shard_optimizer); FAILED_PRECONDITION while the backend's own buffer holds gradients.
+  virtual absl::Status backward_to_sink(const ForwardState& saved, const PackedBatch& batch,
+                                        std::span<const float> dloss_dlogp,
+                                        model::GradientSink& sink);
+
   // One AdamW step with `grads` (clipped in place), then the re-quantization of every working
   // copy (FP8 128x128 blocks, bf16 rounding) from the new master weights. grads == nullptr: the
   // backend's own buffer (see backward; zeros when no backward ran since the last step).

@@ -4,12 +4,14 @@
 // /proc/self/status) is its own. A rank creates the learner (llama-100m by default, FP8
 // training), joins the group, takes the shard mode, returns freed memory to the system, resets its
 // peak (/proc/self/clear_refs "5") and runs a few SFT updates of a few tokens (one optimizer step
-// each); the table shows its RSS after the setup and its peak during the updates. Not a test.
+// each); the table shows its RSS after the setup, its peak during the updates and the gradient
+// storage the learner held at most (Learner::gradient_peak_bytes). Not a test.
 // Usage: fp8rl-bench-sharding [--config PATH] [--steps N (2)] [--ranks "1 2 4"]
 #include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -128,12 +130,14 @@ int run_rank(const std::string& config_path, const std::string& store_dir, const
     std::ofstream reset("/proc/self/clear_refs");
     reset << "5";  // the peak RSS restarts from the current RSS
   }
+  int64_t grads_held = 0;  // Learner::gradient_peak_bytes, the most over the steps
   for (int s = 0; s < steps; ++s) {
     SftRequest r;
     r.batch = batch((*learner)->policy().config(), 100 + s, kSequencesPerRank * ranks);
     r.learning_rate = 1e-5;
     absl::StatusOr<SftResult> done = (*learner)->sft_update(r);
     if (!done.ok()) fail(std::string(done.status().message()));
+    grads_held = std::max(grads_held, (*learner)->gradient_peak_bytes());
   }
   const int64_t peak = status_kib("VmHWM");
   MemoryPlanInput in;
@@ -149,7 +153,7 @@ int run_rank(const std::string& config_path, const std::string& store_dir, const
   std::ofstream f(out);
   f << rss_setup << " " << peak << " " << plan->weights << " " << plan->master << " "
     << plan->moments << " " << plan->grads << " " << plan->activations << " " << plan->total()
-    << " " << (*learner)->policy().params().size() << "\n";
+    << " " << (*learner)->policy().params().size() << " " << grads_held << "\n";
   return f.good() ? 0 : 1;
 }
 
@@ -205,9 +209,9 @@ int main_impl(int argc, char** argv) {
       std::filesystem::path(config).filename().c_str(), steps,
       static_cast<long long>(kSequencesPerRank), static_cast<long long>(kTokens),
       std::thread::hardware_concurrency());
-  std::printf("%-16s %5s %4s %10s %10s | %8s %8s %8s %8s %8s %8s %12s\n", "shard", "ranks", "rank",
-              "rss setup", "peak step", "plan: wt", "master", "moments", "grads", "act", "total",
-              "master held");
+  std::printf("%-16s %5s %4s %10s %10s %10s | %8s %8s %8s %8s %8s %8s %12s\n", "shard", "ranks",
+              "rank", "rss setup", "peak step", "grads held", "plan: wt", "master", "moments",
+              "grads", "act", "total", "master held");
   for (const char* mode : {"none", "grads_optimizer"}) {
     for (int n : sizes) {
       const std::string run_dir = dir + "/" + mode + "-" + std::to_string(n);
@@ -240,14 +244,15 @@ int main_impl(int argc, char** argv) {
       for (int r = 0; r < n; ++r) {
         std::ifstream in(run_dir + "/rank-" + std::to_string(r));
         int64_t rss = 0, peak = 0, wt = 0, master = 0, moments = 0, grads = 0, act = 0, total = 0,
-                held = 0;
-        if (!(in >> rss >> peak >> wt >> master >> moments >> grads >> act >> total >> held)) {
+                held = 0, grads_held = 0;
+        if (!(in >> rss >> peak >> wt >> master >> moments >> grads >> act >> total >> held >>
+              grads_held)) {
           fail("unreadable result of rank " + std::to_string(r));
         }
-        std::printf("%-16s %5d %4d %10.0f %10.0f | %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %12lld\n",
-                    mode, n, r, rss / 1024.0, peak / 1024.0, wt / kMiB, master / kMiB,
-                    moments / kMiB, grads / kMiB, act / kMiB, total / kMiB,
-                    static_cast<long long>(held));
+        std::printf(
+            "%-16s %5d %4d %10.0f %10.0f %10.0f | %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %12lld\n",
+            mode, n, r, rss / 1024.0, peak / 1024.0, grads_held / kMiB, wt / kMiB, master / kMiB,
+            moments / kMiB, grads / kMiB, act / kMiB, total / kMiB, static_cast<long long>(held));
       }
       std::fflush(stdout);
     }

@@ -238,6 +238,7 @@ struct RunOutcome {
   std::vector<int64_t> shard_bounds;  // Learner::shard_layout (empty unless sharded)
   int64_t master_held = 0;            // fp32 master values the rank holds after the last step
   uint64_t export_hash = 0;           // FNV-1a over the export's tensor names and bytes
+  int64_t gradient_peak_bytes = 0;    // Learner::gradient_peak_bytes, the most over the updates
   absl::Status status;
 };
 
@@ -273,6 +274,7 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
     return out;
   }
   out.sft = *s;
+  out.gradient_peak_bytes = (*l)->gradient_peak_bytes();
   auto params = master_of(**l);
   out.weights.emplace_back(params.begin(), params.end());
   for (int step = 1; step <= kSteps; ++step) {
@@ -282,6 +284,7 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
       return out;
     }
     out.grpo.push_back(*r);
+    out.gradient_peak_bytes = std::max(out.gradient_peak_bytes, (*l)->gradient_peak_bytes());
     auto p = master_of(**l);
     out.weights.emplace_back(p.begin(), p.end());
   }
@@ -913,6 +916,291 @@ TEST(ShardedLearner, BadModesAndUnsupportedUsesFailClearly) {
   EXPECT_TRUE((*alone)->set_shard_mode(ShardMode::kGradsOptimizer).ok());
   EXPECT_EQ((*alone)->shard_layout(), nullptr);
   EXPECT_EQ((*alone)->shard_mode(), ShardMode::kGradsOptimizer);
+}
+
+// ZeRO-2's gradient buckets (train/gradient_buckets.h) are cut at tensor boundaries from the end
+// of the flat array: they cover it without gaps, each holds whole tensors, at most the limit
+// unless one tensor alone is larger, and a bucket closes only when the next tensor would not fit.
+TEST(GradientBuckets, CutAtTensorBoundariesFromTheEnd) {
+  for (const model::ModelConfig& config : {tiny_config(), odd_config()}) {
+    const model::ParamLayout layout(config);
+    std::vector<int64_t> starts;
+    for (const model::ParamInfo& p : layout.params()) starts.push_back(p.offset);
+    std::sort(starts.begin(), starts.end());
+    auto is_start = [&](int64_t x) {
+      return x == layout.total() || std::find(starts.begin(), starts.end(), x) != starts.end();
+    };
+    auto largest_tensor_in = [&](int64_t first, int64_t end) {
+      int64_t n = 0;
+      for (const model::ParamInfo& p : layout.params()) {
+        if (p.offset >= first && p.offset < end) n = std::max(n, p.numel);
+      }
+      return n;
+    };
+    for (int64_t limit : {int64_t{1}, int64_t{100}, int64_t{1000}, int64_t{3000}, layout.total()}) {
+      SCOPED_TRACE(testing::Message() << "limit " << limit);
+      const std::vector<GradientBuckets::Bucket> b = GradientBuckets::cut(layout, limit);
+      ASSERT_FALSE(b.empty());
+      EXPECT_EQ(b.front().end, layout.total());
+      EXPECT_EQ(b.back().first, 0);
+      for (size_t k = 0; k < b.size(); ++k) {
+        EXPECT_LT(b[k].first, b[k].end) << "bucket " << k;
+        if (k + 1 < b.size()) {
+          EXPECT_EQ(b[k + 1].end, b[k].first) << "bucket " << k;
+        }
+        EXPECT_TRUE(is_start(b[k].first) && is_start(b[k].end)) << "bucket " << k;
+        const int64_t size = b[k].end - b[k].first;
+        EXPECT_TRUE(size <= limit || size == largest_tensor_in(b[k].first, b[k].end))
+            << "bucket " << k << " of " << size;
+        if (k + 1 < b.size()) {
+          // The tensor just below did not fit: the bucket would have grown past the limit.
+          const auto at = std::find(starts.begin(), starts.end(), b[k].first);
+          ASSERT_TRUE(at != starts.begin() && at != starts.end()) << "bucket " << k;
+          EXPECT_GT(b[k].end - *std::prev(at), limit) << "bucket " << k;
+        }
+      }
+      if (limit == 1) {
+        EXPECT_EQ(b.size(), layout.params().size());
+      }
+      if (limit == layout.total()) {
+        EXPECT_EQ(b.size(), 1u);
+      }
+    }
+  }
+}
+
+// The sink on random per-rank gradients written tensor by tensor from the end, as a backward
+// does (one tensor, the final norm, never written: its bucket part goes out as zeros): each
+// rank's shard equals the whole array's reduce-scatter bit for bit (Gloo sums in rank order
+// whatever the cut), one tensor is written at a time, so at most two buffers exist (the one
+// written and one in flight or being zero-filled) and the largest bucket's was one of them. A
+// tensor asked for after its bucket went out is INTERNAL, on every rank, after the same buckets.
+TEST(GradientBuckets, ShardEqualsTheWholeArrayReduceScatter) {
+  const model::ParamLayout layout(odd_config());
+  const int64_t total = layout.total();
+  for (int size : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << "group of " << size);
+    absl::StatusOr<ShardLayout> cut = shard_parameters(layout, size);
+    ASSERT_TRUE(cut.ok()) << cut.status();
+    auto groups = make_group(size, absl::StrCat("zsink", size));
+    auto statuses = on_ranks(size, [&](int r) -> absl::Status {
+      std::mt19937 rng(static_cast<uint32_t>(17 + r));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      std::vector<float> whole(static_cast<size_t>(total));
+      for (float& x : whole) x = u(rng);
+      const int64_t skip = layout.final_norm(), skip_n = odd_config().hidden_size;
+      std::fill(whole.begin() + skip, whole.begin() + skip + skip_n, 0.0f);
+      std::vector<float> want(static_cast<size_t>(cut->size(r)));
+      if (auto s = groups[r]->reduce_scatter(whole, want, cut->counts(), "want"); !s.ok()) return s;
+      for (int64_t limit : {int64_t{300}, int64_t{5000}}) {
+        GradientBuckets sink(groups[r].get(), *cut, layout, limit);
+        int64_t largest = 0;
+        for (const GradientBuckets::Bucket& b : sink.buckets()) {
+          largest = std::max(largest, b.end - b.first);
+        }
+        std::vector<float> got(want.size(), -1.0f);
+        sink.begin(got, "test");
+        const std::vector<model::ParamInfo>& params = layout.params();
+        for (auto p = params.rbegin(); p != params.rend(); ++p) {
+          if (p->offset != skip) {
+            float* g = sink.grad(p->offset);
+            for (int64_t i = 0; i < p->numel; ++i) g[i] += whole[p->offset + i];
+          }
+          sink.final_from(p->offset);
+        }
+        if (auto s = sink.finish(); !s.ok()) return s;
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+            << "rank " << r << " limit " << limit;
+        const int64_t f = sizeof(float);
+        EXPECT_GE(sink.last_peak_bytes(), largest * f) << "rank " << r << " limit " << limit;
+        EXPECT_LE(sink.last_peak_bytes(), 2 * largest * f) << "rank " << r << " limit " << limit;
+        // A tensor asked for after its bucket went out.
+        sink.begin(got, "late");
+        sink.final_from(0);
+        sink.grad(params.back().offset)[0] = 1.0f;
+        const absl::Status late = sink.finish();
+        EXPECT_EQ(late.code(), absl::StatusCode::kInternal) << late;
+        EXPECT_NE(late.message().find("after its bucket was final"), std::string::npos) << late;
+      }
+      return absl::OkStatus();
+    });
+    for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// A tiny Llama deep enough that one decoder layer is a small part of the whole gradient (12
+// layers of ~9.4k parameters, tied 48 x 32 embedding: 114k parameters).
+model::ModelConfig deep_config() {
+  model::ModelConfig c = tiny_config();
+  c.num_hidden_layers = 12;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+// With buckets a sharded rank never holds the whole gradient array: its gradient storage is its
+// shard of the sum plus the bucket buffers, which at most hold the tied embedding's bucket (live
+// from the lm_head at the start of the backward to the token lookup at its end), the buckets of
+// the decoder layer being differentiated and those of the layer before it still being
+// reduce-scattered. Groups of 2 and 4 (SFT + 3 GRPO steps), against the unsharded group (the
+// whole array) and the sharded group without buckets (the whole array and the shard); the
+// bucketed updates stay bit for bit the unbucketed ones.
+TEST_P(ShardedLearner, BucketsHoldTheShardAndTheBucketsInFlightNotTheWholeArray) {
+  const Precision training = GetParam();
+  const std::string name(precision_name(training));
+  const model::ModelConfig config = deep_config();
+  const model::ParamLayout layout(config);
+  const int64_t f = sizeof(float), whole = layout.total() * f;
+  const int64_t bucket_bytes = 4096;
+  int64_t layer_bytes = 0;  // the largest decoder layer's parameters
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    int64_t n = 0;
+    for (const model::ParamInfo& p : layout.params()) n += p.layer == l ? p.numel : 0;
+    layer_bytes = std::max(layer_bytes, n * f);
+  }
+  const int64_t embed_bytes = config.vocab_size * config.hidden_size * f;
+  for (int size : {2, 4}) {
+    SCOPED_TRACE(testing::Message() << "group of " << size);
+    auto plain_groups = make_group(size, absl::StrCat("zgplain", size, name));
+    auto plain = on_ranks(size, [&](int r) {
+      return run(training, plain_groups[r].get(), 7, 0, ShardMode::kNone, config);
+    });
+    auto whole_groups = make_group(size, absl::StrCat("zgwhole", size, name));
+    auto unbucketed = on_ranks(size, [&](int r) {
+      return run(training, whole_groups[r].get(), 7, 0, ShardMode::kGradsOptimizer, config);
+    });
+    auto groups = make_group(size, absl::StrCat("zgbuckets", size, name));
+    auto bucketed = on_ranks(size, [&](int r) {
+      return run(training, groups[r].get(), 7, bucket_bytes, ShardMode::kGradsOptimizer, config);
+    });
+    for (int r = 0; r < size; ++r) {
+      SCOPED_TRACE(testing::Message() << "rank " << r);
+      ASSERT_TRUE(plain[r].status.ok()) << plain[r].status;
+      ASSERT_TRUE(unbucketed[r].status.ok()) << unbucketed[r].status;
+      ASSERT_TRUE(bucketed[r].status.ok()) << bucketed[r].status;
+      expect_same_run(bucketed[r], unbucketed[0], "bucketed vs unbucketed");
+      if (size == 2) expect_same_run(bucketed[r], plain[0], "bucketed vs unsharded");
+      const std::vector<int64_t>& cut = bucketed[r].shard_bounds;
+      const int64_t shard = (cut[r + 1] - cut[r]) * f;
+      const int64_t buffers = bucketed[r].gradient_peak_bytes - shard;
+      std::printf(
+          "group of %d rank %d: gradient bytes unsharded %lld, sharded without buckets %lld, "
+          "with %lld-byte buckets %lld (shard %lld + buckets %lld; embedding %lld, layer %lld)\n",
+          size, r, static_cast<long long>(plain[r].gradient_peak_bytes),
+          static_cast<long long>(unbucketed[r].gradient_peak_bytes),
+          static_cast<long long>(bucket_bytes),
+          static_cast<long long>(bucketed[r].gradient_peak_bytes), static_cast<long long>(shard),
+          static_cast<long long>(buffers), static_cast<long long>(embed_bytes),
+          static_cast<long long>(layer_bytes));
+      EXPECT_EQ(plain[r].gradient_peak_bytes, whole);
+      EXPECT_EQ(unbucketed[r].gradient_peak_bytes, whole + shard);
+      // The tied embedding's bucket is held through every backward ...
+      EXPECT_GE(buffers, embed_bytes);
+      // ... beside the buckets of at most two decoder layers (each bucket whole tensors of at
+      // most bucket_bytes, so a layer's buckets reach at most one bucket past either end).
+      EXPECT_LE(buffers, embed_bytes + 2 * (layer_bytes + 2 * bucket_bytes));
+      EXPECT_LT(bucketed[r].gradient_peak_bytes, whole * 3 / 4);
+      if (size == 4) {
+        EXPECT_LT(bucketed[r].gradient_peak_bytes, whole / 2);
+      }
+    }
+  }
+}
+
+// Mixture of experts (qwen3_moe; qwen2_moe with a shared expert and its gate): a sharded SFT
+// group of 2 (with and without buckets) equals the unsharded group of 2 bit for bit over two
+// requests of two minibatches each. GRPO is refused in any group of a mixture-of-experts model
+// (sharded or not): the routing records are not split across ranks yet.
+TEST_P(ShardedLearner, MixtureOfExpertsGroupOfTwoIsBitIdenticalToUnsharded) {
+  const Precision training = GetParam();
+  const std::string name(precision_name(training));
+  model::ModelConfig qwen3 = odd_config();
+  qwen3.model_type = "qwen3_moe";
+  qwen3.num_hidden_layers = 3;
+  qwen3.moe.num_experts = 4;
+  qwen3.moe.num_experts_per_tok = 2;
+  qwen3.moe.moe_intermediate_size = 136;
+  qwen3.moe.norm_topk_prob = true;
+  qwen3.moe.mlp_only_layers = {1};  // a dense layer between two sparse ones
+  model::ModelConfig qwen2 = qwen3;
+  qwen2.model_type = "qwen2_moe";
+  qwen2.attention_bias = true;
+  qwen2.moe.norm_topk_prob = false;
+  qwen2.moe.shared_expert_intermediate_size = 200;
+  for (const model::ModelConfig& config : {qwen3, qwen2}) {
+    SCOPED_TRACE(config.model_type);
+    struct Outcome {
+      std::vector<std::vector<float>> weights;
+      std::vector<double> loss, grad_norm;
+      int64_t gradient_peak_bytes = 0;
+      absl::Status status, grpo;
+    };
+    auto sft_run = [&](Collectives* group, int64_t bucket_bytes, ShardMode mode) {
+      Outcome out;
+      absl::StatusOr<std::unique_ptr<Learner>> l =
+          Learner::create(init_request(training, 7, config));
+      if (!l.ok()) {
+        out.status = l.status();
+        return out;
+      }
+      (*l)->set_group(group, bucket_bytes);
+      if (absl::Status s = (*l)->set_shard_mode(mode); !s.ok()) {
+        out.status = s;
+        return out;
+      }
+      for (uint64_t seed : {99, 100}) {
+        SftRequest sft;
+        sft.batch = random_batch(seed, 7);
+        sft.learning_rate = kLr;
+        sft.minibatches = 2;
+        absl::StatusOr<SftResult> s = (*l)->sft_update(sft);
+        if (!s.ok()) {
+          out.status = s.status();
+          return out;
+        }
+        out.loss.push_back(s->loss);
+        out.grad_norm.push_back(s->grad_norm);
+        out.gradient_peak_bytes = (*l)->gradient_peak_bytes();
+        out.weights.push_back(master_of(**l));
+      }
+      out.grpo = (*l)->grpo_update(grpo(1001)).status();
+      return out;
+    };
+    auto plain_groups = make_group(2, absl::StrCat("zmoeplain", name, config.model_type));
+    auto plain =
+        on_ranks(2, [&](int r) { return sft_run(plain_groups[r].get(), 0, ShardMode::kNone); });
+    ASSERT_TRUE(plain[0].status.ok()) << plain[0].status;
+    int64_t unbucketed_peak[2] = {0, 0};
+    for (int64_t bytes : {int64_t{0}, int64_t{256}, int64_t{40000}}) {
+      SCOPED_TRACE(testing::Message() << "bucket " << bytes << " bytes");
+      auto groups = make_group(2, absl::StrCat("zmoe", name, config.model_type, bytes));
+      auto sharded = on_ranks(
+          2, [&](int r) { return sft_run(groups[r].get(), bytes, ShardMode::kGradsOptimizer); });
+      for (int r = 0; r < 2; ++r) {
+        ASSERT_TRUE(sharded[r].status.ok()) << "rank " << r << ": " << sharded[r].status;
+        ASSERT_EQ(sharded[r].weights.size(), plain[0].weights.size());
+        for (size_t k = 0; k < plain[0].weights.size(); ++k) {
+          EXPECT_EQ(0, std::memcmp(sharded[r].weights[k].data(), plain[0].weights[k].data(),
+                                   plain[0].weights[k].size() * sizeof(float)))
+              << "rank " << r << ": weights after request " << k << " differ";
+        }
+        EXPECT_EQ(sharded[r].loss, plain[0].loss) << "rank " << r;
+        EXPECT_EQ(sharded[r].grad_norm, plain[0].grad_norm) << "rank " << r;
+        // Buckets hold less than the whole array and the shard (a layer of this 3-layer model is
+        // a third of the array, so not less than the whole array alone).
+        if (bytes == 0) {
+          unbucketed_peak[r] = sharded[r].gradient_peak_bytes;
+          EXPECT_GT(unbucketed_peak[r], plain[0].gradient_peak_bytes) << "rank " << r;
+        } else {
+          EXPECT_LT(sharded[r].gradient_peak_bytes, unbucketed_peak[r]) << "rank " << r;
+        }
+        EXPECT_EQ(sharded[r].grpo.code(), absl::StatusCode::kFailedPrecondition) << sharded[r].grpo;
+        EXPECT_NE(sharded[r].grpo.message().find("mixture-of-experts"), std::string::npos)
+            << sharded[r].grpo;
+      }
+    }
+    // The requests changed the weights.
+    EXPECT_NE(plain[0].weights[0], plain[0].weights[1]);
+  }
 }
 
 // Sharded optimizer checkpoints (train/optimizer_shards.h, docs/design/sharding.md "Sharded
