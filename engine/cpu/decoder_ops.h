@@ -39,6 +39,10 @@ class CpuDecoderOps final : public DecoderOps {
   int64_t num_blocks_, block_tokens_, elem_;
   std::vector<std::vector<uint8_t>> k_pool_, v_pool_;  // per layer
   const StepTables* t_ = nullptr;
+  // From load_tables: segment s's rows are seg_rows_[seg_start_[s], seg_start_[s + 1]) in row
+  // order; seg_len_[s] = its largest position + 1 (the context its attention reads).
+  std::vector<int64_t> seg_start_, seg_len_;
+  std::vector<int32_t> seg_rows_;
 };
 
 // The fp32 values of a BF16 or F32 linear's forward operand, whichever copy the model keeps: the

@@ -259,6 +259,9 @@ TEST(LinearValues, InferenceOnlyTiedEmbeddingIsHeldOnceAndLooksUpTheSameRows) {
   StepTables t;
   t.rows = 5;
   t.tokens = {0, 95, 17, -1, 96};  // the last two are outside the vocabulary: NaN rows
+  t.pos = {0, 1, 2, 3, 4};
+  t.row_seq = {0, 0, 0, 0, 0};
+  t.n_seg = 1;
   std::vector<float> got(t.rows * h), want(t.rows * h);
   CpuDecoderOps inf_ops(**inf, 4, 4), ref_ops(**ref, 4, 4);
   ASSERT_TRUE(inf_ops.load_tables(t).ok());
