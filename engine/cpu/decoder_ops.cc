@@ -15,7 +15,7 @@ namespace fp8rl::engine {
 namespace dm = kernels::dm;
 
 CpuDecoderOps::CpuDecoderOps(const model::Model& model, int64_t num_blocks, int64_t block_tokens)
-    : model_(model), num_blocks_(num_blocks), block_tokens_(block_tokens) {
+    : model_(&model), num_blocks_(num_blocks), block_tokens_(block_tokens) {
   const model::KvCacheDtype d = model.policy().kv_cache;
   elem_ = d == model::KvCacheDtype::kF32 ? 4 : d == model::KvCacheDtype::kBF16 ? 2 : 1;
   const int64_t bytes = num_blocks * block_tokens * model.config().kv_dim() * elem_;
@@ -23,9 +23,18 @@ CpuDecoderOps::CpuDecoderOps(const model::Model& model, int64_t num_blocks, int6
   v_pool_.assign(model.config().num_hidden_layers, std::vector<uint8_t>(bytes));
 }
 
+void CpuDecoderOps::grow_pool(int64_t num_blocks) {
+  if (num_blocks <= num_blocks_) return;
+  const int64_t bytes = num_blocks * block_tokens_ * model_->config().kv_dim() * elem_;
+  for (auto* pools : {&k_pool_, &v_pool_}) {
+    for (std::vector<uint8_t>& p : *pools) p.resize(bytes);
+  }
+  num_blocks_ = num_blocks;
+}
+
 dm::PagedKvView CpuDecoderOps::view(int64_t layer) {
-  const model::ModelConfig& c = model_.config();
-  const model::KvCacheDtype d = model_.policy().kv_cache;
+  const model::ModelConfig& c = model_->config();
+  const model::KvCacheDtype d = model_->policy().kv_cache;
   dm::PagedKvView kv;
   kv.k_pool = k_pool_[layer].data();
   kv.v_pool = v_pool_[layer].data();
@@ -38,8 +47,8 @@ dm::PagedKvView CpuDecoderOps::view(int64_t layer) {
   kv.head_dim = c.head_dim;
   kv.block_table = t_->block_table.data();
   kv.max_blocks = t_->width;
-  kv.k_scale = model_.kv_scales().k[layer];
-  kv.v_scale = model_.kv_scales().v[layer];
+  kv.k_scale = model_->kv_scales().k[layer];
+  kv.v_scale = model_->kv_scales().v[layer];
   return kv;
 }
 
@@ -70,36 +79,36 @@ absl::Status CpuDecoderOps::load_tables(const StepTables& t) {
 }
 
 absl::Status CpuDecoderOps::embed(int64_t rows, float* x) {
-  const model::ModelConfig& c = model_.config();
-  const model::LinearWeight& e = model_.embedding_weight();
+  const model::ModelConfig& c = model_->config();
+  const model::LinearWeight& e = model_->embedding_weight();
   if (e.precision != model::Precision::kF32 && e.bf16.empty()) {
     // An inference-only model's tied table, held once in double (Model::embed).
     kernels::cpu::embed_gather(e.exact.data(), c.vocab_size, c.hidden_size, t_->tokens.data(), rows,
                                x);
     return absl::OkStatus();
   }
-  kernels::cpu::embed_gather(model_.embedding_weight().dense(), c.vocab_size, c.hidden_size,
+  kernels::cpu::embed_gather(model_->embedding_weight().dense(), c.vocab_size, c.hidden_size,
                              t_->tokens.data(), rows, x);
   return absl::OkStatus();
 }
 
 absl::Status CpuDecoderOps::rmsnorm(const float* x, const float* g, int64_t rows, int64_t h,
                                     bool rb, float* y) {
-  kernels::cpu::rmsnorm(x, g, rows, h, static_cast<float>(model_.config().rms_norm_eps), rb, y,
+  kernels::cpu::rmsnorm(x, g, rows, h, static_cast<float>(model_->config().rms_norm_eps), rb, y,
                         nullptr);
   return absl::OkStatus();
 }
 
 absl::Status CpuDecoderOps::rope(int64_t rows, int64_t heads, bool rb, float* x) {
-  kernels::cpu::rope(model_.rope_cos().data(), model_.rope_sin().data(), t_->pos.data(), rows,
-                     heads, model_.config().head_dim, rb, x);
+  kernels::cpu::rope(model_->rope_cos().data(), model_->rope_sin().data(), t_->pos.data(), rows,
+                     heads, model_->config().head_dim, rb, x);
   return absl::OkStatus();
 }
 
 absl::Status CpuDecoderOps::linear(int64_t layer, int64_t j, const float* x, int64_t rows,
                                    const float* bias, float* y) {
   const model::LinearWeight& w =
-      layer < 0 ? model_.lm_head_weight() : model_.layer_linear(layer, j);
+      layer < 0 ? model_->lm_head_weight() : model_->layer_linear(layer, j);
   return model::linear_forward(w, x, rows, bias, y);
 }
 
@@ -132,7 +141,7 @@ absl::Status CpuDecoderOps::attention(int64_t layer, const float* q, const float
                                       int64_t rows, float* o) {
   const dm::PagedKvView kv = view(layer);
   kernels::cpu::kv_write_paged(k, v, rows, t_->row_seq.data(), t_->pos.data(), kv);
-  const model::ModelConfig& c = model_.config();
+  const model::ModelConfig& c = model_->config();
   const int64_t hd = c.head_dim, qd = c.q_dim(), n_kv = c.num_key_value_heads,
                 group = c.num_attention_heads / n_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));

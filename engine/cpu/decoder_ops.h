@@ -17,6 +17,13 @@ class CpuDecoderOps final : public DecoderOps {
   // A pool of `num_blocks` blocks of `block_tokens` positions per layer, in the policy's KV dtype.
   CpuDecoderOps(const model::Model& model, int64_t num_blocks, int64_t block_tokens);
 
+  // Blocks in the pool (ids 0..num_blocks()-1).
+  int64_t num_blocks() const { return num_blocks_; }
+  // Grows the pool to `num_blocks` blocks (never shrinks), keeping every block's contents.
+  void grow_pool(int64_t num_blocks);
+  // Reads its weights from `model` from now on (same config and policy: the caller checks).
+  void set_model(const model::Model& model) { model_ = &model; }
+
   absl::Status load_tables(const StepTables& t) override;
   absl::Status embed(int64_t rows, float* x) override;
   absl::Status rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, bool rb,
@@ -30,12 +37,12 @@ class CpuDecoderOps final : public DecoderOps {
   absl::Status add(float* y, const float* x, int64_t n, bool rb) override;
   absl::Status round_bf16(float* x, int64_t n) override;
   absl::Status gather_out_rows(const float* x, int64_t h, int64_t n_out, float* out) override;
-  const float* small(int64_t offset) const override { return model_.norm_or_bias(offset); }
+  const float* small(int64_t offset) const override { return model_->norm_or_bias(offset); }
 
  private:
   kernels::dm::PagedKvView view(int64_t layer);
 
-  const model::Model& model_;
+  const model::Model* model_;
   int64_t num_blocks_, block_tokens_, elem_;
   std::vector<std::vector<uint8_t>> k_pool_, v_pool_;  // per layer
   const StepTables* t_ = nullptr;
