@@ -1,9 +1,7 @@
 // The CPU implementation of model/inference_backend.h (make_cpu_backend): decoder_step over
-// CpuDecoderOps with KV blocks from the ops' paged pool for dense models, as CudaBackend runs it
-// over device ops; the sampler and the training forward (score) on the host model.
-//
-// Mixture-of-experts models still run Model::forward_cached over contiguous KvCache objects:
-// decoder_step has no MoE op yet (docs/design/engine.md "Why `Model` still has its own forward").
+// CpuDecoderOps with KV blocks from the ops' paged pool, as CudaBackend runs it over device ops
+// (dense and mixture-of-experts models: the CPU ops have a MoE op); the sampler and the training
+// forward (score) on the host model.
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -45,38 +43,35 @@ class PagedBlockIds {
   int64_t high_ = 0;
 };
 
-// A sequence's KV memory: `n` blocks counted in the backend's KvBlockPool, and either the ids of
-// its blocks in the ops' paged pool (dense models) or a contiguous KvCache (MoE models).
+// A sequence's KV memory: `n` blocks counted in the backend's KvBlockPool, and the ids of its
+// blocks in the ops' paged pool.
 class CpuKvSequence final : public KvSequence {
  public:
   CpuKvSequence(std::shared_ptr<model::KvBlockPool> pool, std::vector<int32_t> counted, int64_t n,
-                std::shared_ptr<PagedBlockIds> paged, std::vector<int32_t> blocks,
-                std::unique_ptr<model::KvCache> cache, int64_t capacity, const void* owner)
+                std::shared_ptr<PagedBlockIds> paged, std::vector<int32_t> blocks, int64_t capacity,
+                const void* owner)
       : pool_(std::move(pool)),
         counted_(std::move(counted)),
         n_(n),
         paged_(std::move(paged)),
         blocks_(std::move(blocks)),
-        cache_(std::move(cache)),
         capacity_(capacity),
         owner_(owner) {}
   ~CpuKvSequence() override {
     pool_->release(counted_, n_);
-    if (paged_ != nullptr) paged_->release(blocks_);
+    paged_->release(blocks_);
   }
   int64_t capacity() const override { return capacity_; }
   int64_t blocks() const override { return n_; }
   const std::vector<int32_t>& paged_blocks() const { return blocks_; }
-  model::KvCache* cache() const { return cache_.get(); }
   const void* owner() const { return owner_; }
 
  private:
   std::shared_ptr<model::KvBlockPool> pool_;
   std::vector<int32_t> counted_;
   int64_t n_;
-  std::shared_ptr<PagedBlockIds> paged_;  // null for a KvCache sequence
+  std::shared_ptr<PagedBlockIds> paged_;
   std::vector<int32_t> blocks_;
-  std::unique_ptr<model::KvCache> cache_;  // MoE models only
   int64_t capacity_;
   const void* owner_;
 };
@@ -89,13 +84,8 @@ class CpuBackend final : public model::InferenceBackend {
         options_(options),
         block_bytes_(block_bytes),
         pool_(std::make_shared<model::KvBlockPool>(total_blocks)),
-        // MoE: Model::forward_cached until decoder_step has a MoE op.
-        engine_(model_->config().num_sparse_layers() == 0) {
-    if (engine_) {
-      paged_ = std::make_shared<PagedBlockIds>();
-      ops_ = std::make_unique<CpuDecoderOps>(*model_, 0, options_.kv_block_tokens);
-    }
-  }
+        paged_(std::make_shared<PagedBlockIds>()),
+        ops_(std::make_unique<CpuDecoderOps>(*model_, 0, options_.kv_block_tokens)) {}
 
   model::Device device() const override { return model::Device::kCpu; }
   const model::ModelConfig& config() const override { return model_->config(); }
@@ -111,7 +101,7 @@ class CpuBackend final : public model::InferenceBackend {
       return absl::FailedPreconditionError("set_model: sequences still hold KV blocks");
     }
     model_ = std::move(model);
-    if (engine_) ops_->set_model(*model_);
+    ops_->set_model(*model_);
     return absl::OkStatus();
   }
 
@@ -123,14 +113,8 @@ class CpuBackend final : public model::InferenceBackend {
     const int64_t n = blocks_for(capacity);
     auto counted = pool_->acquire(n);
     if (!counted.ok()) return counted.status();
-    if (!engine_) {
-      return std::unique_ptr<KvSequence>(std::make_unique<CpuKvSequence>(
-          pool_, *std::move(counted), n, nullptr, std::vector<int32_t>{},
-          model_->new_kv_cache(capacity), capacity, this));
-    }
-    return std::unique_ptr<KvSequence>(
-        std::make_unique<CpuKvSequence>(pool_, *std::move(counted), n, paged_, paged_->acquire(n),
-                                        nullptr, capacity, this));
+    return std::unique_ptr<KvSequence>(std::make_unique<CpuKvSequence>(
+        pool_, *std::move(counted), n, paged_, paged_->acquire(n), capacity, this));
   }
 
   absl::Status forward(const std::vector<BackendSegment>& segments, float* logits) override {
@@ -142,13 +126,6 @@ class CpuBackend final : public model::InferenceBackend {
         return absl::InvalidArgumentError(
             absl::StrCat("forward: segment ", i, " has no KV sequence of this backend"));
       }
-    }
-    if (!engine_) {
-      cached_.resize(segments.size());
-      for (size_t i = 0; i < segments.size(); ++i) {
-        cached_[i] = {kv[i]->cache(), segments[i].tokens, segments[i].n, segments[i].pos0};
-      }
-      return model_->forward_cached(cached_, logits, &ws_);
     }
     if (model_->description_only()) {
       return absl::FailedPreconditionError(
@@ -218,16 +195,10 @@ class CpuBackend final : public model::InferenceBackend {
   model::BackendOptions options_;
   int64_t block_bytes_;
   std::shared_ptr<model::KvBlockPool> pool_;  // counts blocks against the budget
-  const bool engine_;                         // dense: decoder_step; MoE: forward_cached
-  // Dense models.
-  std::shared_ptr<PagedBlockIds> paged_;
+  std::shared_ptr<PagedBlockIds> paged_;      // the ops' block ids
   std::unique_ptr<CpuDecoderOps> ops_;
   std::unique_ptr<CpuStepBuffers> buf_;
   int64_t buf_rows_ = 0;
-  // MoE models.
-  model::InferenceWorkspace ws_;
-  std::vector<model::CachedSegment> cached_;
-  // Both.
   std::vector<float> logits_;
   model::Sampler sampler_;
 };

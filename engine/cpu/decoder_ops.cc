@@ -160,8 +160,8 @@ absl::Status CpuDecoderOps::attention(int64_t layer, const float* q, const float
       for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
         for (int64_t j = seg_start_[s]; j < seg_start_[s + 1]; ++j) {
           const int64_t r = seg_rows_[j], off = r * qd + hh * hd;
-          model::ops::attend_row(q + off, kbuf.data(), hd, vbuf.data(), hd,
-                                 int64_t{t_->pos[r]} + 1, hd, scale, scores.data(), o + off);
+          model::ops::attend_row(q + off, kbuf.data(), hd, vbuf.data(), hd, int64_t{t_->pos[r]} + 1,
+                                 hd, scale, scores.data(), o + off);
         }
       }
     }
@@ -172,6 +172,14 @@ absl::Status CpuDecoderOps::attention(int64_t layer, const float* q, const float
 absl::Status CpuDecoderOps::swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) {
   kernels::cpu::swiglu(g, u, n, rb, act);
   return absl::OkStatus();
+}
+
+absl::Status CpuDecoderOps::moe(int64_t layer, const float* x, int64_t rows, float* y) {
+  if (!model_->config().sparse_layer(layer)) {
+    return absl::InvalidArgumentError(absl::StrCat("moe: layer ", layer, " is dense"));
+  }
+  return model::moe_forward(model_->moe_layer(layer), model_->moe_options(), x, rows, nullptr,
+                            &moe_act_, y);
 }
 
 absl::Status CpuDecoderOps::add(float* y, const float* x, int64_t n, bool rb) {

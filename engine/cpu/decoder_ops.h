@@ -34,6 +34,7 @@ class CpuDecoderOps final : public DecoderOps {
   absl::Status attention(int64_t layer, const float* q, const float* k, const float* v,
                          int64_t rows, float* o) override;
   absl::Status swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) override;
+  absl::Status moe(int64_t layer, const float* x, int64_t rows, float* y) override;
   absl::Status add(float* y, const float* x, int64_t n, bool rb) override;
   absl::Status round_bf16(float* x, int64_t n) override;
   absl::Status gather_out_rows(const float* x, int64_t h, int64_t n_out, float* out) override;
@@ -50,6 +51,7 @@ class CpuDecoderOps final : public DecoderOps {
   // order; seg_len_[s] = its largest position + 1 (the context its attention reads).
   std::vector<int64_t> seg_start_, seg_len_;
   std::vector<int32_t> seg_rows_;
+  model::MoeActivations moe_act_;  // moe()'s scratch (routing, grouped rows)
 };
 
 // The fp32 values of a BF16 or F32 linear's forward operand, whichever copy the model keeps: the

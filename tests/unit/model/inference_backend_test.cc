@@ -227,8 +227,7 @@ TEST(CpuBackend, PagedPoolReusesFreedBlocksAndGrowsUnderLiveSequences) {
   InferenceBackend& be = **backend;
   std::vector<float> got(2 * kVocab), want(2 * kVocab);
   InferenceWorkspace ws;
-  auto check = [&](const std::vector<BackendSegment>& seg,
-                   const std::vector<CachedSegment>& ref) {
+  auto check = [&](const std::vector<BackendSegment>& seg, const std::vector<CachedSegment>& ref) {
     ASSERT_TRUE(be.forward(seg, got.data()).ok());
     ASSERT_TRUE(model->forward_cached(ref, want.data(), &ws).ok());
     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), seg.size() * kVocab * sizeof(float)));
@@ -257,15 +256,15 @@ TEST(CpuBackend, PagedPoolReusesFreedBlocksAndGrowsUnderLiveSequences) {
   }
 }
 
-// Mixture-of-experts models stay on Model::forward_cached (decoder_step has no MoE op yet): the
-// backend serves them with the same logits.
+// Mixture-of-experts models run decoder_step with the CPU ops' MoE op: the same logits as
+// Model::forward_cached.
 TEST(CpuBackend, MoeModelIsModelForwardCached) {
   PrecisionPolicy policy;
   policy.linear = Precision::kFP8;
   policy.kv_cache = KvCacheDtype::kFP8;
-  auto made = Model::Init(testing::make_qwen3_moe_config(kVocab, 128, 256, 2, 4, 2, 32, false, 4,
-                                                         2, 64, true),
-                          policy, 13, 0.05f);
+  auto made = Model::Init(
+      testing::make_qwen3_moe_config(kVocab, 128, 256, 2, 4, 2, 32, false, 4, 2, 64, true), policy,
+      13, 0.05f);
   ASSERT_TRUE(made.ok()) << made.status();
   std::shared_ptr<const Model> model(*std::move(made));
   ASSERT_GT(model->config().num_sparse_layers(), 0);
