@@ -1,7 +1,8 @@
 // The engine's decode-step ops on the CPU: decoder_step() over host memory with kernels/cpu (the
 // CPU reference of every CUDA kernel), model/linear.h linear_forward and a host paged KV pool in
-// the device layout (kernels/device_math/paged_kv.h). Tests run it against Model::forward_cached
-// to check the step's orchestration, rounding points and block tables without a GPU.
+// the device layout (kernels/device_math/paged_kv.h), model/moe.h moe_forward for sparse layers.
+// The CPU inference backend (cpu_backend.cc) generates with it; tests run it against
+// Model::forward_cached to check the step's orchestration, rounding points and block tables.
 #pragma once
 
 #include <cstdint>
