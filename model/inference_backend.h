@@ -5,8 +5,9 @@
 //
 // The CPU implementation (make_cpu_backend, engine/cpu/cpu_backend.cc) runs the decoder engine's
 // step (engine/decoder_step.h) over its CPU ops and a paged KV pool (dense and mixture-of-experts
-// models); it computes exactly what Model::forward_cached / Sampler / Model::forward compute. The CUDA implementation
-// (engine/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on the device.
+// models); it computes exactly what Model::forward_cached / Sampler / Model::forward compute. The
+// CUDA implementation (engine/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on
+// the device.
 //
 // KV memory is counted in blocks of `kv_block_tokens` positions on both devices: a sequence of
 // capacity C holds ceil(C / kv_block_tokens) blocks from new_sequence() until its KvSequence is
