@@ -66,12 +66,6 @@ absl::Status decoder_step(const model::ModelConfig& config, const model::Precisi
                 f = config.intermediate_size, hd = config.head_dim, nh = config.num_attention_heads,
                 nkv = config.num_key_value_heads;
   const bool rb = policy.bf16_activations();
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    if (config.sparse_layer(l)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("MoE not on CUDA (layer ", l, " is a mixture-of-experts layer)"));
-    }
-  }
 #define FP8RL_STEP(expr)                               \
   do {                                                 \
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
@@ -104,11 +98,16 @@ absl::Status decoder_step(const model::ModelConfig& config, const model::Precisi
     FP8RL_STEP(ops.linear(l, 3, b.o, m, nullptr, b.x2));
     FP8RL_STEP(ops.add(b.x2, b.x, m * h, rb));
     FP8RL_STEP(ops.rmsnorm(b.x2, ops.small(lo.post_norm), m, h, rb, b.h2));
-    // x = x2 + down(silu(gate(h2)) * up(h2)).
-    FP8RL_STEP(ops.linear(l, 4, b.h2, m, nullptr, b.g));
-    FP8RL_STEP(ops.linear(l, 5, b.h2, m, nullptr, b.u));
-    FP8RL_STEP(ops.swiglu(b.g, b.u, m * f, rb, b.act));
-    FP8RL_STEP(ops.linear(l, 6, b.act, m, nullptr, b.x));
+    if (config.sparse_layer(l)) {
+      // x = x2 + moe(h2).
+      FP8RL_STEP(ops.moe(l, b.h2, m, b.x));
+    } else {
+      // x = x2 + down(silu(gate(h2)) * up(h2)).
+      FP8RL_STEP(ops.linear(l, 4, b.h2, m, nullptr, b.g));
+      FP8RL_STEP(ops.linear(l, 5, b.h2, m, nullptr, b.u));
+      FP8RL_STEP(ops.swiglu(b.g, b.u, m * f, rb, b.act));
+      FP8RL_STEP(ops.linear(l, 6, b.act, m, nullptr, b.x));
+    }
     FP8RL_STEP(ops.add(b.x, b.x2, m * h, rb));
     if (layer_hook) FP8RL_STEP(layer_hook(l, b.x));
   }

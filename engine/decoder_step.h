@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/device_math/paged_kv.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -80,6 +81,16 @@ class DecoderOps {
   virtual absl::Status attention(int64_t layer, const float* q, const float* k, const float* v,
                                  int64_t rows, float* o) = 0;
   virtual absl::Status swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) = 0;
+  // Sparse layer `layer`'s MLP: y[rows, hidden] = moe(x) (model/moe.h moe_forward: router top-k,
+  // the experts' SwiGLUs, the shared expert), routing chosen freely (no replay). Ops without one
+  // answer FailedPrecondition.
+  virtual absl::Status moe(int64_t layer, const float* x, int64_t rows, float* y) {
+    (void)x;
+    (void)rows;
+    (void)y;
+    return absl::FailedPreconditionError(
+        absl::StrCat("MoE not on this device (layer ", layer, " is a mixture-of-experts layer)"));
+  }
   // y += x over n values, then bf16 rounding when rb.
   virtual absl::Status add(float* y, const float* x, int64_t n, bool rb) = 0;
   virtual absl::Status round_bf16(float* x, int64_t n) = 0;
@@ -99,7 +110,7 @@ struct StepBuffers {
 };
 
 // Runs the decoder layers and the final norm of one step: sel = final_norm(x[out_rows]).
-// Dense layers only (FailedPrecondition "MoE not on CUDA" for a sparse layer). `layer_hook`
+// A sparse layer runs ops.moe (FailedPrecondition from ops without one). `layer_hook`
 // (nullable) is called with x after each layer.
 absl::Status decoder_step(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
                           const model::ParamLayout& layout, DecoderOps& ops, const StepBuffers& b,

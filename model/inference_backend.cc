@@ -1,6 +1,6 @@
 // The backend-independent parts of model/inference_backend.h: device names, option checks and the
-// KV block bookkeeping both backends share (the CPU backend is model/cpu_backend.cc, the CUDA
-// backend engine/cuda/cuda_backend.cc).
+// KV block bookkeeping both backends share (the CPU backend is engine/cpu/cpu_backend.cc, the CUDA
+// backend engine/cuda/cuda_backend.cc), and make_cuda_backend's answer in a build without CUDA.
 #include "model/inference_backend.h"
 
 #include <algorithm>
@@ -94,5 +94,14 @@ absl::Status check_backend_options(const BackendOptions& options) {
   }
   return absl::OkStatus();
 }
+
+#ifndef FP8RL_HAVE_CUDA_BACKEND
+absl::StatusOr<std::unique_ptr<InferenceBackend>> make_cuda_backend(std::shared_ptr<const Model>,
+                                                                    const BackendOptions&) {
+  return absl::FailedPreconditionError("device cuda: this build has no CUDA (built without CUDA)");
+}
+bool cuda_backend_available() { return false; }
+std::string cuda_backend_unavailable_reason() { return "built without CUDA"; }
+#endif
 
 }  // namespace fp8rl::model

@@ -3,9 +3,11 @@
 // the generator, the scheduler and `fp8rl generate|score` run on the CPU or on a CUDA device
 // through the same calls (docs/design/gpu.md "GPU engine").
 //
-// The CPU implementation (make_cpu_backend) is a thin wrapper of Model::forward_cached / KvCache /
-// Sampler / Model::forward and computes exactly what they compute. The CUDA implementation
-// (engine/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on the device.
+// The CPU implementation (make_cpu_backend, engine/cpu/cpu_backend.cc) runs the decoder engine's
+// step (engine/decoder_step.h) over its CPU ops and a paged KV pool (dense and mixture-of-experts
+// models); it computes exactly what Model::forward_cached / Sampler / Model::forward compute. The
+// CUDA implementation (engine/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on
+// the device.
 //
 // KV memory is counted in blocks of `kv_block_tokens` positions on both devices: a sequence of
 // capacity C holds ceil(C / kv_block_tokens) blocks from new_sequence() until its KvSequence is
@@ -169,6 +171,7 @@ absl::Status check_sample_specs(const std::vector<BackendSegment>& segments,
                                 const std::vector<SampleSpec>& spec);
 
 // The CPU backend over `model` (shared with the caller; it must be a KV-cache capable model).
+// Defined in engine/cpu/cpu_backend.cc (fp8rl_engine_cpu).
 absl::StatusOr<std::unique_ptr<InferenceBackend>> make_cpu_backend(
     std::shared_ptr<const Model> model, const BackendOptions& options);
 

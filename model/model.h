@@ -289,6 +289,10 @@ class Model {
   const float* norm_or_bias(int64_t offset) const { return small_param(offset); }
   std::span<const float> rope_cos() const { return rope_cos_; }
   std::span<const float> rope_sin() const { return rope_sin_; }
+  // A sparse layer's router and experts (config().sparse_layer(l)) and the options its
+  // moe_forward runs with.
+  const MoeLayerWeights& moe_layer(int64_t l) const { return moe_[l]; }
+  MoeOptions moe_options() const;
 
  private:
   // What a model holds: the fp32 master and every working copy (training), the KV-cache
@@ -324,7 +328,6 @@ class Model {
   // install() of one linear weight of layer l.
   absl::Status install_linear(const WeightView& view, const TensorView& t, int64_t l,
                               LinearWeight& w, const std::string& what);
-  MoeOptions moe_options() const;
 
   ModelConfig config_;
   PrecisionPolicy policy_;

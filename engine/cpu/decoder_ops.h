@@ -1,7 +1,8 @@
 // The engine's decode-step ops on the CPU: decoder_step() over host memory with kernels/cpu (the
 // CPU reference of every CUDA kernel), model/linear.h linear_forward and a host paged KV pool in
-// the device layout (kernels/device_math/paged_kv.h). Tests run it against Model::forward_cached
-// to check the step's orchestration, rounding points and block tables without a GPU.
+// the device layout (kernels/device_math/paged_kv.h), model/moe.h moe_forward for sparse layers.
+// The CPU inference backend (cpu_backend.cc) generates with it; tests run it against
+// Model::forward_cached to check the step's orchestration, rounding points and block tables.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,13 @@ class CpuDecoderOps final : public DecoderOps {
   // A pool of `num_blocks` blocks of `block_tokens` positions per layer, in the policy's KV dtype.
   CpuDecoderOps(const model::Model& model, int64_t num_blocks, int64_t block_tokens);
 
+  // Blocks in the pool (ids 0..num_blocks()-1).
+  int64_t num_blocks() const { return num_blocks_; }
+  // Grows the pool to `num_blocks` blocks (never shrinks), keeping every block's contents.
+  void grow_pool(int64_t num_blocks);
+  // Reads its weights from `model` from now on (same config and policy: the caller checks).
+  void set_model(const model::Model& model) { model_ = &model; }
+
   absl::Status load_tables(const StepTables& t) override;
   absl::Status embed(int64_t rows, float* x) override;
   absl::Status rmsnorm(const float* x, const float* g, int64_t rows, int64_t h, bool rb,
@@ -27,18 +35,24 @@ class CpuDecoderOps final : public DecoderOps {
   absl::Status attention(int64_t layer, const float* q, const float* k, const float* v,
                          int64_t rows, float* o) override;
   absl::Status swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) override;
+  absl::Status moe(int64_t layer, const float* x, int64_t rows, float* y) override;
   absl::Status add(float* y, const float* x, int64_t n, bool rb) override;
   absl::Status round_bf16(float* x, int64_t n) override;
   absl::Status gather_out_rows(const float* x, int64_t h, int64_t n_out, float* out) override;
-  const float* small(int64_t offset) const override { return model_.norm_or_bias(offset); }
+  const float* small(int64_t offset) const override { return model_->norm_or_bias(offset); }
 
  private:
   kernels::dm::PagedKvView view(int64_t layer);
 
-  const model::Model& model_;
+  const model::Model* model_;
   int64_t num_blocks_, block_tokens_, elem_;
   std::vector<std::vector<uint8_t>> k_pool_, v_pool_;  // per layer
   const StepTables* t_ = nullptr;
+  // From load_tables: segment s's rows are seg_rows_[seg_start_[s], seg_start_[s + 1]) in row
+  // order; seg_len_[s] = its largest position + 1 (the context its attention reads).
+  std::vector<int64_t> seg_start_, seg_len_;
+  std::vector<int32_t> seg_rows_;
+  model::MoeActivations moe_act_;  // moe()'s scratch (routing, grouped rows)
 };
 
 // The fp32 values of a BF16 or F32 linear's forward operand, whichever copy the model keeps: the

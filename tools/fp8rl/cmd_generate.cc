@@ -24,10 +24,10 @@ namespace fp8rl::cli {
 namespace {
 
 constexpr char kName[] = "generate";
-constexpr int64_t kStepTokens = 2048;  // rows per forward (model::Generator's default)
+constexpr int64_t kStepTokens = 2048;  // rows per forward, at least the longest prompt
 
-// Runs every prompt through `gen` (model::Generator on the CPU, model::BackendGenerator on
-// CUDA) and stores the results in prompt order. A prompt is admitted when the generator has room:
+// Runs every prompt through `gen` (model::BackendGenerator over the chosen device's backend) and
+// stores the results in prompt order. A prompt is admitted when the generator has room:
 // a backend's KV pool answers ResourceExhausted while its blocks are taken, and the prompt waits
 // for running samples to finish; a prompt that does not fit an idle generator is an error naming
 // its line. Sample i uses random stream i, as before, so the tokens do not depend on admission.
@@ -123,8 +123,7 @@ int generate_main(const std::vector<std::string>& argv) {
     }
     sp.stop_tokens.push_back(id);
   }
-  // cuda: model::BackendGenerator over the CUDA inference backend (the generation worker's
-  // loop on --device cuda), offered only when this build has the backend; cpu: model::Generator.
+  // cuda: offered only when this build has the CUDA inference backend.
   absl::StatusOr<CliDevice> device = resolve_device_flags(
       *args, kName,
       command_probe(model::cuda_backend_available() ? std::string()
@@ -138,23 +137,25 @@ int generate_main(const std::vector<std::string>& argv) {
   if (auto s = model::validate_sampling_params(sp, m->config().vocab_size); !s.ok()) {
     return usage_error(kName, absl::StrCat("--", s.message()));
   }
-  std::vector<model::GenerationResult> results;
-  absl::Status generated;
-  if (device->selection.device == model::Device::kCuda) {
-    model::BackendOptions options;
-    options.memory_budget_bytes = device->gpu_memory_budget_bytes;
-    options.max_step_tokens = kStepTokens;
-    for (const auto& row : lines->rows) {
-      options.max_step_tokens = std::max(options.max_step_tokens, static_cast<int64_t>(row.size()));
-    }
-    auto made = model::make_cuda_backend(m, options);
-    if (!made.ok()) return failure(kName, std::string(made.status().message()));
-    model::BackendGenerator gen(std::move(*made), options.max_step_tokens);
-    generated = generate_all(gen, *lines, sp, v[2], &results);
-  } else {
-    model::Generator gen(m, kStepTokens);
-    generated = generate_all(gen, *lines, sp, v[2], &results);
+  // model::BackendGenerator over the device's inference backend (the generation worker's loop):
+  // on the CPU the decoder engine's step over its CPU ops (engine/cpu/cpu_backend.cc), the same
+  // tokens and logprobs as model::Generator (step_generator_test).
+  model::BackendOptions options;
+  options.max_step_tokens = kStepTokens;
+  for (const auto& row : lines->rows) {
+    options.max_step_tokens = std::max(options.max_step_tokens, static_cast<int64_t>(row.size()));
   }
+  absl::StatusOr<std::unique_ptr<model::InferenceBackend>> made;
+  if (device->selection.device == model::Device::kCuda) {
+    options.memory_budget_bytes = device->gpu_memory_budget_bytes;
+    made = model::make_cuda_backend(m, options);
+  } else {
+    made = model::make_cpu_backend(m, options);
+  }
+  if (!made.ok()) return failure(kName, std::string(made.status().message()));
+  model::BackendGenerator gen(std::move(*made), options.max_step_tokens);
+  std::vector<model::GenerationResult> results;
+  const absl::Status generated = generate_all(gen, *lines, sp, v[2], &results);
   if (!generated.ok()) return failure(kName, std::string(generated.message()));
   std::string text;
   for (const auto& r : results) {

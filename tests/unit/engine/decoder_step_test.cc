@@ -93,6 +93,7 @@ struct Case {
   model::Precision linear;
   model::KvCacheDtype kv;
   bool qwen3;
+  bool moe = false;  // qwen3: qwen3_moe (every layer sparse); qwen2: qwen2_moe (shared expert)
 };
 
 class MirrorTest : public ::testing::TestWithParam<Case> {};
@@ -107,8 +108,13 @@ TEST_P(MirrorTest, LayerOutputsAndLogitsEqualForwardCached) {
   policy.linear = c.linear;
   policy.kv_cache = c.kv;
   const model::ModelConfig config =
-      c.qwen3 ? model::testing::make_qwen3_config(kVocab, 128, 256, 2, 4, 2, 48, false)
-              : model::testing::make_config(kVocab, 128, 256, 2, 4, 2, true, /*qwen2=*/true);
+      c.moe ? (c.qwen3 ? model::testing::make_qwen3_moe_config(kVocab, 128, 256, 2, 4, 2, 48, false,
+                                                               4, 2, 64, true)
+                       : model::testing::make_qwen2_moe_config(kVocab, 128, 256, 2, 4, 2, true, 4,
+                                                               2, 64, 96))
+      : c.qwen3 ? model::testing::make_qwen3_config(kVocab, 128, 256, 2, 4, 2, 48, false)
+                : model::testing::make_config(kVocab, 128, 256, 2, 4, 2, true, /*qwen2=*/true);
+  ASSERT_EQ(config.num_sparse_layers() > 0, c.moe);
   auto made = model::Model::Init(config, policy, 5, 0.05f);
   ASSERT_TRUE(made.ok()) << made.status();
   model::Model& model = **made;
@@ -187,10 +193,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{model::Precision::kBF16, model::KvCacheDtype::kBF16, false},
                       Case{model::Precision::kBF16, model::KvCacheDtype::kF32, true},
                       Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, false},
-                      Case{model::Precision::kFP8, model::KvCacheDtype::kBF16, true}),
+                      Case{model::Precision::kFP8, model::KvCacheDtype::kBF16, true},
+                      Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, true, true},
+                      Case{model::Precision::kBF16, model::KvCacheDtype::kF32, false, true},
+                      Case{model::Precision::kF32, model::KvCacheDtype::kBF16, true, true}),
     [](const auto& info) {
       return std::string(precision_name(info.param.linear)) + "_kv_" +
-             std::string(precision_name(info.param.kv)) + (info.param.qwen3 ? "_qwen3" : "_qwen2");
+             std::string(precision_name(info.param.kv)) + (info.param.qwen3 ? "_qwen3" : "_qwen2") +
+             (info.param.moe ? "_moe" : "");
     });
 
 // An inference-only model (what a generation worker installs versions into) keeps only the
@@ -259,6 +269,9 @@ TEST(LinearValues, InferenceOnlyTiedEmbeddingIsHeldOnceAndLooksUpTheSameRows) {
   StepTables t;
   t.rows = 5;
   t.tokens = {0, 95, 17, -1, 96};  // the last two are outside the vocabulary: NaN rows
+  t.pos = {0, 1, 2, 3, 4};
+  t.row_seq = {0, 0, 0, 0, 0};
+  t.n_seg = 1;
   std::vector<float> got(t.rows * h), want(t.rows * h);
   CpuDecoderOps inf_ops(**inf, 4, 4), ref_ops(**ref, 4, 4);
   ASSERT_TRUE(inf_ops.load_tables(t).ok());
@@ -276,20 +289,56 @@ TEST(LinearValues, InferenceOnlyTiedEmbeddingIsHeldOnceAndLooksUpTheSameRows) {
   // model installed in place with a freshly loaded one.
 }
 
-TEST(DecoderStep, MoeIsRefusedClearly) {
+// Ops without a MoE op (the CUDA device ops today) refuse a sparse layer clearly; the CPU ops
+// refuse a MoE call for a dense layer.
+class DenseOnlyOps final : public DecoderOps {
+ public:
+  absl::Status load_tables(const StepTables&) override { return absl::OkStatus(); }
+  absl::Status embed(int64_t, float*) override { return absl::OkStatus(); }
+  absl::Status rmsnorm(const float*, const float*, int64_t, int64_t, bool, float*) override {
+    return absl::OkStatus();
+  }
+  absl::Status rope(int64_t, int64_t, bool, float*) override { return absl::OkStatus(); }
+  absl::Status linear(int64_t, int64_t, const float*, int64_t, const float*, float*) override {
+    return absl::OkStatus();
+  }
+  absl::Status attention(int64_t, const float*, const float*, const float*, int64_t,
+                         float*) override {
+    return absl::OkStatus();
+  }
+  absl::Status swiglu(const float*, const float*, int64_t, bool, float*) override {
+    return absl::OkStatus();
+  }
+  absl::Status add(float*, const float*, int64_t, bool) override { return absl::OkStatus(); }
+  absl::Status round_bf16(float*, int64_t) override { return absl::OkStatus(); }
+  absl::Status gather_out_rows(const float*, int64_t, int64_t, float*) override {
+    return absl::OkStatus();
+  }
+  const float* small(int64_t) const override { return nullptr; }
+};
+
+TEST(DecoderStep, MoeWithoutAMoeOpIsRefusedClearly) {
   model::PrecisionPolicy policy;
-  auto m = model::Model::Init(model::testing::make_config(64, 64, 128, 1, 2, 1, true), policy, 1);
-  ASSERT_TRUE(m.ok());
-  model::ModelConfig moe = (*m)->config();
-  moe.moe.num_experts = 4;
-  moe.moe.num_experts_per_tok = 2;
-  if (!moe.sparse_layer(0)) GTEST_SKIP() << "config helper does not mark layer 0 sparse";
-  CpuDecoderOps ops(**m, 4, 4);
+  auto m = model::Model::Init(
+      model::testing::make_qwen3_moe_config(64, 64, 128, 2, 2, 1, 32, false, 4, 2, 32, true),
+      policy, 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE((*m)->config().sparse_layer(0));
+  DenseOnlyOps ops;
   CpuStepBuffers buf((*m)->config(), 8);
   StepTables t;
-  auto s = decoder_step(moe, policy, (*m)->layout(), ops, buf.view(), t, nullptr);
+  t.rows = 1;
+  t.out_rows = {0};
+  auto s = decoder_step((*m)->config(), policy, (*m)->layout(), ops, buf.view(), t, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("MoE not on CUDA"), std::string::npos);
+  EXPECT_NE(s.message().find("MoE not on this device (layer 0"), std::string::npos) << s;
+
+  auto dense =
+      model::Model::Init(model::testing::make_config(64, 64, 128, 1, 2, 1, true), policy, 1);
+  ASSERT_TRUE(dense.ok());
+  CpuDecoderOps cpu(**dense, 4, 4);
+  std::vector<float> x(64, 1.0f), y(64);
+  EXPECT_EQ(cpu.moe(0, x.data(), 1, y.data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The CPU InferenceBackend: the same numbers as Model::forward_cached / Sampler / Model::forward,
-// block accounting against a budget, and the errors of the interface.
+// The CPU InferenceBackend (decoder_step over the engine's CPU ops for dense models): the same
+// numbers as Model::forward_cached / Sampler / Model::forward, block accounting against a budget,
+// and the errors of the interface.
 #include "model/inference_backend.h"
 
 #include <gtest/gtest.h>
@@ -206,12 +207,84 @@ TEST_P(CpuBackendTest, ScoreIsTheTrainingForward) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, CpuBackendTest,
                          ::testing::Values(std::pair{Precision::kF32, KvCacheDtype::kF32},
+                                           std::pair{Precision::kF32, KvCacheDtype::kFP8},
                                            std::pair{Precision::kBF16, KvCacheDtype::kBF16},
-                                           std::pair{Precision::kFP8, KvCacheDtype::kFP8}),
+                                           std::pair{Precision::kBF16, KvCacheDtype::kF32},
+                                           std::pair{Precision::kFP8, KvCacheDtype::kFP8},
+                                           std::pair{Precision::kFP8, KvCacheDtype::kF32}),
                          [](const auto& info) {
                            return std::string(precision_name(info.param.first)) + "_kv_" +
                                   std::string(precision_name(info.param.second));
                          });
+
+// The dense CPU backend keeps KV in a paged pool that grows as blocks are handed out: blocks a
+// finished sequence frees are reused by the next one (not contiguous, not in order) while the
+// pool grows under a live sequence, and every logit still equals Model::forward_cached's.
+TEST(CpuBackend, PagedPoolReusesFreedBlocksAndGrowsUnderLiveSequences) {
+  auto model = tiny_model(Precision::kFP8, KvCacheDtype::kFP8);
+  auto backend = make_cpu_backend(model, {.kv_block_tokens = 4});
+  ASSERT_TRUE(backend.ok());
+  InferenceBackend& be = **backend;
+  std::vector<float> got(2 * kVocab), want(2 * kVocab);
+  InferenceWorkspace ws;
+  auto check = [&](const std::vector<BackendSegment>& seg, const std::vector<CachedSegment>& ref) {
+    ASSERT_TRUE(be.forward(seg, got.data()).ok());
+    ASSERT_TRUE(model->forward_cached(ref, want.data(), &ws).ok());
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), seg.size() * kVocab * sizeof(float)));
+  };
+  const std::vector<int32_t> pa = random_tokens(10, 21), pb = random_tokens(6, 22),
+                             pc = random_tokens(23, 23);
+  auto a = be.new_sequence(12);  // 3 blocks
+  auto b = be.new_sequence(9);   // 3 blocks
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ra = model->new_kv_cache(12), rb = model->new_kv_cache(9);
+  ASSERT_NO_FATAL_FAILURE(check({{a->get(), pa.data(), 10, 0}, {b->get(), pb.data(), 6, 0}},
+                                {{ra.get(), pa.data(), 10, 0}, {rb.get(), pb.data(), 6, 0}}));
+  a->reset();  // frees a's 3 blocks; c takes them and 4 new ones (the pool grows under b)
+  auto c = be.new_sequence(28);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(be.memory().kv_blocks_used, 3 + 7);
+  auto rc = model->new_kv_cache(28);
+  std::vector<int32_t> next = {3, 9};
+  ASSERT_NO_FATAL_FAILURE(check({{b->get(), &next[0], 1, 6}, {c->get(), pc.data(), 23, 0}},
+                                {{rb.get(), &next[0], 1, 6}, {rc.get(), pc.data(), 23, 0}}));
+  for (int64_t step = 0; step < 2; ++step) {
+    next = {static_cast<int32_t>(step + 40), static_cast<int32_t>(step + 50)};
+    ASSERT_NO_FATAL_FAILURE(
+        check({{b->get(), &next[0], 1, 7 + step}, {c->get(), &next[1], 1, 23 + step}},
+              {{rb.get(), &next[0], 1, 7 + step}, {rc.get(), &next[1], 1, 23 + step}}));
+  }
+}
+
+// Mixture-of-experts models run decoder_step with the CPU ops' MoE op: the same logits as
+// Model::forward_cached.
+TEST(CpuBackend, MoeModelIsModelForwardCached) {
+  PrecisionPolicy policy;
+  policy.linear = Precision::kFP8;
+  policy.kv_cache = KvCacheDtype::kFP8;
+  auto made = Model::Init(
+      testing::make_qwen3_moe_config(kVocab, 128, 256, 2, 4, 2, 32, false, 4, 2, 64, true), policy,
+      13, 0.05f);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::shared_ptr<const Model> model(*std::move(made));
+  ASSERT_GT(model->config().num_sparse_layers(), 0);
+  auto backend = make_cpu_backend(model, {.kv_block_tokens = 4});
+  ASSERT_TRUE(backend.ok());
+  const std::vector<int32_t> p = random_tokens(11, 31);
+  auto kv = (*backend)->new_sequence(13);
+  ASSERT_TRUE(kv.ok());
+  auto ref = model->new_kv_cache(13);
+  std::vector<float> got(kVocab), want(kVocab);
+  InferenceWorkspace ws;
+  const int32_t tok = 5;
+  for (int step = 0; step < 2; ++step) {
+    const int32_t* t = step == 0 ? p.data() : &tok;
+    const int64_t n = step == 0 ? 11 : 1, pos0 = step == 0 ? 0 : 11;
+    ASSERT_TRUE((*backend)->forward({{kv->get(), t, n, pos0}}, got.data()).ok());
+    ASSERT_TRUE(model->forward_cached({{ref.get(), t, n, pos0}}, want.data(), &ws).ok());
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  }
+}
 
 TEST(CpuBackend, BudgetBoundsBlocksAndFreesThemWithTheSequence) {
   auto model = tiny_model(Precision::kF32, KvCacheDtype::kF32);
