@@ -177,8 +177,9 @@ struct Row {
   double rollout = 0;  // --generate: the step's samples generated on the workers
   double step = 0, calibrate = 0, quantize = 0, serialize = 0, upload = 0, sync = 0;
   double mb = 0;
-  double upload_cpu = 0;                  // process CPU seconds during the upload
-  double sync_cpu = 0;                    // process CPU seconds during publish -> all hold it
+  double export_cpu = 0;  // process CPU seconds during the export
+  double upload_cpu = 0;  // process CPU seconds during the upload
+  double sync_cpu = 0;    // process CPU seconds during publish -> all hold it
   // Of the sync, on the slowest worker: its manifest to last byte verified (transfer + CRC-32C;
   // it overlaps the upload under cut-through), and writing the verified bytes into its model.
   double receive = 0, install = 0;
@@ -198,10 +199,10 @@ void print_row(const std::string& label, const Row& r, int workers) {
   const double copy = workers > 0 ? r.mb / r.sync : 0.0;
   std::printf(
       "%-8s %8.1f %8.3f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% "
-      "%9.3f %8.4f %3d/%d %8.3f %8.3f\n",
+      "%9.3f %8.4f %3d/%d %8.3f %8.3f %8.3f\n",
       label.c_str(), r.mb, r.rollout, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload,
       r.upload_cpu, r.sync, r.sync_cpu, copy, workers * copy, r.publish(), 100.0 * share,
-      r.old_calibrate, r.kv_diff, r.delta_pushes, r.pushes, r.receive, r.install);
+      r.old_calibrate, r.kv_diff, r.delta_pushes, r.pushes, r.receive, r.install, r.export_cpu);
 }
 
 // Largest |a - b| / b over the layers of both K and V scales.
@@ -325,10 +326,11 @@ int run(const Options& o) {
               o.upload_only ? ", upload only"
               : o.no_train  ? ", no training step"
                             : "");
-  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s %s %8s %8s\n",
-              "version", "MB", "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s",
-              "up_cpu_s", "sync_s", "sync_cpu", "copy_MB/s", "all_MB/s", "publ_s", "share",
-              "oldcal_s", "kv_diff", "deltas", "recv_s", "inst_s");
+  std::printf(
+      "%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s %s %8s %8s %8s\n",
+      "version", "MB", "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s",
+      "sync_s", "sync_cpu", "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s", "kv_diff",
+      "deltas", "recv_s", "inst_s", "exp_cpu");
   // One channel for every upload, as the trainer's publisher caches its channel per address.
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -384,7 +386,9 @@ int run(const Options& o) {
       old_scales = calibrator.scales(train::kKvCalibrationPercentile, train::kKvCalibrationMargin);
       r.old_calibrate = seconds_since(start);
     }
+    const double export_cpu0 = process_cpu_seconds();
     absl::StatusOr<train::Export> e = l.export_for_generation(Precision::kFP8, v, true);
+    r.export_cpu = process_cpu_seconds() - export_cpu0;
     if (!e.ok()) {
       std::fprintf(stderr, "export: %s\n", e.status().ToString().c_str());
       return 1;
@@ -431,9 +435,9 @@ int run(const Options& o) {
     r.sync_cpu = process_cpu_seconds() - sync_cpu0;
     for (size_t i = 0; i < workers.size(); ++i) {
       r.receive = std::max(r.receive, workers[i]->subscriber().stats().last_receive_seconds);
-      r.install = std::max(
-          r.install,
-          workers[i]->metrics().weight_install_seconds->get().snapshot().sum - install0[i]);
+      r.install =
+          std::max(r.install, workers[i]->metrics().weight_install_seconds->get().snapshot().sum -
+                                  install0[i]);
     }
     // The service counts a push after its last chunk went out, before the worker installs it.
     r.delta_pushes = static_cast<int>(metrics->pushes->with({"delta"}).value() - deltas0);
@@ -459,10 +463,9 @@ int run(const Options& o) {
       };
       Row m;
       m.mb = rows.back().mb;
-      for (double Row::*f :
-           {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize,
-            &Row::upload, &Row::upload_cpu, &Row::sync, &Row::sync_cpu, &Row::receive,
-            &Row::install}) {
+      for (double Row::*f : {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize,
+                             &Row::serialize, &Row::upload, &Row::upload_cpu, &Row::sync,
+                             &Row::sync_cpu, &Row::receive, &Row::install, &Row::export_cpu}) {
         m.*f = med(f);
       }
       print_row(path == 0 ? "med old" : "med new", m, static_cast<int>(workers.size()));
@@ -481,10 +484,9 @@ int run(const Options& o) {
       if (picked.empty()) continue;
       Row m;
       m.mb = rows.back().mb;
-      for (double Row::*f :
-           {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize,
-            &Row::upload, &Row::upload_cpu, &Row::sync, &Row::sync_cpu, &Row::receive,
-            &Row::install}) {
+      for (double Row::*f : {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize,
+                             &Row::serialize, &Row::upload, &Row::upload_cpu, &Row::sync,
+                             &Row::sync_cpu, &Row::receive, &Row::install, &Row::export_cpu}) {
         std::vector<double> v;
         for (const Row* r : picked) v.push_back(r->*f);
         m.*f = median(v);
@@ -504,7 +506,7 @@ int run(const Options& o) {
   for (double Row::*f :
        {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize, &Row::upload,
         &Row::upload_cpu, &Row::sync, &Row::sync_cpu, &Row::old_calibrate, &Row::kv_diff,
-        &Row::receive, &Row::install}) {
+        &Row::receive, &Row::install, &Row::export_cpu}) {
     m.*f = med(f);
   }
   print_row("median", m, static_cast<int>(workers.size()));

@@ -11,8 +11,8 @@
 #include "common/clock.h"
 #include "common/fs.h"
 #include "common/path_roots.h"
-#include "common/status_macros.h"
 #include "common/service/log.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "proto/algorithm_proto.h"
 #include "proto/precision_proto.h"
@@ -299,8 +299,8 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
   }
   // A sharded group uploads in parts, one per rank (docs/design/weight-sync-fanout.md "Parallel
   // upload from N trainer ranks"); any other group uploads from rank 0.
-  const bool in_parts = group_ != nullptr && group_->size() > 1 &&
-                        shard_ == train::ShardMode::kGradsOptimizer;
+  const bool in_parts =
+      group_ != nullptr && group_->size() > 1 && shard_ == train::ShardMode::kGradsOptimizer;
   if (group_ != nullptr && group_->rank() != 0 && !in_parts) {
     // Rank 0 uploads; the others take the same KV scales so their forwards stay the same.
     absl::StatusOr<train::Export> exported =
@@ -372,12 +372,13 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
   return response;
 }
 
-absl::StatusOr<int64_t> Trainer::agree_on_version(const std::string& address,
-                                                  int64_t above_version, uint64_t* upload_id) {
+absl::StatusOr<int64_t> Trainer::agree_on_version(const std::string& address, int64_t above_version,
+                                                  uint64_t* upload_id) {
   // Rank 0 asks weight sync and picks the attempt's id; one all-reduce (max) gives every rank
   // the same version, id, and whether rank 0 failed.
   const bool first = group_->rank() == 0;
-  absl::StatusOr<int64_t> latest = first ? publisher_->latest_version(address) : int64_t{0};
+  absl::StatusOr<int64_t> latest = int64_t{0};
+  if (first) latest = publisher_->latest_version(address);
   int64_t agreed[3] = {std::max({learner_->version(), learner_->published_version() + 1,
                                  above_version + 1, latest.ok() ? *latest + 1 : 0}),
                        first ? std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -396,8 +397,8 @@ absl::StatusOr<int64_t> Trainer::agree_on_version(const std::string& address,
 }
 
 absl::StatusOr<uint64_t> Trainer::upload_own_part(const std::string& address,
-                                                  const model::WeightSet& weights,
-                                                  Precision format, uint64_t upload_id) {
+                                                  const model::WeightSet& weights, Precision format,
+                                                  uint64_t upload_id) {
   // Every rank holds the whole working copy after the all-gather, so every rank builds the same
   // manifest (the service refuses a part whose manifest differs, naming the field) and uploads the
   // tensors of its own part.
@@ -405,8 +406,7 @@ absl::StatusOr<uint64_t> Trainer::upload_own_part(const std::string& address,
       weight_sync::build_manifest(weights, weight_format_to_proto(format));
   if (!manifest.ok()) return manifest.status();
   manifest->set_upload_id(upload_id);
-  FP8RL_RETURN_IF_ERROR(
-      weight_sync::plan_parts(&*manifest, static_cast<uint32_t>(group_->size())));
+  FP8RL_RETURN_IF_ERROR(weight_sync::plan_parts(&*manifest, static_cast<uint32_t>(group_->size())));
   manifest->set_part_index(static_cast<uint32_t>(group_->rank()));
   absl::StatusOr<weight_sync::PartRange> range = weight_sync::part_range(*manifest);
   if (!range.ok()) return range.status();

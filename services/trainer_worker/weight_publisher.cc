@@ -64,9 +64,10 @@ class GrpcWeightPublisher final : public WeightPublisher {
     absl::StatusOr<v1::UploadVersionResponse> response =
         weight_sync::upload_part(part_channels(address, 1).front(), manifest, tensors, options);
     if (!response.ok()) {
-      return absl::Status(response.status().code(),
-                          absl::StrCat("upload of part ", manifest.part_index(), " to weight sync at ",
-                                       address, ": ", response.status().message()));
+      return absl::Status(
+          response.status().code(),
+          absl::StrCat("upload of part ", manifest.part_index(), " to weight sync at ", address,
+                       ": ", response.status().message()));
     }
     return response->bytes_received();
   }

@@ -119,8 +119,8 @@ absl::StatusOr<v1::UploadVersionResponse> stream_upload_zero_copy(
                                          grpc::internal::RpcMethod::CLIENT_STREAMING);
   grpc::ByteBuffer response_buffer;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method,
-                                                                    &context, &response_buffer));
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &context,
+                                                                    &response_buffer));
   bool stream_ok = false;
   {
     v1::UploadVersionRequest request;
@@ -133,8 +133,8 @@ absl::StatusOr<v1::UploadVersionResponse> stream_upload_zero_copy(
         writer->Write(buffer);
   }
   std::vector<grpc::Slice> slices;
-  size_t tensor = 0;     // tensors[tensor] is the next to send from
-  uint64_t within = 0;   // bytes of it already sent
+  size_t tensor = 0;               // tensors[tensor] is the next to send from
+  uint64_t within = 0;             // bytes of it already sent
   uint64_t offset = first_offset;  // payload offset of the next chunk
   while (stream_ok) {
     slices.clear();
@@ -686,9 +686,9 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
         tapping = true;
       }
       absl::StatusOr<std::span<char>> target = receiver_.target(mapped.manifest());
-      absl::Status s = target.ok() ? assembler.begin_into(std::move(*mapped.mutable_manifest()),
-                                                          *target)
-                                   : target.status();
+      absl::Status s = target.ok()
+                           ? assembler.begin_into(std::move(*mapped.mutable_manifest()), *target)
+                           : target.status();
       if (!s.ok()) {
         tap_end(false);
         reject(version, s);
@@ -696,11 +696,10 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
         continue;
       }
       in_place = *target;
-      s = read_same_host_file(
-          mapped.path(), &assembler, total, kDefaultChunkBytes,
-          [&](uint64_t offset, std::span<const char> bytes) {
-            if (tapping) tap->bytes(offset, bytes);
-          });
+      s = read_same_host_file(mapped.path(), &assembler, total, kDefaultChunkBytes,
+                              [&](uint64_t offset, std::span<const char> bytes) {
+                                if (tapping) tap->bytes(offset, bytes);
+                              });
       if (!s.ok()) {
         // Nothing of it reaches the model. Take it (and what follows) over a new stream.
         tap_end(false);
@@ -719,8 +718,7 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
         } else {
           reject(version, s);
           want_stream_ = true;
-          service::log_warn(kComponent,
-                            "same-host file failed verification; taking it over TCP",
+          service::log_warn(kComponent, "same-host file failed verification; taking it over TCP",
                             {{"worker", options_.worker_id},
                              {"version", absl::StrCat(version)},
                              {"error", std::string(s.message())}});

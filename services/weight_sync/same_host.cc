@@ -40,7 +40,7 @@ absl::StatusOr<SameHostMode> parse_same_host_mode(std::string_view value, std::s
   if (value == "off") return SameHostMode::kOff;
   if (value == "auto") return SameHostMode::kAuto;
   return absl::InvalidArgumentError(
-      absl::StrCat(field, ": must be off or auto, got '", value, "'"));
+      absl::StrCat(std::string(field), ": must be off or auto, got '", std::string(value), "'"));
 }
 
 std::string_view same_host_mode_name(SameHostMode mode) {
@@ -59,8 +59,8 @@ absl::StatusOr<std::shared_ptr<const SameHostFile>> SameHostFile::write(const st
                                                                         int64_t version,
                                                                         std::string_view payload) {
   static std::atomic<uint64_t> counter{0};
-  const std::string path = absl::StrCat(dir, "/fp8rl-weights-", ::getpid(), "-", version, "-",
-                                        counter.fetch_add(1));
+  const std::string path =
+      absl::StrCat(dir, "/fp8rl-weights-", ::getpid(), "-", version, "-", counter.fetch_add(1));
   Fd f;
   f.fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
   if (f.fd < 0) {

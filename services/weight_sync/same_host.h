@@ -27,10 +27,10 @@ enum class SameHostMode { kOff, kAuto };
 absl::StatusOr<SameHostMode> parse_same_host_mode(std::string_view value, std::string_view field);
 std::string_view same_host_mode_name(SameHostMode mode);
 
-// This host's identity for the shortcut: the kernel's boot id and the hostname ("<boot id>/<host>").
-// Two processes with the same id run on one kernel; whether they also share the directory the
-// file is written to is found out by opening it (a worker that cannot falls back to TCP). Empty
-// when neither can be read (then nothing is offered or asked for).
+// This host's identity for the shortcut: the kernel's boot id and the hostname ("<boot
+// id>/<host>"). Two processes with the same id run on one kernel; whether they also share the
+// directory the file is written to is found out by opening it (a worker that cannot falls back to
+// TCP). Empty when neither can be read (then nothing is offered or asked for).
 std::string local_host_id();
 
 // One version's payload in a file of its own under a shared directory, written whole before
@@ -81,7 +81,7 @@ class SameHostFiles {
   // Guards newest_ and after_write_; held while the newest version's file is written, so a
   // second stream waits for it instead of writing its own.
   std::mutex mu_;
-  std::shared_ptr<const SameHostFile> newest_;                 // guarded by mu_
+  std::shared_ptr<const SameHostFile> newest_;                // guarded by mu_
   std::function<void(const std::string& path)> after_write_;  // guarded by mu_
 };
 

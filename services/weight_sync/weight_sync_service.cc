@@ -953,8 +953,7 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
       }
     }
     if (file == nullptr && options_.deltas && base != nullptr &&
-        base->manifest.format() == next->manifest.format() &&
-        acked_number == base->version()) {
+        base->manifest.format() == next->manifest.format() && acked_number == base->version()) {
       PushChooser::Choice choice{PushKind::kDelta, false};
       if (options_.delta_choice == WeightSyncOptions::DeltaChoice::kMeasured) {
         choice = chooser.choose();

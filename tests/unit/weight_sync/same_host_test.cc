@@ -3,6 +3,8 @@
 // bytes a worker receiving over TCP installs; a corrupted file is refused by its CRC-32C and the
 // version then arrives over TCP; a file the worker cannot open makes it fall back to TCP for good;
 // nothing but complete, verified versions is ever installed; the files are removed afterwards.
+#include "services/weight_sync/same_host.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,7 +16,6 @@
 
 #include "services/weight_sync/client.h"
 #include "services/weight_sync/payload.h"
-#include "services/weight_sync/same_host.h"
 #include "services/weight_sync/weight_sync_config.h"
 #include "tests/unit/weight_sync/test_server.h"
 #include "tests/unit/weight_sync/test_weights.h"
@@ -67,8 +68,8 @@ std::string concat(const model::WeightSet& set) {
 
 // A fresh directory for one test's files.
 std::string fresh_dir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/fp8rl-same-host-", name, "-",
-                                       ::getpid());
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/fp8rl-same-host-", name, "-", ::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
