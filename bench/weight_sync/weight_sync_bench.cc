@@ -74,14 +74,15 @@ struct Options {
   // nor 1-2 (they build the worker's slots).
   int ab_block = 0;
   // What --ab switches: "all" (the previous push path above, plus the service's two message
-  // copies below) or "service" (only those: upload chunks copied from gRPC's slices straight into
-  // the payload vs parsed into a message and appended; pushed chunks sent as slices over the
-  // stored version vs copied into a SubscribeResponse that gRPC serializes), or "cut-through"
-  // (only that: a version pushed while its upload arrives vs once it is stored), or "same-host"
-  // (only that: the workers, on weight sync's host, read each version from its same-host file vs
-  // receive it over TCP; docs/design/weight-sync.md "Same-host mapping"), or "upload-copy" (only
-  // that: upload chunks written as slices over the tensors vs copied into messages), or "publish"
-  // (both: the publish path before and after the same-host file and the zero-copy upload).
+  // copies below and the trainer's copy of upload chunks into messages) or "service" (only those:
+  // upload chunks copied from gRPC's slices straight into the payload vs parsed into a message and
+  // appended; pushed chunks sent as slices over the stored version vs copied into a
+  // SubscribeResponse that gRPC serializes), or "cut-through" (only that: a version pushed while
+  // its upload arrives vs once it is stored), or "same-host" (only that: the workers, on weight
+  // sync's host, read each version from its same-host file vs receive it over TCP;
+  // docs/design/weight-sync.md "Same-host mapping"), or "upload-copy" (only that: upload chunks
+  // written as slices over the tensors vs copied into messages), or "publish" (both: the publish
+  // path before and after the same-host file and the zero-copy upload).
   std::string ab_what = "all";
   // Weight sync offers its same-host file to the workers (--same-host auto) for every version.
   bool same_host = false;

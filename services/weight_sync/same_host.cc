@@ -9,9 +9,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace fp8rl::weight_sync {
@@ -83,9 +85,32 @@ absl::StatusOr<std::shared_ptr<const SameHostFile>> SameHostFile::write(const st
 
 SameHostFile::~SameHostFile() { ::unlink(path_.c_str()); }
 
+int remove_orphaned_same_host_files(const std::string& dir) {
+  std::error_code ec;
+  int removed = 0;
+  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    constexpr std::string_view kPrefix = "fp8rl-weights-";
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    const size_t dash = name.find('-', kPrefix.size());
+    int64_t pid = 0;
+    if (dash == std::string::npos ||
+        !absl::SimpleAtoi(name.substr(kPrefix.size(), dash - kPrefix.size()), &pid) || pid <= 0) {
+      continue;
+    }
+    if (std::filesystem::exists(absl::StrCat("/proc/", pid), ec)) continue;  // still running
+    if (std::filesystem::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
 absl::StatusOr<std::shared_ptr<const SameHostFile>> SameHostFiles::file_for(
     int64_t version, std::string_view payload) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!cleaned_) {
+    cleaned_ = true;
+    remove_orphaned_same_host_files(dir_);
+  }
   if (newest_ != nullptr && newest_->version() == version && newest_->bytes() == payload.size()) {
     return newest_;
   }

@@ -81,9 +81,16 @@ class SameHostFiles {
   // Guards newest_ and after_write_; held while the newest version's file is written, so a
   // second stream waits for it instead of writing its own.
   std::mutex mu_;
-  std::shared_ptr<const SameHostFile> newest_;                // guarded by mu_
+  std::shared_ptr<const SameHostFile> newest_;  // guarded by mu_
+  bool cleaned_ = false;  // guarded by mu_; orphaned files removed (first file_for)
   std::function<void(const std::string& path)> after_write_;  // guarded by mu_
 };
+
+// Removes the same-host files under `dir` left by weight-sync processes that no longer run (a
+// killed process cannot unlink its files; /proc/<pid> of the name's pid is gone). Files of
+// running processes are left alone. Returns how many were removed. SameHostFiles calls it once,
+// before writing its first file.
+int remove_orphaned_same_host_files(const std::string& dir);
 
 // A worker's side: reads `path` into `assembler` (begun with begin_into for the version's
 // manifest) in pieces of `piece_bytes`, each through chunk_target / commit_chunk, so every tensor's

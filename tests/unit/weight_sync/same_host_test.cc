@@ -214,6 +214,21 @@ TEST(SameHost, OffSendsOverTheStream) {
   std::filesystem::remove_all(dir);
 }
 
+// Files left by a weight sync that was killed (its pid no longer runs) are removed before the
+// first file is written; files of running processes and other files are left alone.
+TEST(SameHost, OrphanedFilesOfDeadProcessesAreRemoved) {
+  const std::string dir = fresh_dir("orphans");
+  const std::string dead = dir + "/fp8rl-weights-99999999-7-0";  // above any pid_max
+  const std::string mine = absl::StrCat(dir, "/fp8rl-weights-", ::getpid(), "-7-1");
+  const std::string other = dir + "/not-ours";
+  for (const std::string& path : {dead, mine, other}) std::ofstream(path) << "bytes";
+  EXPECT_EQ(remove_orphaned_same_host_files(dir), 1);
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(mine));
+  EXPECT_TRUE(std::filesystem::exists(other));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SameHost, FlagsNameTheirErrors) {
   absl::StatusOr<SameHostMode> bad = parse_same_host_mode("on", "--same-host");
   ASSERT_FALSE(bad.ok());
