@@ -93,7 +93,8 @@ class Trainer {
   // Forms (size > 1) or leaves (size 1) a data-parallel group (trainer.proto JoinGroup; the
   // updates in docs/design/training.md "Trainer groups"). Blocks until every rank joined or the
   // timeout. Replaces any earlier group. In a group, Publish on rank != 0 only sets the KV scales
-  // (every rank's forward must use the same ones) and uploads nothing.
+  // (every rank's forward must use the same ones) and uploads nothing, except under shard
+  // grads_optimizer, where every rank uploads its own part of the version.
   absl::StatusOr<v1::JoinGroupResponse> join_group(const v1::JoinGroupRequest& request);
 
   // The loss and parameter gradient TrainStep would apply for the whole request batch taken as
