@@ -7,7 +7,7 @@
 # extra calibration pass (oldcal_s, kv_diff columns), GENERATE=1 to start each step with rollouts on
 # the workers (--generate: the share is then that of a whole GRPO step), NO_TRAIN=1 for the push
 # path alone (--no-train), AB=N to alternate the previous and the current push path every N versions
-# (--ab N, medians per path), AB_WHAT=service to switch only the weight-sync service's message copies (AB_WHAT=cut-through: only cut-through)
+# (--ab N, medians per path), AB_WHAT=service to switch only the weight-sync service's message copies (AB_WHAT=cut-through: only cut-through; same-host, upload-copy, publish: the same-host file, the zero-copy upload, both)
 # (--ab-what service), UPLOAD_PARTS=1,2,4 to upload versions in that many parts in turn (parallel
 # upload, --upload-parts; medians per part count).
 set -euo pipefail

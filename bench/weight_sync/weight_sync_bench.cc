@@ -74,11 +74,18 @@ struct Options {
   // nor 1-2 (they build the worker's slots).
   int ab_block = 0;
   // What --ab switches: "all" (the previous push path above, plus the service's two message
-  // copies below) or "service" (only those: upload chunks copied from gRPC's slices straight into
-  // the payload vs parsed into a message and appended; pushed chunks sent as slices over the
-  // stored version vs copied into a SubscribeResponse that gRPC serializes), or "cut-through"
-  // (only that: a version pushed while its upload arrives vs once it is stored).
+  // copies below and the trainer's copy of upload chunks into messages) or "service" (only those:
+  // upload chunks copied from gRPC's slices straight into the payload vs parsed into a message and
+  // appended; pushed chunks sent as slices over the stored version vs copied into a
+  // SubscribeResponse that gRPC serializes), or "cut-through" (only that: a version pushed while
+  // its upload arrives vs once it is stored), or "same-host" (only that: the workers, on weight
+  // sync's host, read each version from its same-host file vs receive it over TCP;
+  // docs/design/weight-sync.md "Same-host mapping"), or "upload-copy" (only that: upload chunks
+  // written as slices over the tensors vs copied into messages), or "publish" (both: the publish
+  // path before and after the same-host file and the zero-copy upload).
   std::string ab_what = "all";
+  // Weight sync offers its same-host file to the workers (--same-host auto) for every version.
+  bool same_host = false;
   // Parallel upload: version v is uploaded in upload_parts[(v - 1) % size] parts on as many
   // streams, each on its own connection (weight_sync::upload_parallel); more than one entry
   // rotates them version by version in one run and prints a median per part count.
@@ -90,18 +97,20 @@ void usage() {
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
                "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK] "
-               "[--ab-what all|service|cut-through] [--upload-parts N[,N...]]\n");
+               "[--ab-what all|service|cut-through|same-host|upload-copy|publish] [--same-host] "
+               "[--upload-parts N[,N...]]\n");
 }
 
 bool parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--delta" || a == "--compare-kv" || a == "--upload-only" || a == "--generate" ||
-        a == "--no-train") {
+        a == "--no-train" || a == "--same-host") {
       (a == "--delta"        ? o->delta
        : a == "--compare-kv" ? o->compare_kv
        : a == "--generate"   ? o->generate
        : a == "--no-train"   ? o->no_train
+       : a == "--same-host"  ? o->same_host
                              : o->upload_only) = true;
       continue;
     }
@@ -130,8 +139,11 @@ bool parse(int argc, char** argv, Options* o) {
         o->upload_parts.push_back(n);
       }
     } else if (a == "--ab-what") {
-      if (v != "all" && v != "service" && v != "cut-through") {
-        std::fprintf(stderr, "--ab-what: expected all, service or cut-through, got '%s'\n",
+      if (v != "all" && v != "service" && v != "cut-through" && v != "same-host" &&
+          v != "upload-copy" && v != "publish") {
+        std::fprintf(stderr,
+                     "--ab-what: expected all, service, cut-through, same-host, upload-copy or "
+                     "publish, got '%s'\n",
                      v.c_str());
         return false;
       }
@@ -166,8 +178,12 @@ struct Row {
   double rollout = 0;  // --generate: the step's samples generated on the workers
   double step = 0, calibrate = 0, quantize = 0, serialize = 0, upload = 0, sync = 0;
   double mb = 0;
-  double upload_cpu = 0;                  // process CPU seconds during the upload
-  double sync_cpu = 0;                    // process CPU seconds during publish -> all hold it
+  double export_cpu = 0;  // process CPU seconds during the export
+  double upload_cpu = 0;  // process CPU seconds during the upload
+  double sync_cpu = 0;    // process CPU seconds during publish -> all hold it
+  // Of the sync, on the slowest worker: its manifest to last byte verified (transfer + CRC-32C;
+  // it overlaps the upload under cut-through), and writing the verified bytes into its model.
+  double receive = 0, install = 0;
   double old_calibrate = 0, kv_diff = 0;  // --compare-kv
   int delta_pushes = 0, pushes = 0;       // of this version, to the workers (deltas column)
   int parts = 1;                          // upload parts (streams)
@@ -184,10 +200,10 @@ void print_row(const std::string& label, const Row& r, int workers) {
   const double copy = workers > 0 ? r.mb / r.sync : 0.0;
   std::printf(
       "%-8s %8.1f %8.3f %8.3f %8.4f %8.4f %8.3f %8.1f %8.3f %8.3f %8.3f %9.1f %8.1f %8.3f %6.1f%% "
-      "%9.3f %8.4f %3d/%d\n",
+      "%9.3f %8.4f %3d/%d %8.3f %8.3f %8.3f\n",
       label.c_str(), r.mb, r.rollout, r.step, r.calibrate, r.quantize, r.serialize, r.mb / r.upload,
       r.upload_cpu, r.sync, r.sync_cpu, copy, workers * copy, r.publish(), 100.0 * share,
-      r.old_calibrate, r.kv_diff, r.delta_pushes, r.pushes);
+      r.old_calibrate, r.kv_diff, r.delta_pushes, r.pushes, r.receive, r.install, r.export_cpu);
 }
 
 // Largest |a - b| / b over the layers of both K and V scales.
@@ -201,8 +217,16 @@ double max_relative_difference(const model::KvScales& a, const model::KvScales& 
 }
 
 // --ab: the current push path (`current`) or the previous one, on the service and every worker.
+// `upload` is what the next uploads use.
 void set_push_path(bool current, const std::string& what, weight_sync::WeightSyncServiceImpl& sync,
-                   const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers) {
+                   const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers,
+                   weight_sync::UploadOptions* upload) {
+  upload->zero_copy = current || (what != "all" && what != "upload-copy" && what != "publish");
+  if (what == "same-host" || what == "publish") {
+    sync.set_same_host(current);  // "old": every version over TCP
+    return;
+  }
+  if (what == "upload-copy") return;
   sync.set_cut_through(current);
   if (what == "cut-through") return;
   sync.set_zero_copy_send(current);
@@ -255,6 +279,7 @@ int run(const Options& o) {
       weight_sync::WeightSyncMetrics::create(&registry).value();
   weight_sync::WeightSyncOptions sync_options;
   sync_options.deltas = o.delta;  // full versions unless --delta
+  if (o.same_host) sync_options.same_host = weight_sync::SameHostMode::kAuto;
   weight_sync::WeightSyncServiceImpl sync(sync_options, metrics.get());
   absl::StatusOr<std::unique_ptr<service::GrpcServer>> server =
       service::GrpcServer::start({.address = "127.0.0.1:0"}, {&sync});
@@ -302,10 +327,11 @@ int run(const Options& o) {
               o.upload_only ? ", upload only"
               : o.no_train  ? ", no training step"
                             : "");
-  std::printf("%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s %s\n",
-              "version", "MB", "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s",
-              "up_cpu_s", "sync_s", "sync_cpu", "copy_MB/s", "all_MB/s", "publ_s", "share",
-              "oldcal_s", "kv_diff", "deltas");
+  std::printf(
+      "%-8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %9s %8s %8s %7s %9s %8s %s %8s %8s %8s\n",
+      "version", "MB", "gen_s", "step_s", "calib_s", "quant_s", "serial_s", "up_MB/s", "up_cpu_s",
+      "sync_s", "sync_cpu", "copy_MB/s", "all_MB/s", "publ_s", "share", "oldcal_s", "kv_diff",
+      "deltas", "recv_s", "inst_s", "exp_cpu");
   // One channel for every upload, as the trainer's publisher caches its channel per address.
   const std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -317,6 +343,7 @@ int run(const Options& o) {
     part_channels.push_back(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   }
+  weight_sync::UploadOptions upload_options;  // --ab may switch its zero_copy
   std::vector<Row> rows;
   std::vector<int> row_path;  // --ab: 0 old, 1 new, -1 first of a block
   for (int v = 1; v <= o.versions; ++v) {
@@ -324,7 +351,7 @@ int run(const Options& o) {
     r.parts = o.upload_parts[static_cast<size_t>(v - 1) % o.upload_parts.size()];
     if (o.ab_block > 0) {
       const bool old_path = (v - 1) / o.ab_block % 2 == 0;
-      set_push_path(!old_path, o.ab_what, sync, workers);
+      set_push_path(!old_path, o.ab_what, sync, workers, &upload_options);
       // Versions 1-2 build the worker's two slots; the first of a block inherits buffers.
       row_path.push_back(v <= 2 || (v - 1) % o.ab_block == 0 ? -1 : old_path ? 0 : 1);
     }
@@ -360,7 +387,9 @@ int run(const Options& o) {
       old_scales = calibrator.scales(train::kKvCalibrationPercentile, train::kKvCalibrationMargin);
       r.old_calibrate = seconds_since(start);
     }
+    const double export_cpu0 = process_cpu_seconds();
     absl::StatusOr<train::Export> e = l.export_for_generation(Precision::kFP8, v, true);
+    r.export_cpu = process_cpu_seconds() - export_cpu0;
     if (!e.ok()) {
       std::fprintf(stderr, "export: %s\n", e.status().ToString().c_str());
       return 1;
@@ -381,9 +410,9 @@ int run(const Options& o) {
     const double cpu0 = process_cpu_seconds();
     absl::StatusOr<v1::UploadVersionResponse> up =
         r.parts == 1
-            ? weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8)
+            ? weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8, upload_options)
             : weight_sync::upload_parallel(part_channels, e->weights, v1::WEIGHT_FORMAT_FP8,
-                                           static_cast<uint32_t>(r.parts));
+                                           static_cast<uint32_t>(r.parts), upload_options);
     if (!up.ok()) {
       std::fprintf(stderr, "upload: %s\n", up.status().ToString().c_str());
       return 1;
@@ -391,6 +420,10 @@ int run(const Options& o) {
     r.upload = seconds_since(start) - r.serialize;
     r.upload_cpu = process_cpu_seconds() - cpu0;
     l.set_published(v);
+    std::vector<double> install0;
+    for (auto& w : workers) {
+      install0.push_back(w->metrics().weight_install_seconds->get().snapshot().sum);
+    }
     start = Clock::now();
     const double sync_cpu0 = process_cpu_seconds();
     for (auto& w : workers) {
@@ -401,6 +434,12 @@ int run(const Options& o) {
     }
     r.sync = seconds_since(start);
     r.sync_cpu = process_cpu_seconds() - sync_cpu0;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      r.receive = std::max(r.receive, workers[i]->subscriber().stats().last_receive_seconds);
+      r.install =
+          std::max(r.install, workers[i]->metrics().weight_install_seconds->get().snapshot().sum -
+                                  install0[i]);
+    }
     // The service counts a push after its last chunk went out, before the worker installs it.
     r.delta_pushes = static_cast<int>(metrics->pushes->with({"delta"}).value() - deltas0);
     r.pushes = r.delta_pushes + static_cast<int>(metrics->pushes->with({"full"}).value() - fulls0);
@@ -425,9 +464,9 @@ int run(const Options& o) {
       };
       Row m;
       m.mb = rows.back().mb;
-      for (double Row::*f :
-           {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize,
-            &Row::upload, &Row::upload_cpu, &Row::sync, &Row::sync_cpu}) {
+      for (double Row::*f : {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize,
+                             &Row::serialize, &Row::upload, &Row::upload_cpu, &Row::sync,
+                             &Row::sync_cpu, &Row::receive, &Row::install, &Row::export_cpu}) {
         m.*f = med(f);
       }
       print_row(path == 0 ? "med old" : "med new", m, static_cast<int>(workers.size()));
@@ -446,9 +485,9 @@ int run(const Options& o) {
       if (picked.empty()) continue;
       Row m;
       m.mb = rows.back().mb;
-      for (double Row::*f :
-           {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize,
-            &Row::upload, &Row::upload_cpu, &Row::sync, &Row::sync_cpu}) {
+      for (double Row::*f : {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize,
+                             &Row::serialize, &Row::upload, &Row::upload_cpu, &Row::sync,
+                             &Row::sync_cpu, &Row::receive, &Row::install, &Row::export_cpu}) {
         std::vector<double> v;
         for (const Row* r : picked) v.push_back(r->*f);
         m.*f = median(v);
@@ -467,7 +506,8 @@ int run(const Options& o) {
   m.mb = rows.back().mb;
   for (double Row::*f :
        {&Row::rollout, &Row::step, &Row::calibrate, &Row::quantize, &Row::serialize, &Row::upload,
-        &Row::upload_cpu, &Row::sync, &Row::sync_cpu, &Row::old_calibrate, &Row::kv_diff}) {
+        &Row::upload_cpu, &Row::sync, &Row::sync_cpu, &Row::old_calibrate, &Row::kv_diff,
+        &Row::receive, &Row::install, &Row::export_cpu}) {
     m.*f = med(f);
   }
   print_row("median", m, static_cast<int>(workers.size()));

@@ -392,7 +392,7 @@ class GroupTrainerClient final : public TrainerClient {
     if (stats.ok()) stats->values["trainer_group_size"] = static_cast<double>(members_.size());
     return stats;
   }
-  // Every rank takes the new KV scales; rank 0 uploads.
+  // Every rank takes the new KV scales; rank 0 uploads (a sharded group: every rank its part).
   absl::StatusOr<int64_t> publish(bool calibrate_kv_scales, int64_t above_version) override {
     return on_all<int64_t>("Publish", [&](GrpcTrainerClient& c, int) {
       return c.publish(calibrate_kv_scales, above_version);

@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<GenerationWorker>> GenerationWorker::start(
 
   weight_sync::SubscriberOptions sub_options;
   sub_options.worker_id = w->name_;
+  sub_options.same_host = config.weight_same_host == weight_sync::SameHostMode::kAuto;
   if (w->relay_ != nullptr) {
     sub_options.relay_address = address;
     sub_options.relay_stall_timeout = std::chrono::milliseconds(config.relay_stall_ms);

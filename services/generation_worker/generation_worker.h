@@ -65,6 +65,7 @@ class GenerationWorker {
   weight_sync::WeightRelay* relay() { return relay_.get(); }
   const WeightDoubleBuffer& weight_buffer() const { return *weights_; }
   service::MetricsRegistry& metrics_registry() { return registry_; }
+  GenerationMetrics& metrics() { return *metrics_; }
 
  private:
   explicit GenerationWorker(const GenerationWorkerConfig& config) : config_(config) {}

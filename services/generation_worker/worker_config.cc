@@ -98,7 +98,12 @@ void add_flags(flags::FlagTable& table, GenerationWorkerConfig* config, FlagText
       .add_bool("weight-relay", &config->weight_relay,
                 "serve Subscribe and pass versions on (weight sync --fanout chain|tree:K)")
       .add_int("relay-stall-ms", &config->relay_stall_ms, 100, 3600000,
-               "an upstream relay silent this long while a newer version exists is left");
+               "an upstream relay silent this long while a newer version exists is left")
+      .add_enum(
+          "weight-same-host", &config->weight_same_host,
+          {{"off", weight_sync::SameHostMode::kOff}, {"auto", weight_sync::SameHostMode::kAuto}},
+          "auto: on weight sync's host, read versions from its same-host file (TCP "
+          "otherwise)");
 }
 
 GenerationWorkerConfig defaults() {

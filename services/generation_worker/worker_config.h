@@ -15,6 +15,7 @@
 #include "model/device.h"
 #include "services/generation_worker/scheduler.h"
 #include "services/generation_worker/weight_loader.h"
+#include "services/weight_sync/same_host.h"
 
 namespace fp8rl::generation {
 
@@ -44,6 +45,10 @@ struct GenerationWorkerConfig {
   bool weight_relay = false;
   // --relay-stall-ms: an upstream relay silent this long while a newer version exists is left.
   int64_t relay_stall_ms = 10000;
+  // --weight-same-host off|auto: on weight sync's host (run with --same-host auto), read each
+  // version from the file weight sync writes there instead of over TCP; a worker that cannot
+  // read it says so and takes versions over TCP (docs/design/weight-sync.md "Same-host mapping").
+  weight_sync::SameHostMode weight_same_host = weight_sync::SameHostMode::kAuto;
   // One line per deprecated flag name used ("--metrics-port is deprecated; use --http-port").
   std::vector<std::string> warnings;
 };

@@ -74,8 +74,8 @@ int run(const std::vector<std::string>& args) {
   absl::StatusOr<std::unique_ptr<trainer::TrainerMetrics>> metrics =
       trainer::TrainerMetrics::create(&registry);
   if (!metrics.ok()) return fail(metrics.status());
-  std::unique_ptr<trainer::WeightPublisher> publisher =
-      trainer::make_grpc_weight_publisher(kPublishTimeout, security->client);
+  std::unique_ptr<trainer::WeightPublisher> publisher = trainer::make_grpc_weight_publisher(
+      kPublishTimeout, security->client, static_cast<uint32_t>(config->upload_streams));
   trainer::TrainerOptions options;
   options.worker_id = config->worker_id;
   options.default_weight_sync_address = config->weight_sync;

@@ -12,12 +12,14 @@
 #include "common/fs.h"
 #include "common/path_roots.h"
 #include "common/service/log.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "proto/algorithm_proto.h"
 #include "proto/precision_proto.h"
 #include "proto/step_metrics_proto.h"
 #include "rl/mismatch.h"
 #include "services/trainer_worker/rendezvous_client.h"
+#include "services/weight_sync/payload.h"
 #include "train/checkpoint.h"
 #include "train/collectives.h"
 #ifdef FP8RL_HAVE_NCCL
@@ -313,7 +315,11 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
     if (!f.ok()) return f.status();
     format = *f;
   }
-  if (group_ != nullptr && group_->rank() != 0) {
+  // A sharded group uploads in parts, one per rank (docs/design/weight-sync-fanout.md "Parallel
+  // upload from N trainer ranks"); any other group uploads from rank 0.
+  const bool in_parts =
+      group_ != nullptr && group_->size() > 1 && shard_ == train::ShardMode::kGradsOptimizer;
+  if (group_ != nullptr && group_->rank() != 0 && !in_parts) {
     // Rank 0 uploads; the others take the same KV scales so their forwards stay the same.
     absl::StatusOr<train::Export> exported =
         learner_->export_for_generation(format, learner_->version(), request.calibrate_kv_scales());
@@ -326,26 +332,34 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
   const std::string address = request.weight_sync_address().empty()
                                   ? options_.default_weight_sync_address
                                   : request.weight_sync_address();
-  absl::StatusOr<int64_t> latest = publisher_->latest_version(address);
-  if (!latest.ok()) return latest.status();
-  const int64_t version = std::max({learner_->version(), learner_->published_version() + 1,
-                                    *latest + 1, request.above_version() + 1});
+  uint64_t upload_id = 0;  // in parts: the attempt's id, the same on every rank
+  absl::StatusOr<int64_t> version = absl::UnknownError("not computed");
+  if (in_parts) {
+    version = agree_on_version(address, request.above_version(), &upload_id);
+  } else {
+    absl::StatusOr<int64_t> latest = publisher_->latest_version(address);
+    if (!latest.ok()) return latest.status();
+    version = std::max({learner_->version(), learner_->published_version() + 1, *latest + 1,
+                        request.above_version() + 1});
+  }
+  if (!version.ok()) return version.status();
 
   absl::StatusOr<train::Export> exported =
-      learner_->export_for_generation(format, version, request.calibrate_kv_scales());
+      learner_->export_for_generation(format, *version, request.calibrate_kv_scales());
   if (!exported.ok()) return exported.status();
   const auto start = Clock::now();
   absl::StatusOr<uint64_t> bytes =
-      publisher_->upload(address, exported->weights, weight_format_to_proto(format));
+      in_parts ? upload_own_part(address, exported->weights, format, upload_id)
+               : publisher_->upload(address, exported->weights, weight_format_to_proto(format));
   if (!bytes.ok()) return bytes.status();
   const double upload_seconds = seconds_since(start);
-  learner_->set_published(version);
+  learner_->set_published(*version);
   update_status();
 
   const train::ScaleStats& ws = exported->weight_scale_inv;
   const train::ScaleStats &ks = exported->k_scale, &vs = exported->v_scale;
   v1::PublishResponse response;
-  response.set_version(version);
+  response.set_version(*version);
   response.set_bytes(*bytes);
   response.set_quantize_seconds(exported->quantize_seconds);
   response.set_calibrate_seconds(exported->calibrate_seconds);
@@ -357,7 +371,7 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
                                                            static_cast<double>(ks.count + vs.count)
                                                      : 0.0);
   if (metrics_ != nullptr) {
-    metrics_->policy_version->get().set(static_cast<double>(version));
+    metrics_->policy_version->get().set(static_cast<double>(*version));
     metrics_->phase_seconds->with({"quantize"}).set(exported->quantize_seconds);
     metrics_->phase_seconds->with({"calibrate"}).set(exported->calibrate_seconds);
     metrics_->phase_seconds->with({"publish"}).set(upload_seconds);
@@ -374,6 +388,51 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
   }
   last_published_ = std::move(exported->weights);
   return response;
+}
+
+absl::StatusOr<int64_t> Trainer::agree_on_version(const std::string& address, int64_t above_version,
+                                                  uint64_t* upload_id) {
+  // Rank 0 asks weight sync and picks the attempt's id; one all-reduce (max) gives every rank
+  // the same version, id, and whether rank 0 failed.
+  const bool first = group_->rank() == 0;
+  absl::StatusOr<int64_t> latest = int64_t{0};
+  if (first) latest = publisher_->latest_version(address);
+  int64_t agreed[3] = {std::max({learner_->version(), learner_->published_version() + 1,
+                                 above_version + 1, latest.ok() ? *latest + 1 : 0}),
+                       first ? std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count()
+                             : 0,
+                       latest.ok() ? 0 : 1};
+  FP8RL_RETURN_IF_ERROR(
+      group_->all_reduce(std::span<int64_t>(agreed), train::ReduceOp::kMax, "publish version"));
+  if (!latest.ok()) return latest.status();
+  if (agreed[2] != 0) {
+    return absl::AbortedError("rank 0 could not reach weight sync for the version to publish");
+  }
+  *upload_id = static_cast<uint64_t>(agreed[1]);
+  return agreed[0];
+}
+
+absl::StatusOr<uint64_t> Trainer::upload_own_part(const std::string& address,
+                                                  const model::WeightSet& weights, Precision format,
+                                                  uint64_t upload_id) {
+  // Every rank holds the whole working copy after the all-gather, so every rank builds the same
+  // manifest (the service refuses a part whose manifest differs, naming the field) and uploads the
+  // tensors of its own part.
+  absl::StatusOr<v1::VersionManifest> manifest =
+      weight_sync::build_manifest(weights, weight_format_to_proto(format));
+  if (!manifest.ok()) return manifest.status();
+  manifest->set_upload_id(upload_id);
+  FP8RL_RETURN_IF_ERROR(weight_sync::plan_parts(&*manifest, static_cast<uint32_t>(group_->size())));
+  manifest->set_part_index(static_cast<uint32_t>(group_->rank()));
+  absl::StatusOr<weight_sync::PartRange> range = weight_sync::part_range(*manifest);
+  if (!range.ok()) return range.status();
+  return publisher_->upload_part(
+      address, *manifest,
+      std::span<const model::NamedTensor>(weights.tensors)
+          .subspan(static_cast<size_t>(range->first_tensor),
+                   static_cast<size_t>(range->end_tensor - range->first_tensor)));
 }
 
 absl::StatusOr<v1::SaveCheckpointResponse> Trainer::save_checkpoint(

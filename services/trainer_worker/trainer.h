@@ -93,7 +93,8 @@ class Trainer {
   // Forms (size > 1) or leaves (size 1) a data-parallel group (trainer.proto JoinGroup; the
   // updates in docs/design/training.md "Trainer groups"). Blocks until every rank joined or the
   // timeout. Replaces any earlier group. In a group, Publish on rank != 0 only sets the KV scales
-  // (every rank's forward must use the same ones) and uploads nothing.
+  // (every rank's forward must use the same ones) and uploads nothing, except under shard
+  // grads_optimizer, where every rank uploads its own part of the version.
   absl::StatusOr<v1::JoinGroupResponse> join_group(const v1::JoinGroupRequest& request);
 
   // The loss and parameter gradient TrainStep would apply for the whole request batch taken as
@@ -117,6 +118,15 @@ class Trainer {
   }
 
  private:
+  // Publish in a sharded group (every rank uploads one part): the version and upload_id every
+  // rank uses, agreed by one all-reduce from rank 0's (which asks weight sync at `address`).
+  absl::StatusOr<int64_t> agree_on_version(const std::string& address, int64_t above_version,
+                                           uint64_t* upload_id);
+  // This rank's part of `weights` (plan_parts over the group's size, part_index = rank),
+  // uploaded through publisher_->upload_part; the part's bytes.
+  absl::StatusOr<uint64_t> upload_own_part(const std::string& address,
+                                           const model::WeightSet& weights, Precision format,
+                                           uint64_t upload_id);
   absl::Status check_job(const std::string& job_id) const;
   // Where new policies train (options_.device, budget, recompute, step shape).
   train::TrainPlacement placement() const;

@@ -57,7 +57,9 @@ void add_flags(flags::FlagTable& table, TrainerConfig* config, FlagText* text) {
       .add_int("max-step-tokens", &config->max_step_tokens, 1, int64_t{1} << 30,
                "tokens of the largest training forward the memory plan budgets for")
       .add_string("shard", &text->shard,
-                  "trainer groups: none | grads_optimizer (docs/design/sharding.md)");
+                  "trainer groups: none | grads_optimizer (docs/design/sharding.md)")
+      .add_int("upload-streams", &config->upload_streams, 1, 256,
+               "upload each published version in this many parts on as many connections");
 }
 
 TrainerConfig defaults() {

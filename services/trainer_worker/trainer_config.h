@@ -43,6 +43,10 @@ struct TrainerConfig {
   // --shard none|grads_optimizer: ZeRO-2 in a trainer group (train::Learner::set_shard_mode);
   // params (ZeRO-3) is refused.
   train::ShardMode shard = train::ShardMode::kNone;
+  // --upload-streams N in [1, 256]: a trainer alone (or rank 0 of an unsharded group) uploads each
+  // version as N parts on N connections (make_grpc_weight_publisher); a sharded group uploads one
+  // part per rank whatever this says.
+  int64_t upload_streams = 1;
   // One line per deprecated flag name used ("--name is deprecated; use --worker-id").
   std::vector<std::string> warnings;
 };

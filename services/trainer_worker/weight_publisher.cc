@@ -45,12 +45,29 @@ class GrpcWeightPublisher final : public WeightPublisher {
     options.timeout = timeout_;
     absl::StatusOr<v1::UploadVersionResponse> response =
         upload_streams_ == 1 ? weight_sync::upload(channel(address), set, format, options)
-                             : weight_sync::upload_parallel(part_channels(address), set, format,
-                                                            upload_streams_, options);
+                             : weight_sync::upload_parallel(part_channels(address, upload_streams_),
+                                                            set, format, upload_streams_, options);
     if (!response.ok()) {
       return absl::Status(
           response.status().code(),
           absl::StrCat("upload to weight sync at ", address, ": ", response.status().message()));
+    }
+    return response->bytes_received();
+  }
+
+  absl::StatusOr<uint64_t> upload_part(const std::string& address,
+                                       const v1::VersionManifest& manifest,
+                                       std::span<const model::NamedTensor> tensors) override {
+    weight_sync::UploadOptions options;
+    options.timeout = timeout_;
+    // On a connection of its own (a local subchannel pool), as every part stream.
+    absl::StatusOr<v1::UploadVersionResponse> response =
+        weight_sync::upload_part(part_channels(address, 1).front(), manifest, tensors, options);
+    if (!response.ok()) {
+      return absl::Status(
+          response.status().code(),
+          absl::StrCat("upload of part ", manifest.part_index(), " to weight sync at ", address,
+                       ": ", response.status().message()));
     }
     return response->bytes_received();
   }
@@ -69,12 +86,13 @@ class GrpcWeightPublisher final : public WeightPublisher {
     return channel;
   }
 
-  // One channel per upload stream, each with its own connection (a local subchannel pool), so
-  // the parts do not share one TCP connection.
-  std::vector<std::shared_ptr<grpc::ChannelInterface>> part_channels(const std::string& address) {
+  // At least `count` channels for upload streams, each with its own connection (a local
+  // subchannel pool), so the parts do not share one TCP connection.
+  std::vector<std::shared_ptr<grpc::ChannelInterface>> part_channels(const std::string& address,
+                                                                     uint32_t count) {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<std::shared_ptr<grpc::ChannelInterface>>& out = part_channels_[address];
-    while (out.size() < upload_streams_) {
+    while (out.size() < count) {
       grpc::ChannelArguments args;
       args.SetMaxSendMessageSize(64 << 20);
       args.SetMaxReceiveMessageSize(64 << 20);
@@ -90,7 +108,7 @@ class GrpcWeightPublisher final : public WeightPublisher {
   const uint32_t upload_streams_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
-  // Guarded by mu_: upload_streams_ channels per address (with upload_streams_ > 1).
+  // Guarded by mu_: the channels of upload streams per address (upload_streams_ > 1, or parts).
   std::map<std::string, std::vector<std::shared_ptr<grpc::ChannelInterface>>> part_channels_;
 };
 

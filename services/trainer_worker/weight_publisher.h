@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/service/security.h"
 #include "fp8rl/v1/common.pb.h"
+#include "fp8rl/v1/weight_sync.pb.h"
 #include "model/weight_set.h"
 
 namespace fp8rl::trainer {
@@ -23,6 +25,13 @@ class WeightPublisher {
   // Uploads `set` (its version, config_json and tensors) as `format`; returns the bytes received.
   virtual absl::StatusOr<uint64_t> upload(const std::string& address, const model::WeightSet& set,
                                           v1::WeightFormat format) = 0;
+  // One part of a version, what each rank of a sharded trainer group uploads
+  // (weight_sync::upload_part): `manifest` is the whole version's, with the part fields set and
+  // part_index naming this part; `tensors` are that part's. Returns once every part ended and
+  // weight sync stored the version (this part's bytes), or the error that failed it.
+  virtual absl::StatusOr<uint64_t> upload_part(const std::string& address,
+                                               const v1::VersionManifest& manifest,
+                                               std::span<const model::NamedTensor> tensors) = 0;
 };
 
 // The real thing: services/weight_sync/client.h over gRPC channels per address (cached).

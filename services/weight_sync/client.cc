@@ -3,7 +3,9 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/slice.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +19,7 @@
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
 #include "services/weight_sync/chunk_wire.h"
+#include "services/weight_sync/same_host.h"
 
 namespace fp8rl::weight_sync {
 namespace {
@@ -99,22 +102,83 @@ absl::StatusOr<v1::UploadVersionResponse> stream_upload(v1::WeightSyncService::S
   return response;
 }
 
-}  // namespace
+// The UploadVersion method, called with raw ByteBuffer requests (stream_upload_zero_copy).
+constexpr char kUploadMethod[] = "/fp8rl.v1.WeightSyncService/UploadVersion";
 
-absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInterface* stub,
-                                                 const model::WeightSet& set,
-                                                 v1::WeightFormat format,
-                                                 const UploadOptions& options) {
-  if (absl::Status s = check_upload_options(options); !s.ok()) return s;
-  absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
-  if (!manifest.ok()) return manifest.status();
-  return stream_upload(stub, *manifest, set.tensors, 0, options);
+// stream_upload on a channel without copying the payload: each chunk is written as a raw byte
+// buffer of its header bytes (chunk_wire.h, the same bytes the message would have) and slices over
+// the tensors' own bytes, so the data is neither copied into a message nor serialized by gRPC.
+// The slices do not own their bytes: `tensors` outlive the call, which ends with Finish().
+absl::StatusOr<v1::UploadVersionResponse> stream_upload_zero_copy(
+    const std::shared_ptr<grpc::ChannelInterface>& channel, const v1::VersionManifest& manifest,
+    std::span<const model::NamedTensor> tensors, uint64_t first_offset,
+    const UploadOptions& options) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options.timeout);
+  const grpc::internal::RpcMethod method(kUploadMethod,
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING);
+  grpc::ByteBuffer response_buffer;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &context,
+                                                                    &response_buffer));
+  bool stream_ok = false;
+  {
+    v1::UploadVersionRequest request;
+    *request.mutable_manifest() = manifest;
+    grpc::ByteBuffer buffer;
+    bool own = false;
+    stream_ok =
+        grpc::SerializationTraits<v1::UploadVersionRequest>::Serialize(request, &buffer, &own)
+            .ok() &&
+        writer->Write(buffer);
+  }
+  std::vector<grpc::Slice> slices;
+  size_t tensor = 0;               // tensors[tensor] is the next to send from
+  uint64_t within = 0;             // bytes of it already sent
+  uint64_t offset = first_offset;  // payload offset of the next chunk
+  while (stream_ok) {
+    slices.clear();
+    slices.emplace_back();  // the header, once the chunk's size is known
+    uint64_t size = 0;
+    while (size < options.chunk_bytes && tensor < tensors.size()) {
+      const model::NamedTensor& t = tensors[tensor];
+      const uint64_t n = std::min<uint64_t>(t.bytes.size() - within, options.chunk_bytes - size);
+      if (n > 0) {
+        slices.emplace_back(t.bytes.data() + within, n, grpc::Slice::STATIC_SLICE);
+        size += n;
+        within += n;
+      }
+      if (within == t.bytes.size()) {
+        ++tensor;
+        within = 0;
+      }
+    }
+    if (size == 0) break;
+    uint8_t header[kMaxChunkHeaderBytes];
+    const size_t header_size = write_chunk_header(
+        {.version = manifest.version(), .offset = offset, .size = static_cast<uint32_t>(size)},
+        header);
+    slices[0] = grpc::Slice(header, header_size);
+    const grpc::ByteBuffer buffer(slices.data(), slices.size());
+    stream_ok = writer->Write(buffer);
+    offset += size;
+  }
+  if (stream_ok) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return service::from_grpc_status(status);
+  if (!stream_ok) return absl::UnavailableError("upload stream closed before the payload was sent");
+  v1::UploadVersionResponse response;
+  grpc::ProtoBufferReader reader(&response_buffer);
+  if (!response.ParseFromZeroCopyStream(&reader)) {
+    return absl::InternalError("weight sync's upload response does not parse");
+  }
+  return response;
 }
 
-absl::StatusOr<v1::UploadVersionResponse> upload_part(v1::WeightSyncService::StubInterface* stub,
-                                                      const v1::VersionManifest& manifest,
-                                                      std::span<const model::NamedTensor> tensors,
-                                                      const UploadOptions& options) {
+// The checks of upload_part before anything is sent; the part's range.
+absl::StatusOr<PartRange> check_part(const v1::VersionManifest& manifest,
+                                     std::span<const model::NamedTensor> tensors,
+                                     const UploadOptions& options) {
   if (absl::Status s = check_upload_options(options); !s.ok()) return s;
   if (absl::Status s = validate_manifest(manifest); !s.ok()) return s;
   absl::StatusOr<PartRange> range = part_range(manifest);
@@ -134,7 +198,40 @@ absl::StatusOr<v1::UploadVersionResponse> upload_part(v1::WeightSyncService::Stu
                        " of this part is '", e.name(), "' (", e.byte_size(), " bytes)"));
     }
   }
+  return range;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::UploadVersionResponse> upload(v1::WeightSyncService::StubInterface* stub,
+                                                 const model::WeightSet& set,
+                                                 v1::WeightFormat format,
+                                                 const UploadOptions& options) {
+  if (absl::Status s = check_upload_options(options); !s.ok()) return s;
+  absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
+  if (!manifest.ok()) return manifest.status();
+  return stream_upload(stub, *manifest, set.tensors, 0, options);
+}
+
+absl::StatusOr<v1::UploadVersionResponse> upload_part(v1::WeightSyncService::StubInterface* stub,
+                                                      const v1::VersionManifest& manifest,
+                                                      std::span<const model::NamedTensor> tensors,
+                                                      const UploadOptions& options) {
+  absl::StatusOr<PartRange> range = check_part(manifest, tensors, options);
+  if (!range.ok()) return range.status();
   return stream_upload(stub, manifest, tensors, range->begin, options);
+}
+
+absl::StatusOr<v1::UploadVersionResponse> upload_part(
+    const std::shared_ptr<grpc::ChannelInterface>& channel, const v1::VersionManifest& manifest,
+    std::span<const model::NamedTensor> tensors, const UploadOptions& options) {
+  absl::StatusOr<PartRange> range = check_part(manifest, tensors, options);
+  if (!range.ok()) return range.status();
+  if (!options.zero_copy) {
+    auto stub = v1::WeightSyncService::NewStub(channel);
+    return stream_upload(stub.get(), manifest, tensors, range->begin, options);
+  }
+  return stream_upload_zero_copy(channel, manifest, tensors, range->begin, options);
 }
 
 absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
@@ -146,8 +243,11 @@ absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
   if (!manifest.ok()) return manifest.status();
   if (absl::Status s = plan_parts(&*manifest, parts); !s.ok()) return s;
   if (parts == 1) {
-    auto stub = v1::WeightSyncService::NewStub(channels[0]);
-    return stream_upload(stub.get(), *manifest, set.tensors, 0, options);
+    if (!options.zero_copy) {
+      auto stub = v1::WeightSyncService::NewStub(channels[0]);
+      return stream_upload(stub.get(), *manifest, set.tensors, 0, options);
+    }
+    return stream_upload_zero_copy(channels[0], *manifest, set.tensors, 0, options);
   }
   std::vector<absl::StatusOr<v1::UploadVersionResponse>> results(
       parts, absl::UnknownError("part not run"));
@@ -162,10 +262,9 @@ absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
         results[p] = range.status();
         return;
       }
-      auto stub = v1::WeightSyncService::NewStub(channels[p % channels.size()]);
       const std::span<const model::NamedTensor> all(set.tensors);
       results[p] =
-          upload_part(stub.get(), mine,
+          upload_part(channels[p % channels.size()], mine,
                       all.subspan(static_cast<size_t>(range->first_tensor),
                                   static_cast<size_t>(range->end_tensor - range->first_tensor)),
                       options);
@@ -188,8 +287,14 @@ absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
 absl::StatusOr<v1::UploadVersionResponse> upload(
     const std::shared_ptr<grpc::ChannelInterface>& channel, const model::WeightSet& set,
     v1::WeightFormat format, const UploadOptions& options) {
-  std::unique_ptr<v1::WeightSyncService::Stub> stub = v1::WeightSyncService::NewStub(channel);
-  return upload(stub.get(), set, format, options);
+  if (!options.zero_copy) {
+    std::unique_ptr<v1::WeightSyncService::Stub> stub = v1::WeightSyncService::NewStub(channel);
+    return upload(stub.get(), set, format, options);
+  }
+  if (absl::Status s = check_upload_options(options); !s.ok()) return s;
+  absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
+  if (!manifest.ok()) return manifest.status();
+  return stream_upload_zero_copy(channel, *manifest, set.tensors, 0, options);
 }
 
 WeightSubscriber::WeightSubscriber(std::shared_ptr<grpc::ChannelInterface> channel,
@@ -233,6 +338,7 @@ absl::Status WeightSubscriber::start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (started_) return absl::FailedPreconditionError("subscriber already started");
   started_ = true;
+  if (options_.same_host && !handler_) same_host_id_ = local_host_id();
   thread_ = std::thread([this] { run(); });
   return absl::OkStatus();
 }
@@ -365,6 +471,8 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
     ++stats_.streams_opened;
   }
   request.set_accept_delta(options_.accept_delta);
+  if (upstream == nullptr && !handler_ && !want_stream_) request.set_local_host(same_host_id_);
+  want_stream_ = false;
   if (options_.accept_delta && !want_full_) {
     request.set_delta_base_version(delta_base_version());
   }
@@ -400,6 +508,7 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
   PayloadAssembler assembler(options_.max_version_bytes);
   int64_t skipping = 0;      // a rejected version whose remaining chunks are dropped
   std::span<char> in_place;  // receiver_.target of the version being received
+  std::chrono::steady_clock::time_point manifest_at;  // when its manifest arrived
   bool received = false;
   v1::SubscribeResponse message;
   grpc::ByteBuffer buffer;
@@ -408,6 +517,11 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
     if (!assembler.complete()) return;
     const int64_t number = assembler.version();
     absl::StatusOr<AssembledVersion> version = assembler.finish();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.last_receive_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - manifest_at).count();
+    }
     tap_end(version.ok());
     seen_version_.store(std::max(seen_version_.load(), number));
     if (version.ok() && !handler_) {
@@ -557,8 +671,72 @@ bool WeightSubscriber::stream_once(const std::shared_ptr<grpc::ChannelInterface>
       }
       continue;
     }
+    if (message.has_mapped() && !handler_) {
+      // Same-host shortcut: the payload lies in a file weight sync wrote on this host; it is read
+      // into the receive buffer through the same assembler checks as chunks.
+      v1::MappedVersion& mapped = *message.mutable_mapped();
+      const int64_t version = mapped.manifest().version();
+      const uint64_t total = mapped.manifest().total_bytes();
+      manifest_at = std::chrono::steady_clock::now();
+      skipping = 0;
+      delta.reset();
+      tap_end(false);
+      if (tap != nullptr) {
+        tap->begin(mapped.manifest());
+        tapping = true;
+      }
+      absl::StatusOr<std::span<char>> target = receiver_.target(mapped.manifest());
+      absl::Status s = target.ok()
+                           ? assembler.begin_into(std::move(*mapped.mutable_manifest()), *target)
+                           : target.status();
+      if (!s.ok()) {
+        tap_end(false);
+        reject(version, s);
+        skipping = version;
+        continue;
+      }
+      in_place = *target;
+      s = read_same_host_file(mapped.path(), &assembler, total, kDefaultChunkBytes,
+                              [&](uint64_t offset, std::span<const char> bytes) {
+                                if (tapping) tap->bytes(offset, bytes);
+                              });
+      if (!s.ok()) {
+        // Nothing of it reaches the model. Take it (and what follows) over a new stream.
+        tap_end(false);
+        assembler.reset();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.same_host_fallbacks;
+        }
+        if (absl::IsUnavailable(s)) {
+          same_host_id_.clear();
+          service::log_warn(kComponent,
+                            "cannot read weight sync's same-host file; taking versions over TCP",
+                            {{"worker", options_.worker_id},
+                             {"version", absl::StrCat(version)},
+                             {"error", std::string(s.message())}});
+        } else {
+          reject(version, s);
+          want_stream_ = true;
+          service::log_warn(kComponent, "same-host file failed verification; taking it over TCP",
+                            {{"worker", options_.worker_id},
+                             {"version", absl::StrCat(version)},
+                             {"error", std::string(s.message())}});
+        }
+        abandoned = true;
+        context.TryCancel();
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.versions_same_host;
+      }
+      finish_if_complete();
+      continue;
+    }
     if (message.has_manifest()) {
       const int64_t version = message.manifest().version();
+      manifest_at = std::chrono::steady_clock::now();
       skipping = 0;
       delta.reset();
       tap_end(false);

@@ -31,6 +31,10 @@ namespace fp8rl::weight_sync {
 struct UploadOptions {
   uint64_t chunk_bytes = kDefaultChunkBytes;                    // in [1, kMaxChunkBytes]
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};  // whole upload deadline
+  // The overloads that take a channel write each chunk as gRPC slices over the tensors' own bytes
+  // (no copy into a message, no serialization); false: as a WeightChunk message, as the stub
+  // overloads always do (benchmarks compare the two). The bytes on the wire are the same.
+  bool zero_copy = true;
 };
 
 // Publishes `set` (its version and config_json) as `format`. Errors: InvalidArgument for a bad
@@ -56,6 +60,9 @@ absl::StatusOr<v1::UploadVersionResponse> upload_part(v1::WeightSyncService::Stu
                                                       const v1::VersionManifest& manifest,
                                                       std::span<const model::NamedTensor> tensors,
                                                       const UploadOptions& options = {});
+absl::StatusOr<v1::UploadVersionResponse> upload_part(
+    const std::shared_ptr<grpc::ChannelInterface>& channel, const v1::VersionManifest& manifest,
+    std::span<const model::NamedTensor> tensors, const UploadOptions& options = {});
 
 // Uploads `set` as `parts` parts (plan_parts: about equal bytes, cut at tensor boundaries) on
 // `parts` concurrent streams, part i on channels[i % channels.size()]; parts == 1 is upload().
@@ -101,6 +108,12 @@ struct SubscriberOptions {
   std::chrono::milliseconds relay_stall_timeout{10000};
   // Sees every version as it lands (the worker's relay); not owned, must outlive the subscriber.
   VersionTap* tap = nullptr;
+  // Same-host shortcut (same_host.h): ask weight sync for a version as a file on its host when
+  // this worker runs there (only with an InPlaceReceiver; not on streams to a relay). A file this
+  // worker cannot open is said once in the log, and every later version comes over the stream; a
+  // file that fails a CRC-32C is rejected (acked with the error) and the stream that follows
+  // carries the versions instead.
+  bool same_host = false;
   // Opens a channel to an upstream relay's address (empty: insecure, data-path message sizes).
   std::function<std::shared_ptr<grpc::ChannelInterface>(const std::string& address)> connect;
 };
@@ -159,6 +172,11 @@ class WeightSubscriber {
     double delta_decode_seconds = 0;    // the last delta's apply_delta time
     int64_t relay_redirects = 0;        // streams weight sync sent to an upstream relay
     int64_t upstream_failures = 0;      // upstream relays left because they broke or stalled
+    // The last version received whole (not from a delta): seconds from its manifest to its last
+    // byte verified, i.e. the transfer and the CRC-32C, not the install.
+    double last_receive_seconds = 0;
+    int64_t versions_same_host = 0;   // of versions_loaded, read from weight sync's same-host file
+    int64_t same_host_fallbacks = 0;  // same-host files that could not be read or verified
   };
   Stats stats() const;
 
@@ -227,6 +245,10 @@ class WeightSubscriber {
   // a stalled upstream's fault). Written by the subscriber thread, read by the stall watch.
   std::atomic<int64_t> seen_version_{0};
   std::atomic<bool> zero_copy_{true};
+  // Subscriber thread only: local_host_id() when options_.same_host (empty otherwise or once a
+  // same-host file could not be opened), and whether the next stream must not ask for one.
+  std::string same_host_id_;
+  bool want_stream_ = false;
 };
 
 }  // namespace fp8rl::weight_sync

@@ -41,7 +41,13 @@ void add_flags(flags::FlagTable& table, WeightSyncConfig* config, DeltasFlag* de
                     "a version uploaded in parts fails when a part has not begun this long after "
                     "the first")
       .add_string("fanout", fanout,
-                  "direct | chain | tree:K (K in [1, 64]): how a version reaches N workers");
+                  "direct | chain | tree:K (K in [1, 64]): how a version reaches N workers")
+      .add_enum("same-host", &sync.same_host,
+                {{"off", SameHostMode::kOff}, {"auto", SameHostMode::kAuto}},
+                "auto: a worker on this host reads each version from a file in --same-host-dir "
+                "instead of over TCP")
+      .add_string("same-host-dir", &sync.same_host_dir,
+                  "shared tmpfs directory of the same-host files");
 }
 
 WeightSyncConfig defaults() {

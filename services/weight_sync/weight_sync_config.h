@@ -2,7 +2,8 @@
 // (common/flags.h): the common service options (common/service/options.h) plus --keep-versions,
 // --chunk-bytes,
 // --max-version-bytes, the FP8 delta settings --deltas on|always|off, --delta-max-fraction F and
-// --delta-zstd-level N, and --fanout direct|chain|tree:K (docs/design/weight-sync-fanout.md),
+// --delta-zstd-level N, --fanout direct|chain|tree:K (docs/design/weight-sync-fanout.md) and
+// --same-host off|auto with --same-host-dir (docs/design/weight-sync.md "Same-host mapping"),
 // resolved into the values main() wires together. --coordinator and --advertise-host say where the
 // service registers (as WEIGHT_SYNC) and what address it gives.
 #pragma once

@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<WeightSyncMetrics>> WeightSyncMetrics::create(
                            {"format"}),
        &m->version_bytes);
   take(registry->add_counter(name("_pushes_total"),
-                             "Versions pushed to workers, by kind (full or delta).", {"kind"}),
+                             "Versions pushed to workers, by kind (full, delta or same_host).",
+                             {"kind"}),
        &m->pushes);
   take(registry->add_counter(name("_pushed_bytes_total"),
                              "Payload bytes of the versions pushed to workers, by kind.", {"kind"}),

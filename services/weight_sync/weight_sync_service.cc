@@ -181,6 +181,9 @@ absl::Status validate_options(const WeightSyncOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("fanout.k: must be in [1, ", kMaxTreeFanout, "], got ", options.fanout.k));
   }
+  if (options.same_host == SameHostMode::kAuto && options.same_host_dir.empty()) {
+    return absl::InvalidArgumentError("same_host_dir: must not be empty with same_host auto");
+  }
   return absl::OkStatus();
 }
 
@@ -190,8 +193,11 @@ WeightSyncServiceImpl::WeightSyncServiceImpl(WeightSyncOptions options, WeightSy
       topology_(options_.fanout),
       pacer_(options_.emulated_link_bytes_per_second),
       pool_(std::make_shared<PayloadPool>(options_.reuse_payload_buffers ? 1 : 0)),
-      store_(options_.keep_versions) {
+      store_(options_.keep_versions),
+      host_id_(local_host_id()),
+      same_host_files_(options_.same_host_dir) {
   cut_through_.store(options_.cut_through);
+  same_host_.store(options_.same_host == SameHostMode::kAuto);
   // Subscribe is served by a handler that writes raw ByteBuffers (the bytes on the wire are the
   // same SubscribeResponse messages), so chunks can be sent as slices over the stored version.
   MarkMethodStreamed(
@@ -716,6 +722,14 @@ bool WeightSyncServiceImpl::send_version(const StoredVersionPtr& version,
   return send_chunks(version->version(), version->payload, version, context, sink);
 }
 
+bool WeightSyncServiceImpl::send_same_host(const StoredVersionPtr& version,
+                                           const SameHostFile& file, PushSink& sink) {
+  v1::SubscribeResponse message;
+  *message.mutable_mapped()->mutable_manifest() = version->manifest;
+  message.mutable_mapped()->set_path(file.path());
+  return sink.write(message);
+}
+
 bool WeightSyncServiceImpl::relay_version(const std::shared_ptr<ArrivingVersion>& arriving,
                                           grpc::ServerContext* context, PushSink& sink,
                                           bool* upload_failed) {
@@ -896,6 +910,11 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
     uint64_t full_bytes = 0;
   } pending;
   PushChooser chooser;
+  // Same-host shortcut: this worker runs on this host (the same local_host_id) and asked for it.
+  const bool same_host_stream = !request->local_host().empty() && request->local_host() == host_id_;
+  // The file last offered to this worker, held until the next push so it outlives its read.
+  std::shared_ptr<const SameHostFile> offered;
+  bool same_host_warned = false;
   while (!context->IsCancelled()) {
     // A stored version newer than the worker's, or one still arriving (pushed as it arrives).
     VersionStore::Newer newer = store_.wait_newer_or_arriving(held, options_.poll_interval);
@@ -915,8 +934,26 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
     pending = {};
     const int64_t start_ms = unix_ms_now();
     std::shared_ptr<const EncodedDelta> delta;
-    if (options_.deltas && base != nullptr && base->manifest.format() == next->manifest.format() &&
-        acked_number == base->version()) {
+    std::shared_ptr<const SameHostFile> file;
+    if (same_host_stream && same_host_.load()) {
+      // The file is written from the whole version: wait for an arriving one to be stored.
+      if (newer.arriving != nullptr) {
+        next = wait_arrived(newer.arriving, context);
+        if (next == nullptr) continue;  // failed or cancelled
+        newer.arriving.reset();
+      }
+      absl::StatusOr<std::shared_ptr<const SameHostFile>> f =
+          same_host_files_.file_for(next->version(), next->payload);
+      if (f.ok()) {
+        file = std::move(*f);
+      } else if (!same_host_warned) {
+        same_host_warned = true;
+        service::log_warn(kComponent, "same-host file not written; sending over the stream",
+                          {{"worker", worker}, {"error", std::string(f.status().message())}});
+      }
+    }
+    if (file == nullptr && options_.deltas && base != nullptr &&
+        base->manifest.format() == next->manifest.format() && acked_number == base->version()) {
       PushChooser::Choice choice{PushKind::kDelta, false};
       if (options_.delta_choice == WeightSyncOptions::DeltaChoice::kMeasured) {
         choice = chooser.choose();
@@ -942,7 +979,8 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
       }
     }
     bool upload_failed = false;
-    const bool sent = delta != nullptr ? send_delta(delta, context, sink)
+    const bool sent = file != nullptr    ? send_same_host(next, *file, sink)
+                      : delta != nullptr ? send_delta(delta, context, sink)
                       : newer.arriving != nullptr
                           ? relay_version(newer.arriving, context, sink, &upload_failed)
                           : send_version(next, context, sink);
@@ -954,19 +992,23 @@ grpc::Status WeightSyncServiceImpl::subscribe(grpc::ServerContext* context,
       continue;
     }
     if (sent) {
-      const std::string_view kind = delta != nullptr ? "delta" : "full";
+      const std::string_view kind = file != nullptr    ? "same_host"
+                                    : delta != nullptr ? "delta"
+                                                       : "full";
       metrics_->pushes->with({std::string(kind)}).inc();
       metrics_->pushed_bytes->with({std::string(kind)})
           .inc(
               static_cast<double>(delta != nullptr ? delta->payload.size() : next->payload.size()));
     }
+    offered = file;
     if (!sent) {
       status = shutting_down_.load()
                    ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "weight sync is shutting down")
                    : grpc::Status(grpc::StatusCode::CANCELLED, "subscriber stream closed");
       break;
     }
-    if (++pushes > kUntimedPushes) {
+    // A same-host push is not timed: the chooser compares the two kinds that cross the network.
+    if (++pushes > kUntimedPushes && file == nullptr) {
       pending = {next->version(), delta != nullptr ? PushKind::kDelta : PushKind::kFull, start_ms,
                  next->payload.size()};
     }

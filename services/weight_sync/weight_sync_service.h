@@ -26,6 +26,7 @@
 #include "services/weight_sync/payload.h"
 #include "services/weight_sync/payload_pool.h"
 #include "services/weight_sync/push_choice.h"
+#include "services/weight_sync/same_host.h"
 #include "services/weight_sync/send_pacer.h"
 #include "services/weight_sync/version_store.h"
 #include "services/weight_sync/weight_sync_metrics.h"
@@ -74,11 +75,17 @@ struct WeightSyncOptions {
   // must have begun within this long of the first one, or the version fails (DEADLINE_EXCEEDED
   // naming the missing parts) and nothing is stored.
   std::chrono::milliseconds part_timeout{std::chrono::seconds(60)};
+  // Same-host shortcut (same_host.h): with kAuto, a worker that subscribes with this host's
+  // local_host_id gets each full version as a MappedVersion naming a file under same_host_dir
+  // (written once per version, shared by every such worker) instead of chunks over its stream.
+  // Deltas are not sent to those workers (reading the file is cheaper than decoding one).
+  SameHostMode same_host = SameHostMode::kOff;
+  std::string same_host_dir = "/dev/shm";
 };
 
 // InvalidArgument naming the field for keep_versions < 1, chunk_bytes outside [1, 8 MiB],
 // max_version_bytes == 0, a non-positive poll_interval or part_timeout, delta_max_fraction outside
-// (0, 1] or delta_zstd_level outside [1, 19].
+// (0, 1], delta_zstd_level outside [1, 19] or an empty same_host_dir with same_host auto.
 absl::Status validate_options(const WeightSyncOptions& options);
 
 class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
@@ -147,6 +154,10 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   void set_zero_copy_receive(bool on) { zero_copy_receive_.store(on); }
   // WeightSyncOptions::cut_through, switchable at run time (for benchmarks).
   void set_cut_through(bool on) { cut_through_.store(on); }
+  // WeightSyncOptions::same_host on (auto) or off at run time, from the next push (benchmarks).
+  void set_same_host(bool on) { same_host_.store(on); }
+  // The same-host files (tests reach in to corrupt one).
+  SameHostFiles& same_host_files() { return same_host_files_; }
 
  private:
   grpc::Status reject_upload(const absl::Status& status, int64_t version);
@@ -174,6 +185,8 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
                          PushSink& sink);
   // Streams one version (manifest, then chunks); false when the stream broke or shutdown began.
   bool send_version(const StoredVersionPtr& version, grpc::ServerContext* context, PushSink& sink);
+  // Offers `version` to a worker on this host as `file` (one MappedVersion message).
+  bool send_same_host(const StoredVersionPtr& version, const SameHostFile& file, PushSink& sink);
   // Streams an encoded delta (delta manifest, then chunks of its payload); false as above.
   bool send_delta(const std::shared_ptr<const EncodedDelta>& delta, grpc::ServerContext* context,
                   PushSink& sink);
@@ -214,6 +227,9 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   std::atomic<bool> zero_copy_send_{true};
   std::atomic<bool> zero_copy_receive_{true};
   std::atomic<bool> cut_through_{true};
+  std::atomic<bool> same_host_{false};
+  const std::string host_id_;  // local_host_id(), compared with SubscribeRequest.local_host
+  SameHostFiles same_host_files_;
   std::shared_ptr<const service::TokenSet> auth_;  // null: open
 
   // Guards parts_.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Flag tables on the real service binaries (common/flags.h): a bad value (among them a bad
---fanout on weight sync and a bad --weight-relay on a generation worker) prints one line naming
+--fanout or --same-host on weight sync, a bad --weight-relay or --weight-same-host on a generation
+worker, a bad --upload-streams on a trainer) prints one line naming
 the flag and exits 2 before binding any port; --help exits 0 and lists the shared flag names
 (--http-port, and --worker-id on the workers) with the deprecated old names. Exits 77 (skipped)
 when no binary has been built."""
@@ -28,6 +29,12 @@ BAD = [
      "fp8rl-weight-sync: --fanout: must be direct, chain or tree:K with K in [1, 64], got 'tree:0'"),
     ("fp8rl-generation-worker", ["--weight-relay", "yes"],
      "fp8rl-generation-worker: --weight-relay: must be on or off, got 'yes'"),
+    ("fp8rl-weight-sync", ["--same-host", "on"],
+     "fp8rl-weight-sync: --same-host: must be off or auto, got 'on'"),
+    ("fp8rl-generation-worker", ["--weight-same-host", "yes"],
+     "fp8rl-generation-worker: --weight-same-host: must be off or auto, got 'yes'"),
+    ("fp8rl-trainer-worker", ["--upload-streams", "0"],
+     "fp8rl-trainer-worker: --upload-streams: must be in [1, 256], got 0"),
     ("fp8rl-trainer-worker", ["--name", "a", "--worker-id", "b"],
      "fp8rl-trainer-worker: --name: a disagrees with --worker-id b (they name the same flag; "
      "give one)"),

@@ -64,6 +64,16 @@ TEST(WorkerConfigTest, WeightRelayIsOffByDefault) {
   EXPECT_EQ(c->relay_stall_ms, 2500);
 }
 
+// --weight-same-host: asks for weight sync's same-host file by default (weight sync decides).
+TEST(WorkerConfigTest, WeightSameHostIsAutoByDefault) {
+  auto c = parse_generation_worker_config({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->weight_same_host, weight_sync::SameHostMode::kAuto);
+  c = parse_generation_worker_config({"--weight-same-host=off"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->weight_same_host, weight_sync::SameHostMode::kOff);
+}
+
 // --http-port is the HTTP port on every service; --metrics-port, the worker's old name, still
 // works and warns naming the new flag.
 TEST(WorkerConfigTest, MetricsPortIsADeprecatedAlias) {
@@ -107,6 +117,7 @@ TEST(WorkerConfigTest, BadValuesNameTheFlag) {
       {{"--kv-cache-tokens=8"}, "--kv-cache-tokens"},  // under one block of 16
       {{"--weight-relay=yes"}, "--weight-relay"},
       {{"--relay-stall-ms=10"}, "--relay-stall-ms"},
+      {{"--weight-same-host=on"}, "--weight-same-host"},
   };
   for (const auto& [args, flag] : cases) {
     auto c = parse_generation_worker_config(args);

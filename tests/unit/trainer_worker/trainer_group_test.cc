@@ -16,6 +16,7 @@
 #include "services/coordinator/worker_registry.h"
 #include "services/trainer_worker/rendezvous_client.h"
 #include "tests/unit/trainer_worker/trainer_test_util.h"
+#include "tests/unit/weight_sync/test_server.h"
 
 namespace fp8rl::trainer {
 namespace {
@@ -283,6 +284,85 @@ TEST(TrainerGroup, ShardedPairEqualsUnshardedPair) {
   for (size_t i = 0; i < want.size(); ++i)
     change2 += (double(want[i]) - w0[i]) * (double(want[i]) - w0[i]);
   EXPECT_GT(change2, 0.0);
+}
+
+// Parallel upload from a sharded group (docs/design/weight-sync-fanout.md "Parallel upload from N
+// trainer ranks"): each rank of a grads_optimizer pair uploads its own part of the version to a
+// real weight-sync service on loopback; the version weight sync assembles from the two parts is
+// byte for byte the one an unsharded pair's rank 0 uploads alone to another weight sync (the
+// pairs take the same step bit for bit), with the same manifest.
+TEST(TrainerGroup, ShardedPairUploadsOnePartPerRankTheSameVersion) {
+  const v1::InitPolicyRequest init =
+      init_request(v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_FP8, false, 1e-3);
+  v1::TrainStepRequest step = random_step(21, 6);
+  step.mutable_algorithm()->set_minibatches(2);
+  RendezvousServer rv;
+  weight_sync::testing::TestServer whole_sync, parts_sync;
+  auto run_pair = [&](train::ShardMode shard, const std::string& group_id,
+                      weight_sync::testing::TestServer& sync) {
+    std::vector<std::unique_ptr<WeightPublisher>> publishers;
+    std::vector<std::unique_ptr<Trainer>> trainers;
+    for (int r = 0; r < 2; ++r) {
+      publishers.push_back(make_grpc_weight_publisher(std::chrono::seconds(60)));
+      TrainerOptions o;
+      o.worker_id = absl::StrCat(group_id, "-", r);
+      o.coordinator_address = rv.address;
+      o.default_weight_sync_address = sync.address();
+      trainers.push_back(std::make_unique<Trainer>(o, publishers.back().get()));
+    }
+    std::vector<absl::StatusOr<v1::PublishResponse>> published(2, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        v1::JoinGroupRequest join;
+        join.set_group_id(group_id);
+        join.set_rank(r);
+        join.set_size(2);
+        join.set_timeout_ms(20000);
+        join.set_shard(std::string(train::shard_mode_name(shard)));
+        absl::StatusOr<v1::JoinGroupResponse> joined = trainers[r]->join_group(join);
+        ASSERT_TRUE(joined.ok()) << joined.status();
+        ASSERT_TRUE(trainers[r]->init_policy(init).ok());
+        absl::StatusOr<v1::TrainStepResponse> trained = trainers[r]->train_step(step);
+        if (!trained.ok()) {
+          published[r] = trained.status();
+          return;
+        }
+        v1::PublishRequest publish;
+        publish.set_calibrate_kv_scales(true);
+        published[r] = trainers[r]->publish(publish);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(published[r].ok()) << group_id << " rank " << r << ": " << published[r].status();
+    }
+    return published;
+  };
+  auto whole = run_pair(train::ShardMode::kNone, "whole-pair", whole_sync);
+  auto parts = run_pair(train::ShardMode::kGradsOptimizer, "parts-pair", parts_sync);
+  ASSERT_TRUE(whole[0].ok() && parts[0].ok() && parts[1].ok());
+  weight_sync::StoredVersionPtr want = whole_sync.service().store().latest();
+  weight_sync::StoredVersionPtr got = parts_sync.service().store().latest();
+  ASSERT_NE(want, nullptr);
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->version(), want->version());
+  EXPECT_EQ(parts[0]->version(), want->version());
+  EXPECT_EQ(parts[1]->version(), want->version());
+  ASSERT_EQ(got->payload.size(), want->payload.size());
+  EXPECT_TRUE(got->payload == want->payload) << "the assembled version differs";
+  ASSERT_EQ(got->manifest.tensors_size(), want->manifest.tensors_size());
+  for (int i = 0; i < want->manifest.tensors_size(); ++i) {
+    EXPECT_EQ(got->manifest.tensors(i).name(), want->manifest.tensors(i).name());
+    EXPECT_EQ(got->manifest.tensors(i).crc32c(), want->manifest.tensors(i).crc32c()) << i;
+  }
+  // Each rank sent one non-empty part, together the whole version, stored once.
+  EXPECT_GT(parts[0]->bytes(), 0u);
+  EXPECT_GT(parts[1]->bytes(), 0u);
+  EXPECT_EQ(parts[0]->bytes() + parts[1]->bytes(), want->payload.size());
+  EXPECT_EQ(whole[0]->bytes(), want->payload.size());
+  EXPECT_EQ(parts_sync.metrics().uploads->with({"accepted"}).value(), 1);
+  EXPECT_EQ(parts_sync.metrics().uploads->with({"rejected"}).value(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Buckets, TrainerGroup, ::testing::Values(int64_t{0}, int64_t{4096}),

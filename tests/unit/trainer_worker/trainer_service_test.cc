@@ -328,6 +328,10 @@ TEST(TrainerConfigTest, DeviceFlags) {
   EXPECT_EQ(c->recompute, train::Recompute::kNone);
   EXPECT_EQ(c->max_step_tokens, 16384);
   EXPECT_EQ(c->shard, train::ShardMode::kNone);
+  EXPECT_EQ(c->upload_streams, 1);
+  c = parse_trainer_config({"--upload-streams", "4"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->upload_streams, 4);
   c = parse_trainer_config({"--shard", "grads_optimizer"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shard, train::ShardMode::kGradsOptimizer);
@@ -351,7 +355,9 @@ TEST(TrainerConfigTest, DeviceFlags) {
                                                         {"--gpu-memory-fraction", "1.5"},
                                                         {"--recompute", "all"},
                                                         {"--shard", "zero2"},
-                                                        {"--max-step-tokens", "0"}}) {
+                                                        {"--max-step-tokens", "0"},
+                                                        {"--upload-streams", "0"},
+                                                        {"--upload-streams", "257"}}) {
     c = parse_trainer_config({flag, bad});
     ASSERT_FALSE(c.ok()) << flag << " " << bad;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();

@@ -95,6 +95,15 @@ class RecordingPublisher final : public WeightPublisher {
     formats.push_back(format);
     return static_cast<uint64_t>(set.nbytes());
   }
+  absl::StatusOr<uint64_t> upload_part(const std::string& /*address*/,
+                                       const v1::VersionManifest& manifest,
+                                       std::span<const model::NamedTensor> tensors) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    part_manifests.push_back(manifest);
+    uint64_t bytes = 0;
+    for (const model::NamedTensor& t : tensors) bytes += t.bytes.size();
+    return bytes;
+  }
   void set_block(bool block) {
     std::lock_guard<std::mutex> lock(mu_);
     block_ = block;
@@ -110,6 +119,7 @@ class RecordingPublisher final : public WeightPublisher {
   std::vector<std::string> addresses;
   std::vector<model::WeightSet> uploads;
   std::vector<v1::WeightFormat> formats;
+  std::vector<v1::VersionManifest> part_manifests;  // upload_part() calls
 
  private:
   std::mutex mu_;
