@@ -110,6 +110,7 @@ class RelayWorker {
     };
     receiver.install = [this](const v1::VersionManifest& m, std::span<const char> payload) {
       std::lock_guard<std::mutex> lock(mu_);
+      if (dead_) return absl::AbortedError("worker killed");  // a dead process installs nothing
       installed_ = m.version();
       crcs_[m.version()] = service::crc32c(payload.data(), payload.size());
       return absl::OkStatus();
@@ -130,6 +131,11 @@ class RelayWorker {
 
   // The process dies: its relay's server goes away (successors' streams break), then it stops.
   void kill() {
+    {
+      // Before the gate opens: the subscriber thread it releases must not install anything.
+      std::lock_guard<std::mutex> lock(mu_);
+      dead_ = true;
+    }
     if (server_ != nullptr) {
       relay_.begin_shutdown();
       server_->shutdown(0ms);
@@ -158,6 +164,7 @@ class RelayWorker {
   std::mutex mu_;
   std::string buffers_[2];            // guarded by mu_
   int64_t slot_version_[2] = {0, 0};  // guarded by mu_
+  bool dead_ = false;                 // guarded by mu_: kill() ran
   int64_t installed_ = 0;             // guarded by mu_
   std::map<int64_t, uint32_t> crcs_;  // guarded by mu_
 };
