@@ -86,6 +86,12 @@ struct Options {
   std::string ab_what = "all";
   // Weight sync offers its same-host file to the workers (--same-host auto) for every version.
   bool same_host = false;
+  // The trainer side hands each version to weight sync as a file in its same-host directory
+  // (weight_sync::upload_same_host; implies --same-host). With --ab-what same-host-upload the
+  // "old" versions go the default way (zero-copy stream upload, TCP push with cut-through) and
+  // the "new" ones with weight sync's --same-host auto: uploaded as a file and read by the
+  // workers from the same file.
+  bool same_host_upload = false;
   // Parallel upload: version v is uploaded in upload_parts[(v - 1) % size] parts on as many
   // streams, each on its own connection (weight_sync::upload_parallel); more than one entry
   // rotates them version by version in one run and prints a median per part count.
@@ -97,7 +103,8 @@ void usage() {
                "usage: fp8rl-bench-weight-sync --model configs/models/<m>.json [--workers N] "
                "[--versions V] [--batch B] [--prompt P] [--response R] [--delta] "
                "[--compare-kv] [--upload-only] [--generate] [--no-train] [--ab BLOCK] "
-               "[--ab-what all|service|cut-through|same-host|upload-copy|publish] [--same-host] "
+               "[--ab-what all|service|cut-through|same-host|upload-copy|publish|same-host-upload] "
+               "[--same-host] [--same-host-upload] "
                "[--upload-parts N[,N...]]\n");
 }
 
@@ -105,13 +112,14 @@ bool parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--delta" || a == "--compare-kv" || a == "--upload-only" || a == "--generate" ||
-        a == "--no-train" || a == "--same-host") {
-      (a == "--delta"        ? o->delta
-       : a == "--compare-kv" ? o->compare_kv
-       : a == "--generate"   ? o->generate
-       : a == "--no-train"   ? o->no_train
-       : a == "--same-host"  ? o->same_host
-                             : o->upload_only) = true;
+        a == "--same-host-upload" || a == "--no-train" || a == "--same-host") {
+      (a == "--delta"              ? o->delta
+       : a == "--compare-kv"       ? o->compare_kv
+       : a == "--generate"         ? o->generate
+       : a == "--no-train"         ? o->no_train
+       : a == "--same-host"        ? o->same_host
+       : a == "--same-host-upload" ? o->same_host_upload
+                                   : o->upload_only) = true;
       continue;
     }
     if (i + 1 >= argc) return false;
@@ -140,10 +148,10 @@ bool parse(int argc, char** argv, Options* o) {
       }
     } else if (a == "--ab-what") {
       if (v != "all" && v != "service" && v != "cut-through" && v != "same-host" &&
-          v != "upload-copy" && v != "publish") {
+          v != "upload-copy" && v != "publish" && v != "same-host-upload") {
         std::fprintf(stderr,
-                     "--ab-what: expected all, service, cut-through, same-host, upload-copy or "
-                     "publish, got '%s'\n",
+                     "--ab-what: expected all, service, cut-through, same-host, upload-copy, "
+                     "publish or same-host-upload, got '%s'\n",
                      v.c_str());
         return false;
       }
@@ -220,8 +228,13 @@ double max_relative_difference(const model::KvScales& a, const model::KvScales& 
 // `upload` is what the next uploads use.
 void set_push_path(bool current, const std::string& what, weight_sync::WeightSyncServiceImpl& sync,
                    const std::vector<std::unique_ptr<generation::GenerationWorker>>& workers,
-                   weight_sync::UploadOptions* upload) {
+                   weight_sync::UploadOptions* upload, bool* same_host_upload) {
   upload->zero_copy = current || (what != "all" && what != "upload-copy" && what != "publish");
+  if (what == "same-host-upload") {
+    sync.set_same_host(current);
+    *same_host_upload = current;
+    return;
+  }
   if (what == "same-host" || what == "publish") {
     sync.set_same_host(current);  // "old": every version over TCP
     return;
@@ -279,7 +292,7 @@ int run(const Options& o) {
       weight_sync::WeightSyncMetrics::create(&registry).value();
   weight_sync::WeightSyncOptions sync_options;
   sync_options.deltas = o.delta;  // full versions unless --delta
-  if (o.same_host) sync_options.same_host = weight_sync::SameHostMode::kAuto;
+  if (o.same_host || o.same_host_upload) sync_options.same_host = weight_sync::SameHostMode::kAuto;
   weight_sync::WeightSyncServiceImpl sync(sync_options, metrics.get());
   absl::StatusOr<std::unique_ptr<service::GrpcServer>> server =
       service::GrpcServer::start({.address = "127.0.0.1:0"}, {&sync});
@@ -343,7 +356,8 @@ int run(const Options& o) {
     part_channels.push_back(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   }
-  weight_sync::UploadOptions upload_options;  // --ab may switch its zero_copy
+  weight_sync::UploadOptions upload_options;   // --ab may switch its zero_copy
+  bool same_host_upload = o.same_host_upload;  // --ab may switch it
   std::vector<Row> rows;
   std::vector<int> row_path;  // --ab: 0 old, 1 new, -1 first of a block
   for (int v = 1; v <= o.versions; ++v) {
@@ -351,7 +365,7 @@ int run(const Options& o) {
     r.parts = o.upload_parts[static_cast<size_t>(v - 1) % o.upload_parts.size()];
     if (o.ab_block > 0) {
       const bool old_path = (v - 1) / o.ab_block % 2 == 0;
-      set_push_path(!old_path, o.ab_what, sync, workers, &upload_options);
+      set_push_path(!old_path, o.ab_what, sync, workers, &upload_options, &same_host_upload);
       // Versions 1-2 build the worker's two slots; the first of a block inherits buffers.
       row_path.push_back(v <= 2 || (v - 1) % o.ab_block == 0 ? -1 : old_path ? 0 : 1);
     }
@@ -409,7 +423,10 @@ int run(const Options& o) {
     start = Clock::now();
     const double cpu0 = process_cpu_seconds();
     absl::StatusOr<v1::UploadVersionResponse> up =
-        r.parts == 1
+        r.parts == 1 && same_host_upload
+            ? weight_sync::upload_same_host(channel, e->weights, v1::WEIGHT_FORMAT_FP8,
+                                            sync.same_host_files().dir(), upload_options)
+        : r.parts == 1
             ? weight_sync::upload(channel, e->weights, v1::WEIGHT_FORMAT_FP8, upload_options)
             : weight_sync::upload_parallel(part_channels, e->weights, v1::WEIGHT_FORMAT_FP8,
                                            static_cast<uint32_t>(r.parts), upload_options);

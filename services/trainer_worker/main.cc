@@ -75,7 +75,8 @@ int run(const std::vector<std::string>& args) {
       trainer::TrainerMetrics::create(&registry);
   if (!metrics.ok()) return fail(metrics.status());
   std::unique_ptr<trainer::WeightPublisher> publisher = trainer::make_grpc_weight_publisher(
-      kPublishTimeout, security->client, static_cast<uint32_t>(config->upload_streams));
+      kPublishTimeout, security->client, static_cast<uint32_t>(config->upload_streams),
+      config->weight_same_host);
   trainer::TrainerOptions options;
   options.worker_id = config->worker_id;
   options.default_weight_sync_address = config->weight_sync;

@@ -59,7 +59,12 @@ void add_flags(flags::FlagTable& table, TrainerConfig* config, FlagText* text) {
       .add_string("shard", &text->shard,
                   "trainer groups: none | grads_optimizer (docs/design/sharding.md)")
       .add_int("upload-streams", &config->upload_streams, 1, 256,
-               "upload each published version in this many parts on as many connections");
+               "upload each published version in this many parts on as many connections")
+      .add_enum(
+          "weight-same-host", &config->weight_same_host,
+          {{"off", weight_sync::SameHostMode::kOff}, {"auto", weight_sync::SameHostMode::kAuto}},
+          "auto: on weight sync's host, hand it each version as a file in its same-host "
+          "directory (TCP otherwise)");
 }
 
 TrainerConfig defaults() {

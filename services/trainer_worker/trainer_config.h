@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/service/options.h"
 #include "model/device.h"
+#include "services/weight_sync/same_host.h"
 #include "train/shard.h"
 #include "train/train_backend.h"
 
@@ -47,6 +48,10 @@ struct TrainerConfig {
   // version as N parts on N connections (make_grpc_weight_publisher); a sharded group uploads one
   // part per rank whatever this says.
   int64_t upload_streams = 1;
+  // --weight-same-host off|auto: on weight sync's host (when it runs --same-host auto), write each
+  // single-stream upload into its same-host directory instead of sending it over TCP
+  // (weight_sync::upload_same_host; TCP otherwise).
+  weight_sync::SameHostMode weight_same_host = weight_sync::SameHostMode::kAuto;
   // One line per deprecated flag name used ("--name is deprecated; use --worker-id").
   std::vector<std::string> warnings;
 };

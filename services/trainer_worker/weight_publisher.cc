@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/service/grpc_server.h"
+#include "common/service/log.h"
 #include "common/service/security.h"
 #include "fp8rl/v1/weight_sync.grpc.pb.h"
 #include "services/weight_sync/client.h"
@@ -20,10 +22,12 @@ namespace {
 class GrpcWeightPublisher final : public WeightPublisher {
  public:
   GrpcWeightPublisher(std::chrono::milliseconds timeout, service::ClientSecurity security,
-                      uint32_t upload_streams)
+                      uint32_t upload_streams, weight_sync::SameHostMode same_host)
       : timeout_(timeout),
         security_(std::move(security)),
-        upload_streams_(std::max<uint32_t>(upload_streams, 1)) {}
+        upload_streams_(std::max<uint32_t>(upload_streams, 1)),
+        host_id_(same_host == weight_sync::SameHostMode::kAuto ? weight_sync::local_host_id()
+                                                               : "") {}
 
   absl::StatusOr<int64_t> latest_version(const std::string& address) override {
     std::unique_ptr<v1::WeightSyncService::Stub> stub =
@@ -36,6 +40,11 @@ class GrpcWeightPublisher final : public WeightPublisher {
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("weight sync at ", address, ": ", s.message()));
     }
+    // Weight sync on this host that takes same-host uploads: the next upload goes by file.
+    if (!host_id_.empty() && status.same_host_id() == host_id_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!refused_same_host_.contains(address)) same_host_dirs_[address] = status.same_host_dir();
+    }
     return status.latest_version();
   }
 
@@ -43,6 +52,27 @@ class GrpcWeightPublisher final : public WeightPublisher {
                                   v1::WeightFormat format) override {
     weight_sync::UploadOptions options;
     options.timeout = timeout_;
+    if (upload_streams_ == 1) {
+      if (const std::string dir = same_host_dir(address); !dir.empty()) {
+        absl::StatusOr<v1::UploadVersionResponse> response =
+            weight_sync::upload_same_host(channel(address), set, format, dir, options);
+        if (response.ok()) return response->bytes_received();
+        // Not taken (weight sync turned it off, another host after all, a file it cannot read)
+        // or not written here: said once, and every later version goes over the stream.
+        if (response.status().code() != absl::StatusCode::kFailedPrecondition &&
+            response.status().code() != absl::StatusCode::kUnavailable) {
+          return absl::Status(response.status().code(),
+                              absl::StrCat("same-host upload to weight sync at ", address, ": ",
+                                           response.status().message()));
+        }
+        service::log_warn(
+            "trainer", "same-host upload not taken; uploading over the stream",
+            {{"weight_sync", address}, {"error", std::string(response.status().message())}});
+        std::lock_guard<std::mutex> lock(mu_);
+        refused_same_host_.insert(address);
+        same_host_dirs_.erase(address);
+      }
+    }
     absl::StatusOr<v1::UploadVersionResponse> response =
         upload_streams_ == 1 ? weight_sync::upload(channel(address), set, format, options)
                              : weight_sync::upload_parallel(part_channels(address, upload_streams_),
@@ -73,6 +103,14 @@ class GrpcWeightPublisher final : public WeightPublisher {
   }
 
  private:
+  // Weight sync's same-host directory when the last GetStatus found it on this host taking
+  // same-host uploads (empty: upload over the stream).
+  std::string same_host_dir(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = same_host_dirs_.find(address);
+    return it == same_host_dirs_.end() ? "" : it->second;
+  }
+
   std::shared_ptr<grpc::Channel> channel(const std::string& address) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = channels_.find(address);
@@ -106,7 +144,10 @@ class GrpcWeightPublisher final : public WeightPublisher {
   const std::chrono::milliseconds timeout_;
   const service::ClientSecurity security_;
   const uint32_t upload_streams_;
+  const std::string host_id_;  // local_host_id() with --weight-same-host auto, else empty
   std::mutex mu_;
+  std::map<std::string, std::string> same_host_dirs_;  // guarded by mu_: address -> directory
+  std::set<std::string> refused_same_host_;            // guarded by mu_: addresses that refused one
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
   // Guarded by mu_: the channels of upload streams per address (upload_streams_ > 1, or parts).
   std::map<std::string, std::vector<std::shared_ptr<grpc::ChannelInterface>>> part_channels_;
@@ -116,8 +157,10 @@ class GrpcWeightPublisher final : public WeightPublisher {
 
 std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout,
                                                             service::ClientSecurity security,
-                                                            uint32_t upload_streams) {
-  return std::make_unique<GrpcWeightPublisher>(timeout, std::move(security), upload_streams);
+                                                            uint32_t upload_streams,
+                                                            weight_sync::SameHostMode same_host) {
+  return std::make_unique<GrpcWeightPublisher>(timeout, std::move(security), upload_streams,
+                                               same_host);
 }
 
 }  // namespace fp8rl::trainer

@@ -13,6 +13,7 @@
 #include "fp8rl/v1/common.pb.h"
 #include "fp8rl/v1/weight_sync.pb.h"
 #include "model/weight_set.h"
+#include "services/weight_sync/same_host.h"
 
 namespace fp8rl::trainer {
 
@@ -39,8 +40,13 @@ class WeightPublisher {
 // `upload_streams` > 1 uploads each version as that many parts on as many concurrent streams,
 // each on its own connection (weight_sync::upload_parallel; a version with fewer non-empty
 // tensors than streams is refused with INVALID_ARGUMENT); 1 is the single-stream upload.
-std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(std::chrono::milliseconds timeout,
-                                                            service::ClientSecurity security = {},
-                                                            uint32_t upload_streams = 1);
+// `same_host` auto: a single-stream upload to a weight sync that runs on this host and takes
+// same-host uploads (its GetStatus says so) is handed over as a file in its same-host directory
+// (weight_sync::upload_same_host); one that is refused is logged and that address gets the
+// stream from then on.
+std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(
+    std::chrono::milliseconds timeout, service::ClientSecurity security = {},
+    uint32_t upload_streams = 1,
+    weight_sync::SameHostMode same_host = weight_sync::SameHostMode::kAuto);
 
 }  // namespace fp8rl::trainer

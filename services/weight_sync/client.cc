@@ -6,6 +6,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -295,6 +296,38 @@ absl::StatusOr<v1::UploadVersionResponse> upload(
   absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
   if (!manifest.ok()) return manifest.status();
   return stream_upload_zero_copy(channel, *manifest, set.tensors, 0, options);
+}
+
+absl::StatusOr<v1::UploadVersionResponse> upload_same_host(
+    const std::shared_ptr<grpc::ChannelInterface>& channel, const model::WeightSet& set,
+    v1::WeightFormat format, const std::string& dir, const UploadOptions& options) {
+  if (absl::Status s = check_upload_options(options); !s.ok()) return s;
+  if (dir.empty()) return absl::InvalidArgumentError("dir: empty");
+  absl::StatusOr<v1::VersionManifest> manifest = build_manifest(set, format);
+  if (!manifest.ok()) return manifest.status();
+  std::vector<std::span<const char>> pieces;
+  pieces.reserve(set.tensors.size());
+  for (const model::NamedTensor& t : set.tensors)
+    pieces.emplace_back(t.bytes.data(), t.bytes.size());
+  absl::StatusOr<std::string> path = write_upload_file(dir, set.version, pieces);
+  if (!path.ok()) return path.status();
+  v1::UploadVersionRequest request;
+  v1::MappedUpload* mapped = request.mutable_mapped();
+  *mapped->mutable_manifest() = std::move(*manifest);
+  mapped->set_path(*path);
+  mapped->set_local_host(local_host_id());
+  std::unique_ptr<v1::WeightSyncService::Stub> stub = v1::WeightSyncService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options.timeout);
+  v1::UploadVersionResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadVersionRequest>> writer =
+      stub->UploadVersion(&context, &response);
+  if (writer->Write(request)) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  // Weight sync renamed the file when it took it over; otherwise it is still ours to remove.
+  ::unlink(path->c_str());
+  if (!status.ok()) return service::from_grpc_status(status);
+  return response;
 }
 
 WeightSubscriber::WeightSubscriber(std::shared_ptr<grpc::ChannelInterface> channel,

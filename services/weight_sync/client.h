@@ -74,6 +74,17 @@ absl::StatusOr<v1::UploadVersionResponse> upload_parallel(
     std::span<const std::shared_ptr<grpc::ChannelInterface>> channels, const model::WeightSet& set,
     v1::WeightFormat format, uint32_t parts, const UploadOptions& options = {});
 
+// Same-host upload (docs/design/weight-sync.md "Same-host upload"), for an uploader on weight
+// sync's own host: writes `set`'s payload into a new file under `dir` (weight sync's
+// WeightSyncStatus.same_host_dir), sends one MappedUpload naming it, and removes the file when
+// weight sync did not take it over. FailedPrecondition when weight sync does not take same-host
+// uploads (--same-host off, another host, a file it cannot read): upload over the stream instead.
+// Unavailable naming the path when the file cannot be written; InvalidArgument for a bad set or
+// options; otherwise the service's status.
+absl::StatusOr<v1::UploadVersionResponse> upload_same_host(
+    const std::shared_ptr<grpc::ChannelInterface>& channel, const model::WeightSet& set,
+    v1::WeightFormat format, const std::string& dir, const UploadOptions& options = {});
+
 // Sees each version a WeightSubscriber receives while it lands, so a relay (relay.h) can pass it on
 // before the worker installs it. Called on the subscriber's thread only, in this order per
 // version: begin, bytes (in order from offset 0; every tensor ending in them passed its CRC-32C),

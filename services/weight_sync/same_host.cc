@@ -36,6 +36,39 @@ struct Fd {
   }
 };
 
+// A fresh name `dir`/<prefix><pid>-<version>-<n> (n counts up per process).
+std::string fresh_name(const std::string& dir, std::string_view prefix, int64_t version) {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(dir, "/", prefix, ::getpid(), "-", version, "-", counter.fetch_add(1));
+}
+
+// Creates `path` (O_EXCL, 0600) holding `pieces` one after the other; unlinks it on failure.
+absl::Status write_new_file(const std::string& path,
+                            std::span<const std::span<const char>> pieces) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (f.fd < 0) {
+    return absl::UnavailableError(absl::StrCat("same-host file ", path, ": ", errno_text(errno)));
+  }
+  uint64_t total = 0;
+  for (std::span<const char> piece : pieces) {
+    uint64_t done = 0;
+    while (done < piece.size()) {
+      const ssize_t n = ::write(f.fd, piece.data() + done, piece.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int e = n < 0 ? errno : ENOSPC;
+        ::unlink(path.c_str());
+        return absl::UnavailableError(absl::StrCat("same-host file ", path, ": writing at ",
+                                                   total + done, ": ", errno_text(e)));
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    total += piece.size();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SameHostMode> parse_same_host_mode(std::string_view value, std::string_view field) {
@@ -60,27 +93,38 @@ std::string local_host_id() {
 absl::StatusOr<std::shared_ptr<const SameHostFile>> SameHostFile::write(const std::string& dir,
                                                                         int64_t version,
                                                                         std::string_view payload) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string path =
-      absl::StrCat(dir, "/fp8rl-weights-", ::getpid(), "-", version, "-", counter.fetch_add(1));
-  Fd f;
-  f.fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
-  if (f.fd < 0) {
-    return absl::UnavailableError(absl::StrCat("same-host file ", path, ": ", errno_text(errno)));
-  }
-  uint64_t done = 0;
-  while (done < payload.size()) {
-    const ssize_t n = ::write(f.fd, payload.data() + done, payload.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = n < 0 ? errno : ENOSPC;
-      ::unlink(path.c_str());
-      return absl::UnavailableError(absl::StrCat("same-host file ", path, ": writing ",
-                                                 payload.size(), " bytes: ", errno_text(e)));
-    }
-    done += static_cast<uint64_t>(n);
+  const std::string path = fresh_name(dir, "fp8rl-weights-", version);
+  const std::span<const char> piece(payload.data(), payload.size());
+  if (absl::Status s = write_new_file(path, std::span<const std::span<const char>>(&piece, 1));
+      !s.ok()) {
+    return s;
   }
   return std::shared_ptr<const SameHostFile>(new SameHostFile(path, version, payload.size()));
+}
+
+absl::StatusOr<std::shared_ptr<const SameHostFile>> SameHostFile::adopt(const std::string& dir,
+                                                                        int64_t version,
+                                                                        const std::string& path,
+                                                                        uint64_t bytes) {
+  const std::string mine = fresh_name(dir, "fp8rl-weights-", version);
+  if (::rename(path.c_str(), mine.c_str()) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("same-host file ", path, ": renaming to ", mine, ": ", errno_text(errno)));
+  }
+  return std::shared_ptr<const SameHostFile>(new SameHostFile(mine, version, bytes));
+}
+
+absl::StatusOr<std::string> write_upload_file(const std::string& dir, int64_t version,
+                                              std::span<const std::span<const char>> pieces) {
+  std::string path = fresh_name(dir, "fp8rl-upload-", version);
+  if (absl::Status s = write_new_file(path, pieces); !s.ok()) return s;
+  return path;
+}
+
+bool is_upload_file_path(const std::string& dir, const std::string& path) {
+  const std::filesystem::path p(path);
+  return !dir.empty() && p.is_absolute() && p.parent_path() == std::filesystem::path(dir) &&
+         p.filename().string().rfind("fp8rl-upload-", 0) == 0 && p.lexically_normal() == p;
 }
 
 SameHostFile::~SameHostFile() { ::unlink(path_.c_str()); }
@@ -90,12 +134,15 @@ int remove_orphaned_same_host_files(const std::string& dir) {
   int removed = 0;
   for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    constexpr std::string_view kPrefix = "fp8rl-weights-";
-    if (name.rfind(kPrefix, 0) != 0) continue;
-    const size_t dash = name.find('-', kPrefix.size());
+    std::string_view prefix;
+    for (std::string_view p : {"fp8rl-weights-", "fp8rl-upload-"}) {
+      if (name.rfind(p, 0) == 0) prefix = p;
+    }
+    if (prefix.empty()) continue;
+    const size_t dash = name.find('-', prefix.size());
     int64_t pid = 0;
     if (dash == std::string::npos ||
-        !absl::SimpleAtoi(name.substr(kPrefix.size(), dash - kPrefix.size()), &pid) || pid <= 0) {
+        !absl::SimpleAtoi(name.substr(prefix.size(), dash - prefix.size()), &pid) || pid <= 0) {
       continue;
     }
     if (std::filesystem::exists(absl::StrCat("/proc/", pid), ec)) continue;  // still running
@@ -120,6 +167,17 @@ absl::StatusOr<std::shared_ptr<const SameHostFile>> SameHostFiles::file_for(
   if (after_write_) after_write_((*file)->path());
   // Only a newer version replaces the one held (a stream still sending an older version holds
   // its own reference).
+  if (newest_ == nullptr || newest_->version() < version) newest_ = *file;
+  return file;
+}
+
+absl::StatusOr<std::shared_ptr<const SameHostFile>> SameHostFiles::adopt(int64_t version,
+                                                                         const std::string& path,
+                                                                         uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<std::shared_ptr<const SameHostFile>> file =
+      SameHostFile::adopt(dir_, version, path, bytes);
+  if (!file.ok()) return file.status();
   if (newest_ == nullptr || newest_->version() < version) newest_ = *file;
   return file;
 }

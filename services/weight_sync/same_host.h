@@ -44,6 +44,13 @@ class SameHostFile {
   static absl::StatusOr<std::shared_ptr<const SameHostFile>> write(const std::string& dir,
                                                                    int64_t version,
                                                                    std::string_view payload);
+  // Takes over `path` (a complete file of `bytes` bytes under `dir`, e.g. a same-host upload):
+  // renames it to a name as write() gives, so that it is unlinked as one of this process's files.
+  // Unavailable naming both paths when the rename fails (the file is left where it was).
+  static absl::StatusOr<std::shared_ptr<const SameHostFile>> adopt(const std::string& dir,
+                                                                   int64_t version,
+                                                                   const std::string& path,
+                                                                   uint64_t bytes);
   ~SameHostFile();  // unlinks the file
   SameHostFile(const SameHostFile&) = delete;
   SameHostFile& operator=(const SameHostFile&) = delete;
@@ -72,6 +79,12 @@ class SameHostFiles {
   absl::StatusOr<std::shared_ptr<const SameHostFile>> file_for(int64_t version,
                                                                std::string_view payload);
 
+  // Makes `path` (a same-host upload of `version`, verified) the file offered for `version`
+  // (SameHostFile::adopt), so the workers read the uploader's file and nothing is written again.
+  absl::StatusOr<std::shared_ptr<const SameHostFile>> adopt(int64_t version,
+                                                            const std::string& path,
+                                                            uint64_t bytes);
+
   // Tests only: called with each file's path after it was written and before it is offered.
   void set_after_write(std::function<void(const std::string& path)> hook);
   const std::string& dir() const { return dir_; }
@@ -86,11 +99,22 @@ class SameHostFiles {
   std::function<void(const std::string& path)> after_write_;  // guarded by mu_
 };
 
-// Removes the same-host files under `dir` left by weight-sync processes that no longer run (a
-// killed process cannot unlink its files; /proc/<pid> of the name's pid is gone). Files of
-// running processes are left alone. Returns how many were removed. SameHostFiles calls it once,
-// before writing its first file.
+// Removes the same-host files under `dir` left by processes that no longer run (weight sync's
+// fp8rl-weights-<pid>-* and uploaders' fp8rl-upload-<pid>-*: a killed process cannot unlink its
+// files; /proc/<pid> of the name's pid is gone). Files of running processes are left alone.
+// Returns how many were removed. SameHostFiles calls it once, before writing its first file.
 int remove_orphaned_same_host_files(const std::string& dir);
+
+// An uploader's side of a same-host upload: writes the tensors' bytes, in order (the payload of
+// their manifest), into a new file `dir`/fp8rl-upload-<pid>-<version>-<n> (O_EXCL, mode 0600) and
+// returns its path. Unavailable naming the path and errno when it cannot be created or written
+// (nothing is left behind).
+absl::StatusOr<std::string> write_upload_file(const std::string& dir, int64_t version,
+                                              std::span<const std::span<const char>> pieces);
+
+// Whether `path` names a same-host upload file directly under `dir` (what weight sync accepts
+// in a MappedUpload: no other file of the host is read on an uploader's word).
+bool is_upload_file_path(const std::string& dir, const std::string& path);
 
 // A worker's side: reads `path` into `assembler` (begun with begin_into for the version's
 // manifest) in pieces of `piece_bytes`, each through chunk_target / commit_chunk, so every tensor's

@@ -313,6 +313,9 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
       }
     }
     if (!have_manifest) {
+      if (request.has_mapped()) {
+        return receive_mapped_upload(read, std::move(*request.mutable_mapped()), response);
+      }
       if (!request.has_manifest()) {
         return reject_upload(
             absl::InvalidArgumentError("the first upload message must be a manifest"), 0);
@@ -409,6 +412,95 @@ grpc::Status WeightSyncServiceImpl::receive_upload(
   record_stored(version, format, num_tensors, bytes, 1);
   response->set_version(version);
   response->set_bytes_received(bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status WeightSyncServiceImpl::receive_mapped_upload(
+    const std::function<bool(grpc::ByteBuffer*)>& read, v1::MappedUpload mapped,
+    v1::UploadVersionResponse* response) {
+  const int64_t version = mapped.manifest().version();
+  if (!same_host_.load()) {
+    return reject_upload(
+        absl::FailedPreconditionError("same-host uploads need weight sync's --same-host auto"),
+        version);
+  }
+  if (host_id_.empty() || mapped.local_host() != host_id_) {
+    return reject_upload(absl::FailedPreconditionError(
+                             "mapped.local_host: the uploader does not run on weight sync's host"),
+                         version);
+  }
+  if (!is_upload_file_path(same_host_files_.dir(), mapped.path())) {
+    return reject_upload(absl::InvalidArgumentError(absl::StrCat(
+                             "mapped.path: must name an fp8rl-upload-* file directly under ",
+                             same_host_files_.dir(), ", got '", mapped.path(), "'")),
+                         version);
+  }
+  if (const int64_t latest = store_.latest_version(); version <= latest) {
+    return reject_upload(absl::InvalidArgumentError(
+                             absl::StrCat("mapped.manifest.version: ", version,
+                                          " is not newer than the latest stored version ", latest)),
+                         version);
+  }
+  if (is_multipart(mapped.manifest())) {
+    return reject_upload(
+        absl::InvalidArgumentError("mapped.manifest: a same-host upload is sent as one part"),
+        version);
+  }
+  if (grpc::ByteBuffer extra; read(&extra)) {
+    return reject_upload(
+        absl::InvalidArgumentError("a same-host upload is one message; another followed it"),
+        version);
+  }
+  const uint64_t total = mapped.manifest().total_bytes();
+  PayloadAssembler assembler(options_.max_version_bytes);
+  std::string payload;
+  if (total > 0 && total <= options_.max_version_bytes) {
+    payload = pool_->take(total);
+    payload.resize(total);
+  }
+  // begin_into reports an empty or too large version before anything is read.
+  if (absl::Status s = assembler.begin_into(std::move(*mapped.mutable_manifest()),
+                                            std::span<char>(payload.data(), payload.size()));
+      !s.ok()) {
+    return reject_upload(s, version);
+  }
+  if (absl::Status s =
+          read_same_host_file(mapped.path(), &assembler, total, kDefaultChunkBytes, nullptr);
+      !s.ok()) {
+    // A file that is not there or not whole: the uploader falls back to the stream. A CRC
+    // mismatch stays DATA_LOSS.
+    return reject_upload(
+        s.code() == absl::StatusCode::kUnavailable ? absl::FailedPreconditionError(s.message()) : s,
+        version);
+  }
+  metrics_->received_bytes->get().inc(static_cast<double>(total));
+  absl::StatusOr<AssembledVersion> assembled = assembler.finish();
+  if (!assembled.ok()) return reject_upload(assembled.status(), version);
+  std::shared_ptr<StoredVersion> stored(new StoredVersion, [pool = pool_](StoredVersion* v) {
+    pool->give(std::move(v->payload));
+    delete v;
+  });
+  stored->manifest = std::move(assembled->manifest);
+  stored->payload = std::move(payload);
+  stored->arrived = std::chrono::steady_clock::now();
+  const v1::WeightFormat format = stored->manifest.format();
+  const int num_tensors = stored->manifest.tensors_size();
+  // The uploader's file becomes this version's same-host file before the store wakes the
+  // streams, so the workers on this host read it and nothing is written again (a failed rename
+  // only costs that write; the uploader then removes its file).
+  if (absl::StatusOr<std::shared_ptr<const SameHostFile>> adopted =
+          same_host_files_.adopt(version, mapped.path(), total);
+      !adopted.ok()) {
+    service::log_warn(
+        kComponent, "cannot keep a same-host upload's file",
+        {{"version", absl::StrCat(version)}, {"error", std::string(adopted.status().message())}});
+  }
+  workers_.published(version, std::chrono::steady_clock::now());
+  if (absl::Status s = store_.add(stored); !s.ok()) return reject_upload(s, version);
+  record_stored(version, format, num_tensors, total, 1);
+  response->set_version(version);
+  response->set_bytes_received(total);
+  response->set_same_host(true);
   return grpc::Status::OK;
 }
 
@@ -1067,6 +1159,10 @@ grpc::Status WeightSyncServiceImpl::GetStatus(grpc::ServerContext* context,
   }
   response->set_rejected_uploads(rejected_.load());
   response->set_arriving_version(store_.arriving_version());
+  if (same_host_.load() && !host_id_.empty()) {
+    response->set_same_host_id(host_id_);
+    response->set_same_host_dir(same_host_files_.dir());
+  }
   return grpc::Status::OK;
 }
 

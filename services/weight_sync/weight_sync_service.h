@@ -171,6 +171,12 @@ class WeightSyncServiceImpl final : public v1::WeightSyncService::Service {
   grpc::Status receive_part(grpc::ServerContext* context,
                             const std::function<bool(grpc::ByteBuffer*)>& read,
                             v1::VersionManifest manifest, v1::UploadVersionResponse* response);
+  // A same-host upload (MappedUpload, already read): the uploader's file is read and verified
+  // into a payload buffer, the version stored, and the file kept as its same-host file.
+  // FailedPrecondition when this weight sync does not take them (--same-host off, another host,
+  // a file it cannot read): the uploader sends the version over the stream instead.
+  grpc::Status receive_mapped_upload(const std::function<bool(grpc::ByteBuffer*)>& read,
+                                     v1::MappedUpload mapped, v1::UploadVersionResponse* response);
   // Metrics and log line of a newly stored version.
   void record_stored(int64_t version, v1::WeightFormat format, int num_tensors, uint64_t bytes,
                      uint32_t parts);
