@@ -5,12 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
 #include "engine/arena.h"
 #include "engine/cpu/decoder_ops.h"
+#include "engine/cpu/train_ops.h"
 #include "model/inference_backend.h"
+#include "model/ops.h"
 #include "model/weight_view.h"
 #include "tests/unit/model/model_test_util.h"
 
@@ -202,6 +205,144 @@ INSTANTIATE_TEST_SUITE_P(
              std::string(precision_name(info.param.kv)) + (info.param.qwen3 ? "_qwen3" : "_qwen2") +
              (info.param.moe ? "_moe" : "");
     });
+
+struct IdentityCase {
+  model::Precision linear;
+  int arch;  // 0: qwen2 (q/k/v bias), 1: qwen3 (q/k norm), 2: qwen3_moe, 3: qwen2_moe
+  model::KvCacheDtype kv = model::KvCacheDtype::kF32;
+};
+
+std::string identity_name(const IdentityCase& c) {
+  static const char* kArch[] = {"qwen2", "qwen3", "qwen3_moe", "qwen2_moe"};
+  return std::string(precision_name(c.linear)) + "_" + kArch[c.arch] + "_kv_" +
+         std::string(precision_name(c.kv));
+}
+
+// fp32 linears run OpenBLAS sgemm, whose last bits depend on the rows of the call (one row per
+// sequence in a decode step, every row of the batch in the training forward): logprobs agree to a
+// few ulp (measured <= 5e-7 here), not bit for bit. bf16 and FP8 linears accumulate each row
+// alone, so their logprobs are bit-identical.
+constexpr float kF32RowsTol = 1e-5f;
+
+class SamplerLearnerTest : public ::testing::TestWithParam<IdentityCase> {};
+
+// The sampler and the learner compute the same function: three sequences decoded through a KV
+// cache (decoder_step over CpuDecoderOps: one prefill of 1, 4 and 7 tokens, then one token per
+// step), the logprob of each next token taken from the step's logits as the sampler takes it
+// (model/sampler.cc: z[token] / T - logsumexp(z / T)), equal the training forward's logprobs of
+// the same tokens bit for bit (fp32 linears: kF32RowsTol): Model::forward, and (dense models)
+// train_forward over CpuTrainOps. An FP8 or BF16 cache matches the training forward's KV
+// fake-quantization (train_kv_fake_quant) exactly too.
+TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
+  const IdentityCase c = GetParam();
+  constexpr int64_t kVocab = 160, kBlock = 4;
+  model::PrecisionPolicy policy;
+  policy.linear = c.linear;
+  policy.kv_cache = c.kv;
+  namespace mt = model::testing;
+  const model::ModelConfig config =
+      c.arch == 0   ? mt::make_config(kVocab, 128, 256, 2, 4, 2, false, /*qwen2=*/true)
+      : c.arch == 1 ? mt::make_qwen3_config(kVocab, 128, 256, 2, 4, 2, 48, true)
+      : c.arch == 2
+          ? mt::make_qwen3_moe_config(kVocab, 128, 256, 2, 4, 2, 48, false, 4, 2, 64, true)
+          : mt::make_qwen2_moe_config(kVocab, 128, 256, 2, 4, 2, true, 4, 2, 64, 96);
+  const bool moe = config.num_sparse_layers() > 0;
+  auto made = model::Model::Init(config, policy, 5, 0.05f);
+  ASSERT_TRUE(made.ok()) << made.status();
+  model::Model& model = **made;
+  mt::randomize(model, 13, 0.1);
+  if (c.kv == model::KvCacheDtype::kFP8) {
+    model::KvScales s = model.kv_scales();
+    for (auto& k : s.k) k = 0.03f;
+    for (auto& v : s.v) v = 0.02f;
+    ASSERT_TRUE(model.set_kv_scales(s).ok());
+  }
+  const std::vector<int64_t> prefill = {1, 4, 7};
+  const std::vector<int64_t> lens = {14, 9, 20};
+  model::Rng rng(17);
+  model::TokenBatch seqs;
+  for (int64_t n : lens) seqs.push_back(mt::random_tokens(rng, n, kVocab));
+  model::KvBlockPool pool(32);
+  std::vector<std::vector<int32_t>> blocks(seqs.size());
+  for (size_t s = 0; s < seqs.size(); ++s)
+    blocks[s] = *pool.acquire((lens[s] + kBlock - 1) / kBlock);
+  CpuDecoderOps ops(model, 32, kBlock);
+  CpuStepBuffers buf(config, 32);
+  const float temperature = 0.8f, inv_t = 1.0f / temperature;
+  // decoded[s][i]: logprob of token i + 1 of sequence s (from prefill[s] - 1 on).
+  std::vector<std::vector<float>> decoded(seqs.size());
+  std::vector<float> logits(seqs.size() * kVocab);
+  for (int64_t step = 0;; ++step) {
+    std::vector<SegmentBlocks> segs;
+    std::vector<size_t> which;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int64_t pos0 = step == 0 ? 0 : prefill[s] + step - 1, n = step == 0 ? prefill[s] : 1;
+      if (pos0 + n >= lens[s]) continue;  // the last token is never fed
+      segs.push_back({&blocks[s], lens[s], seqs[s].data() + pos0, n, pos0});
+      which.push_back(s);
+    }
+    if (segs.empty()) break;
+    auto t = build_step_tables(segs, kBlock, kVocab, config.max_position_embeddings,
+                               OutputRows::kLastOfSegment);
+    ASSERT_TRUE(t.ok()) << t.status();
+    const StepBuffers b = buf.view();
+    ASSERT_TRUE(decoder_step(config, policy, model.layout(), ops, b, *t, nullptr).ok());
+    ASSERT_TRUE(ops.linear(-1, 0, b.sel, t->n_seg, nullptr, logits.data()).ok());
+    for (size_t i = 0; i < which.size(); ++i) {
+      const size_t s = which[i];
+      const float* z = logits.data() + i * kVocab;
+      const int32_t next = seqs[s][segs[i].pos0 + segs[i].n];
+      decoded[s].push_back(z[next] * inv_t - model::ops::logsumexp_scaled(z, kVocab, inv_t));
+    }
+  }
+  auto ref = model.forward(seqs, {.temperature = temperature}, nullptr);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::vector<const model::TokenValues*> learners = {&*ref};
+  CpuTrainStep step;
+  absl::StatusOr<model::TokenValues> engine_lp = absl::UnknownError("not run");
+  if (!moe) {  // train_forward has no MoE op yet
+    engine_lp = step.forward(model, seqs, {.temperature = temperature});
+    ASSERT_TRUE(engine_lp.ok()) << engine_lp.status();
+    learners.push_back(&*engine_lp);
+  }
+  int64_t compared = 0;
+  double norm = 0;
+  for (const model::TokenValues* learner : learners) {
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      ASSERT_EQ(static_cast<int64_t>(decoded[s].size()), lens[s] - prefill[s]);
+      for (size_t j = 0; j < decoded[s].size(); ++j) {
+        const float want = (*learner)[s][prefill[s] - 1 + j];
+        const std::string where =
+            absl::StrCat(learner == &*ref ? "Model::forward" : "train_forward", " sequence ", s,
+                         " token ", prefill[s] + j, ": ", decoded[s][j], " vs ", want);
+        if (c.linear == model::Precision::kF32) {
+          ASSERT_LE(std::fabs(decoded[s][j] - want), kF32RowsTol) << where;
+        } else {
+          ASSERT_EQ(std::bit_cast<uint32_t>(decoded[s][j]), std::bit_cast<uint32_t>(want)) << where;
+        }
+        norm += std::fabs(want);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, static_cast<int64_t>(learners.size()) * (13 + 5 + 13));
+  EXPECT_GT(norm, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, SamplerLearnerTest,
+    ::testing::Values(
+        IdentityCase{model::Precision::kF32, 0}, IdentityCase{model::Precision::kF32, 1},
+        IdentityCase{model::Precision::kF32, 2}, IdentityCase{model::Precision::kF32, 3},
+        IdentityCase{model::Precision::kBF16, 0}, IdentityCase{model::Precision::kBF16, 1},
+        IdentityCase{model::Precision::kBF16, 2}, IdentityCase{model::Precision::kBF16, 3},
+        IdentityCase{model::Precision::kFP8, 0}, IdentityCase{model::Precision::kFP8, 1},
+        IdentityCase{model::Precision::kFP8, 2}, IdentityCase{model::Precision::kFP8, 3},
+        IdentityCase{model::Precision::kFP8, 0, model::KvCacheDtype::kFP8},
+        IdentityCase{model::Precision::kBF16, 2, model::KvCacheDtype::kBF16},
+        IdentityCase{model::Precision::kBF16, 1, model::KvCacheDtype::kFP8},
+        IdentityCase{model::Precision::kFP8, 3, model::KvCacheDtype::kFP8}),
+    [](const auto& info) { return identity_name(info.param); });
 
 // An inference-only model (what a generation worker installs versions into) keeps only the
 // double-accumulation operand of its BF16 linears and untied lm_head: linear_values() recovers
