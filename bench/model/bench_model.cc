@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/fs.h"
-#include "model/generator.h"
+#include "model/step_generator.h"
 #include "model/model.h"
 #include "model/nll.h"
 

@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
-#include "model/generator.h"
+#include "model/step_generator.h"
 #include "model/inference_backend.h"
 #include "model/model.h"
 #include "model/step_generator.h"

@@ -1,10 +1,12 @@
 // The CUDA backend's host-side logic without a GPU: the step tables (block table, row arrays),
-// the arena's bookkeeping, and decoder_step() over the CPU mirror of the device ops
-// (CpuDecoderOps) against Model::forward_cached -- every layer's output and the logits.
+// the arena's bookkeeping, and decoder_step() over the CPU ops (CpuDecoderOps, what the CPU
+// backend generates with) against the training forwards: the logprobs of a KV-cache decode equal
+// Model::forward's and train_forward's, and its MoE routing record equals Model::forward's.
 #include "engine/decoder_step.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -92,120 +94,6 @@ TEST(StepTables, BadSegmentsNameTheSegment) {
   EXPECT_NE(s.message().find("token id 10 is out of range [0, 10)"), std::string::npos) << s;
 }
 
-struct Case {
-  model::Precision linear;
-  model::KvCacheDtype kv;
-  bool qwen3;
-  bool moe = false;  // qwen3: qwen3_moe (every layer sparse); qwen2: qwen2_moe (shared expert)
-};
-
-class MirrorTest : public ::testing::TestWithParam<Case> {};
-
-// Prefill of three prompts (lengths 9, 1, 17) in one step, then 4 decode steps with blocks of 4
-// positions handed out in a shuffled order: every layer's output and the logits of the mirror
-// equal Model::forward_cached's bit for bit (same ops, same rounding points, same KV contents).
-TEST_P(MirrorTest, LayerOutputsAndLogitsEqualForwardCached) {
-  const Case c = GetParam();
-  constexpr int64_t kVocab = 160, kBlock = 4;
-  model::PrecisionPolicy policy;
-  policy.linear = c.linear;
-  policy.kv_cache = c.kv;
-  const model::ModelConfig config =
-      c.moe ? (c.qwen3 ? model::testing::make_qwen3_moe_config(kVocab, 128, 256, 2, 4, 2, 48, false,
-                                                               4, 2, 64, true)
-                       : model::testing::make_qwen2_moe_config(kVocab, 128, 256, 2, 4, 2, true, 4,
-                                                               2, 64, 96))
-      : c.qwen3 ? model::testing::make_qwen3_config(kVocab, 128, 256, 2, 4, 2, 48, false)
-                : model::testing::make_config(kVocab, 128, 256, 2, 4, 2, true, /*qwen2=*/true);
-  ASSERT_EQ(config.num_sparse_layers() > 0, c.moe);
-  auto made = model::Model::Init(config, policy, 5, 0.05f);
-  ASSERT_TRUE(made.ok()) << made.status();
-  model::Model& model = **made;
-  if (c.kv == model::KvCacheDtype::kFP8) {
-    model::KvScales s = model.kv_scales();
-    for (auto& k : s.k) k = 0.03f;
-    for (auto& v : s.v) v = 0.02f;
-    ASSERT_TRUE(model.set_kv_scales(s).ok());
-  }
-  const std::vector<int64_t> lens = {9, 1, 17};
-  constexpr int64_t kNew = 4;
-  model::Rng rng(3);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int64_t n : lens) {
-    std::vector<int32_t> t(n + kNew);
-    for (auto& x : t) x = static_cast<int32_t>(rng.next() % kVocab);
-    seqs.push_back(t);
-  }
-  // Blocks: a shuffled permutation of the pool, so sequences' blocks are not contiguous.
-  model::KvBlockPool pool(32);
-  std::vector<std::vector<int32_t>> blocks(seqs.size());
-  for (size_t s = seqs.size(); s-- > 0;) {  // the last sequence gets the low ids
-    const int64_t cap = static_cast<int64_t>(seqs[s].size());
-    blocks[s] = *pool.acquire((cap + kBlock - 1) / kBlock);
-    std::reverse(blocks[s].begin(), blocks[s].end());
-  }
-  CpuDecoderOps ops(model, 32, kBlock);
-  CpuStepBuffers buf(config, 32);
-  std::vector<std::unique_ptr<model::KvCache>> ref_kv;
-  for (auto& s : seqs) ref_kv.push_back(model.new_kv_cache(static_cast<int64_t>(s.size())));
-  model::InferenceWorkspace ws;
-  std::vector<std::vector<float>> ref_layers;
-  ws.layer_out = &ref_layers;
-  const int64_t h = config.hidden_size;
-  std::vector<float> ref_logits(seqs.size() * kVocab), logits(seqs.size() * kVocab);
-  for (int64_t step = 0; step <= kNew; ++step) {
-    std::vector<SegmentBlocks> segs;
-    std::vector<model::CachedSegment> ref;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const int64_t pos0 = step == 0 ? 0 : lens[s] + step - 1, n = step == 0 ? lens[s] : 1;
-      const int64_t cap = static_cast<int64_t>(seqs[s].size());
-      segs.push_back({&blocks[s], cap, seqs[s].data() + pos0, n, pos0});
-      ref.push_back({ref_kv[s].get(), seqs[s].data() + pos0, n, pos0});
-    }
-    auto t = build_step_tables(segs, kBlock, kVocab, config.max_position_embeddings,
-                               OutputRows::kLastOfSegment);
-    ASSERT_TRUE(t.ok()) << t.status();
-    ASSERT_TRUE(model.forward_cached(ref, ref_logits.data(), &ws).ok());
-    std::vector<std::vector<float>> layers;
-    auto hook = [&](int64_t, const float* x) {
-      layers.emplace_back(x, x + t->rows * h);
-      return absl::OkStatus();
-    };
-    const StepBuffers b = buf.view();
-    ASSERT_TRUE(decoder_step(config, policy, model.layout(), ops, b, *t, hook).ok());
-    ASSERT_TRUE(ops.linear(-1, 0, b.sel, t->n_seg, nullptr, logits.data()).ok());
-    ASSERT_EQ(layers.size(), ref_layers.size());
-    for (size_t l = 0; l < layers.size(); ++l) {
-      ASSERT_EQ(layers[l].size(), ref_layers[l].size());
-      ASSERT_EQ(
-          0, std::memcmp(layers[l].data(), ref_layers[l].data(), layers[l].size() * sizeof(float)))
-          << "step " << step << " layer " << l;
-    }
-    ASSERT_EQ(0, std::memcmp(logits.data(), ref_logits.data(), logits.size() * sizeof(float)))
-        << "step " << step;
-    double norm = 0;
-    for (float v : logits) norm += std::fabs(v);
-    ASSERT_GT(norm, 0.0);
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Policies, MirrorTest,
-    ::testing::Values(Case{model::Precision::kF32, model::KvCacheDtype::kF32, false},
-                      Case{model::Precision::kF32, model::KvCacheDtype::kFP8, true},
-                      Case{model::Precision::kBF16, model::KvCacheDtype::kBF16, false},
-                      Case{model::Precision::kBF16, model::KvCacheDtype::kF32, true},
-                      Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, false},
-                      Case{model::Precision::kFP8, model::KvCacheDtype::kBF16, true},
-                      Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, true, true},
-                      Case{model::Precision::kBF16, model::KvCacheDtype::kF32, false, true},
-                      Case{model::Precision::kF32, model::KvCacheDtype::kBF16, true, true}),
-    [](const auto& info) {
-      return std::string(precision_name(info.param.linear)) + "_kv_" +
-             std::string(precision_name(info.param.kv)) + (info.param.qwen3 ? "_qwen3" : "_qwen2") +
-             (info.param.moe ? "_moe" : "");
-    });
-
 struct IdentityCase {
   model::Precision linear;
   int arch;  // 0: qwen2 (q/k/v bias), 1: qwen3 (q/k norm), 2: qwen3_moe, 3: qwen2_moe
@@ -262,12 +150,18 @@ TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
   model::Rng rng(17);
   model::TokenBatch seqs;
   for (int64_t n : lens) seqs.push_back(mt::random_tokens(rng, n, kVocab));
+  // Blocks: a permutation of the pool, so a sequence's blocks are neither contiguous nor in order.
   model::KvBlockPool pool(32);
   std::vector<std::vector<int32_t>> blocks(seqs.size());
-  for (size_t s = 0; s < seqs.size(); ++s)
+  for (size_t s = seqs.size(); s-- > 0;) {  // the last sequence gets the low ids
     blocks[s] = *pool.acquire((lens[s] + kBlock - 1) / kBlock);
+    std::reverse(blocks[s].begin(), blocks[s].end());
+  }
   CpuDecoderOps ops(model, 32, kBlock);
   CpuStepBuffers buf(config, 32);
+  // routing[s]: the experts each fed token of sequence s went to, [token, sparse layer, k].
+  const int64_t k = config.moe.num_experts_per_tok, n_sparse = config.num_sparse_layers();
+  std::vector<std::vector<int32_t>> routing(seqs.size());
   const float temperature = 0.8f, inv_t = 1.0f / temperature;
   // decoded[s][i]: logprob of token i + 1 of sequence s (from prefill[s] - 1 on).
   std::vector<std::vector<float>> decoded(seqs.size());
@@ -288,6 +182,14 @@ TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
     const StepBuffers b = buf.view();
     ASSERT_TRUE(decoder_step(config, policy, model.layout(), ops, b, *t, nullptr).ok());
     ASSERT_TRUE(ops.linear(-1, 0, b.sel, t->n_seg, nullptr, logits.data()).ok());
+    ASSERT_EQ(b.routing != nullptr, moe);
+    for (int64_t r = 0; moe && r < t->rows; ++r) {
+      std::vector<int32_t>& out = routing[which[t->row_seq[r]]];
+      for (int64_t li = 0; li < n_sparse; ++li) {
+        const int32_t* sel = b.routing + (li * t->rows + r) * k;
+        out.insert(out.end(), sel, sel + k);
+      }
+    }
     for (size_t i = 0; i < which.size(); ++i) {
       const size_t s = which[i];
       const float* z = logits.data() + i * kVocab;
@@ -295,8 +197,18 @@ TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
       decoded[s].push_back(z[next] * inv_t - model::ops::logsumexp_scaled(z, kVocab, inv_t));
     }
   }
-  auto ref = model.forward(seqs, {.temperature = temperature}, nullptr);
+  model::ForwardContext ctx;
+  auto ref = model.forward(seqs, {.temperature = temperature}, &ctx);
   ASSERT_TRUE(ref.ok()) << ref.status();
+  if (moe) {
+    // Every token but the last was fed: the record is the training forward's routing of them.
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const std::vector<int32_t>& used = ctx.moe.used[s];
+      ASSERT_EQ(static_cast<int64_t>(routing[s].size()), (lens[s] - 1) * n_sparse * k);
+      EXPECT_TRUE(std::equal(routing[s].begin(), routing[s].end(), used.begin()))
+          << "sequence " << s;
+    }
+  }
   std::vector<const model::TokenValues*> learners = {&*ref};
   CpuTrainStep step;
   absl::StatusOr<model::TokenValues> engine_lp = absl::UnknownError("not run");
@@ -479,7 +391,7 @@ TEST(DecoderStep, MoeWithoutAMoeOpIsRefusedClearly) {
   ASSERT_TRUE(dense.ok());
   CpuDecoderOps cpu(**dense, 4, 4);
   std::vector<float> x(64, 1.0f), y(64);
-  EXPECT_EQ(cpu.moe(0, x.data(), 1, y.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cpu.moe(0, x.data(), 1, y.data(), nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

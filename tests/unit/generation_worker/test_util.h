@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "model/config.h"
-#include "model/generator.h"
+#include "model/step_generator.h"
 #include "model/model.h"
 #include "model/precision.h"
 #include "model/weight_set.h"
