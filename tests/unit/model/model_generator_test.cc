@@ -57,7 +57,7 @@ std::map<int64_t, GenerationResult> drain(BackendGenerator& gen) {
 // The KV blocks' bytes a lone sequence of this prompt reserves.
 int64_t cache_bytes_of(std::shared_ptr<const Model> model, const std::vector<int32_t>& prompt) {
   BackendGenerator g = cpu_generator(std::move(model));
-  EXPECT_TRUE(g.add(prompt, kParams).ok());
+  EXPECT_TRUE(g.add(prompt, kParams, 0).ok());
   return g.kv_cache_bytes();
 }
 
