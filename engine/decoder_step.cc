@@ -99,8 +99,11 @@ absl::Status decoder_step(const model::ModelConfig& config, const model::Precisi
     FP8RL_STEP(ops.add(b.x2, b.x, m * h, rb));
     FP8RL_STEP(ops.rmsnorm(b.x2, ops.small(lo.post_norm), m, h, rb, b.h2));
     if (config.sparse_layer(l)) {
-      // x = x2 + moe(h2).
-      FP8RL_STEP(ops.moe(l, b.h2, m, b.x));
+      // x = x2 + moe(h2); the routing of the rows into b.routing[sparse index].
+      int32_t* sel = b.routing != nullptr
+                         ? b.routing + config.sparse_index(l) * m * config.moe.num_experts_per_tok
+                         : nullptr;
+      FP8RL_STEP(ops.moe(l, b.h2, m, b.x, sel));
     } else {
       // x = x2 + down(silu(gate(h2)) * up(h2)).
       FP8RL_STEP(ops.linear(l, 4, b.h2, m, nullptr, b.g));

@@ -1,9 +1,10 @@
 // One KV-cache forward step of the decoder (batched prefill + decode rows over a paged KV cache)
 // written once against an abstract set of ops, so the CUDA backend (device ops,
 // cuda/cuda_backend.cc) and the CPU ops (CpuDecoderOps, kernels/cpu + model/linear.h) run the same
-// sequence of operations with the same BF16 rounding points as Model::forward_cached
-// (model/model_forward.cc layer_forward). The CPU ops are tested against Model::forward_cached on
-// this machine; the device ops are tested op by op against kernels/cpu in tests/gpu.
+// sequence of operations with the same BF16 rounding points as the training forward
+// (model/model_forward.cc layer_forward). The CPU ops are tested against the training forward on
+// this machine (logprobs bit for bit, tests/unit/engine/decoder_step_test.cc); the device ops are
+// tested op by op against kernels/cpu in tests/gpu.
 //
 // Plain C++ (no CUDA headers): built and tested in every build.
 #pragma once
@@ -82,12 +83,14 @@ class DecoderOps {
                                  int64_t rows, float* o) = 0;
   virtual absl::Status swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) = 0;
   // Sparse layer `layer`'s MLP: y[rows, hidden] = moe(x) (model/moe.h moe_forward: router top-k,
-  // the experts' SwiGLUs, the shared expert), routing chosen freely (no replay). Ops without one
-  // answer FailedPrecondition.
-  virtual absl::Status moe(int64_t layer, const float* x, int64_t rows, float* y) {
+  // the experts' SwiGLUs, the shared expert), routing chosen freely (no replay); the experts each
+  // row went to into sel[rows, top_k] (descending probability; nullable: not recorded). Ops
+  // without one answer FailedPrecondition.
+  virtual absl::Status moe(int64_t layer, const float* x, int64_t rows, float* y, int32_t* sel) {
     (void)x;
     (void)rows;
     (void)y;
+    (void)sel;
     return absl::FailedPreconditionError(
         absl::StrCat("MoE not on this device (layer ", layer, " is a mixture-of-experts layer)"));
   }
@@ -107,10 +110,14 @@ struct StepBuffers {
         *v = nullptr, *o = nullptr, *x2 = nullptr, *h2 = nullptr, *g = nullptr, *u = nullptr,
         *act = nullptr;
   float* sel = nullptr;  // [n_out, hidden]: the final norm of the output rows
+  // Mixture of experts (nullable: not recorded): the routing of the step, [sparse layers, rows,
+  // top_k] (ModelConfig::sparse_index order), what DecoderOps::moe writes.
+  int32_t* routing = nullptr;
 };
 
 // Runs the decoder layers and the final norm of one step: sel = final_norm(x[out_rows]).
-// A sparse layer runs ops.moe (FailedPrecondition from ops without one). `layer_hook`
+// A sparse layer runs ops.moe (FailedPrecondition from ops without one), recording its routing
+// into b.routing when set. `layer_hook`
 // (nullable) is called with x after each layer.
 absl::Status decoder_step(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
                           const model::ParamLayout& layout, DecoderOps& ops, const StepBuffers& b,

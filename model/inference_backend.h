@@ -5,7 +5,9 @@
 //
 // The CPU implementation (make_cpu_backend, engine/cpu/cpu_backend.cc) runs the decoder engine's
 // step (engine/decoder_step.h) over its CPU ops and a paged KV pool (dense and mixture-of-experts
-// models); it computes exactly what Model::forward_cached / Sampler / Model::forward compute. The
+// models); its logprobs equal the training forward's (Model::forward) bit for bit for bf16 and FP8
+// linears (tests/unit/engine/decoder_step_test.cc SamplerLearnerTest), and score() is
+// Model::forward itself. The
 // CUDA implementation (engine/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on
 // the device.
 //
@@ -82,6 +84,11 @@ struct BackendSegment {
   const int32_t* tokens = nullptr;
   int64_t n = 0;
   int64_t pos0 = 0;
+  // Mixture of experts (nullable): forward() appends the experts each of the n tokens went to,
+  // [n, sparse layers, top_k] (Model::routing_width() values per token; the routing record of
+  // model/model.h TokenRouting that the trainer replays). Nothing is appended for a dense model.
+  // The CUDA backend refuses MoE models, so it never has a record to append.
+  std::vector<int32_t>* routing = nullptr;
 };
 
 // What forward_sample() draws for one segment: from the logits of its last token, with its own
@@ -140,6 +147,9 @@ class InferenceBackend {
   virtual absl::StatusOr<TokenValues> score(const TokenBatch& batch, float temperature) = 0;
 
   virtual BackendMemory memory() const = 0;
+  // Whether one forward() is bounded to BackendOptions::max_step_tokens rows (CUDA: its scratch
+  // is sized for them). The CPU backend grows its scratch, so a longer prompt still runs (alone).
+  virtual bool bounds_step_rows() const { return true; }
 };
 
 // Host-side bookkeeping of a pool of KV blocks (ids 0..total-1; total < 0: unbounded, ids are

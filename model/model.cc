@@ -436,11 +436,6 @@ absl::Status Model::save(const std::string& dir, WeightFormat format) const {
   return write_checkpoint(dir, set->config_json, writer);
 }
 
-std::unique_ptr<KvCache> Model::new_kv_cache(int64_t capacity) const {
-  return std::make_unique<KvCache>(config_.num_hidden_layers, config_.num_key_value_heads,
-                                   config_.head_dim, capacity, policy_.kv_cache);
-}
-
 int64_t Model::routing_width() const {
   return config_.num_sparse_layers() * config_.moe.num_experts_per_tok;
 }

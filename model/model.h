@@ -1,8 +1,9 @@
 // The Llama/Qwen2/Qwen3 decoder engine shared by generation and training: HF checkpoints in and
 // out, a training forward over packed sequences that returns per-token logprobs and keeps what the
 // backward needs, a backward driven by a caller-supplied dL/dlogprob per token (how rl/ plugs in
-// GRPO losses), and a KV-cache forward for batched prefill and incremental decode. Every linear
-// layer runs in the precision policy's format through model/linear.h (the backend boundary).
+// GRPO losses), and read access to the weights for the decoder engine's KV-cache step (engine/:
+// generation on the CPU and CUDA backends). Every linear layer runs in the precision policy's
+// format through model/linear.h (the backend boundary).
 #pragma once
 
 #include <array>
@@ -103,27 +104,6 @@ struct ForwardContext {
 int64_t activation_bytes(const ForwardContext& ctx);
 int64_t activation_bytes(const LayerActivations& a);
 
-// A piece of a sequence processed by the KV-cache forward: n new tokens at positions
-// [pos0, pos0 + n) appended to `cache` (which must already hold positions [0, pos0)).
-struct CachedSegment {
-  KvCache* cache = nullptr;
-  const int32_t* tokens = nullptr;
-  int64_t n = 0;
-  int64_t pos0 = 0;
-};
-
-// Scratch of the KV-cache forward, kept by the caller across steps so decoding does not allocate.
-struct InferenceWorkspace {
-  LayerActivations a;
-  std::vector<int32_t> pos;
-  std::vector<float> tmp, sel;
-  // Mixture of experts: the routing of the last call, [sparse layers, rows, top_k].
-  std::vector<int32_t> routing;
-  // When set (tests of another device's backend), receives every decoder layer's output of the
-  // call: (*layer_out)[l] is x after layer l, [rows of all segments, hidden].
-  std::vector<std::vector<float>>* layer_out = nullptr;
-};
-
 class Model {
  public:
   // Random init: linear/embedding weights N(0, init_std), norms 1, biases 0.
@@ -141,7 +121,7 @@ class Model {
                                                                const PrecisionPolicy& policy);
 
   // An inference-only model (docs/design/weight-sync.md "Installing a weight version in place"): it
-  // holds what the KV-cache forward reads and nothing else -- FP8 layers: the E4M3 codes and
+  // holds what the engine's KV-cache step reads and nothing else -- FP8 layers: the E4M3 codes and
   // 128x128 scales as received (no re-quantization, no transposed blocks); BF16 layers and lm_head:
   // the double-accumulation operand; the embedding table as bf16 values (tied to lm_head: held
   // once, as the double operand, and looked up from there); norms, biases, KV scales. No fp32
@@ -153,7 +133,7 @@ class Model {
   // A description of a model whose weights live elsewhere (a device training backend,
   // train/device_train_backend.h): config, policy, layout, KV scales, token and routing checks,
   // and no weight storage at all (no master, no working copies, no RoPE tables). Every compute
-  // and export entry point (forward, forward_cached, logits, backward, export_weights, save,
+  // and export entry point (forward, logits, backward, export_weights, save,
   // install) is FailedPrecondition. InvalidArgument for a bad config.
   static absl::StatusOr<std::unique_ptr<Model>> ForDescription(const ModelConfig& config,
                                                                const PrecisionPolicy& policy);
@@ -272,15 +252,8 @@ class Model {
   // Full logits [T, vocab] of one sequence (tests, debugging), before temperature.
   absl::StatusOr<std::vector<float>> logits(const std::vector<int32_t>& tokens) const;
 
-  // A KV cache for one sequence of up to `capacity` tokens, in the policy's cache format.
-  std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const;
-  // Runs the segments (prefill and/or decode rows of many sequences in one batch), appending to
-  // their caches; writes the logits of each segment's last token to logits[i * vocab].
-  absl::Status forward_cached(const std::vector<CachedSegment>& segments, float* logits,
-                              InferenceWorkspace* ws) const;
-
-  // Read-only access to the KV-cache forward's operands for another device's backend
-  // (engine/cuda/): linear j of layer l (j = 0..6: q k v o gate up down), the embedding table and
+  // Read-only access to the KV-cache step's operands for the decoder engine's ops (engine/cpu/,
+  // engine/cuda/): linear j of layer l (j = 0..6: q k v o gate up down), the embedding table and
   // lm_head as the forward uses them, norm weights and biases by layout offset (bf16-rounded when
   // activations are bf16), and the RoPE tables [max_position_embeddings, head_dim / 2].
   const LinearWeight& layer_linear(int64_t l, int64_t j) const { return linears_[l][j]; }

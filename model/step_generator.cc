@@ -1,4 +1,4 @@
-// The scheduler's generation loops on the CPU model and over an InferenceBackend (see
+// The generation loop over an InferenceBackend and generate() on the CPU backend (see
 // step_generator.h).
 #include "model/step_generator.h"
 
@@ -8,35 +8,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace fp8rl::model {
-namespace {
-
-class CpuStepGenerator final : public StepGenerator {
- public:
-  CpuStepGenerator(std::shared_ptr<const model::Model> model, int64_t max_step_tokens)
-      : gen_(std::move(model), max_step_tokens) {}
-  absl::StatusOr<int64_t> add(std::vector<int32_t> prompt, const model::SamplingParams& params,
-                              uint64_t stream) override {
-    return gen_.add(std::move(prompt), params, stream);
-  }
-  absl::Status step() override { return gen_.step(); }
-  std::vector<model::GenerationResult> take_finished() override { return gen_.take_finished(); }
-  absl::StatusOr<model::GenerationResult> cancel(int64_t id) override { return gen_.cancel(id); }
-  bool idle() const override { return gen_.idle(); }
-  int64_t kv_cache_bytes() const override { return gen_.kv_cache_bytes(); }
-  absl::Status set_model(std::shared_ptr<const model::Model> model) override {
-    return gen_.set_model(std::move(model));
-  }
-
- private:
-  model::Generator gen_;
-};
-
-}  // namespace
-
-std::unique_ptr<StepGenerator> make_cpu_step_generator(std::shared_ptr<const model::Model> model,
-                                                       int64_t max_step_tokens) {
-  return std::make_unique<CpuStepGenerator>(std::move(model), max_step_tokens);
-}
 
 BackendGenerator::BackendGenerator(std::unique_ptr<model::InferenceBackend> backend,
                                    int64_t max_step_tokens)
@@ -55,7 +26,7 @@ absl::StatusOr<int64_t> BackendGenerator::add(std::vector<int32_t> prompt,
                                                      ")"));
     }
   }
-  if (static_cast<int64_t>(prompt.size()) > max_step_tokens_) {
+  if (backend_->bounds_step_rows() && static_cast<int64_t>(prompt.size()) > max_step_tokens_) {
     // The device's step scratch holds max_step_tokens rows: a longer prompt cannot run at all.
     return absl::InvalidArgumentError(absl::StrCat("prompt: ", prompt.size(),
                                                    " tokens exceed the rows of one step (",
@@ -91,12 +62,12 @@ absl::Status BackendGenerator::step() {
   std::vector<model::SampleSpec> specs;
   std::vector<Sequence*> stepped;
   int64_t rows = 0;
-  // Running sequences decode one token each; new ones prefill while the row budget lasts (the
-  // same order and rule as model::Generator::step).
+  // Running sequences decode one token each; new ones prefill while the row budget lasts (a
+  // prefill longer than the budget runs when it is the step's first row).
   for (auto& s : active_) {
     if (!s->prefilled) continue;
     const int64_t pos = static_cast<int64_t>(s->result.prompt.size() + s->result.tokens.size()) - 1;
-    segments.push_back({s->kv.get(), &s->result.tokens.back(), 1, pos});
+    segments.push_back({s->kv.get(), &s->result.tokens.back(), 1, pos, &s->result.routing});
     specs.push_back({&s->params, &s->rng});
     stepped.push_back(s.get());
     ++rows;
@@ -105,7 +76,7 @@ absl::Status BackendGenerator::step() {
     if (s->prefilled) continue;
     const int64_t n = static_cast<int64_t>(s->result.prompt.size());
     if (rows > 0 && rows + n > max_step_tokens_) continue;
-    segments.push_back({s->kv.get(), s->result.prompt.data(), n, 0});
+    segments.push_back({s->kv.get(), s->result.prompt.data(), n, 0, &s->result.routing});
     specs.push_back({&s->params, &s->rng});
     stepped.push_back(s.get());
     rows += n;
@@ -181,6 +152,31 @@ absl::Status BackendGenerator::set_model(std::shared_ptr<const model::Model> mod
     return absl::FailedPreconditionError("set_model: sequences are still being generated");
   }
   return backend_->set_model(std::move(model));
+}
+
+absl::StatusOr<std::vector<GenerationResult>> generate(
+    std::shared_ptr<const Model> model, const std::vector<std::vector<int32_t>>& prompts,
+    const SamplingParams& params) {
+  absl::StatusOr<std::unique_ptr<InferenceBackend>> backend =
+      make_cpu_backend(std::move(model), BackendOptions{});
+  if (!backend.ok()) return backend.status();
+  int64_t rows = 2048;
+  for (const auto& p : prompts) rows = std::max(rows, static_cast<int64_t>(p.size()));
+  BackendGenerator gen(*std::move(backend), rows);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    absl::StatusOr<int64_t> id = gen.add(prompts[i], params, i);
+    if (!id.ok()) {
+      return absl::Status(id.status().code(),
+                          absl::StrCat("prompt ", i, ": ", id.status().message()));
+    }
+  }
+  std::vector<GenerationResult> out(prompts.size());
+  while (!gen.idle()) {
+    if (auto s = gen.step(); !s.ok()) return s;
+    for (auto& r : gen.take_finished()) out[r.id] = std::move(r);
+  }
+  for (auto& r : gen.take_finished()) out[r.id] = std::move(r);
+  return out;
 }
 
 }  // namespace fp8rl::model

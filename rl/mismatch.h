@@ -18,7 +18,7 @@
 //                             so mismatch_metrics() sets 1 (the ratio before any update, when cur
 //                             == prev) and the trainer folds in each update's PolicyLossStats with
 //                             fold_probs_ratio()
-// With the generation worker's untruncated logprobs (gen_full, model/generator.h) the top-p /
+// With the generation worker's untruncated logprobs (gen_full, model/step_generator.h) the top-p /
 // top-k truncation, a real mismatch that IS corrects, is separated from the precision mismatch:
 //   sampling_kept_mass        mean(exp(gen_full - gen)): the mean mass M of the kept set (1 when
 //                             nothing was truncated; then gen == gen_full)

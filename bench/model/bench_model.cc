@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/fs.h"
-#include "model/generator.h"
 #include "model/model.h"
 #include "model/nll.h"
+#include "model/step_generator.h"
 
 namespace fp8rl::model {
 namespace {
@@ -66,8 +66,11 @@ int run(int argc, char** argv) {
           p.push_back(static_cast<int32_t>(rng.next() % config->vocab_size));
         }
       }
-      // Prefill + decode through the generator (the first step is the batched prefill).
-      Generator gen(m);
+      // Prefill + decode through the generator over the CPU backend (the decoder engine's step;
+      // the first step is the batched prefill).
+      auto backend = make_cpu_backend(m, {});
+      if (!backend.ok()) return 1;
+      BackendGenerator gen(*std::move(backend), 2048);
       SamplingParams sp{.temperature = 1.0f, .max_new_tokens = sh.decode + 1};
       for (size_t i = 0; i < prompts.size(); ++i) (void)gen.add(prompts[i], sp, i);
       double t0 = now();

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "common/fs.h"
-#include "model/generator.h"
 #include "model/model.h"
 #include "model/rng.h"
+#include "model/step_generator.h"
 
 namespace fp8rl::model {
 namespace {

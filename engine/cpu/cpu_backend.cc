@@ -1,7 +1,7 @@
 // The CPU implementation of model/inference_backend.h (make_cpu_backend): decoder_step over
 // CpuDecoderOps with KV blocks from the ops' paged pool, as CudaBackend runs it over device ops
-// (dense and mixture-of-experts models: the CPU ops have a MoE op); the sampler and the training
-// forward (score) on the host model.
+// (dense and mixture-of-experts models: the CPU ops have a MoE op, and forward() reports the
+// routing record); the sampler and the training forward (score) on the host model.
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -153,6 +153,19 @@ class CpuBackend final : public model::InferenceBackend {
         !s.ok()) {
       return s;
     }
+    if (b.routing != nullptr) {
+      // b.routing is [sparse layers, rows, k]; each segment's record is [token, sparse layer, k].
+      const int64_t k = config().moe.num_experts_per_tok, n_sparse = config().num_sparse_layers();
+      int64_t row = 0;
+      for (const BackendSegment& seg : segments) {
+        for (int64_t r = 0; r < seg.n; ++r, ++row) {
+          for (int64_t li = 0; seg.routing != nullptr && li < n_sparse; ++li) {
+            const int32_t* sel = b.routing + (li * t->rows + row) * k;
+            seg.routing->insert(seg.routing->end(), sel, sel + k);
+          }
+        }
+      }
+    }
     // logits = lm_head(sel): one row per segment.
     return ops_->linear(-1, 0, b.sel, t->n_seg, nullptr, logits);
   }
@@ -178,6 +191,8 @@ class CpuBackend final : public model::InferenceBackend {
                                            float temperature) override {
     return model_->forward(batch, {.temperature = temperature}, nullptr);
   }
+
+  bool bounds_step_rows() const override { return false; }
 
   model::BackendMemory memory() const override {
     model::BackendMemory m;

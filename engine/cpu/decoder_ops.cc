@@ -133,7 +133,7 @@ void gather_kv_head(const dm::PagedKvView& kv, const void* pool, float scale, in
 }  // namespace
 
 // Same values as kernels::cpu::attention_paged (attend_row over the dequantized cache, row by
-// row, head by head), organised as Model::forward_cached organises it: each cached element is
+// row, head by head), organised for speed: each cached element is
 // dequantized once per (sequence, KV head) into a buffer the KV head's query heads share, and the
 // (sequence, KV head) pairs are split over the thread pool. Each pair writes only its own heads'
 // columns of its own rows, so the bytes do not depend on the thread count.
@@ -174,12 +174,18 @@ absl::Status CpuDecoderOps::swiglu(const float* g, const float* u, int64_t n, bo
   return absl::OkStatus();
 }
 
-absl::Status CpuDecoderOps::moe(int64_t layer, const float* x, int64_t rows, float* y) {
+absl::Status CpuDecoderOps::moe(int64_t layer, const float* x, int64_t rows, float* y,
+                                int32_t* sel) {
   if (!model_->config().sparse_layer(layer)) {
     return absl::InvalidArgumentError(absl::StrCat("moe: layer ", layer, " is dense"));
   }
-  return model::moe_forward(model_->moe_layer(layer), model_->moe_options(), x, rows, nullptr,
-                            &moe_act_, y);
+  if (auto s = model::moe_forward(model_->moe_layer(layer), model_->moe_options(), x, rows, nullptr,
+                                  &moe_act_, y);
+      !s.ok()) {
+    return s;
+  }
+  if (sel != nullptr) std::copy(moe_act_.sel.begin(), moe_act_.sel.end(), sel);
+  return absl::OkStatus();
 }
 
 absl::Status CpuDecoderOps::add(float* y, const float* x, int64_t n, bool rb) {
@@ -223,11 +229,14 @@ CpuStepBuffers::CpuStepBuffers(const model::ModelConfig& c, int64_t rows) {
   for (auto* p : {&q, &qn, &o}) p->assign(r * c.q_dim(), 0.0f);
   for (auto* p : {&k, &kn, &v}) p->assign(r * c.kv_dim(), 0.0f);
   for (auto* p : {&g, &u, &act}) p->assign(r * c.intermediate_size, 0.0f);
+  routing.assign(c.num_sparse_layers() * r * c.moe.num_experts_per_tok, 0);
 }
 
 StepBuffers CpuStepBuffers::view() {
-  return {x.data(), h1.data(), q.data(),  qn.data(), k.data(), kn.data(),  v.data(),
-          o.data(), x2.data(), h2.data(), g.data(),  u.data(), act.data(), sel.data()};
+  StepBuffers b{x.data(), h1.data(), q.data(),  qn.data(), k.data(), kn.data(),  v.data(),
+                o.data(), x2.data(), h2.data(), g.data(),  u.data(), act.data(), sel.data()};
+  b.routing = routing.empty() ? nullptr : routing.data();
+  return b;
 }
 
 }  // namespace fp8rl::engine

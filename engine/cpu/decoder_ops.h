@@ -1,8 +1,9 @@
 // The engine's decode-step ops on the CPU: decoder_step() over host memory with kernels/cpu (the
 // CPU reference of every CUDA kernel), model/linear.h linear_forward and a host paged KV pool in
 // the device layout (kernels/device_math/paged_kv.h), model/moe.h moe_forward for sparse layers.
-// The CPU inference backend (cpu_backend.cc) generates with it; tests run it against
-// Model::forward_cached to check the step's orchestration, rounding points and block tables.
+// The CPU inference backend (cpu_backend.cc) generates with it; tests run it against the
+// training forward (Model::forward, train_forward) to check the step's orchestration, rounding
+// points, block tables and MoE routing.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +36,7 @@ class CpuDecoderOps final : public DecoderOps {
   absl::Status attention(int64_t layer, const float* q, const float* k, const float* v,
                          int64_t rows, float* o) override;
   absl::Status swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) override;
-  absl::Status moe(int64_t layer, const float* x, int64_t rows, float* y) override;
+  absl::Status moe(int64_t layer, const float* x, int64_t rows, float* y, int32_t* sel) override;
   absl::Status add(float* y, const float* x, int64_t n, bool rb) override;
   absl::Status round_bf16(float* x, int64_t n) override;
   absl::Status gather_out_rows(const float* x, int64_t h, int64_t n_out, float* out) override;
@@ -65,6 +66,7 @@ std::vector<float> linear_values(const model::LinearWeight& w);
 struct CpuStepBuffers {
   CpuStepBuffers(const model::ModelConfig& config, int64_t rows);
   std::vector<float> x, h1, q, qn, k, kn, v, o, x2, h2, g, u, act, sel;
+  std::vector<int32_t> routing;  // [sparse layers, rows, top_k]; empty for a dense model
   StepBuffers view();
 };
 

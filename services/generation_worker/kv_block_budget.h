@@ -1,8 +1,8 @@
 // The generation worker's KV-cache budget in blocks (paged KV): each running sequence holds
 // ceil((prompt + max_new_tokens) / block_size) blocks from admission to its end, so continuous
-// batching admits a sample only while enough blocks are free. On the CUDA path the blocks are
-// the device pool's pages; on the CPU path the model's KV cache keeps its own storage and this is
-// the accounting only (see docs/design/gpu.md "The GPU path", paged KV budget).
+// batching admits a sample only while enough blocks are free. The blocks are those of the
+// inference backend's paged pool: the device pool's pages on the CUDA path, the CPU backend's host
+// pool (sized to this budget, grown as blocks are held) on the CPU path (docs/design/engine.md).
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@
 namespace fp8rl::generation {
 
 using Clock = std::chrono::steady_clock;
-using model::BackendGenerator, model::StepGenerator, model::make_cpu_step_generator;
+using model::BackendGenerator, model::StepGenerator;
 
 absl::Status validate_scheduler_options(const SchedulerOptions& o) {
   if (o.max_batch_tokens < 1) {
@@ -314,10 +314,21 @@ void Scheduler::reset_generator_locked(const absl::Status& error) {
 }
 
 absl::StatusOr<std::unique_ptr<StepGenerator>> Scheduler::make_generator_locked() {
-  if (options_.device != model::Device::kCuda) {
-    return make_cpu_step_generator(current_.model, options_.max_batch_tokens);
-  }
   model::BackendOptions bo;
+  if (options_.device != model::Device::kCuda) {
+    // The CPU backend's pool holds the scheduler's budget exactly (kv_budget_blocks blocks): its
+    // host memory grows to the most blocks held at once, up to kv_blocks_total x kv_block_bytes.
+    bo.kv_block_tokens = options_.kv_block_size;
+    bo.max_step_tokens = options_.max_batch_tokens;
+    bo.memory_budget_bytes =
+        kv_budget_blocks(options_) * model::kv_block_bytes(current_.model->config(),
+                                                           current_.model->policy().kv_cache,
+                                                           options_.kv_block_size);
+    absl::StatusOr<std::unique_ptr<model::InferenceBackend>> backend =
+        model::make_cpu_backend(current_.model, bo);
+    if (!backend.ok()) return backend.status();
+    return std::make_unique<BackendGenerator>(std::move(*backend), options_.max_batch_tokens);
+  }
   bo.memory_budget_bytes = options_.gpu_memory_budget_bytes;
   bo.kv_block_tokens = options_.kv_block_size;
   bo.max_step_tokens = options_.max_batch_tokens;

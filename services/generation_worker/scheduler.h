@@ -1,10 +1,11 @@
-// The continuous-batching scheduler of a generation worker. One thread owns the model::Generator:
-// every step it admits queued samples of any number of concurrent Generate calls (within a row
-// budget and a KV-cache block budget, kv_block_budget.h), runs one batched forward, and hands
-// finished samples back to their requests. Weight versions are swapped in only between batches, so
-// a sample admitted at version v finishes at v, and every queued sample after the swap runs at the
-// newest version. A cancelled request (client gone, deadline passed) leaves the queue at once and
-// the batch at the next step, so its KV-cache blocks go to the samples waiting behind it.
+// The continuous-batching scheduler of a generation worker. One thread owns the generator
+// (model::BackendGenerator over the CPU or CUDA inference backend): every step it admits queued
+// samples of any number of concurrent Generate calls (within a row budget and a KV-cache block
+// budget, kv_block_budget.h), runs one batched forward, and hands finished samples back to their
+// requests. Weight versions are swapped in only between batches, so a sample admitted at version v
+// finishes at v, and every queued sample after the swap runs at the newest version. A cancelled
+// request (client gone, deadline passed) leaves the queue at once and the batch at the next step,
+// so its KV-cache blocks go to the samples waiting behind it.
 //
 // Concurrency: four mutexes, acquired only in this order (never the reverse):
 //   Scheduler::install_mu_ -> Scheduler::mu_ -> GenerationRequest::mu_;
@@ -32,7 +33,6 @@
 #include "absl/status/statusor.h"
 #include "fp8rl/v1/common.pb.h"
 #include "model/device.h"
-#include "model/generator.h"
 #include "model/sampler.h"
 #include "model/step_generator.h"
 #include "services/generation_worker/generation_metrics.h"
@@ -55,7 +55,8 @@ struct SchedulerOptions {
   // Where the model runs (worker_config.cc apply_device) and, on cuda, the bytes the CUDA
   // inference backend may take for weights, activations and KV blocks (--gpu-memory-fraction of
   // the device's memory). On cuda the KV block budget is the backend's pool
-  // (memory().kv_blocks_total), not kv_cache_tokens.
+  // (memory().kv_blocks_total), not kv_cache_tokens. On cpu the CPU backend's pool is given
+  // exactly the budget above; its host memory grows with the blocks held (never past the budget).
   model::Device device = model::Device::kCpu;
   int64_t gpu_memory_budget_bytes = 0;
   // cuda: device copies of the weights (--gpu-weight-slots, 1 or 2). With 2 a new version is

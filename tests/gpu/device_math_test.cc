@@ -151,9 +151,10 @@ TEST(DeviceMathTest, PrefillAttentionMatchesModelOpsCausalGqa) {
   expect_bits_equal(out, ref, "prefill attention");
 }
 
-// The paged cache (shuffled blocks, odd block size) against model::KvCache + attend_row, for
-// every KV dtype: the same stored bytes and the same attention output, bit for bit.
-TEST(DeviceMathTest, PagedKvWriteAndAttentionMatchKvCache) {
+// The paged cache (shuffled blocks, odd block size) against contiguous K/V passed through the
+// cache format's round trip (model::kv_round_trip, what the training forward applies) +
+// attend_row, for every KV dtype: the same attention output, bit for bit.
+TEST(DeviceMathTest, PagedKvWriteAndAttentionMatchTheRoundTrip) {
   const int64_t n_heads = 4, n_kv = 2, hd = 24, group = n_heads / n_kv, block = 3;
   const std::vector<int64_t> lens = {7, 1, 10};
   const int64_t n_seq = 3, max_blocks = 4, num_blocks = n_seq * max_blocks;
@@ -185,18 +186,17 @@ TEST(DeviceMathTest, PagedKvWriteAndAttentionMatchKvCache) {
     cpu::attention_paged(q.data(), rows, row_seq.data(), row_pos.data(), kv, n_heads, scale,
                          out.data());
 
-    std::vector<float> ref(rows * qd), kbuf(10 * hd), vbuf(10 * hd), scores(10);
+    std::vector<float> ref(rows * qd), scores(10);
+    std::vector<float> kr = k, vr = v;  // [rows, kv_heads * hd], through the cache format
+    model::kv_round_trip(mdtype, kr.data(), rows * kvd, k_scale);
+    model::kv_round_trip(mdtype, vr.data(), rows * kvd, v_scale);
     for (int64_t r = 0, s = 0; s < n_seq; ++s) {
-      model::KvCache cache(1, n_kv, hd, lens[s], mdtype);
-      for (int64_t p = 0; p < lens[s]; ++p) {
-        cache.write(0, p, k.data() + (r + p) * kvd, v.data() + (r + p) * kvd, k_scale, v_scale);
-      }
       for (int64_t g = 0; g < n_kv; ++g) {
-        const float* kp = cache.keys(0, g, lens[s], k_scale, kbuf.data());
-        const float* vp = cache.values(0, g, lens[s], v_scale, vbuf.data());
+        const float* kp = kr.data() + r * kvd + g * hd;
+        const float* vp = vr.data() + r * kvd + g * hd;
         for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
           for (int64_t p = 0; p < lens[s]; ++p) {
-            model::ops::attend_row(q.data() + (r + p) * qd + hh * hd, kp, hd, vp, hd, p + 1, hd,
+            model::ops::attend_row(q.data() + (r + p) * qd + hh * hd, kp, kvd, vp, kvd, p + 1, hd,
                                    scale, scores.data(), ref.data() + (r + p) * qd + hh * hd);
           }
         }

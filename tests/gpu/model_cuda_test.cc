@@ -1,4 +1,5 @@
-// The CUDA InferenceBackend against the CPU (Model::forward_cached / Model::forward / Sampler) on
+// The CUDA InferenceBackend against the CPU (decoder_step over CpuDecoderOps / Model::forward /
+// Sampler) on
 // tiny dense configs, for linears fp32/bf16/fp8 x KV cache fp32/bf16/fp8: every decoder layer's
 // output first, then logits and scoring logprobs, then generation with the CPU's seeds, then GPU
 // generation logprobs vs GPU scoring. Skips without an sm_90 device. Each comparison logs
@@ -45,7 +46,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "engine/cpu/decoder_ops.h"
 #include "engine/cuda/cuda_backend.h"
+#include "engine/decoder_step.h"
 #include "kernels/calc_diff.h"
 #include "model/inference_backend.h"
 #include "model/weight_view.h"
@@ -174,7 +177,7 @@ class ModelCudaTest : public ::testing::TestWithParam<Case> {
 };
 
 // Prefill of 4 prompts in one step, then 4 decode steps: each layer's output and the logits of
-// every step against Model::forward_cached.
+// every step against the CPU ops' decoder_step (the CPU backend's step) on the same tokens.
 TEST_P(ModelCudaTest, LayerByLayerThenLogits) {
   const Case c = GetParam();
   auto model = make_model(c);
@@ -183,28 +186,48 @@ TEST_P(ModelCudaTest, LayerByLayerThenLogits) {
   const auto ps = prompts(1);
   const int64_t h = model->config().hidden_size, L = model->config().num_hidden_layers;
   std::vector<std::unique_ptr<KvSequence>> kv;
-  std::vector<std::unique_ptr<KvCache>> ref_kv;
   std::vector<std::vector<int32_t>> seqs = ps;
+  // The CPU reference: its own paged pool, blocks of 4 positions handed out in order.
+  constexpr int64_t kRefBlock = 4;
+  std::vector<std::vector<int32_t>> ref_blocks;
+  int32_t next_block = 0;
   for (auto& s : seqs) {
     for (int i = 0; i < 4; ++i) s.push_back(static_cast<int32_t>((s.size() * 37 + i) % kVocab));
     kv.push_back(*(*gpu)->new_sequence(static_cast<int64_t>(s.size())));
-    ref_kv.push_back(model->new_kv_cache(static_cast<int64_t>(s.size())));
+    ref_blocks.emplace_back();
+    for (int64_t b = 0; b * kRefBlock < static_cast<int64_t>(s.size()); ++b) {
+      ref_blocks.back().push_back(next_block++);
+    }
   }
-  InferenceWorkspace ws;
+  engine::CpuDecoderOps ref_ops(*model, next_block, kRefBlock);
+  int64_t ref_rows = 0;
+  for (const auto& q : seqs) ref_rows += static_cast<int64_t>(q.size());
+  engine::CpuStepBuffers ref_buf(model->config(), ref_rows);
   std::vector<std::vector<float>> ref_layers, layers;
-  ws.layer_out = &ref_layers;
   std::vector<float> ref_logits(seqs.size() * kVocab), logits(seqs.size() * kVocab);
   double worst = 0;
   for (int step = 0; step <= 4; ++step) {
     std::vector<BackendSegment> seg;
-    std::vector<CachedSegment> ref;
+    std::vector<engine::SegmentBlocks> ref;
     for (size_t s = 0; s < seqs.size(); ++s) {
       const int64_t p = static_cast<int64_t>(ps[s].size());
       const int64_t pos0 = step == 0 ? 0 : p + step - 1, n = step == 0 ? p : 1;
       seg.push_back({kv[s].get(), seqs[s].data() + pos0, n, pos0});
-      ref.push_back({ref_kv[s].get(), seqs[s].data() + pos0, n, pos0});
+      ref.push_back(
+          {&ref_blocks[s], static_cast<int64_t>(seqs[s].size()), seqs[s].data() + pos0, n, pos0});
     }
-    FP8RL_ASSERT_OK(model->forward_cached(ref, ref_logits.data(), &ws));
+    auto t =
+        engine::build_step_tables(ref, kRefBlock, kVocab, model->config().max_position_embeddings,
+                                  engine::OutputRows::kLastOfSegment);
+    FP8RL_ASSERT_OK(t.status());
+    ref_layers.clear();
+    const engine::StepBuffers b = ref_buf.view();
+    FP8RL_ASSERT_OK(engine::decoder_step(model->config(), model->policy(), model->layout(), ref_ops,
+                                         b, *t, [&](int64_t, const float* x) {
+                                           ref_layers.emplace_back(x, x + t->rows * h);
+                                           return absl::OkStatus();
+                                         }));
+    FP8RL_ASSERT_OK(ref_ops.linear(-1, 0, b.sel, t->n_seg, nullptr, ref_logits.data()));
     FP8RL_ASSERT_OK((*gpu)->forward_layers(seg, logits.data(), &layers));
     ASSERT_EQ(static_cast<int64_t>(layers.size()), L);
     for (int64_t l = 0; l < L; ++l) {

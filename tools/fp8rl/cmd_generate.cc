@@ -11,7 +11,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
-#include "model/generator.h"
 #include "model/inference_backend.h"
 #include "model/model.h"
 #include "model/step_generator.h"
@@ -138,8 +137,8 @@ int generate_main(const std::vector<std::string>& argv) {
     return usage_error(kName, absl::StrCat("--", s.message()));
   }
   // model::BackendGenerator over the device's inference backend (the generation worker's loop):
-  // on the CPU the decoder engine's step over its CPU ops (engine/cpu/cpu_backend.cc), the same
-  // tokens and logprobs as model::Generator (step_generator_test).
+  // on the CPU the decoder engine's step over its CPU ops (engine/cpu/cpu_backend.cc), whose
+  // logprobs are the training forward's (decoder_step_test SamplerLearnerTest).
   model::BackendOptions options;
   options.max_step_tokens = kStepTokens;
   for (const auto& row : lines->rows) {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "model/config.h"
-#include "model/generator.h"
 #include "model/model.h"
 #include "model/precision.h"
+#include "model/step_generator.h"
 #include "model/weight_set.h"
 
 namespace fp8rl::generation::testing {

@@ -1,13 +1,19 @@
-// The CPU InferenceBackend (decoder_step over the engine's CPU ops for dense models): the same
-// numbers as Model::forward_cached / Sampler / Model::forward, block accounting against a budget,
-// and the errors of the interface.
+// The CPU InferenceBackend (decoder_step over the engine's CPU ops, dense and MoE models): logits
+// and logprobs equal to the training forward's (Model::logits / Model::forward) for the same
+// tokens, the MoE routing record equal to the training forward's routing, block accounting
+// against a budget, and the errors of the interface.
 #include "model/inference_backend.h"
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <set>
+#include <string>
 
-#include "model/generator.h"
+#include "absl/strings/str_cat.h"
+#include "model/step_generator.h"
 #include "tests/unit/model/model_test_util.h"
 
 namespace fp8rl::model {
@@ -28,6 +34,35 @@ std::shared_ptr<const Model> tiny_model(Precision linear, KvCacheDtype kv) {
     EXPECT_TRUE((*m)->set_kv_scales(s).ok());
   }
   return std::shared_ptr<const Model>(*std::move(m));
+}
+
+// fp32 linears run OpenBLAS sgemm, whose last bits depend on the rows of the call (one per
+// segment here, every row of the sequence in the training forward); bf16 / FP8 linears
+// accumulate each row alone and agree bit for bit. Relative to the largest |logit|.
+constexpr double kF32RowsRelTol = 1e-5;
+
+// The training forward's logits of the last of `tokens` (Model::logits): what a KV-cache step
+// ending at that token gives.
+std::vector<float> last_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  auto all = m.logits(tokens);
+  EXPECT_TRUE(all.ok()) << all.status();
+  return std::vector<float>(all->end() - kVocab, all->end());
+}
+
+void expect_logits_equal(const Model& m, const float* got, const std::vector<float>& want,
+                         const std::string& what) {
+  double scale = 0, diff = 0;
+  for (int64_t v = 0; v < kVocab; ++v) {
+    scale = std::max(scale, std::fabs(static_cast<double>(want[v])));
+    diff = std::max(diff, std::fabs(static_cast<double>(got[v]) - want[v]));
+  }
+  ASSERT_GT(scale, 0.0) << what;
+  if (m.policy().linear == Precision::kF32) {
+    EXPECT_LE(diff, kF32RowsRelTol * scale) << what;
+  } else {
+    EXPECT_EQ(0, std::memcmp(got, want.data(), kVocab * sizeof(float)))
+        << what << ": max |d| " << diff;
+  }
 }
 
 std::vector<int32_t> random_tokens(int64_t n, uint64_t seed) {
@@ -108,51 +143,46 @@ TEST(InferenceBackend, OptionsAreChecked) {
 
 class CpuBackendTest : public ::testing::TestWithParam<std::pair<Precision, KvCacheDtype>> {};
 
-// Prefill of two prompts in one call, then three decode steps: logits bit-identical to
-// Model::forward_cached over KvCache objects fed the same segments.
-TEST_P(CpuBackendTest, ForwardIsModelForwardCached) {
+// Prefill of two prompts in one call, then three decode steps: each segment's logits equal the
+// training forward's logits of the sequence so far (bit for bit for bf16 / FP8 linears).
+TEST_P(CpuBackendTest, ForwardIsTheTrainingForward) {
   auto model = tiny_model(GetParam().first, GetParam().second);
   auto backend = make_cpu_backend(model, {});
   ASSERT_TRUE(backend.ok()) << backend.status();
   InferenceBackend& be = **backend;
   EXPECT_EQ(be.device(), Device::kCpu);
-  const std::vector<std::vector<int32_t>> prompts = {random_tokens(9, 1), random_tokens(4, 2)};
+  std::vector<std::vector<int32_t>> seqs = {random_tokens(9, 1), random_tokens(4, 2)};
   std::vector<std::unique_ptr<KvSequence>> kv;
-  std::vector<std::unique_ptr<KvCache>> ref_kv;
-  for (size_t i = 0; i < prompts.size(); ++i) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
     auto s = be.new_sequence(20);
     ASSERT_TRUE(s.ok()) << s.status();
     kv.push_back(*std::move(s));
-    ref_kv.push_back(model->new_kv_cache(20));
   }
   std::vector<int32_t> next = {5, 17};
   std::vector<BackendSegment> seg;
-  std::vector<CachedSegment> ref_seg;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    seg.push_back({kv[i].get(), prompts[i].data(), static_cast<int64_t>(prompts[i].size()), 0});
-    ref_seg.push_back(
-        {ref_kv[i].get(), prompts[i].data(), static_cast<int64_t>(prompts[i].size()), 0});
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seg.push_back({kv[i].get(), seqs[i].data(), static_cast<int64_t>(seqs[i].size()), 0});
   }
-  std::vector<float> got(2 * kVocab), want(2 * kVocab);
-  InferenceWorkspace ws;
+  std::vector<float> got(2 * kVocab);
   for (int step = 0; step < 4; ++step) {
     ASSERT_TRUE(be.forward(seg, got.data()).ok());
-    ASSERT_TRUE(model->forward_cached(ref_seg, want.data(), &ws).ok());
-    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-        << "step " << step;
-    bool nonzero = false;
-    for (float v : got) nonzero |= v != 0.0f;
-    ASSERT_TRUE(nonzero);
-    for (size_t i = 0; i < prompts.size(); ++i) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      ASSERT_NO_FATAL_FAILURE(expect_logits_equal(*model, got.data() + i * kVocab,
+                                                  last_logits(*model, seqs[i]),
+                                                  absl::StrCat("step ", step, " sequence ", i)));
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) {
       const int64_t pos = seg[i].pos0 + seg[i].n;
       next[i] = static_cast<int32_t>((next[i] * 7 + step) % kVocab);
+      seqs[i].push_back(next[i]);
       seg[i] = {kv[i].get(), &next[i], 1, pos};
-      ref_seg[i] = {ref_kv[i].get(), &next[i], 1, pos};
     }
   }
 }
 
-// forward_sample with the generator's streams gives the tokens and logprobs of generate().
+// forward_sample with the generator's streams gives the tokens and logprobs of generate() (the
+// generator's loop over this backend), and each token's untruncated logprob is the training
+// forward's logprob of it (bit for bit for bf16 / FP8 linears).
 TEST_P(CpuBackendTest, ForwardSampleMatchesGenerate) {
   auto model = tiny_model(GetParam().first, GetParam().second);
   SamplingParams params{
@@ -177,19 +207,36 @@ TEST_P(CpuBackendTest, ForwardSampleMatchesGenerate) {
   }
   EXPECT_EQ(be.memory().kv_blocks_used, 4 + 3);  // ceil(13/4) + ceil(9/4)
   std::vector<std::vector<int32_t>> tokens(prompts.size());
-  std::vector<std::vector<float>> lps(prompts.size());
+  std::vector<std::vector<float>> lps(prompts.size()), full(prompts.size());
   std::vector<SampledToken> out;
   for (int step = 0; step < 6; ++step) {
     ASSERT_TRUE(be.forward_sample(seg, spec, &out).ok());
     for (size_t i = 0; i < prompts.size(); ++i) {
       tokens[i].push_back(out[i].token);
       lps[i].push_back(out[i].logprob);
+      full[i].push_back(out[i].full_logprob);
       seg[i] = {kv[i].get(), &tokens[i].back(), 1, seg[i].pos0 + seg[i].n};
     }
   }
+  TokenBatch batch;
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(tokens[i], (*want)[i].tokens) << "prompt " << i;
     EXPECT_EQ(lps[i], (*want)[i].logprobs) << "prompt " << i;
+    batch.push_back(prompts[i]);
+    batch.back().insert(batch.back().end(), tokens[i].begin(), tokens[i].end() - 1);
+  }
+  auto learner = model->forward(batch, {.temperature = params.temperature}, nullptr);
+  ASSERT_TRUE(learner.ok()) << learner.status();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (size_t j = 0; j + 1 < full[i].size(); ++j) {
+      const float lp = (*learner)[i][prompts[i].size() - 1 + j];
+      if (model->policy().linear == Precision::kF32) {
+        EXPECT_NEAR(full[i][j], lp, 1e-5) << "prompt " << i << " token " << j;
+      } else {
+        EXPECT_EQ(std::bit_cast<uint32_t>(full[i][j]), std::bit_cast<uint32_t>(lp))
+            << "prompt " << i << " token " << j << ": " << full[i][j] << " vs " << lp;
+      }
+    }
   }
 }
 
@@ -217,48 +264,54 @@ INSTANTIATE_TEST_SUITE_P(Policies, CpuBackendTest,
                                   std::string(precision_name(info.param.second));
                          });
 
-// The dense CPU backend keeps KV in a paged pool that grows as blocks are handed out: blocks a
+// The CPU backend keeps KV in a paged pool that grows as blocks are handed out: blocks a
 // finished sequence frees are reused by the next one (not contiguous, not in order) while the
-// pool grows under a live sequence, and every logit still equals Model::forward_cached's.
+// pool grows under a live sequence, and every logit still equals the training forward's.
 TEST(CpuBackend, PagedPoolReusesFreedBlocksAndGrowsUnderLiveSequences) {
   auto model = tiny_model(Precision::kFP8, KvCacheDtype::kFP8);
   auto backend = make_cpu_backend(model, {.kv_block_tokens = 4});
   ASSERT_TRUE(backend.ok());
   InferenceBackend& be = **backend;
-  std::vector<float> got(2 * kVocab), want(2 * kVocab);
-  InferenceWorkspace ws;
-  auto check = [&](const std::vector<BackendSegment>& seg, const std::vector<CachedSegment>& ref) {
+  std::vector<float> got(2 * kVocab);
+  // seqs[i]: every token segment i's sequence has been fed so far.
+  auto check = [&](const std::vector<BackendSegment>& seg,
+                   const std::vector<std::vector<int32_t>>& seqs) {
     ASSERT_TRUE(be.forward(seg, got.data()).ok());
-    ASSERT_TRUE(model->forward_cached(ref, want.data(), &ws).ok());
-    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), seg.size() * kVocab * sizeof(float)));
+    for (size_t i = 0; i < seg.size(); ++i) {
+      ASSERT_NO_FATAL_FAILURE(expect_logits_equal(*model, got.data() + i * kVocab,
+                                                  last_logits(*model, seqs[i]),
+                                                  absl::StrCat("segment ", i)));
+    }
   };
-  const std::vector<int32_t> pa = random_tokens(10, 21), pb = random_tokens(6, 22),
-                             pc = random_tokens(23, 23);
+  std::vector<int32_t> pa = random_tokens(10, 21), pb = random_tokens(6, 22),
+                       pc = random_tokens(23, 23);
   auto a = be.new_sequence(12);  // 3 blocks
   auto b = be.new_sequence(9);   // 3 blocks
   ASSERT_TRUE(a.ok() && b.ok());
-  auto ra = model->new_kv_cache(12), rb = model->new_kv_cache(9);
-  ASSERT_NO_FATAL_FAILURE(check({{a->get(), pa.data(), 10, 0}, {b->get(), pb.data(), 6, 0}},
-                                {{ra.get(), pa.data(), 10, 0}, {rb.get(), pb.data(), 6, 0}}));
+  ASSERT_NO_FATAL_FAILURE(
+      check({{a->get(), pa.data(), 10, 0}, {b->get(), pb.data(), 6, 0}}, {pa, pb}));
   a->reset();  // frees a's 3 blocks; c takes them and 4 new ones (the pool grows under b)
   auto c = be.new_sequence(28);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(be.memory().kv_blocks_used, 3 + 7);
-  auto rc = model->new_kv_cache(28);
   std::vector<int32_t> next = {3, 9};
-  ASSERT_NO_FATAL_FAILURE(check({{b->get(), &next[0], 1, 6}, {c->get(), pc.data(), 23, 0}},
-                                {{rb.get(), &next[0], 1, 6}, {rc.get(), pc.data(), 23, 0}}));
+  std::vector<int32_t> sb = pb, sc = pc;
+  sb.push_back(next[0]);
+  ASSERT_NO_FATAL_FAILURE(
+      check({{b->get(), &next[0], 1, 6}, {c->get(), pc.data(), 23, 0}}, {sb, sc}));
   for (int64_t step = 0; step < 2; ++step) {
     next = {static_cast<int32_t>(step + 40), static_cast<int32_t>(step + 50)};
+    sb.push_back(next[0]);
+    sc.push_back(next[1]);
     ASSERT_NO_FATAL_FAILURE(
-        check({{b->get(), &next[0], 1, 7 + step}, {c->get(), &next[1], 1, 23 + step}},
-              {{rb.get(), &next[0], 1, 7 + step}, {rc.get(), &next[1], 1, 23 + step}}));
+        check({{b->get(), &next[0], 1, 7 + step}, {c->get(), &next[1], 1, 23 + step}}, {sb, sc}));
   }
 }
 
-// Mixture-of-experts models run decoder_step with the CPU ops' MoE op: the same logits as
-// Model::forward_cached.
-TEST(CpuBackend, MoeModelIsModelForwardCached) {
+// Mixture-of-experts models run decoder_step with the CPU ops' MoE op: the logits of the training
+// forward, and a routing record (BackendSegment::routing) equal to the experts the training
+// forward ran each token through; a dense model appends nothing.
+TEST(CpuBackend, MoeModelIsTheTrainingForwardAndRecordsItsRouting) {
   PrecisionPolicy policy;
   policy.linear = Precision::kFP8;
   policy.kv_cache = KvCacheDtype::kFP8;
@@ -266,24 +319,38 @@ TEST(CpuBackend, MoeModelIsModelForwardCached) {
       testing::make_qwen3_moe_config(kVocab, 128, 256, 2, 4, 2, 32, false, 4, 2, 64, true), policy,
       13, 0.05f);
   ASSERT_TRUE(made.ok()) << made.status();
+  testing::randomize(**made, 3, 0.1);
   std::shared_ptr<const Model> model(*std::move(made));
   ASSERT_GT(model->config().num_sparse_layers(), 0);
   auto backend = make_cpu_backend(model, {.kv_block_tokens = 4});
   ASSERT_TRUE(backend.ok());
-  const std::vector<int32_t> p = random_tokens(11, 31);
-  auto kv = (*backend)->new_sequence(13);
+  std::vector<int32_t> seq = random_tokens(11, 31);
+  auto kv = (*backend)->new_sequence(14);
   ASSERT_TRUE(kv.ok());
-  auto ref = model->new_kv_cache(13);
-  std::vector<float> got(kVocab), want(kVocab);
-  InferenceWorkspace ws;
-  const int32_t tok = 5;
-  for (int step = 0; step < 2; ++step) {
-    const int32_t* t = step == 0 ? p.data() : &tok;
-    const int64_t n = step == 0 ? 11 : 1, pos0 = step == 0 ? 0 : 11;
-    ASSERT_TRUE((*backend)->forward({{kv->get(), t, n, pos0}}, got.data()).ok());
-    ASSERT_TRUE(model->forward_cached({{ref.get(), t, n, pos0}}, want.data(), &ws).ok());
-    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  std::vector<float> got(kVocab);
+  std::vector<int32_t> routing;
+  const std::vector<int32_t> decode = {5, 77, 12};
+  for (int step = 0; step < 3; ++step) {
+    const int32_t* t = step == 0 ? seq.data() : &decode[step - 1];
+    const int64_t n = step == 0 ? 11 : 1, pos0 = step == 0 ? 0 : 10 + step;
+    if (step > 0) seq.push_back(decode[step - 1]);
+    ASSERT_TRUE((*backend)->forward({{kv->get(), t, n, pos0, &routing}}, got.data()).ok());
+    ASSERT_NO_FATAL_FAILURE(expect_logits_equal(*model, got.data(), last_logits(*model, seq),
+                                                absl::StrCat("step ", step)));
   }
+  ForwardContext ctx;
+  ASSERT_TRUE(model->forward({seq}, {}, &ctx).ok());
+  ASSERT_EQ(static_cast<int64_t>(routing.size()), 13 * model->routing_width());
+  EXPECT_EQ(routing, ctx.moe.used[0]);
+  std::set<int32_t> experts(routing.begin(), routing.end());
+  EXPECT_GT(experts.size(), 1u);  // the router did choose
+
+  auto dense = tiny_model(Precision::kFP8, KvCacheDtype::kF32);
+  auto dense_be = make_cpu_backend(dense, {});
+  auto dkv = (*dense_be)->new_sequence(4);
+  std::vector<int32_t> none;
+  ASSERT_TRUE((*dense_be)->forward({{dkv->get(), decode.data(), 3, 0, &none}}, got.data()).ok());
+  EXPECT_TRUE(none.empty());
 }
 
 TEST(CpuBackend, BudgetBoundsBlocksAndFreesThemWithTheSequence) {

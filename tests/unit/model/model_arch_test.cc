@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/calc_diff.h"
-#include "model/generator.h"
 #include "model/model.h"
 #include "model/ops.h"
+#include "model/step_generator.h"
 #include "tests/unit/model/model_test_util.h"
 
 namespace fp8rl::model {

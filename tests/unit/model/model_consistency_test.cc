@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "model/generator.h"
 #include "model/model.h"
+#include "model/step_generator.h"
 #include "tests/unit/model/model_test_util.h"
 
 namespace fp8rl::model {
@@ -140,7 +140,9 @@ TEST(Sampling, SameSeedSameTokensIndependentOfBatch) {
   ASSERT_TRUE(a.ok() && b.ok());
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ((*a)[i].tokens, (*b)[i].tokens);
   // Continuous batching: prompt 3 joins while the others are decoding, alone first.
-  Generator gen(model);
+  auto backend = make_cpu_backend(model, {});
+  ASSERT_TRUE(backend.ok());
+  BackendGenerator gen(*std::move(backend), 2048);
   ASSERT_TRUE(gen.add(ps[3], sp, 3).ok());
   ASSERT_TRUE(gen.step().ok());
   ASSERT_TRUE(gen.step().ok());
@@ -208,15 +210,17 @@ TEST(Sampling, StopTokensGreedyAndBadParams) {
   EXPECT_EQ((*s)[0].tokens, std::vector<int32_t>(t.begin(), t.begin() + k + 1));
   EXPECT_EQ((*s)[0].reason, FinishReason::kStop);
 
-  Generator gen(model);
-  EXPECT_FALSE(gen.add({}, greedy).ok());
-  EXPECT_FALSE(gen.add({1, 200}, greedy).ok());
+  auto backend = make_cpu_backend(model, {});
+  ASSERT_TRUE(backend.ok());
+  BackendGenerator gen(*std::move(backend), 2048);
+  EXPECT_FALSE(gen.add({}, greedy, 0).ok());
+  EXPECT_FALSE(gen.add({1, 200}, greedy, 0).ok());
   SamplingParams bad = greedy;
   bad.top_p = 0.0f;
-  EXPECT_FALSE(gen.add({1}, bad).ok());
+  EXPECT_FALSE(gen.add({1}, bad, 0).ok());
   bad = greedy;
   bad.max_new_tokens = 1000;  // beyond max_position_embeddings
-  EXPECT_FALSE(gen.add({1}, bad).ok());
+  EXPECT_FALSE(gen.add({1}, bad, 0).ok());
 }
 
 }  // namespace

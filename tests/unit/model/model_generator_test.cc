@@ -1,15 +1,15 @@
-// Generator::cancel: a cancelled sequence (decoding or still waiting for its prefill) leaves the
-// batch and frees its KV cache, the other sequences' tokens and logprobs are bit-identical to a
-// run without it (bf16/fp8; fp32 to rounding), and cancelling an unknown, finished or
-// already-cancelled id is a clear error.
+// BackendGenerator::cancel on the CPU backend: a cancelled sequence (decoding or still waiting for
+// its prefill) leaves the batch and frees its KV blocks, the other sequences' tokens and logprobs
+// are bit-identical to a run without it (bf16/fp8; fp32 to rounding), and cancelling an unknown,
+// finished or already-cancelled id is a clear error.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <memory>
 #include <vector>
 
-#include "model/generator.h"
 #include "model/model.h"
+#include "model/step_generator.h"
 #include "tests/unit/model/model_test_util.h"
 
 namespace fp8rl::model {
@@ -36,8 +36,15 @@ std::vector<std::vector<int32_t>> prompts() {
 
 const SamplingParams kParams{.temperature = 1.0f, .max_new_tokens = 12, .seed = 4};
 
+// The generation loop over the CPU backend (no KV budget, blocks of 16 positions).
+BackendGenerator cpu_generator(std::shared_ptr<const Model> model, int64_t max_step_tokens = 2048) {
+  auto backend = make_cpu_backend(std::move(model), {});
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return BackendGenerator(*std::move(backend), max_step_tokens);
+}
+
 // Runs `gen` to the end and returns the results by id.
-std::map<int64_t, GenerationResult> drain(Generator& gen) {
+std::map<int64_t, GenerationResult> drain(BackendGenerator& gen) {
   std::map<int64_t, GenerationResult> out;
   while (!gen.idle()) {
     EXPECT_TRUE(gen.step().ok());
@@ -47,10 +54,10 @@ std::map<int64_t, GenerationResult> drain(Generator& gen) {
   return out;
 }
 
-// The KV cache a lone sequence of this prompt reserves.
+// The KV blocks' bytes a lone sequence of this prompt reserves.
 int64_t cache_bytes_of(std::shared_ptr<const Model> model, const std::vector<int32_t>& prompt) {
-  Generator g(std::move(model));
-  EXPECT_TRUE(g.add(prompt, kParams).ok());
+  BackendGenerator g = cpu_generator(std::move(model));
+  EXPECT_TRUE(g.add(prompt, kParams, 0).ok());
   return g.kv_cache_bytes();
 }
 
@@ -72,12 +79,12 @@ TEST_P(GeneratorCancelTest, OthersAreBitIdenticalToARunWithoutTheCancelled) {
   const std::vector<size_t> kept = {0, 2, 3, 5};  // 1 is cancelled decoding, 4 waiting
 
   // Reference: only the kept prompts, on their own streams, one prefill for all.
-  Generator ref(model);
+  BackendGenerator ref = cpu_generator(model);
   std::map<size_t, int64_t> ref_id;
   for (size_t i : kept) ref_id[i] = *ref.add(ps[i], kParams, i);
   std::map<int64_t, GenerationResult> expected = drain(ref);
 
-  Generator gen(model, /*max_step_tokens=*/16);
+  BackendGenerator gen = cpu_generator(model, /*max_step_tokens=*/16);
   std::vector<int64_t> id;
   for (size_t i = 0; i < ps.size(); ++i) {
     auto added = gen.add(ps[i], kParams, i);
@@ -147,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(GeneratorCancel, CancellingEverySequenceLeavesAnIdleReusableGenerator) {
   const std::shared_ptr<const Model> model = make_model({});
   const auto ps = prompts();
-  Generator gen(model);
+  BackendGenerator gen = cpu_generator(model);
   const int64_t a = *gen.add(ps[0], kParams, 0);
   const int64_t b = *gen.add(ps[1], kParams, 1);
   ASSERT_TRUE(gen.step().ok());

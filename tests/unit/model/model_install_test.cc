@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "kernels/formats.h"
-#include "model/generator.h"
 #include "model/model.h"
+#include "model/step_generator.h"
 #include "model/weight_view.h"
 #include "tests/unit/model/model_test_util.h"
 

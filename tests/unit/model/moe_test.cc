@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
 #include "kernels/calc_diff.h"
-#include "model/generator.h"
 #include "model/model.h"
+#include "model/step_generator.h"
 #include "model/weight_view.h"
 #include "tests/unit/model/model_test_util.h"
 
