@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "model/params.h"
+#include "train/gradient_buckets.h"
 
 namespace fp8rl::train {
 namespace {
@@ -95,6 +96,93 @@ WeightBytes shard_working_bytes(const model::ParamLayout& layout, int64_t begin,
   return bytes;
 }
 
+// The most bytes of bucket buffers the sharded gradient pool (train::GradientBuckets) holds at
+// once during one backward, modelled on what Model::backward asks for and when it says
+// gradients are final (model/model_forward.cc): the backward visits the units head (lm_head, then
+// the final norm), decoder layers n-1 .. 0, then the embedding's token lookup; it asks for each
+// of a unit's tensors while computing it and, after it, says every bucket starting at or after
+// the unit's first parameter is final (after the embedding: everything). A bucket holds a buffer
+// from the first unit that writes it until the unit after which it is final; a tied lm_head
+// writes into the embedding's bucket, which is therefore held through the whole backward.
+// Buffers of final buckets are reused by the next unit (the pool waits for one in flight rather
+// than allocating), so the peak is the largest sum of bucket sizes held while one unit runs.
+// Not counted: Gloo's receive buffer of a reduce-scatter call (ranks x at most one bucket).
+int64_t gradient_pool_bytes(const model::ParamLayout& layout, const model::ModelConfig& c,
+                            int64_t bucket_elements) {
+  const std::vector<GradientBuckets::Bucket> buckets =
+      GradientBuckets::cut(layout, bucket_elements);
+  struct Unit {
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // parameter ranges it writes
+    int64_t final_from = 0;                           // after it: buckets with first >= this
+  };
+  std::vector<Unit> units;  // in backward order
+  const model::ParamInfo* head = nullptr;
+  const model::ParamInfo* norm = nullptr;
+  const model::ParamInfo* embed = nullptr;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> layers(
+      static_cast<size_t>(c.num_hidden_layers));
+  for (const model::ParamInfo& p : layout.params()) {
+    if (p.layer >= 0) {
+      layers[static_cast<size_t>(p.layer)].emplace_back(p.offset, p.offset + p.numel);
+    } else if (p.kind == model::ParamKind::kEmbedding) {
+      embed = &p;
+    } else if (p.kind == model::ParamKind::kLmHead) {
+      head = &p;
+    } else {
+      norm = &p;
+    }
+  }
+  if (embed == nullptr || norm == nullptr) return 0;
+  Unit u_head;
+  const model::ParamInfo& lm = head != nullptr ? *head : *embed;  // tied: the embedding
+  u_head.ranges = {{lm.offset, lm.offset + lm.numel}, {norm->offset, norm->offset + norm->numel}};
+  u_head.final_from = norm->offset;
+  units.push_back(u_head);
+  for (auto l = static_cast<int64_t>(layers.size()) - 1; l >= 0; --l) {
+    Unit u;
+    u.ranges = layers[static_cast<size_t>(l)];
+    u.final_from = u.ranges.empty() ? layout.total() : u.ranges.front().first;
+    for (const auto& [b, e] : u.ranges) u.final_from = std::min(u.final_from, b);
+    units.push_back(u);
+  }
+  units.push_back(Unit{{{embed->offset, embed->offset + embed->numel}}, 0});
+  // Per bucket: the first unit writing it and the unit after which it is final. Buckets descend
+  // (bucket 0 holds the last tensors).
+  const int64_t n_units = std::ssize(units);
+  std::vector<int64_t> first_use(buckets.size(), n_units), final_after(buckets.size(), n_units);
+  for (int64_t u = 0; u < n_units; ++u) {
+    for (const auto& [b, e] : units[static_cast<size_t>(u)].ranges) {
+      // Buckets overlapping [b, e): from the first with first < e to the last with end > b.
+      auto it =
+          std::partition_point(buckets.begin(), buckets.end(),
+                               [e](const GradientBuckets::Bucket& k) { return k.first >= e; });
+      for (; it != buckets.end() && it->end > b; ++it) {
+        int64_t& f = first_use[static_cast<size_t>(it - buckets.begin())];
+        f = std::min(f, u);
+      }
+    }
+  }
+  std::vector<int64_t> held(static_cast<size_t>(n_units) + 1, 0);  // differences per unit
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    for (int64_t u = 0; u < n_units; ++u) {
+      if (buckets[k].first >= units[static_cast<size_t>(u)].final_from) {
+        final_after[k] = u;
+        break;
+      }
+    }
+    if (first_use[k] > final_after[k]) continue;  // never written: sent as zeros at the end
+    const int64_t size = buckets[k].end - buckets[k].first;
+    held[static_cast<size_t>(first_use[k])] += size;
+    held[static_cast<size_t>(final_after[k]) + 1] -= size;
+  }
+  int64_t peak = 0, now = 0;
+  for (int64_t u = 0; u < n_units; ++u) {
+    now += held[static_cast<size_t>(u)];
+    peak = std::max(peak, now);
+  }
+  return 4 * peak;
+}
+
 }  // namespace
 
 absl::StatusOr<MemoryPlan> plan_training_memory(const MemoryPlanInput& in) {
@@ -143,6 +231,11 @@ absl::StatusOr<MemoryPlan> plan_training_memory(const MemoryPlanInput& in) {
   const bool sharded = in.shard != ShardMode::kNone && in.trainers > 1;
   absl::StatusOr<ShardLayout> shards = shard_parameters(layout, sharded ? in.trainers : 1);
   if (!shards.ok()) return shards.status();
+  // The sharded gradients besides the shard: the bucket pool, or the whole array without buckets.
+  const int64_t pool = !sharded ? 0
+                       : in.grad_bucket_bytes > 0
+                           ? gradient_pool_bytes(layout, c, ceil_div(in.grad_bucket_bytes, 4))
+                           : 4 * n;
   // Per rank r: the parts that depend on its shard; the plan keeps the rank with the largest
   // total (the others differ only in these parts).
   int64_t best = -1;
@@ -150,9 +243,7 @@ absl::StatusOr<MemoryPlan> plan_training_memory(const MemoryPlanInput& in) {
     const int64_t s = shards->size(r);
     WeightBytes weights = whole_weights;
     int64_t gathered = 0, grads = 4 * s;
-    if (sharded) {
-      grads += in.grad_bucket_bytes > 0 ? std::min(2 * in.grad_bucket_bytes, 4 * n) : 4 * n;
-    }
+    if (sharded) grads += pool;
     if (sharded && in.shard == ShardMode::kParams) {
       weights = shard_working_bytes(layout, shards->begin(r), shards->end(r), in.policy, c);
       std::vector<int64_t> sorted = unit_bytes;

@@ -20,10 +20,12 @@
 //   moments      AdamW m and v, 8 B per parameter.
 //   grads        fp32 gradients, 4 B per parameter.
 //                Shard modes grads_optimizer and params (ZeRO-2 / -3) in a group of 2 or more:
-//                master, moments and grads for the rank's shard only, plus two gradient buckets
-//                (the one the backward fills and the one being reduce-scattered;
-//                grad_bucket_bytes each, at most the whole gradient array; the whole array when
-//                0).
+//                master, moments and grads for the rank's shard only, plus the most the gradient
+//                bucket pool (train::GradientBuckets, buckets of grad_bucket_bytes cut at tensor
+//                boundaries) holds while one backward unit runs: the buckets of the unit (the
+//                head: lm_head and final norm; a decoder layer; the embedding) and, with a tied
+//                embedding, the embedding's bucket through the whole backward; the whole array
+//                when grad_bucket_bytes is 0.
 //   activations  what the training forward keeps for the backward, `activation_value_bytes` per
 //                value (4: the CPU engine keeps fp32), per token: each dense layer x, h1, x2, h2
 //                (hidden), q, o (q_dim), k, v (kv_dim), g, u, act (intermediate), 2 norm inverses

@@ -106,7 +106,7 @@ int plan_main(const std::vector<std::string>& argv) {
   if (plan->gathered > 0) print_row("gathered weights (2 units, ZeRO-3)", plan->gathered);
   print_row("fp32 master", plan->master);
   print_row("AdamW moments (m, v fp32)", plan->moments);
-  print_row("fp32 grads (+ 2 buckets when sharded)", plan->grads);
+  print_row("fp32 grads (+ bucket pool when sharded)", plan->grads);
   print_row("activations (fp32 values kept for backward)", plan->activations);
   print_row("kv cache (step tokens)", plan->kv_cache);
   print_row("total", plan->total());

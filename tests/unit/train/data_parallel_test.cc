@@ -49,6 +49,7 @@
 #include "train/collectives_bucketed.h"
 #include "train/device_train_backend.h"
 #include "train/learner.h"
+#include "train/memory_plan.h"
 #include "train/optimizer_shards.h"
 
 namespace fp8rl::train {
@@ -1098,6 +1099,23 @@ TEST_P(ShardedLearner, BucketsHoldTheShardAndTheBucketsInFlightNotTheWholeArray)
       // ... beside the buckets of at most two decoder layers (each bucket whole tensors of at
       // most bucket_bytes, so a layer's buckets reach at most one bucket past either end).
       EXPECT_LE(buffers, embed_bytes + 2 * (layer_bytes + 2 * bucket_bytes));
+      // The memory plan's grads row is the shard plus the pool it models (the buckets held while
+      // one backward unit runs): every buffer the pool holds then has at least its bucket's size,
+      // so the learner's count is never below it; a buffer reused for a smaller bucket keeps its
+      // capacity, so it may be above it, by less than one layer here.
+      MemoryPlanInput in;
+      in.config = config;
+      in.policy = PrecisionConfig{.training = training}.training_policy();
+      in.trainers = size;
+      in.shard = ShardMode::kGradsOptimizer;
+      in.grad_bucket_bytes = bucket_bytes;
+      const MemoryPlan plan = *plan_training_memory(in);
+      const int64_t planned_pool = plan.grads - 4 * plan.shard_parameters;
+      std::printf("  planned pool %lld, measured %lld\n", static_cast<long long>(planned_pool),
+                  static_cast<long long>(buffers));
+      EXPECT_GE(planned_pool, embed_bytes + layer_bytes);
+      EXPECT_GE(buffers, planned_pool);
+      EXPECT_LT(buffers, planned_pool + layer_bytes);
       EXPECT_LT(bucketed[r].gradient_peak_bytes, whole * 3 / 4);
       if (size == 4) {
         EXPECT_LT(bucketed[r].gradient_peak_bytes, whole / 2);

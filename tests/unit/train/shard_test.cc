@@ -121,7 +121,10 @@ TEST(MemoryPlan, ShardedTinyConfigByHand) {
   EXPECT_EQ(none.gathered, 0);
   EXPECT_EQ(none.total(), 769872);
   // grads_optimizer: shards 10816 and 10848 (ShardParameters.TinyConfigByHand); rank 1's is the
-  // larger: master 4 x 10848, moments 8 x 10848, grads 4 x 10848 + 2 buckets of 1024.
+  // larger: master 4 x 10848, moments 8 x 10848, grads 4 x 10848 + the bucket pool. With 256-float
+  // buckets every tensor is a bucket of its own (each norm of 32 lies between tensors of 512 or
+  // more), so the pool holds one backward unit's tensors at a time: the head (lm_head 1536 + final
+  // norm 32), a decoder layer (9280) or the embedding (1536); the largest, a layer, 4 x 9280.
   in.shard = ShardMode::kGradsOptimizer;
   const MemoryPlan zero2 = *plan_training_memory(in);
   EXPECT_EQ(zero2.rank, 1);
@@ -129,7 +132,7 @@ TEST(MemoryPlan, ShardedTinyConfigByHand) {
   EXPECT_EQ(zero2.weights, 43760);
   EXPECT_EQ(zero2.master, 43392);
   EXPECT_EQ(zero2.moments, 86784);
-  EXPECT_EQ(zero2.grads, 43392 + 2048);
+  EXPECT_EQ(zero2.grads, 43392 + 4 * 9280);
   EXPECT_EQ(zero2.activations, none.activations);
   EXPECT_EQ(zero2.kv_cache, none.kv_cache);
   // params: rank 1 keeps layer 1 (18488 + 256), the final norm (128) and lm_head (3072) = 21944
@@ -177,15 +180,16 @@ TEST(MemoryPlan, VerdictNamesWhatWouldFit) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(s.message(), plan.describe() + ": " + v);
   // A budget only a group fits: with 1 KiB buckets, grads_optimizer + recompute layers needs
-  // 43760 + 16 s + 2048 + 231488 + 6400 per rank, s the largest shard: 10848 with 2 ranks, 7712
-  // with 3. A budget of exactly the 3-rank total names 3 trainers.
+  // 43760 + 16 s + 37120 (the bucket pool, ShardedTinyConfigByHand) + 231488 + 6400 per rank, s
+  // the largest shard: 10848 with 2 ranks, 7712 with 3. A budget of exactly the 3-rank total names
+  // 3 trainers.
   in.grad_bucket_bytes = 1024;
   MemoryPlanInput three = in;
   three.trainers = 3;
   three.shard = ShardMode::kGradsOptimizer;
   three.recompute_layers = true;
   const int64_t budget3 = plan_training_memory(three)->total();
-  EXPECT_EQ(budget3, 43760 + 16 * 7712 + 2048 + 231488 + 6400);
+  EXPECT_EQ(budget3, 43760 + 16 * 7712 + 37120 + 231488 + 6400);
   const std::string group = memory_verdict(*plan_training_memory(in), budget3);
   EXPECT_NE(group.find("shard grads_optimizer + 3 trainers + recompute layers ("),
             std::string::npos)
@@ -249,7 +253,11 @@ TEST(MemoryPlan, Llama31EightBOnEightH100s) {
   EXPECT_LE(std::abs(zero2.shard_parameters - n / 8), 128 * 14336);
   EXPECT_EQ(zero2.master, 4 * zero2.shard_parameters);
   EXPECT_EQ(zero2.moments, 8 * zero2.shard_parameters);
-  EXPECT_EQ(zero2.grads, 4 * zero2.shard_parameters + 2 * (4 << 20));
+  // grads: the shard plus the bucket pool. Every linear (the smallest, k and v, 4194304 values)
+  // exceeds a 4 MiB bucket (1048576 floats) and every norm lies between two of them, so each
+  // tensor is a bucket of its own and the pool holds one backward unit at a time: the head
+  // (lm_head 525336576 + final norm 4096, the largest), a layer (218112000) or the embedding.
+  EXPECT_EQ(zero2.grads, 4 * zero2.shard_parameters + 4 * (525336576 + 4096));
   EXPECT_EQ(zero2.weights, none.weights);
   // ~16.06 GB weights + 16 x 1.004e9 + 13.72 GB activations + 1.07 GB KV ~ 47 GB < 77.3 GB.
   EXPECT_LE(zero2.total(), budget);
