@@ -308,7 +308,7 @@ absl::StatusOr<v1::UploadVersionResponse> upload_same_host(
   std::vector<std::span<const char>> pieces;
   pieces.reserve(set.tensors.size());
   for (const model::NamedTensor& t : set.tensors)
-    pieces.emplace_back(t.bytes.data(), t.bytes.size());
+    pieces.emplace_back(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
   absl::StatusOr<std::string> path = write_upload_file(dir, set.version, pieces);
   if (!path.ok()) return path.status();
   v1::UploadVersionRequest request;
