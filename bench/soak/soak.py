@@ -124,7 +124,7 @@ def fill(folder):
     """Writes <folder>/filler until the disk is full; returns its path."""
     path = os.path.join(folder, "filler")
     block = b"\xa5" * (1 << 16)
-    with open(path, "wb") as f:
+    with open(path, "wb", buffering=0) as f:  # unbuffered: nothing left to fail at close
         try:
             while True:
                 f.write(block)
