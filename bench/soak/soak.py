@@ -418,8 +418,9 @@ class Soak:
         fault["seen"] = "trainer_lost" in fault.get("events", [])
 
     def inject_ckpt_corrupt(self, fault, t0):
-        # Two checkpoints taken (a previous one to fall back to) and the job not at its end.
-        job_id, rows = self.wait_step(2 * EVERY, self.args.steps - 1)
+        # Two checkpoints taken (a previous one to fall back to: the step in progress is past
+        # the second) and the job not at its end.
+        job_id, rows = self.wait_step(2 * EVERY + 1, self.args.steps - 1)
         if job_id is None:
             fault["skipped"] = "no job reached its second checkpoint"
             return
