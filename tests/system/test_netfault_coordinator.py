@@ -3,9 +3,9 @@
 the coordinator (not a worker) in its own network namespace joined to the host by a veth pair
 (net_fault.py), so every call between it and the trainer, weight sync and the generation workers
 crosses the link, and so does this test's REST client. A reference job runs with the link clean;
-then, while a second job's step is in its "train" phase (a TrainStep call in flight; the seed
-picks the step), the link drops every packet (sockets stay open) for PARTITION_S, longer than
-the worker expiry, and is healed.
+then, while a TrainStep call of a second job is in flight (the seed picks the step; the trainer
+is held stopped for 0.3 s around the cut so the call cannot end first), the link drops every
+packet (sockets stay open) for PARTITION_S, longer than the worker expiry, and is healed.
 
 To the coordinator this is every worker going silent at once: each misses heartbeats and expires
 from the registry (a `worker expired` line per worker, fp8rl_coordinator_workers_expired_total),
@@ -18,7 +18,9 @@ the trainer_lost event names the train step; the resume is logged and counted.
 
 Needs root, iproute2 and nftables (skips with a message otherwise)."""
 
+import os
 import re
+import signal
 import time
 
 import net_fault
@@ -31,16 +33,35 @@ PARTITION_S = 12.0
 WORKERS = ("trainer", "generation-worker-0", "generation-worker-1")
 
 
-def wait_train(cluster, job_id, from_step, timeout=200):
+def progress(cluster, job_id):
+    status, job = su.http_quiet("GET", f"{cluster.rest}/v1/jobs/{job_id}", timeout=10)
+    su.check(status == 200, f"GET job: {status} {job}")
+    su.check(job["state"] in ("QUEUED", "RUNNING"), f"job ended before the cut: {job}")
+    p = job.get("progress") or {}
+    return (p.get("detail"), p["done"] + 1) if p.get("phase") == "rl" else (None, -1)
+
+
+def cut_in_train_step(cluster, net, job_id, from_step, timeout=200):
+    """Partitions the coordinator while a TrainStep of a step >= from_step is in flight; returns
+    the step. The trainer is stopped (SIGSTOP) when the job is seen in a train phase: still there
+    0.3 s later, the call cannot finish before the partition is in place; the trainer is
+    continued once it is (it then works on behind the cut)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        status, job = su.http_quiet("GET", f"{cluster.rest}/v1/jobs/{job_id}", timeout=10)
-        su.check(status == 200, f"GET job: {status} {job}")
-        su.check(job["state"] in ("QUEUED", "RUNNING"), f"job ended before the cut: {job}")
-        p = job.get("progress") or {}
-        if p.get("phase") == "rl" and p.get("detail") == "train" and p["done"] + 1 >= from_step:
-            return p["done"] + 1
-        time.sleep(0.01)
+        detail, step = progress(cluster, job_id)
+        if detail != "train" or step < from_step:
+            time.sleep(0.01)
+            continue
+        trainer = cluster.procs["trainer"].pid
+        os.kill(trainer, signal.SIGSTOP)
+        try:
+            time.sleep(0.3)
+            if progress(cluster, job_id) == ("train", step):
+                net.partition()
+                return step
+        finally:
+            os.kill(trainer, signal.SIGCONT)
+        from_step = step + 1
     su.fail(f"the job reached no train phase of a step >= {from_step}")
 
 
@@ -63,8 +84,7 @@ def body(clusters):
         log_before = len(cluster.log_of("coordinator"))
         started = time.time()
         job_id = chaos.submit(cluster, "partition")
-        step = wait_train(cluster, job_id, rng.randrange(2, 8))
-        net.partition()
+        step = cut_in_train_step(cluster, net, job_id, rng.randrange(2, 8))
         cut = time.time()
         su.log(f"  coordinator cut off in the train phase of step {step}, for {PARTITION_S} s")
         expired_at = {}
@@ -87,11 +107,8 @@ def body(clusters):
         _, events = su.http("GET", f"{cluster.rest}/v1/jobs/{job_id}/events")
         su.log(f"  events: {[(e['kind'], e['message'][:140]) for e in events['events']]}")
         lost = [e["message"] for e in events["events"] if e["kind"] == "trainer_lost"]
-        # The step whose TrainStep was in flight when the cut took hold (the cut lands at the
-        # phase seen, or just after it: the next step's).
-        trained = [int(m.group(1)) for m in (re.match(r"train step (\d+): ", x) for x in lost) if m]
-        su.check(any(step <= k <= step + 1 for k in trained),
-                 f"no trainer_lost event naming train step {step} or the next: {lost}")
+        su.check(any(m.startswith(f"train step {step}:") for m in lost),
+                 f"no trainer_lost event naming train step {step}: {lost}")
         new = cluster.log_of("coordinator")[log_before:]
         su.check(f"resuming job after trainer loss\" job={job_id}" in new,
                  "the coordinator log does not show the resume")
