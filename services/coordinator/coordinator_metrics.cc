@@ -58,6 +58,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::create(
       m->live_workers,
       registry->add_gauge("fp8rl_coordinator_live_workers",
                           "Registered workers with a fresh heartbeat, by kind.", {"kind"}));
+  FP8RL_ASSIGN(m->workers_expired,
+               registry->add_counter("fp8rl_coordinator_workers_expired_total",
+                                     "Workers dropped from the registry because they sent no "
+                                     "heartbeat within --worker-expiry-ms (killed, hung or cut "
+                                     "off), by kind.",
+                                     {"kind"}));
+  FP8RL_ASSIGN(m->sync_lagging_workers,
+               registry->add_counter("fp8rl_coordinator_sync_lagging_workers_total",
+                                     "Live generation workers that did not hold a newly "
+                                     "published weight version 5 s after the publish (weight "
+                                     "sync cut off from them, or slow), counted once per "
+                                     "version and worker."));
   FP8RL_ASSIGN(m->step, registry->add_gauge("fp8rl_rl_step",
                                             "RL steps completed by the running job (0 before "
                                             "the first update)."));

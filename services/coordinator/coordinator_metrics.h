@@ -52,6 +52,8 @@ class CoordinatorMetrics {
   service::CounterFamily* store_write_failures = nullptr;     // {write}, store_retry.h
   service::CounterFamily* trainer_groups_reformed = nullptr;  // groups formed again on resume
   service::GaugeFamily* live_workers = nullptr;               // {kind}
+  service::CounterFamily* workers_expired = nullptr;          // {kind}, no heartbeat in time
+  service::CounterFamily* sync_lagging_workers = nullptr;     // live, new version late
   service::GaugeFamily* step = nullptr;                       // running job's completed steps
   service::CounterFamily* steps = nullptr;                    // RL steps completed
   service::GaugeFamily* reward_mean = nullptr;                // last step's mean reward

@@ -82,6 +82,9 @@ int run(const std::vector<std::string>& args) {
   auto metrics = coordinator::CoordinatorMetrics::create(&registry);
   if (!metrics.ok()) return fail(std::string(metrics.status().message()));
   coordinator::WorkerRegistry workers{config->worker_expiry, config->heartbeat_interval};
+  workers.set_on_expired([m = metrics->get()](coordinator::WorkerKind kind) {
+    m->workers_expired->with({std::string(coordinator::worker_kind_name(kind))}).inc();
+  });
   // Trainer groups meet here; declared before the cluster, which abandons groups in it.
   coordinator::RendezvousImpl rendezvous_service;
   coordinator::GrpcCluster cluster(&workers, config->trainer_timeout);

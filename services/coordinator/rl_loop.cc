@@ -287,15 +287,35 @@ absl::StatusOr<std::map<std::string, GenResult>> RlLoop::dispatch_counted(
 }
 
 absl::Status RlLoop::wait_for_version(int64_t version) {
-  const auto deadline = Clock::now() + options_.sync_wait;
+  const auto start = Clock::now();
+  const auto deadline = start + options_.sync_wait;
+  bool lag_reported = false;
   while (true) {
     int64_t live = 0, holding = 0;
+    std::vector<std::string> lagging;  // registration ids of the live workers without it
     for (const WorkerRef& worker : cluster_->live_generation_workers()) {
       ++live;
       absl::StatusOr<int64_t> held = cluster_->generation_client(worker)->weight_version();
-      if (held.ok() && *held >= version) ++holding;
+      if (held.ok() && *held >= version) {
+        ++holding;
+      } else {
+        lagging.push_back(worker.id);
+      }
     }
     if (holding == live) return absl::OkStatus();
+    if (!lag_reported && Clock::now() - start >= options_.sync_lag_warn) {
+      // Live (heartbeating) but without the version: weight sync cannot reach them, or slowly
+      // (docs/design/faults.md "Network delay, loss and partitions").
+      lag_reported = true;
+      fp8rl::service::log_warn(kLog, "live workers lag behind the new weight version",
+                               {{"version", absl::StrCat(version)},
+                                {"workers", absl::StrJoin(lagging, ",")},
+                                {"holding", absl::StrCat(holding, " of ", live)},
+                                {"waited_s", absl::StrFormat("%.1f", seconds_since(start))}});
+      if (hooks_.metrics != nullptr) {
+        hooks_.metrics->sync_lagging_workers->get().inc(static_cast<double>(lagging.size()));
+      }
+    }
     if (Clock::now() > deadline) {
       if (holding == 0) {
         // Nobody can sample with these weights: the version was lost on its way (weight sync

@@ -137,6 +137,9 @@ struct RlLoopOptions {
   std::chrono::milliseconds worker_wait{std::chrono::seconds(60)};
   // How long to wait for every live worker to hold a newly published version.
   std::chrono::milliseconds sync_wait{std::chrono::seconds(60)};
+  // After this long in that wait, one warning names the live workers without the version
+  // (weight sync cut off from them, or slow) and counts them (sync_lagging_workers).
+  std::chrono::milliseconds sync_lag_warn{std::chrono::seconds(5)};
   std::chrono::milliseconds poll_interval{std::chrono::milliseconds(50)};
   // After the trainer is lost (is_trainer_lost), how long the JobManager keeps trying to resume
   // the job from its last checkpoint on a trainer that is back before failing it; 0 fails the

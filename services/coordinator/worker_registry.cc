@@ -103,6 +103,7 @@ void WorkerRegistry::prune_locked(int64_t now) {
                        {"kind", std::string(worker_kind_name(info.kind))},
                        {"address", info.address},
                        {"silent_ms", absl::StrCat(now - info.last_seen_ms)}});
+    if (on_expired_) on_expired_(info.kind);
     return true;
   });
 }

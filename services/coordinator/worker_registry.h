@@ -54,6 +54,12 @@ class WorkerRegistry {
   std::vector<WorkerInfo> trainer_group(int size);
   bool is_live(const std::string& id) { return find(id).has_value(); }
 
+  // Called once per expired worker, with mu_ held (it must not call the registry): how the
+  // coordinator counts expiries (fp8rl_coordinator_workers_expired_total). Set before use.
+  void set_on_expired(std::function<void(WorkerKind)> on_expired) {
+    on_expired_ = std::move(on_expired);
+  }
+
   int64_t expiry_ms() const { return expiry_ms_; }
   int64_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
 
@@ -63,7 +69,8 @@ class WorkerRegistry {
 
   const int64_t expiry_ms_;
   const int64_t heartbeat_interval_ms_;
-  Clock clock_;  // set in the constructor, then only called
+  Clock clock_;                                 // set in the constructor, then only called
+  std::function<void(WorkerKind)> on_expired_;  // set before use, then only called
   std::mutex mu_;
   std::map<std::string, WorkerInfo> workers_;  // guarded by mu_; by id
   uint64_t next_seq_ = 0;                      // guarded by mu_

@@ -73,6 +73,10 @@ absl::StatusOr<std::unique_ptr<GenerationMetrics>> GenerationMetrics::create(
   take(registry->add_gauge("fp8rl_generation_weight_receive_buffer_bytes",
                            "Bytes mapped for the two weight receive buffers."),
        &m->weight_receive_buffer_bytes);
+  take(registry->add_counter("fp8rl_generation_weight_stream_reconnects_total",
+                             "Subscribe streams to weight sync opened again after one broke, "
+                             "stalled or ended (counted when the next version is installed)."),
+       &m->weight_stream_reconnects);
   if (!status.ok()) return status;
   // Labelled series exist from the start, so a scrape before the first request shows them.
   m->tokens->with({"prompt"});
@@ -105,6 +109,8 @@ void WeightPathRecorder::record(const WeightPathCounts& now) {
   for (int i = 0; i < static_cast<int>(new_deltas); ++i) {
     metrics_->weight_delta_decode_seconds->get().observe(now.last_delta_seconds);
   }
+  metrics_->weight_stream_reconnects->get().inc(
+      grown(now.stream_reconnects, last_.stream_reconnects));
   metrics_->weight_receive_buffer_bytes->get().set(static_cast<double>(now.receive_buffer_bytes));
   last_ = now;
 }

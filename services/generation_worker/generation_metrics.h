@@ -36,6 +36,9 @@ struct GenerationMetrics {
   service::HistogramFamily* weight_delta_decode_seconds = nullptr;  // one delta's apply time
   service::HistogramFamily* weight_install_seconds = nullptr;   // a verified version -> its model
   service::GaugeFamily* weight_receive_buffer_bytes = nullptr;  // both receive buffers, mapped
+  // Subscribe streams to weight sync opened again (broken, stalled or ended; docs/design/faults.md
+  // "Network delay, loss and partitions"), recorded with the next weight version's install.
+  service::CounterFamily* weight_stream_reconnects = nullptr;
 };
 
 // Running totals of a worker's weight path, as the double buffer (WeightDoubleBuffer::Stats) and
@@ -48,6 +51,7 @@ struct WeightPathCounts {
   uint64_t delta_bytes = 0;         // delta payload bytes received
   double last_delta_seconds = 0.0;  // decode time of the newest delta
   int64_t receive_buffer_bytes = 0;
+  int64_t stream_reconnects = 0;  // Subscribe streams opened after the first
 };
 
 // Turns successive WeightPathCounts into the weight metrics above: counters grow by what the

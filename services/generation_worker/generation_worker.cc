@@ -1,6 +1,7 @@
 // Assembly, swap path and ordered shutdown of a generation worker (see generation_worker.h).
 #include "services/generation_worker/generation_worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -192,6 +193,7 @@ void GenerationWorker::record_weight_path() {
     counts.delta_fallbacks = sub.delta_fallbacks;
     counts.delta_bytes = sub.delta_bytes_received;
     counts.last_delta_seconds = sub.delta_decode_seconds;
+    counts.stream_reconnects = std::max<int64_t>(0, sub.streams_opened - 1);
   }
   weight_recorder_->record(counts);
 }

@@ -6,16 +6,26 @@ the addresses in use), and the faults applied to that link:
                   (tc netem's fixed delay where the kernel has sch_netem; see below)
   lossy(percent)  nftables in the namespace drops that share of packets, each way, at random
   partition()     nftables drops every packet, each way (sockets stay open, as in a real split)
+  partition(ports) only TCP packets to or from those ports on the other end: the service in the
+                  namespace is cut off from the services listening there and from no other
   heal()          removes all of the above
+
+A fixed delay needs tc netem (sch_netem), which the kernel of the machine these tests were written
+on lacks; `DelayRelay` gives one link a fixed latency in user space instead: a TCP relay that
+holds every byte it forwards for the delay, each way (ordered, no rate limit).
 
 Needs root, `ip` (iproute2), `tc` and `nft` (nftables); `available()` says why not. Everything is
 removed on close() (the class is a context manager), and `remove_stale()` removes what a test run
 killed with SIGKILL left behind (names carry the pid of the run that made them)."""
 
 import os
+import queue
 import random
 import shutil
+import socket
 import subprocess
+import threading
+import time
 
 NS_PREFIX = "fp8rl-nf-"
 TABLE = "fp8rl_fault"
@@ -135,22 +145,32 @@ class NetNamespace:
             self._qdisc(["tbf", "rate", rate, "burst", "16kb", "latency", "200ms"])
             self.faults.append(f"tbf rate {rate}")
 
-    def _nft(self, rule):
+    def _nft(self, *rules):
         self.ns(["nft", "add", "table", "inet", TABLE])
         for chain, hook in (("in", "input"), ("out", "output")):
             self.ns(["nft", "add", "chain", "inet", TABLE, chain,
                      f"{{ type filter hook {hook} priority 0; policy accept; }}"])
             self.ns(["nft", "flush", "chain", "inet", TABLE, chain])
-            self.ns(["nft", "add", "rule", "inet", TABLE, chain, "iifname" if chain == "in"
-                     else "oifname", self.ns_if] + rule)
+            for rule in rules:
+                self.ns(["nft", "add", "rule", "inet", TABLE, chain, "iifname" if chain == "in"
+                         else "oifname", self.ns_if] + rule)
 
     def lossy(self, percent):
         self._nft(["numgen", "random", "mod", "100", "<", str(percent), "drop"])
         self.faults.append(f"{percent}% loss")
 
-    def partition(self):
-        self._nft(["drop"])
-        self.faults.append("partition")
+    def partition(self, ports=None):
+        """Drops every packet each way; with `ports` (of services on the host end), only TCP
+        packets from or to those ports: the namespace's service can still reach the others."""
+        if not ports:
+            self._nft(["drop"])
+            self.faults.append("partition")
+            return
+        listed = "{ " + ", ".join(str(p) for p in ports) + " }"
+        # In: replies from (and calls of) the host's services; out: the namespace's calls to
+        # them. A service in the namespace listens on its own ports, so these match no other.
+        self._nft(["tcp", "sport", listed, "drop"], ["tcp", "dport", listed, "drop"])
+        self.faults.append(f"partition from ports {sorted(ports)}")
 
     def heal(self):
         self.ns(["nft", "delete", "table", "inet", TABLE], check=False)
@@ -166,3 +186,80 @@ class NetNamespace:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class DelayRelay:
+    """Listens on `listen` (host, port) and connects each accepted connection to `target` (host,
+    port); every chunk read from either side is sent on `delay_s` later, in order. A service told
+    to call the relay instead of its peer sees a link with that latency each way (a round trip
+    costs 2 x delay_s). `forwarded` counts the bytes passed on, so a test can tell the link was
+    used. Daemon threads; close() stops accepting and closes every connection."""
+
+    def __init__(self, listen, target, delay_s):
+        self.target, self.delay_s = target, delay_s
+        self.forwarded = 0
+        self._lock = threading.Lock()
+        self._socks = []  # Guarded by _lock.
+        self._server = socket.create_server(listen)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._socks += [client, upstream]
+            self._pump(client, upstream)
+            self._pump(upstream, client)
+
+    def _pump(self, src, dst):
+        chunks = queue.Queue()
+
+        def read():
+            while True:
+                try:
+                    data = src.recv(1 << 16)
+                except OSError:
+                    data = b""
+                chunks.put((time.monotonic() + self.delay_s, data))
+                if not data:
+                    return
+
+        def write():
+            while True:
+                due, data = chunks.get()
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                try:
+                    if not data:
+                        dst.shutdown(socket.SHUT_WR)
+                        return
+                    dst.sendall(data)
+                    with self._lock:
+                        self.forwarded += len(data)
+                except OSError:
+                    src.close()  # the other end is gone: end the reader too
+                    return
+
+        threading.Thread(target=read, daemon=True).start()
+        threading.Thread(target=write, daemon=True).start()
+
+    def close(self):
+        self._server.close()
+        with self._lock:
+            for s in self._socks:
+                try:
+                    s.close()
+                except OSError:
+                    pass

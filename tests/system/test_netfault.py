@@ -40,50 +40,69 @@ PARTITION_S = 25.0
 JOB_BOUND_S = 300  # a 24-step job takes ~15 s undisturbed on the loaded 2-core VM
 
 
+def ports_of(offset):
+    """{service: [gRPC port, HTTP port]} of a LocalCluster on port offset `offset`."""
+    o = offset
+    return {"coordinator": [50051 + o, 8080 + o], "weight-sync": [50052 + o, 9402 + o],
+            "trainer": [50053 + o, 9403 + o], "generation-worker-0": [50061 + o, 9461 + o],
+            "generation-worker-1": [50062 + o, 9462 + o]}
+
+
 class LocalCluster:
     """The four kinds of service started directly (fp8rl up listens on 127.0.0.1 only), on the
-    host end of the veth pair, one of them (`isolated`: generation-worker-1 or trainer) inside the
-    namespace."""
+    host end of the veth pair, one of them (`isolated`: any service name) inside the namespace.
+    `extra` adds flags to a service ({name: [flags]}); `reach` changes the address one service
+    calls another by ({name: {"coordinator" or "weight-sync": "host:port"}}) and `advertise` the
+    host a service gives others ({name: host}): how a delaying relay is put on a link."""
 
-    def __init__(self, net, isolated="generation-worker-1"):
+    def __init__(self, net, isolated="generation-worker-1", extra=None, reach=None,
+                 advertise=None, offset=None):
         self.net = net
         self.isolated = isolated
         self.tmp = tempfile.mkdtemp(prefix="fp8rl-system-")
-        self.offset = su.free_port_offset(workers=2)
+        self.offset = su.free_port_offset(workers=2) if offset is None else offset
         self.procs = {}
         host, o = net.host_ip, self.offset
-        self.rest = f"http://{host}:{8080 + o}"
-        coordinator, weight_sync = f"{host}:{50051 + o}", f"{host}:{50052 + o}"
-
-        def common(name, listen):
-            return ["--listen-host", listen, "--advertise-host", listen, "--log-level", "info",
-                    "--data-dir", os.path.join(self.tmp, "data", name)]
+        extra, reach, advertise = extra or {}, reach or {}, advertise or {}
 
         def at(name):  # the address a service listens on
             return net.ns_ip if name == isolated else host
 
+        self.rest = f"http://{at('coordinator')}:{8080 + o}"
+        self.ports = ports_of(o)
+
+        def common(name):
+            return ["--listen-host", at(name), "--advertise-host", advertise.get(name, at(name)),
+                    "--log-level", "info", "--data-dir", os.path.join(self.tmp, "data", name)]
+
+        def peers(name, *which):
+            flags = []
+            for peer in which:
+                address = f"{at(peer)}:{self.ports[peer][0]}"
+                flags += ["--" + peer, reach.get(name, {}).get(peer, address)]
+            return flags
+
         self.specs = {
-            "weight-sync": ["fp8rl-weight-sync"] + common("weight-sync", host) +
-            ["--grpc-port", str(50052 + o), "--http-port", str(9402 + o),
-             "--coordinator", coordinator],
-            "coordinator": ["fp8rl-coordinator"] + common("coordinator", host) +
+            "weight-sync": ["fp8rl-weight-sync"] + common("weight-sync") +
+            ["--grpc-port", str(50052 + o), "--http-port", str(9402 + o)] +
+            peers("weight-sync", "coordinator"),
+            "coordinator": ["fp8rl-coordinator"] + common("coordinator") +
             ["--grpc-port", str(50051 + o), "--http-port", str(8080 + o), "--data-root", self.tmp,
              "--generate-deadline-seconds", str(GENERATE_DEADLINE_S)],
-            "trainer": ["fp8rl-trainer-worker"] + common("trainer", at("trainer")) +
-            ["--grpc-port", str(50053 + o), "--http-port", str(9403 + o),
-             "--coordinator", coordinator, "--weight-sync", weight_sync,
-             "--data-root", self.tmp, "--models-root", su.SOURCE_DIR],
+            "trainer": ["fp8rl-trainer-worker"] + common("trainer") +
+            ["--grpc-port", str(50053 + o), "--http-port", str(9403 + o)] +
+            peers("trainer", "coordinator", "weight-sync") +
+            ["--data-root", self.tmp, "--models-root", su.SOURCE_DIR],
         }
-        for i, listen in ((0, host), (1, at("generation-worker-1"))):
-            self.specs[f"generation-worker-{i}"] = (
-                ["fp8rl-generation-worker", "--listen-host", listen, "--advertise-host", listen,
-                 "--log-level", "info", "--grpc-port", str(50061 + i + o),
-                 "--http-port", str(9461 + i + o), "--coordinator", coordinator,
-                 "--weight-sync", weight_sync, "--worker-id", f"generation-worker-{i}"])
-        self.health = {"weight-sync": (host, 9402 + o), "coordinator": (host, 8080 + o),
-                       "trainer": (at("trainer"), 9403 + o),
-                       "generation-worker-0": (host, 9461 + o),
-                       "generation-worker-1": (at("generation-worker-1"), 9462 + o)}
+        for i in (0, 1):
+            name = f"generation-worker-{i}"
+            self.specs[name] = (
+                ["fp8rl-generation-worker"] + common(name)[:6] +
+                ["--grpc-port", str(50061 + i + o), "--http-port", str(9461 + i + o)] +
+                peers(name, "coordinator", "weight-sync") + ["--worker-id", name])
+        for name, flags in extra.items():
+            self.specs[name] += list(flags)
+        self.health = {name: (at(name), ports[1]) for name, ports in self.ports.items()}
 
     def log_path(self, name):
         return os.path.join(self.tmp, f"{name}.log")

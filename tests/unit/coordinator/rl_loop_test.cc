@@ -687,11 +687,17 @@ TEST(RlLoop, AVersionThatReachesNoWorkerIsResumable) {
   const JobRecord job2 = store->create_job("{}", 3).value();
   lagging.trainer_->lose_publish_at = 3;
   lagging.trainer_->lose_for = {"b"};
-  RlLoop loop2(&lagging, {store.get(), nullptr, {}, {}, {}, {}}, fast_options());
+  service::MetricsRegistry registry;
+  auto metrics = CoordinatorMetrics::create(&registry).value();
+  RlLoopOptions options = fast_options();
+  options.sync_lag_warn = std::chrono::milliseconds(50);
+  RlLoop loop2(&lagging, {store.get(), metrics.get(), {}, {}, {}, {}}, options);
   const absl::Status ok = loop2.run(job2, config);
   EXPECT_TRUE(ok.ok()) << ok;
   EXPECT_EQ(store->get_job(job2.id)->step, 3);
   EXPECT_GT(a->emitted, 0);
+  // The lag is said once, for the one version worker b never received.
+  EXPECT_EQ(metrics->sync_lagging_workers->get().value(), 1.0);
 }
 
 // Weight sync restarts empty and a resumed job's trainer starts a fresh policy: if both lose count,
