@@ -39,7 +39,8 @@ struct Fd {
 // A fresh name `dir`/<prefix><pid>-<version>-<n> (n counts up per process).
 std::string fresh_name(const std::string& dir, std::string_view prefix, int64_t version) {
   static std::atomic<uint64_t> counter{0};
-  return absl::StrCat(dir, "/", prefix, ::getpid(), "-", version, "-", counter.fetch_add(1));
+  return absl::StrCat(dir, "/", std::string(prefix), ::getpid(), "-", version, "-",
+                      counter.fetch_add(1));
 }
 
 // Creates `path` (O_EXCL, 0600) holding `pieces` one after the other; unlinks it on failure.
