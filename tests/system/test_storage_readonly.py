@@ -141,7 +141,8 @@ def checkpoint_dir_readonly(cluster):
         trainer_pid = su.read_pids(cluster)["trainer"]
         planted = [f"step-{failed + EVERY}.tmp.{dead.pid}", f"step-{failed}.tmp.{trainer_pid}"]
         for name in planted:
-            os.makedirs(os.path.join(folder, name))
+            # The live trainer's cut-off save may already have left exactly this folder.
+            os.makedirs(os.path.join(folder, name), exist_ok=True)
             with open(os.path.join(folder, name, "model.safetensors.tmp.1"), "wb") as f:
                 f.write(b"cut off")
         left = sorted(set(left) | set(planted))
