@@ -2,6 +2,8 @@
 #include "common/service/worker_registration.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,10 +19,20 @@ constexpr std::chrono::milliseconds kMaxHeartbeat{60000};
 // visible without flooding the log.
 constexpr int64_t kLogEvery = 30;
 
+WorkerRegistrationOptions with_instance(WorkerRegistrationOptions options) {
+  if (options.instance.empty()) {
+    std::random_device device;
+    const uint64_t bits = (static_cast<uint64_t>(device()) << 32) | device();
+    options.instance = absl::StrCat(absl::Hex(bits, absl::kZeroPad16));
+  }
+  return options;
+}
+
 }  // namespace
 
 WorkerRegistration::WorkerRegistration(WorkerRegistrationOptions options)
-    : options_(std::move(options)), heartbeat_interval_(options_.heartbeat_interval) {}
+    : options_(with_instance(std::move(options))),
+      heartbeat_interval_(options_.heartbeat_interval) {}
 
 WorkerRegistration::~WorkerRegistration() { stop(/*deregister=*/false); }
 
@@ -134,6 +146,7 @@ bool WorkerRegistration::register_once() {
   request.set_address(options_.address);
   request.set_metrics_address(options_.metrics_address);
   request.set_name(options_.name);
+  request.set_instance(options_.instance);
   request.set_weight_version(options_.load ? options_.load().weight_version : 0);
   v1::RegisterWorkerResponse response;
   const grpc::Status status = call([&](grpc::ClientContext* context) {

@@ -35,6 +35,10 @@ struct WorkerRegistrationOptions {
   std::string name;             // stable worker name; empty: the coordinator assigns one
   std::string address;          // advertised gRPC host:port; required
   std::string metrics_address;  // advertised /metrics host:port
+  // Sent with every registration (RegisterWorkerRequest.instance): tells the coordinator that a
+  // registration after an expiry comes from the same process. Empty: a random one chosen when
+  // the WorkerRegistration is made (once per process, as every service makes one).
+  std::string instance;
   std::string log_component = "registration";  // component name in log lines
   // Each Register/Heartbeat call; Deregister in stop() gets the same bound.
   std::chrono::milliseconds rpc_timeout{2000};

@@ -256,8 +256,9 @@ grpc::Status WorkerRegistryImpl::RegisterWorker(grpc::ServerContext* context,
                                        absl::StrCat("address: expected host:port, got '",
                                                     req->address(), "'")));
   }
-  const std::string id = registry_->register_worker(kind, req->address(), req->metrics_address(),
-                                                    req->name(), req->weight_version());
+  const std::string id =
+      registry_->register_worker(kind, req->address(), req->metrics_address(), req->name(),
+                                 req->weight_version(), req->instance());
   resp->set_worker_id(id);
   resp->set_heartbeat_interval_ms(registry_->heartbeat_interval_ms());
   resp->set_expiry_ms(registry_->expiry_ms());

@@ -151,9 +151,11 @@ class GrpcGenerationClient final : public GenerationClient {
   std::unique_ptr<v1::GenerationService::Stub> stub_;
 };
 
-// `alive` (optional) says whether the trainer still heartbeats (WorkerRegistry::is_live): a
-// call in progress is abandoned once it says no, so a trainer that hangs with its socket open
-// (SIGSTOP, a stuck driver) costs the job the registry's expiry time, not the call timeout.
+// `alive` (optional) says whether the trainer still heartbeats
+// (WorkerRegistry::is_same_process_live): a call in progress is abandoned once it says no, so a
+// trainer that hangs with its socket open (SIGSTOP, a stuck driver) costs the job the registry's
+// expiry time, not the call timeout. The same trainer process registered again after an expiry
+// (a partition healed while no call was in flight) counts as alive: it still holds the job.
 class GrpcTrainerClient final : public TrainerClient {
  public:
   GrpcTrainerClient(std::shared_ptr<grpc::Channel> channel, std::string weight_sync_address,
@@ -494,7 +496,7 @@ absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer() {
   const WorkerInfo& t = trainers.front();
   return std::shared_ptr<TrainerClient>(std::make_shared<GrpcTrainerClient>(
       channel(t.address), syncs.front().address, rpc_timeout_, t.address,
-      [registry = registry_, id = t.id] { return registry->is_live(id); }));
+      [registry = registry_, t] { return registry->is_same_process_live(t); }));
 }
 
 absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(
@@ -515,7 +517,7 @@ absl::StatusOr<std::shared_ptr<TrainerClient>> GrpcCluster::trainer_group(
     clients.push_back(
         {w, std::make_shared<GrpcTrainerClient>(
                 channel(w.address), syncs.front().address, rpc_timeout_, w.address,
-                [registry = registry_, id = w.id] { return registry->is_live(id); })});
+                [registry = registry_, w] { return registry->is_same_process_live(w); })});
   }
   if (size == 1) {
     // A trainer that was in a group leaves it (an older trainer without JoinGroup has none).

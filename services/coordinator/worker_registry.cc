@@ -36,7 +36,8 @@ WorkerRegistry::WorkerRegistry(std::chrono::milliseconds expiry,
 
 std::string WorkerRegistry::register_worker(WorkerKind kind, const std::string& address,
                                             const std::string& metrics_address,
-                                            const std::string& name, int64_t weight_version) {
+                                            const std::string& name, int64_t weight_version,
+                                            const std::string& instance) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = clock_();
   const uint64_t seq = next_seq_++;
@@ -44,6 +45,7 @@ std::string WorkerRegistry::register_worker(WorkerKind kind, const std::string& 
   info.kind = kind;
   info.name = name.empty() ? absl::StrCat(std::string(worker_kind_name(kind)), "-", seq) : name;
   info.id = absl::StrCat(info.name, "#", seq);
+  info.instance = instance;
   info.address = address;
   info.metrics_address = metrics_address;
   info.weight_version = weight_version;
@@ -91,6 +93,17 @@ std::optional<WorkerInfo> WorkerRegistry::find(const std::string& id) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return std::nullopt;
   return it->second;
+}
+
+bool WorkerRegistry::is_same_process_live(const WorkerInfo& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prune_locked(clock_());
+  if (workers_.contains(worker.id)) return true;
+  if (worker.instance.empty()) return false;
+  return std::any_of(workers_.begin(), workers_.end(), [&](const auto& entry) {
+    const WorkerInfo& info = entry.second;
+    return info.kind == worker.kind && info.name == worker.name && info.instance == worker.instance;
+  });
 }
 
 void WorkerRegistry::prune_locked(int64_t now) {

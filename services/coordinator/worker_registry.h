@@ -20,6 +20,7 @@ std::string_view worker_kind_name(WorkerKind kind);  // "generation", "trainer",
 struct WorkerInfo {
   std::string id;  // unique per registration ("gen-0#3"): a restarted worker gets a new id
   std::string name;
+  std::string instance;  // RegisterWorkerRequest.instance: one per process start ("" when unsent)
   WorkerKind kind = WorkerKind::kGeneration;
   std::string address;
   std::string metrics_address;
@@ -41,7 +42,7 @@ class WorkerRegistry {
   // old id stops being live). An empty name gets "<kind>-<n>".
   std::string register_worker(WorkerKind kind, const std::string& address,
                               const std::string& metrics_address, const std::string& name,
-                              int64_t weight_version);
+                              int64_t weight_version, const std::string& instance = "");
   // false when the id is unknown or expired (the worker must register again).
   bool heartbeat(const std::string& id, int64_t weight_version, int queue_depth);
   void deregister(const std::string& id);
@@ -53,6 +54,10 @@ class WorkerRegistry {
   // StatefulSet is rank 0); empty while fewer are live.
   std::vector<WorkerInfo> trainer_group(int size);
   bool is_live(const std::string& id) { return find(id).has_value(); }
+  // Whether the process behind registration `worker` is live: that registration, or a later one
+  // with the same name and the same non-empty instance (the same process registered again after
+  // it expired, e.g. after a partition). A restarted process (another instance) is not.
+  bool is_same_process_live(const WorkerInfo& worker);
 
   // Called once per expired worker, with mu_ held (it must not call the registry): how the
   // coordinator counts expiries (fp8rl_coordinator_workers_expired_total). Set before use.

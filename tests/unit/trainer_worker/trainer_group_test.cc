@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "common/service/grpc_server.h"
@@ -67,6 +68,41 @@ TEST(WorkerRegistry, TrainerGroupIsTheFirstLiveTrainersByName) {
   EXPECT_EQ(two[0].name, "trainer");
   EXPECT_EQ(two[1].name, "trainer-1");
   EXPECT_EQ(registry.trainer_group(3).size(), 3u);
+}
+
+TEST(WorkerRegistry, TheSameProcessRegisteredAgainAfterItsExpiryIsStillLive) {
+  int64_t now = 1000;
+  coordinator::WorkerRegistry registry(std::chrono::milliseconds(5000), std::chrono::seconds(1),
+                                       [&now] { return now; });
+  const std::string id = registry.register_worker(coordinator::WorkerKind::kTrainer, "t:1", "",
+                                                  "trainer-0", 0, "00000000000000a1");
+  const std::string other = registry.register_worker(coordinator::WorkerKind::kTrainer, "t:2", "",
+                                                     "trainer-1", 0, "00000000000000b2");
+  const std::optional<coordinator::WorkerInfo> info = registry.find(id);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->instance, "00000000000000a1");
+  EXPECT_TRUE(registry.is_same_process_live(*info));
+  // Silent past the expiry (a partition): not live, old id gone.
+  now += 6000;
+  EXPECT_FALSE(registry.heartbeat(other, 0, 0));  // trainer-1 expired too
+  EXPECT_FALSE(registry.is_same_process_live(*info));
+  // The same process registers again: a new id, but the old registration's process is live.
+  const std::string again = registry.register_worker(coordinator::WorkerKind::kTrainer, "t:1", "",
+                                                     "trainer-0", 0, "00000000000000a1");
+  EXPECT_NE(again, id);
+  EXPECT_FALSE(registry.is_live(id));
+  EXPECT_TRUE(registry.is_same_process_live(*info));
+  // Another process under the same name (a restart): the old registration's process is gone.
+  registry.register_worker(coordinator::WorkerKind::kTrainer, "t:1", "", "trainer-0", 0,
+                           "00000000000000c3");
+  EXPECT_FALSE(registry.is_same_process_live(*info));
+  // A registration without an instance (an older worker) is live only under its own id.
+  const std::string bare =
+      registry.register_worker(coordinator::WorkerKind::kTrainer, "t:3", "", "trainer-2", 0);
+  const coordinator::WorkerInfo bare_info = *registry.find(bare);
+  EXPECT_TRUE(registry.is_same_process_live(bare_info));
+  registry.register_worker(coordinator::WorkerKind::kTrainer, "t:3", "", "trainer-2", 0);
+  EXPECT_FALSE(registry.is_same_process_live(bare_info));
 }
 
 TEST(TrainerGroupJoin, JoinGroupRejectsBadArguments) {

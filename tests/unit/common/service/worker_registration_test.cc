@@ -145,6 +145,18 @@ TEST(WorkerRegistrationTest, RegistersHeartbeatsReregistersAndDeregisters) {
   ASSERT_TRUE(eventually([&] { return registration.worker_id() == "ws#3"; }));
   EXPECT_EQ(registration.stats().registrations, 3);
   EXPECT_GE(registration.stats().heartbeats, 3);
+  {
+    // Every registration of this process carries one instance: 16 hex digits, not another
+    // registration's (a second WorkerRegistration stands for a restarted process).
+    std::lock_guard lock(fake.mu);
+    const std::string instance = fake.registers[0].instance();
+    EXPECT_EQ(instance.size(), 16u) << instance;
+    EXPECT_EQ(instance.find_first_not_of("0123456789abcdef"), std::string::npos) << instance;
+    for (const v1::RegisterWorkerRequest& r : fake.registers) EXPECT_EQ(r.instance(), instance);
+    EXPECT_EQ(registration.options().instance, instance);
+    WorkerRegistration restarted(options_for(server->port(), load));
+    EXPECT_NE(restarted.options().instance, instance);
+  }
 
   registration.stop();
   EXPECT_TRUE(registration.stats().deregistered);
