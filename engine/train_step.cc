@@ -135,15 +135,13 @@ TrainBuffers carve(const model::ModelConfig& c, int64_t rows, const TrainStepOpt
 
 absl::Status check_step(const model::ModelConfig& config, const TrainBuffers& b,
                         const TrainTables& t, const TrainStepOptions& opts) {
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    if (config.sparse_layer(l)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "training step: MoE not supported on this path (layer ", l, " is a mixture of experts)"));
-    }
-  }
   if (!(opts.temperature > 0) || !std::isfinite(opts.temperature)) {
     return absl::InvalidArgumentError(
         absl::StrCat("temperature: must be > 0, got ", opts.temperature));
+  }
+  if (!(opts.router_aux_loss_coef >= 0) || !std::isfinite(opts.router_aux_loss_coef)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("router_aux_loss_coef: must be >= 0, got ", opts.router_aux_loss_coef));
   }
   if (opts.head_chunk < 1) {
     return absl::InvalidArgumentError(
@@ -159,11 +157,15 @@ absl::Status check_step(const model::ModelConfig& config, const TrainBuffers& b,
 }
 
 // Decoder layer l on the running hidden state x [rows, h] in place, saving its activations in
-// `a` (a.x: the layer's input). Model::layer_forward's sequence of operations.
+// `a` (a.x: the layer's input). Model::layer_forward's sequence of operations. A sparse layer's
+// MLP is ops.moe (forced: this layer's replayed experts [rows, k] or nullptr; route: its routing
+// out); `recompute` (the backward refilling a's buffers) stops before a sparse layer's MLP,
+// whose activations the ops kept from the forward.
 absl::Status layer_forward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
                            const model::ParamLayout& layout, TrainOps& ops, const TrainTables& t,
                            int64_t l, const TrainLayerBuffers& a, float* x,
-                           model::KvCalibrator* calibrator) {
+                           model::KvCalibrator* calibrator, const int32_t* forced,
+                           MoeRouteHost* route, bool recompute) {
   const int64_t m = t.rows, h = config.hidden_size, qd = config.q_dim(),
                 f = config.intermediate_size, hd = config.head_dim, nh = config.num_attention_heads,
                 nkv = config.num_key_value_heads;
@@ -199,11 +201,17 @@ absl::Status layer_forward(const model::ModelConfig& config, const model::Precis
   FP8RL_STEP(ops.linear(l, 3, a.o, m, nullptr, a.x2));
   FP8RL_STEP(ops.add(a.x2, a.x, m * h, rb));
   FP8RL_STEP(ops.rmsnorm(a.x2, ops.small(lo.post_norm), m, h, rb, a.h2, a.inv2));
-  // x = x2 + down(silu(gate(h2)) * up(h2)).
-  FP8RL_STEP(ops.linear(l, 4, a.h2, m, nullptr, a.g));
-  FP8RL_STEP(ops.linear(l, 5, a.h2, m, nullptr, a.u));
-  FP8RL_STEP(ops.swiglu(a.g, a.u, m * f, rb, a.act));
-  FP8RL_STEP(ops.linear(l, 6, a.act, m, nullptr, x));
+  if (config.sparse_layer(l)) {
+    // x = x2 + moe(h2).
+    if (recompute) return absl::OkStatus();
+    FP8RL_STEP(ops.moe(l, a.h2, m, forced, route, x));
+  } else {
+    // x = x2 + down(silu(gate(h2)) * up(h2)).
+    FP8RL_STEP(ops.linear(l, 4, a.h2, m, nullptr, a.g));
+    FP8RL_STEP(ops.linear(l, 5, a.h2, m, nullptr, a.u));
+    FP8RL_STEP(ops.swiglu(a.g, a.u, m * f, rb, a.act));
+    FP8RL_STEP(ops.linear(l, 6, a.act, m, nullptr, x));
+  }
   FP8RL_STEP(ops.add(x, a.x2, m * h, rb));
   return absl::OkStatus();
 }
@@ -226,15 +234,96 @@ TrainBuffers carve_train_buffers(const model::ModelConfig& config, int64_t rows,
 absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& config,
                                                  const model::PrecisionPolicy& policy,
                                                  const model::ParamLayout& layout, TrainOps& ops,
-                                                 const TrainBuffers& b, const TrainTables& t,
+                                                 TrainBuffers& b, const TrainTables& t,
                                                  const TrainStepOptions& opts) {
   FP8RL_STEP(check_step(config, b, t, opts));
   const int64_t m = t.rows, h = config.hidden_size;
   const bool rb = policy.bf16_activations();
+  // Mixture of experts (Model::forward's bookkeeping): the replayed experts in, [sparse layers,
+  // rows, k]; the routing used, the router's own choice and the load-balancing sums out.
+  const int64_t n_sparse = config.num_sparse_layers(), top_k = config.moe.num_experts_per_tok,
+                n_exp = config.moe.num_experts, width = n_sparse * top_k;
+  std::vector<int32_t> forced, record(n_sparse * m * top_k), chosen(n_sparse * m * top_k);
+  if (opts.replay != nullptr) {
+    std::vector<int64_t> lengths(t.n_seq);
+    for (int64_t s = 0; s < t.n_seq; ++s) lengths[s] = t.seq_start[s + 1] - t.seq_start[s];
+    FP8RL_STEP(model::check_routing(config, lengths, *opts.replay));
+    forced.assign(n_sparse * m * top_k, -1);
+    for (int64_t s = 0; s < t.n_seq; ++s) {
+      const std::vector<int32_t>& r = (*opts.replay)[s];
+      const int64_t rows = width > 0 ? static_cast<int64_t>(r.size()) / width : 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t li = 0; li < n_sparse; ++li) {
+          std::copy(r.begin() + (i * n_sparse + li) * top_k,
+                    r.begin() + (i * n_sparse + li + 1) * top_k,
+                    forced.begin() + (li * m + t.seq_start[s] + i) * top_k);
+        }
+      }
+    }
+  }
+  std::vector<double> expert_rows(n_exp, 0.0), expert_prob(n_exp, 0.0);
+  model::ForwardRouting routed;
+  routed.expert_tokens.assign(n_sparse * n_exp, 0);
+  std::vector<uint8_t> overrode(forced.empty() ? 0 : m, 0);  // any layer, per row
+  MoeRouteHost route;
   FP8RL_STEP(ops.load_tables(t));
   FP8RL_STEP(ops.embed(b.x));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, b.layers[l], b.x, opts.calibrator));
+    const int64_t li = config.sparse_layer(l) ? config.sparse_index(l) : -1;
+    const int32_t* forced_l = li >= 0 && !forced.empty() ? forced.data() + li * m * top_k : nullptr;
+    FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, b.layers[l], b.x, opts.calibrator,
+                             forced_l, &route, false));
+    if (li < 0) continue;
+    std::copy(route.sel.begin(), route.sel.end(), record.begin() + li * m * top_k);
+    std::copy(route.router_sel.begin(), route.router_sel.end(), chosen.begin() + li * m * top_k);
+    for (int32_t e : route.sel) {
+      expert_rows[e] += 1;
+      ++routed.expert_tokens[li * n_exp + e];
+    }
+    for (size_t r = 0; r < overrode.size(); ++r) overrode[r] |= route.overrode[r];
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t e = 0; e < n_exp; ++e) expert_prob[e] += route.probs[r * n_exp + e];
+    }
+  }
+  b.aux_dprob.clear();
+  if (width > 0) {
+    routed.used.assign(t.n_seq, {});
+    routed.chosen.assign(t.n_seq, {});
+    for (int64_t s = 0; s < t.n_seq; ++s) {
+      const int64_t r0 = t.seq_start[s], len = t.seq_start[s + 1] - r0;
+      if (!forced.empty()) {
+        const int64_t rows = static_cast<int64_t>((*opts.replay)[s].size()) / width;
+        routed.replayed_tokens += rows;
+        for (int64_t i = 0; i < rows; ++i) routed.replay_overrode += overrode[r0 + i];
+      }
+      // [sparse layers, rows, k] -> this sequence's [tokens, sparse layers, k].
+      auto per_token = [&](const std::vector<int32_t>& in, std::vector<int32_t>* out) {
+        out->resize(len * width);
+        for (int64_t i = 0; i < len; ++i) {
+          for (int64_t li = 0; li < n_sparse; ++li) {
+            std::copy(in.begin() + (li * m + r0 + i) * top_k,
+                      in.begin() + (li * m + r0 + i + 1) * top_k,
+                      out->begin() + (i * n_sparse + li) * top_k);
+          }
+        }
+      };
+      per_token(record, &routed.used[s]);
+      per_token(chosen, &routed.chosen[s]);
+    }
+    // HF load_balancing_loss_func over the sparse layers x rows router outputs (Model::forward):
+    // only the probabilities carry a gradient, d/dprobs[row, e] = coef * E * (rows to e / N) / N.
+    const double rows_total = static_cast<double>(n_sparse * m);
+    for (int64_t e = 0; e < n_exp; ++e) {
+      routed.aux_loss += n_exp * (expert_rows[e] / rows_total) * (expert_prob[e] / rows_total);
+    }
+    if (opts.router_aux_loss_coef > 0) {
+      b.aux_dprob.resize(n_exp);
+      for (int64_t e = 0; e < n_exp; ++e) {
+        b.aux_dprob[e] = static_cast<float>(opts.router_aux_loss_coef * n_exp *
+                                            (expert_rows[e] / rows_total) / rows_total);
+      }
+    }
+    if (opts.routing_out != nullptr) *opts.routing_out = std::move(routed);
   }
   // h_final = final_norm(x); x stays as x_final.
   FP8RL_STEP(ops.rmsnorm(b.x, ops.small(layout.final_norm()), m, h, rb, b.h_final, b.inv_final));
@@ -327,14 +416,21 @@ absl::Status train_backward(const model::ModelConfig& config, const model::Preci
       // operations on the same values give the same activations); b.x, x_final's buffer, is free
       // once the final norm's backward has run.
       FP8RL_STEP(ops.copy(b.x, a.x, m * h));
-      FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, a, b.x, nullptr));
+      FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, a, b.x, nullptr, nullptr, nullptr,
+                               true));
     }
-    // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
-    FP8RL_STEP(ops.linear_backward(l, 6, a.act, b.dx, m, b.dact, grads + lo.down, nullptr));
-    FP8RL_STEP(ops.swiglu_backward(a.g, a.u, b.dact, m * f, b.dg, b.du));
-    FP8RL_STEP(ops.linear_backward(l, 4, a.h2, b.dg, m, b.dh, grads + lo.gate, nullptr));
-    FP8RL_STEP(ops.linear_backward(l, 5, a.h2, b.du, m, b.tmp, grads + lo.up, nullptr));
-    FP8RL_STEP(ops.add(b.dh, b.tmp, m * h, false));
+    if (config.sparse_layer(l)) {
+      // MLP: x_out = x2 + moe(h2) (forward: "x = x2 + moe(h2)"); dh is d h2.
+      FP8RL_STEP(ops.moe_backward(l, a.h2, b.dx, m,
+                                  b.aux_dprob.empty() ? nullptr : b.aux_dprob.data(), b.dh, grads));
+    } else {
+      // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
+      FP8RL_STEP(ops.linear_backward(l, 6, a.act, b.dx, m, b.dact, grads + lo.down, nullptr));
+      FP8RL_STEP(ops.swiglu_backward(a.g, a.u, b.dact, m * f, b.dg, b.du));
+      FP8RL_STEP(ops.linear_backward(l, 4, a.h2, b.dg, m, b.dh, grads + lo.gate, nullptr));
+      FP8RL_STEP(ops.linear_backward(l, 5, a.h2, b.du, m, b.tmp, grads + lo.up, nullptr));
+      FP8RL_STEP(ops.add(b.dh, b.tmp, m * h, false));
+    }
     // h2 = post_norm(x2); dx += d x2 through the norm (dx is now d x2).
     FP8RL_STEP(ops.rmsnorm_backward(a.x2, ops.small(lo.post_norm), a.inv2, b.dh, m, h, b.tmp,
                                     grads + lo.post_norm));

@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/decoder_ops.h"
 #include "kernels/cpu/train_ops.h"
 #include "kernels/formats.h"
+#include "model/gradient_sink.h"
 #include "model/linear.h"
+#include "model/moe.h"
 
 namespace fp8rl::engine {
 namespace {
@@ -102,6 +105,27 @@ absl::Status CpuTrainOps::round_bf16(float* x, int64_t n) {
   return absl::OkStatus();
 }
 
+absl::Status CpuTrainOps::moe(int64_t layer, const float* x, int64_t rows,
+                              const int32_t* forced_host, MoeRouteHost* route_host, float* out) {
+  if (!model_.config().sparse_layer(layer)) {
+    return absl::InvalidArgumentError(absl::StrCat("moe: layer ", layer, " is not sparse"));
+  }
+  moe_.resize(model_.config().num_hidden_layers);
+  model::MoeActivations& a = moe_[layer];
+  if (auto s = model::moe_forward(model_.moe_layer(layer), model_.moe_options(), x, rows,
+                                  forced_host, &a, out);
+      !s.ok()) {
+    return s;
+  }
+  if (route_host != nullptr) {
+    route_host->sel = a.sel;
+    route_host->router_sel = a.router_sel;
+    route_host->overrode = a.overrode;
+    route_host->probs = a.probs;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuTrainOps::log_softmax(const float* z, int64_t row0, int64_t rows, float inv_t,
                                       float* lse, float* logprob) {
   kernels::cpu::log_softmax(z, rows, model_.config().vocab_size, inv_t, t_->targets.data() + row0,
@@ -143,6 +167,27 @@ absl::Status CpuTrainOps::swiglu_backward(const float* g, const float* u, const 
                                           int64_t n, float* dg, float* du) {
   kernels::cpu::swiglu_backward(g, u, dact, n, dg, du);
   return absl::OkStatus();
+}
+
+absl::Status CpuTrainOps::moe_backward(int64_t layer, const float* x, const float* dout,
+                                       int64_t rows, const float* dprob_extra_host, float* dx,
+                                       float* grads) {
+  if (layer < 0 || layer >= static_cast<int64_t>(moe_.size()) || moe_[layer].sel.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("moe_backward: no forward of layer ", layer, " ran"));
+  }
+  const model::LayerOffsets& lo = model_.layout().layer(layer);
+  const model::MoeGradOffsets offsets{.router = lo.router,
+                                      .expert_gate = &lo.expert_gate,
+                                      .expert_up = &lo.expert_up,
+                                      .expert_down = &lo.expert_down,
+                                      .shared_gate = lo.shared_gate,
+                                      .shared_up = lo.shared_up,
+                                      .shared_down = lo.shared_down,
+                                      .shared_expert_gate = lo.shared_expert_gate};
+  model::FlatGradientSink sink(grads, {});
+  return model::moe_backward(model_.moe_layer(layer), model_.moe_options(), offsets, moe_[layer], x,
+                             dout, rows, dprob_extra_host, dx, sink);
 }
 
 absl::Status CpuTrainOps::embed_backward(const float* dx, float* dembed) {
