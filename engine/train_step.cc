@@ -80,6 +80,11 @@ TrainBuffers carve(const model::ModelConfig& c, int64_t rows, const TrainStepOpt
   const int64_t r = b.padded_rows, h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(),
                 f = c.intermediate_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   b.layers.resize(c.num_hidden_layers);
+  // The dense MLP's g, u, act [rows, intermediate_size] exist for dense layers only (a sparse
+  // layer's MLP activations are kept by the ops); with recompute_layers the shared set has them
+  // when any layer is dense.
+  bool any_dense = false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) any_dense |= !c.sparse_layer(l);
   // With recompute_layers every layer keeps only its input x; the rest is one shared set that the
   // forward overwrites layer by layer and the backward refills by recomputing the layer.
   TrainLayerBuffers shared;
@@ -101,9 +106,11 @@ TrainBuffers carve(const model::ModelConfig& c, int64_t rows, const TrainStepOpt
     a.x2 = cv.take(r * h);
     a.inv2 = cv.take(r);
     a.h2 = cv.take(r * h);
-    a.g = cv.take(r * f);
-    a.u = cv.take(r * f);
-    a.act = cv.take(r * f);
+    if (opts.recompute_layers ? any_dense : !c.sparse_layer(static_cast<int64_t>(l))) {
+      a.g = cv.take(r * f);
+      a.u = cv.take(r * f);
+      a.act = cv.take(r * f);
+    }
     if (c.qk_norm()) {
       a.q_raw = cv.take(r * qd);
       a.k_raw = cv.take(r * kvd);
@@ -127,9 +134,11 @@ TrainBuffers carve(const model::ModelConfig& c, int64_t rows, const TrainStepOpt
   b.dk = cv.take(r * kvd);
   b.dv = cv.take(r * kvd);
   b.dout = cv.take(r * qd);
-  b.dact = cv.take(r * f);
-  b.dg = cv.take(r * f);
-  b.du = cv.take(r * f);
+  if (any_dense) {
+    b.dact = cv.take(r * f);
+    b.dg = cv.take(r * f);
+    b.du = cv.take(r * f);
+  }
   return b;
 }
 

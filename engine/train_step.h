@@ -179,6 +179,7 @@ struct TrainStepOptions {
 };
 
 // What the forward saves for the backward, per layer ([rows, width] each, rows padded).
+// g, u, act (the dense MLP) are nullptr for a sparse layer, whose MLP activations the ops keep.
 struct TrainLayerBuffers {
   float *x = nullptr, *inv1 = nullptr, *h1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr,
         *o = nullptr, *x2 = nullptr, *inv2 = nullptr, *h2 = nullptr, *g = nullptr, *u = nullptr,

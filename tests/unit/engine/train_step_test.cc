@@ -168,22 +168,24 @@ struct MoeCase {
   model::Precision linear;
   bool qwen2_moe;  // shared expert and q/k/v bias; else qwen3_moe (q/k norm, norm_topk_prob)
   bool replay;     // a routing record replayed (partly covering, mostly unlike the router's choice)
-  double aux_coef = 0.0;  // load-balancing loss weight
+  double aux_coef = 0.0;    // load-balancing loss weight
+  bool all_sparse = false;  // no dense layer (else the middle layer is dense)
 };
 
 std::string moe_case_name(const MoeCase& c) {
   return std::string(precision_name(c.linear)) + (c.qwen2_moe ? "_qwen2_moe" : "_qwen3_moe") +
-         (c.replay ? "_replay" : "_fresh") + (c.aux_coef > 0 ? "_aux" : "");
+         (c.replay ? "_replay" : "_fresh") + (c.aux_coef > 0 ? "_aux" : "") +
+         (c.all_sparse ? "_all_sparse" : "");
 }
 
 class MoeTrainStepTest : public ::testing::TestWithParam<MoeCase> {};
 
 // Mixture of experts through TrainOps::moe / moe_backward (CpuTrainOps: model/moe.h): three
-// layers, the middle one dense (mlp_only_layers), three packed sequences (9, 2 and 71 tokens),
-// random weights and random non-zero dL/dlogp. Logprobs, the routing report (experts used, the
-// router's own choice, replay counts, tokens per expert, load-balancing loss) and every gradient
-// (router, experts, shared expert, and the rest) equal Model::forward / Model::backward's bit for
-// bit, fresh or replayed routing, with and without the load-balancing loss and activation
+// layers, the middle one dense (mlp_only_layers) or all sparse, three packed sequences (9, 2 and 71
+// tokens), random weights and random non-zero dL/dlogp. Logprobs, the routing report (experts used,
+// the router's own choice, replay counts, tokens per expert, load-balancing loss) and every
+// gradient (router, experts, shared expert, and the rest) equal Model::forward / Model::backward's
+// bit for bit, fresh or replayed routing, with and without the load-balancing loss and activation
 // recomputation.
 TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
   const MoeCase c = GetParam();
@@ -196,8 +198,9 @@ TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
   model::ModelConfig config =
       c.qwen2_moe ? mt::make_qwen2_moe_config(kVocab, 128, 256, 3, 4, 2, true, 4, 2, 64, 96)
                   : mt::make_qwen3_moe_config(kVocab, 128, 256, 3, 4, 2, 48, false, 4, 2, 64, true);
-  config.moe.mlp_only_layers = {1};
-  ASSERT_EQ(config.num_sparse_layers(), 2);
+  if (!c.all_sparse) config.moe.mlp_only_layers = {1};
+  const int64_t n_sparse = c.all_sparse ? 3 : 2;
+  ASSERT_EQ(config.num_sparse_layers(), n_sparse);
   auto made = model::Model::Init(config, policy, 5, 0.05f);
   ASSERT_TRUE(made.ok()) << made.status();
   model::Model& model = **made;
@@ -236,6 +239,11 @@ TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
   CpuTrainStep step;
   auto got = step.forward(model, batch, opts);
   ASSERT_TRUE(got.ok()) << got.status();
+  // Only a dense layer has buffers for a dense MLP.
+  EXPECT_EQ(step.buffers.layers[0].g, nullptr);
+  EXPECT_EQ(step.buffers.layers[1].g == nullptr, c.all_sparse);
+  EXPECT_EQ(step.buffers.layers[2].act, nullptr);
+  EXPECT_EQ(step.buffers.dact == nullptr, c.all_sparse);
   ASSERT_EQ(got->size(), ref->size());
   double lp_norm = 0;
   for (size_t s = 0; s < ref->size(); ++s) {
@@ -292,7 +300,7 @@ TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
     EXPECT_GT(moved, 0.0) << info.name << " got no gradient";
     expert_tensors += info.name.find(".experts.") != std::string::npos ? 1 : 0;
   }
-  EXPECT_EQ(expert_tensors, 2 * n_exp * 3);  // two sparse layers x E experts x gate, up, down
+  EXPECT_EQ(expert_tensors, n_sparse * n_exp * 3);  // sparse layers x E experts x gate, up, down
   // Activation recomputation per layer: the same logprobs and gradients.
   CpuTrainStep re;
   TrainStepOptions re_opts = opts;
@@ -317,7 +325,10 @@ INSTANTIATE_TEST_SUITE_P(Policies, MoeTrainStepTest,
                                            MoeCase{model::Precision::kFP8, true, false},
                                            MoeCase{model::Precision::kFP8, true, true, 0.05},
                                            MoeCase{model::Precision::kF32, false, true, 0.05},
-                                           MoeCase{model::Precision::kF32, true, false}),
+                                           MoeCase{model::Precision::kF32, true, false},
+                                           MoeCase{model::Precision::kBF16, false, true, 0.05,
+                                                   true},
+                                           MoeCase{model::Precision::kFP8, true, false, 0.0, true}),
                          [](const auto& info) { return moe_case_name(info.param); });
 
 // The device's FP8 wgrad (engine/cuda/cuda_train_ops.h) pads the token dimension of dY^T and X^T
