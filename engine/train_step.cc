@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "model/gradient_sink.h"
 
 namespace fp8rl::engine {
 
@@ -355,11 +356,14 @@ absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& confi
   return out;
 }
 
-absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
-                            const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
-                            const TrainTables& t, const model::TokenValues& dlogp, float* grads,
-                            const TrainStepOptions& opts,
-                            const model::Model::GradientsFinal& on_final) {
+namespace {
+
+// train_backward into `grads` (GradientSink::grad(offset): ops memory); `notify`: tell the sink
+// what is final (after synchronize()) as the backward goes.
+absl::Status backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                      const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
+                      const TrainTables& t, const model::TokenValues& dlogp,
+                      model::GradientSink& grads, const TrainStepOptions& opts, bool notify) {
   FP8RL_STEP(check_step(config, b, t, opts));
   if (static_cast<int64_t>(dlogp.size()) != t.n_seq) {
     return absl::InvalidArgumentError(absl::StrCat("backward: dlogp has ", dlogp.size(),
@@ -400,19 +404,19 @@ absl::Status train_backward(const model::ModelConfig& config, const model::Preci
       const float* hs = b.h_final + row * h;
       FP8RL_STEP(ops.linear(-1, 0, hs, rows, nullptr, b.logits));
       FP8RL_STEP(ops.head_dlogits(b.logits, row, rows, inv_t, b.lse + row, b.dlogp + row));
-      FP8RL_STEP(
-          ops.linear_backward(-1, 0, hs, b.logits, rows, b.tmp, grads + layout.lm_head(), nullptr));
+      FP8RL_STEP(ops.linear_backward(-1, 0, hs, b.logits, rows, b.tmp, grads.grad(layout.lm_head()),
+                                     nullptr));
       FP8RL_STEP(ops.add(b.dx + row * h, b.tmp, rows * h, false));
     }
   }
   // Final norm: dx becomes the gradient at the last layer's output (b.x holds x_final).
   FP8RL_STEP(ops.rmsnorm_backward(b.x, ops.small(layout.final_norm()), b.inv_final, b.dx, m, h,
-                                  b.tmp, grads + layout.final_norm()));
+                                  b.tmp, grads.grad(layout.final_norm())));
   FP8RL_STEP(ops.copy(b.dx, b.tmp, m * h));
   auto final_from = [&](int64_t from) -> absl::Status {
-    if (!on_final) return absl::OkStatus();
+    if (!notify) return absl::OkStatus();
     FP8RL_STEP(ops.synchronize());
-    on_final(from);
+    grads.final_from(from);
     return absl::OkStatus();
   };
   FP8RL_STEP(final_from(layout.final_norm()));
@@ -434,18 +438,18 @@ absl::Status train_backward(const model::ModelConfig& config, const model::Preci
                                   b.aux_dprob.empty() ? nullptr : b.aux_dprob.data(), b.dh, grads));
     } else {
       // MLP: x_out = x2 + down(silu(gate(h2)) * up(h2)).
-      FP8RL_STEP(ops.linear_backward(l, 6, a.act, b.dx, m, b.dact, grads + lo.down, nullptr));
+      FP8RL_STEP(ops.linear_backward(l, 6, a.act, b.dx, m, b.dact, grads.grad(lo.down), nullptr));
       FP8RL_STEP(ops.swiglu_backward(a.g, a.u, b.dact, m * f, b.dg, b.du));
-      FP8RL_STEP(ops.linear_backward(l, 4, a.h2, b.dg, m, b.dh, grads + lo.gate, nullptr));
-      FP8RL_STEP(ops.linear_backward(l, 5, a.h2, b.du, m, b.tmp, grads + lo.up, nullptr));
+      FP8RL_STEP(ops.linear_backward(l, 4, a.h2, b.dg, m, b.dh, grads.grad(lo.gate), nullptr));
+      FP8RL_STEP(ops.linear_backward(l, 5, a.h2, b.du, m, b.tmp, grads.grad(lo.up), nullptr));
       FP8RL_STEP(ops.add(b.dh, b.tmp, m * h, false));
     }
     // h2 = post_norm(x2); dx += d x2 through the norm (dx is now d x2).
     FP8RL_STEP(ops.rmsnorm_backward(a.x2, ops.small(lo.post_norm), a.inv2, b.dh, m, h, b.tmp,
-                                    grads + lo.post_norm));
+                                    grads.grad(lo.post_norm)));
     FP8RL_STEP(ops.add(b.dx, b.tmp, m * h, false));
     // Attention: x2 = x + o_proj(attn(q, k, v)).
-    FP8RL_STEP(ops.linear_backward(l, 3, a.o, b.dx, m, b.dout, grads + lo.o, nullptr));
+    FP8RL_STEP(ops.linear_backward(l, 3, a.o, b.dx, m, b.dout, grads.grad(lo.o), nullptr));
     FP8RL_STEP(ops.attention_backward(a.q, a.k, a.v, b.dout, b.dq, b.dk, b.dv));
     // K/V rounding is straight-through; undo the rotation.
     FP8RL_STEP(ops.rope(nh, false, true, b.dq));
@@ -453,28 +457,47 @@ absl::Status train_backward(const model::ModelConfig& config, const model::Preci
     if (config.qk_norm()) {
       // q = q_norm(q_raw), k = k_norm(k_raw) per head.
       FP8RL_STEP(ops.rmsnorm_backward(a.q_raw, ops.small(lo.q_norm), a.inv_q, b.dq, m * nh, hd,
-                                      b.tmp, grads + lo.q_norm));
+                                      b.tmp, grads.grad(lo.q_norm)));
       FP8RL_STEP(ops.copy(b.dq, b.tmp, m * qd));
       FP8RL_STEP(ops.rmsnorm_backward(a.k_raw, ops.small(lo.k_norm), a.inv_k, b.dk, m * nkv, hd,
-                                      b.tmp, grads + lo.k_norm));
+                                      b.tmp, grads.grad(lo.k_norm)));
       FP8RL_STEP(ops.copy(b.dk, b.tmp, m * kvd));
     }
-    auto gbias = [&](int64_t off) { return off >= 0 ? grads + off : nullptr; };
-    FP8RL_STEP(ops.linear_backward(l, 0, a.h1, b.dq, m, b.dh, grads + lo.q, gbias(lo.q_bias)));
-    FP8RL_STEP(ops.linear_backward(l, 1, a.h1, b.dk, m, b.tmp, grads + lo.k, gbias(lo.k_bias)));
+    auto gbias = [&](int64_t off) { return off >= 0 ? grads.grad(off) : nullptr; };
+    FP8RL_STEP(ops.linear_backward(l, 0, a.h1, b.dq, m, b.dh, grads.grad(lo.q), gbias(lo.q_bias)));
+    FP8RL_STEP(ops.linear_backward(l, 1, a.h1, b.dk, m, b.tmp, grads.grad(lo.k), gbias(lo.k_bias)));
     FP8RL_STEP(ops.add(b.dh, b.tmp, m * h, false));
-    FP8RL_STEP(ops.linear_backward(l, 2, a.h1, b.dv, m, b.tmp, grads + lo.v, gbias(lo.v_bias)));
+    FP8RL_STEP(ops.linear_backward(l, 2, a.h1, b.dv, m, b.tmp, grads.grad(lo.v), gbias(lo.v_bias)));
     FP8RL_STEP(ops.add(b.dh, b.tmp, m * h, false));
     // h1 = input_norm(x): dx is now d x (the layer's input).
     FP8RL_STEP(ops.rmsnorm_backward(a.x, ops.small(lo.input_norm), a.inv1, b.dh, m, h, b.tmp,
-                                    grads + lo.input_norm));
+                                    grads.grad(lo.input_norm)));
     FP8RL_STEP(ops.add(b.dx, b.tmp, m * h, false));
     FP8RL_STEP(final_from(lo.input_norm));  // layer l's first parameter
   }
   // Embedding rows in row order (repeated tokens add into the same row).
-  FP8RL_STEP(ops.embed_backward(b.dx, grads + layout.embed()));
+  FP8RL_STEP(ops.embed_backward(b.dx, grads.grad(layout.embed())));
   FP8RL_STEP(final_from(0));
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                            const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
+                            const TrainTables& t, const model::TokenValues& dlogp, float* grads,
+                            const TrainStepOptions& opts,
+                            const model::Model::GradientsFinal& on_final) {
+  model::FlatGradientSink sink(grads, on_final);
+  return backward(config, policy, layout, ops, b, t, dlogp, sink, opts,
+                  static_cast<bool>(on_final));
+}
+
+absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                            const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
+                            const TrainTables& t, const model::TokenValues& dlogp,
+                            model::GradientSink& grads, const TrainStepOptions& opts) {
+  return backward(config, policy, layout, ops, b, t, dlogp, grads, opts, true);
 }
 
 #undef FP8RL_STEP

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/config.h"
+#include "model/gradient_sink.h"
 #include "model/kv_calibration.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -137,11 +138,12 @@ class TrainOps {
   virtual absl::Status swiglu_backward(const float* g, const float* u, const float* dact, int64_t n,
                                        float* dg, float* du) = 0;
   // Backward of moe (layer `layer`'s last forward, on the same x): dx [rows, h] overwritten from
-  // dout; the router's, the experts' and the shared expert's gradients added into grads (the whole
-  // gradient array, ParamLayout order). dprob_extra_host ([E] or nullptr) is added to dL/dprobs
+  // dout; the router's, the experts' and the shared expert's gradients added into grads (by
+  // ParamLayout offset). dprob_extra_host ([E] or nullptr) is added to dL/dprobs
   // of every row (the load-balancing loss's gradient).
   virtual absl::Status moe_backward(int64_t layer, const float* x, const float* dout, int64_t rows,
-                                    const float* dprob_extra_host, float* dx, float* grads) = 0;
+                                    const float* dprob_extra_host, float* dx,
+                                    model::GradientSink& grads) = 0;
   // dembed[tokens[r]] += dx[r] for every row in order (dembed is [vocab, hidden]).
   virtual absl::Status embed_backward(const float* dx, float* dembed) = 0;
 
@@ -239,5 +241,12 @@ absl::Status train_backward(const model::ModelConfig& config, const model::Preci
                             const TrainTables& t, const model::TokenValues& dlogp, float* grads,
                             const TrainStepOptions& opts,
                             const model::Model::GradientsFinal& on_final = {});
+// The same into a gradient sink (model/gradient_sink.h: storage handed out tensor by tensor, the
+// sharded trainer's buckets): grads.grad(offset) must be ops memory; grads.final_from(from) is
+// called (after synchronize()) as the backward leaves each layer, as Model::backward does.
+absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                            const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
+                            const TrainTables& t, const model::TokenValues& dlogp,
+                            model::GradientSink& grads, const TrainStepOptions& opts);
 
 }  // namespace fp8rl::engine

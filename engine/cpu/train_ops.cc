@@ -171,7 +171,7 @@ absl::Status CpuTrainOps::swiglu_backward(const float* g, const float* u, const 
 
 absl::Status CpuTrainOps::moe_backward(int64_t layer, const float* x, const float* dout,
                                        int64_t rows, const float* dprob_extra_host, float* dx,
-                                       float* grads) {
+                                       model::GradientSink& grads) {
   if (layer < 0 || layer >= static_cast<int64_t>(moe_.size()) || moe_[layer].sel.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("moe_backward: no forward of layer ", layer, " ran"));
@@ -185,9 +185,8 @@ absl::Status CpuTrainOps::moe_backward(int64_t layer, const float* x, const floa
                                       .shared_up = lo.shared_up,
                                       .shared_down = lo.shared_down,
                                       .shared_expert_gate = lo.shared_expert_gate};
-  model::FlatGradientSink sink(grads, {});
   return model::moe_backward(model_.moe_layer(layer), model_.moe_options(), offsets, moe_[layer], x,
-                             dout, rows, dprob_extra_host, dx, sink);
+                             dout, rows, dprob_extra_host, dx, grads);
 }
 
 absl::Status CpuTrainOps::embed_backward(const float* dx, float* dembed) {
@@ -224,14 +223,50 @@ absl::StatusOr<model::TokenValues> CpuTrainStep::forward(const model::Model& mod
   storage.assign(train_buffer_floats(model.config(), tables.rows, opts), 0.0f);
   buffers = carve_train_buffers(model.config(), tables.rows, opts, storage.data());
   ops = std::make_unique<CpuTrainOps>(model);
-  return train_forward(model.config(), model.policy(), model.layout(), *ops, buffers, tables, opts);
+  absl::StatusOr<model::TokenValues> lp =
+      train_forward(model.config(), model.policy(), model.layout(), *ops, buffers, tables, opts);
+  // The backward reads none of these; the caller's objects need not outlive the forward.
+  opts.calibrator = nullptr;
+  opts.replay = nullptr;
+  opts.routing_out = nullptr;
+  return lp;
 }
 
 absl::Status CpuTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
-                                    float* grads) {
+                                    float* grads, const model::Model::GradientsFinal& on_final) {
+  if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
+  return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
+                        dlogp, grads, opts, on_final);
+}
+
+absl::Status CpuTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
+                                    model::GradientSink& grads) {
   if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
   return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
                         dlogp, grads, opts);
+}
+
+int64_t CpuTrainStep::saved_bytes() const {
+  return static_cast<int64_t>(storage.size() * sizeof(float)) +
+         (ops != nullptr ? ops->moe_bytes() : 0);
+}
+
+int64_t CpuTrainOps::moe_bytes() const {
+  int64_t n = 0;
+  auto add = [&n](const auto& v) { n += static_cast<int64_t>(v.size() * sizeof(v[0])); };
+  for (const model::MoeActivations& a : moe_) {
+    for (const auto* v : {&a.probs, &a.weight, &a.prob_sum, &a.xs, &a.g, &a.u, &a.act, &a.ys, &a.z,
+                          &a.sg, &a.su, &a.sact, &a.s_out}) {
+      add(*v);
+    }
+    add(a.sel);
+    add(a.router_sel);
+    add(a.overrode);
+    add(a.groups.offset);
+    add(a.groups.slot_row);
+    add(a.groups.slot_of);
+  }
+  return n;
 }
 
 }  // namespace fp8rl::engine

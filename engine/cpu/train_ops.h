@@ -50,7 +50,8 @@ class CpuTrainOps final : public TrainOps {
   absl::Status swiglu_backward(const float* g, const float* u, const float* dact, int64_t n,
                                float* dg, float* du) override;
   absl::Status moe_backward(int64_t layer, const float* x, const float* dout, int64_t rows,
-                            const float* dprob_extra_host, float* dx, float* grads) override;
+                            const float* dprob_extra_host, float* dx,
+                            model::GradientSink& grads) override;
   absl::Status embed_backward(const float* dx, float* dembed) override;
   absl::Status copy(float* dst, const float* src, int64_t n) override;
   absl::Status zero(float* x, int64_t n) override;
@@ -58,6 +59,8 @@ class CpuTrainOps final : public TrainOps {
   absl::Status from_host(float* dst, const float* src_host, int64_t n) override;
   absl::Status synchronize() override { return absl::OkStatus(); }
   const float* small(int64_t offset) const override { return model_.norm_or_bias(offset); }
+  // Host bytes of what moe() keeps, all sparse layers.
+  int64_t moe_bytes() const;
 
  private:
   const model::LinearWeight& weight(int64_t layer, int64_t j) const;
@@ -75,7 +78,13 @@ struct CpuTrainStep {
   absl::StatusOr<model::TokenValues> forward(const model::Model& model,
                                              const model::TokenBatch& batch,
                                              const TrainStepOptions& opts);
-  absl::Status backward(const model::Model& model, const model::TokenValues& dlogp, float* grads);
+  absl::Status backward(const model::Model& model, const model::TokenValues& dlogp, float* grads,
+                        const model::Model::GradientsFinal& on_final = {});
+  absl::Status backward(const model::Model& model, const model::TokenValues& dlogp,
+                        model::GradientSink& grads);
+  // Host bytes the forward keeps for the backward: the step's buffers and the sparse layers'
+  // activations held by the ops.
+  int64_t saved_bytes() const;
 
   TrainStepOptions opts;
   TrainTables tables;

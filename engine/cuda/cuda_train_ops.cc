@@ -209,7 +209,7 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
         absl::StrCat("CUDA training step: layer ", layer, ": MoE training on CUDA is not built"));
   }
   absl::Status moe_backward(int64_t layer, const float*, const float*, int64_t, const float*,
-                            float*, float*) override {
+                            float*, model::GradientSink&) override {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA training step: layer ", layer, ": MoE training on CUDA is not built"));
   }
