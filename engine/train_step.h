@@ -3,9 +3,9 @@
 // and the CPU ops (CpuTrainOps, engine/cpu/train_ops.h) run the same sequence of
 // operations with the same BF16 rounding points, the same FP8 KV fake-quantization and the same
 // backward as Model::forward / Model::backward (model/model_forward.cc, the reference). The CPU
-// ops are tested against Model::forward / Model::backward on this machine; the device ops are
-// tested op by op against the host ops in tests/gpu (docs/design/gpu-training.md "Training step on
-// the device").
+// ops, what CPU training runs (train/train_backend.cc), are tested against Model::forward /
+// Model::backward on this machine; the device ops are tested op by op against the host ops in
+// tests/gpu (docs/design/gpu-training.md "Training step on the device").
 //
 // Use (one micro-batch):
 //   auto t = build_train_tables(batch, config);            // host

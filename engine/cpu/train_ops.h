@@ -1,9 +1,10 @@
 // The engine's training ops on the CPU: train_forward / train_backward (engine/train_step.h)
 // over host memory with kernels/cpu (the CPU reference of every CUDA kernel) and
 // model/linear.h's fprop/dgrad/wgrad on the model's own weights, and model/moe.h's mixture of
-// experts (forward with routing replay, backward). Tests run it against
-// Model::forward / Model::backward to check the step's orchestration, rounding points and backward
-// math without a GPU; on the device CudaTrainOps (engine/cuda/cuda_train_ops.h) replaces it.
+// experts (forward with routing replay, backward). CPU training runs it (train/train_backend.cc
+// CpuTrainBackend); tests run it against Model::forward / Model::backward to check the step's
+// orchestration, rounding points and backward math without a GPU; on the device CudaTrainOps
+// (engine/cuda/cuda_train_ops.h) replaces it.
 #pragma once
 
 #include <cstdint>
@@ -72,8 +73,8 @@ class CpuTrainOps final : public TrainOps {
   std::vector<model::MoeActivations> moe_;
 };
 
-// A host training step: tables, buffers and CpuTrainOps for one micro-batch (tests, and the
-// shape the device trainer follows with CudaTrainOps).
+// A host training step: tables, buffers and CpuTrainOps for one micro-batch (CPU training's
+// forward state, tests, benchmarks; CudaTrainStep is the same shape over CudaTrainOps).
 struct CpuTrainStep {
   absl::StatusOr<model::TokenValues> forward(const model::Model& model,
                                              const model::TokenBatch& batch,
