@@ -3,9 +3,9 @@
 // and the CPU ops (CpuTrainOps, engine/cpu/train_ops.h) run the same sequence of
 // operations with the same BF16 rounding points, the same FP8 KV fake-quantization and the same
 // backward as Model::forward / Model::backward (model/model_forward.cc, the reference). The CPU
-// ops are tested against Model::forward / Model::backward on this machine; the device ops are
-// tested op by op against the host ops in tests/gpu (docs/design/gpu-training.md "Training step on
-// the device").
+// ops, what CPU training runs (train/train_backend.cc), are tested against Model::forward /
+// Model::backward on this machine; the device ops are tested op by op against the host ops in
+// tests/gpu (docs/design/gpu-training.md "Training step on the device").
 //
 // Use (one micro-batch):
 //   auto t = build_train_tables(batch, config);            // host
@@ -14,9 +14,11 @@
 //   auto logp = train_forward(config, policy, layout, ops, b, *t, opts);  // host TokenValues
 //   ... the loss gives dL/dlogp per token (same shape as logp) ...
 //   train_backward(config, policy, layout, ops, b, *t, dlogp, grads, opts);  // grads: ops memory
-// CpuTrainStep (host_train_ops.h) and CudaTrainStep (cuda_train_ops.h) wrap these calls for one
-// micro-batch. Dense models only: a mixture-of-experts layer is FailedPrecondition. Routing replay
-// and the router's load-balancing loss are not supported here.
+// CpuTrainStep (engine/cpu/train_ops.h) and CudaTrainStep (cuda_train_ops.h) wrap these calls for
+// one micro-batch. A mixture-of-experts layer runs through TrainOps::moe / moe_backward, with
+// Model::forward's routing replay, routing report and load-balancing loss (TrainStepOptions);
+// CpuTrainOps implements them with model/moe.h, CudaTrainOps does not (FailedPrecondition: MoE
+// training on CUDA is not built).
 //
 // Plain C++ (no CUDA headers): built and tested in every build.
 #pragma once
@@ -28,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/config.h"
+#include "model/gradient_sink.h"
 #include "model/kv_calibration.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -52,6 +55,15 @@ absl::StatusOr<TrainTables> build_train_tables(const model::TokenBatch& batch,
                                                const model::ModelConfig& config);
 
 // ---- Ops ---------------------------------------------------------------------------------------
+
+// The routing of one sparse layer's forward, in host memory (TrainOps::moe): rows x k values in
+// sel and router_sel, rows in overrode, rows x E in probs.
+struct MoeRouteHost {
+  std::vector<int32_t> sel;         // the experts each row ran through (the forced ones if given)
+  std::vector<int32_t> router_sel;  // the router's own top-k, in descending probability
+  std::vector<uint8_t> overrode;    // forced rows: 1 where the router's own set differs
+  std::vector<float> probs;         // the router's softmax (load-balancing statistics)
+};
 
 // Every float pointer below is in the ops' memory space (host for CpuTrainOps, device for CUDA)
 // unless its name ends in _host. Shapes: x is [rows, hidden]; q [rows, heads * head_dim]; k, v
@@ -96,6 +108,15 @@ class TrainOps {
   virtual absl::Status log_softmax(const float* z, int64_t row0, int64_t rows, float inv_t,
                                    float* lse, float* logprob) = 0;
 
+  // Sparse layer `layer`'s MLP (model/moe.h moe_forward: router, top-k, the experts' grouped
+  // SwiGLUs, the qwen2_moe shared expert, bf16 rounding when activations are bf16): out [rows, h]
+  // from x [rows, h]. forced_host ([rows, k] expert ids, or nullptr) replays a routing record:
+  // rows whose first id is >= 0 use those experts, rows holding -1 route freely; ids are checked
+  // by the caller. The ops keep what moe_backward needs, per layer; route_host (nullable)
+  // receives the routing.
+  virtual absl::Status moe(int64_t layer, const float* x, int64_t rows, const int32_t* forced_host,
+                           MoeRouteHost* route_host, float* out) = 0;
+
   // ---- backward ----
   // In place on z [rows, vocab] (the logits of rows [row0, row0 + rows)): the gradient of
   // sum_i dlogp[i] * logprob[i] with respect to z, dz[j] = -g exp(z[j]/T - lse) / T, plus g / T at
@@ -116,6 +137,13 @@ class TrainOps {
   // dg, du overwritten from dact (act = silu(g) * u).
   virtual absl::Status swiglu_backward(const float* g, const float* u, const float* dact, int64_t n,
                                        float* dg, float* du) = 0;
+  // Backward of moe (layer `layer`'s last forward, on the same x): dx [rows, h] overwritten from
+  // dout; the router's, the experts' and the shared expert's gradients added into grads (by
+  // ParamLayout offset). dprob_extra_host ([E] or nullptr) is added to dL/dprobs
+  // of every row (the load-balancing loss's gradient).
+  virtual absl::Status moe_backward(int64_t layer, const float* x, const float* dout, int64_t rows,
+                                    const float* dprob_extra_host, float* dx,
+                                    model::GradientSink& grads) = 0;
   // dembed[tokens[r]] += dx[r] for every row in order (dembed is [vocab, hidden]).
   virtual absl::Status embed_backward(const float* dx, float* dembed) = 0;
 
@@ -144,9 +172,16 @@ struct TrainStepOptions {
   // shared set of a layer's activations) and the backward re-runs each layer before its backward
   // (one more layer forward per layer; same values, so same gradients bit for bit).
   bool recompute_layers = false;
+  // Mixture of experts, as model::TrainForwardOptions: routing replay (ids checked:
+  // InvalidArgument naming the sequence and token), the load-balancing loss weight the backward
+  // adds, and where the forward reports its routing.
+  const model::TokenRouting* replay = nullptr;
+  double router_aux_loss_coef = 0.0;
+  model::ForwardRouting* routing_out = nullptr;
 };
 
 // What the forward saves for the backward, per layer ([rows, width] each, rows padded).
+// g, u, act (the dense MLP) are nullptr for a sparse layer, whose MLP activations the ops keep.
 struct TrainLayerBuffers {
   float *x = nullptr, *inv1 = nullptr, *h1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr,
         *o = nullptr, *x2 = nullptr, *inv2 = nullptr, *h2 = nullptr, *g = nullptr, *u = nullptr,
@@ -170,6 +205,10 @@ struct TrainBuffers {
   // Backward scratch.
   float *dx = nullptr, *dh = nullptr, *tmp = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr,
         *dout = nullptr, *dact = nullptr, *dg = nullptr, *du = nullptr;
+  // Mixture of experts, host memory: d(coef * load-balancing loss) / d probs[row, e] ([E]) that
+  // train_forward leaves for train_backward; empty when router_aux_loss_coef is 0. (The sparse
+  // layers' own activations are kept by the ops.)
+  std::vector<float> aux_dprob;
 };
 
 // Rows a buffer holds for a batch of `rows`: a multiple of 16 with at least 16 spare rows
@@ -185,12 +224,12 @@ TrainBuffers carve_train_buffers(const model::ModelConfig& config, int64_t rows,
 // ---- The step ----------------------------------------------------------------------------------
 
 // Training forward: per-token logprobs at opts.temperature (host values, Model::forward's shape),
-// saving activations in `b` for train_backward. FailedPrecondition for a mixture-of-experts
-// model; InvalidArgument for a bad temperature.
+// saving activations in `b` for train_backward (a sparse layer's in the ops). InvalidArgument for
+// a bad temperature or routing record; the ops' error for a sparse layer they do not implement.
 absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& config,
                                                  const model::PrecisionPolicy& policy,
                                                  const model::ParamLayout& layout, TrainOps& ops,
-                                                 const TrainBuffers& b, const TrainTables& t,
+                                                 TrainBuffers& b, const TrainTables& t,
                                                  const TrainStepOptions& opts);
 
 // Accumulates dL/dparams into grads (ops memory, layout.total() floats, ParamLayout order) given
@@ -202,5 +241,12 @@ absl::Status train_backward(const model::ModelConfig& config, const model::Preci
                             const TrainTables& t, const model::TokenValues& dlogp, float* grads,
                             const TrainStepOptions& opts,
                             const model::Model::GradientsFinal& on_final = {});
+// The same into a gradient sink (model/gradient_sink.h: storage handed out tensor by tensor, the
+// sharded trainer's buckets): grads.grad(offset) must be ops memory; grads.final_from(from) is
+// called (after synchronize()) as the backward leaves each layer, as Model::backward does.
+absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
+                            const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
+                            const TrainTables& t, const model::TokenValues& dlogp,
+                            model::GradientSink& grads, const TrainStepOptions& opts);
 
 }  // namespace fp8rl::engine

@@ -446,14 +446,15 @@ MoeOptions Model::moe_options() const {
           .bf16 = policy_.bf16_activations()};
 }
 
-absl::Status Model::check_routing(const TokenBatch& batch, const TokenRouting& routing) const {
-  if (routing.size() != batch.size()) {
+absl::Status check_routing(const ModelConfig& config, const std::vector<int64_t>& lengths,
+                           const TokenRouting& routing) {
+  if (routing.size() != lengths.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("routing: ", routing.size(), " sequences, the batch has ", batch.size()));
+        absl::StrCat("routing: ", routing.size(), " sequences, the batch has ", lengths.size()));
   }
-  const int64_t width = routing_width(), k = config_.moe.num_experts_per_tok,
-                n_exp = config_.moe.num_experts;
-  for (size_t s = 0; s < batch.size(); ++s) {
+  const int64_t k = config.moe.num_experts_per_tok, width = config.num_sparse_layers() * k,
+                n_exp = config.moe.num_experts;
+  for (size_t s = 0; s < lengths.size(); ++s) {
     const std::vector<int32_t>& r = routing[s];
     if (r.empty()) continue;
     if (width == 0) {
@@ -461,10 +462,10 @@ absl::Status Model::check_routing(const TokenBatch& batch, const TokenRouting& r
           absl::StrCat("routing[", s, "]: the model has no mixture-of-experts layers"));
     }
     const int64_t n = static_cast<int64_t>(r.size());
-    if (n % width != 0 || n / width > static_cast<int64_t>(batch[s].size())) {
+    if (n % width != 0 || n / width > lengths[s]) {
       return absl::InvalidArgumentError(
           absl::StrCat("routing[", s, "]: ", n, " ids is not a whole number of tokens of ", width,
-                       " (sparse layers x top_k) for at most ", batch[s].size(), " tokens"));
+                       " (sparse layers x top_k) for at most ", lengths[s], " tokens"));
     }
     for (int64_t i = 0; i < n; i += k) {
       for (int64_t a = 0; a < k; ++a) {
@@ -480,6 +481,12 @@ absl::Status Model::check_routing(const TokenBatch& batch, const TokenRouting& r
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Model::check_routing(const TokenBatch& batch, const TokenRouting& routing) const {
+  std::vector<int64_t> lengths(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s) lengths[s] = static_cast<int64_t>(batch[s].size());
+  return model::check_routing(config_, lengths, routing);
 }
 
 absl::Status Model::check_tokens(const std::vector<int32_t>& tokens, int64_t extra) const {

@@ -44,6 +44,13 @@ using TokenValues = std::vector<std::vector<float>>;
 // fewer tokens than the sequence (generation never feeds its last sampled token).
 using TokenRouting = std::vector<std::vector<int32_t>>;
 
+// Checks a routing record against a model config and the lengths of the batch's sequences: one
+// entry per sequence, each at most its tokens x (sparse layers x top_k) ids, ids in [0, E), no
+// id twice within a token's layer. InvalidArgument naming the sequence and token
+// (Model::check_routing, and the engine's training step, engine/train_step.h).
+absl::Status check_routing(const ModelConfig& config, const std::vector<int64_t>& lengths,
+                           const TokenRouting& routing);
+
 struct ForwardRouting;
 
 struct TrainForwardOptions {

@@ -120,12 +120,16 @@ absl::StatusOr<std::vector<float>> response_logprobs(
   options.routing_out = routing;
   absl::StatusOr<model::TokenValues> lp = model.forward(batch.tokens, options, ctx);
   if (!lp.ok()) return lp.status();
+  return gather_response(batch, *lp);
+}
+
+std::vector<float> gather_response(const PackedBatch& batch, const model::TokenValues& values) {
   const int64_t L = batch.length;
   std::vector<float> out(batch.size() * L, 0.0f);
   for (int64_t b = 0; b < batch.size(); ++b) {
     const int64_t p = batch.prompt_length[b];
     const int64_t resp = static_cast<int64_t>(batch.tokens[b].size()) - p;
-    for (int64_t j = 0; j < resp; ++j) out[b * L + j] = (*lp)[b][p - 1 + j];
+    for (int64_t j = 0; j < resp; ++j) out[b * L + j] = values[b][p - 1 + j];
   }
   return out;
 }

@@ -71,6 +71,10 @@ absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,
                                                      model::ForwardRouting* routing = nullptr,
                                                      bool recompute_layers = false);
 
+// Per-token values in the model's layout (value [i-1] belongs to token i, a forward's logprobs)
+// -> the padded [B*L] response layout (0 at padding).
+std::vector<float> gather_response(const PackedBatch& batch, const model::TokenValues& values);
+
 // dLoss/dlogprob in the model's layout (value [i-1] belongs to token i) from the padded [B*L]
 // gradient over response tokens.
 model::TokenValues scatter_response(const PackedBatch& batch, std::span<const float> padded);

@@ -53,7 +53,7 @@ class BucketedAllReduce {
   // INVALID_ARGUMENT, after the same (skipped) buckets on every rank.
   void begin_scatter(std::span<const float> data, const ShardLayout& layout, std::span<float> shard,
                      std::string what);
-  // data[from, size) is final (Model::backward's on_final): launches every bucket inside it.
+  // data[from, size) is final (the training backward's on_final): launches every bucket inside it.
   void final_from(int64_t from);
   // Launches the remaining buckets and waits for all of them; the first failure, if any (later
   // buckets are skipped after one fails: the group is unusable then). Every begin() needs one

@@ -66,15 +66,7 @@ class DeviceTrainBackend final : public TrainBackend {
       s->bytes = static_cast<int64_t>(sizeof(float)) *
                  engine::train_buffer_floats(host_->config(), rows, opts);
     }
-    // Model layout (value [i-1] belongs to token i) -> the padded [B*L] response layout.
-    const int64_t L = batch.length;
-    std::vector<float> out(static_cast<size_t>(batch.size() * L), 0.0f);
-    for (int64_t b = 0; b < batch.size(); ++b) {
-      const int64_t p = batch.prompt_length[b];
-      const int64_t resp = static_cast<int64_t>(batch.tokens[b].size()) - p;
-      for (int64_t j = 0; j < resp; ++j) out[b * L + j] = (*lp)[b][p - 1 + j];
-    }
-    return out;
+    return gather_response(batch, *lp);
   }
 
   absl::Status backward(const ForwardState& saved, const PackedBatch& batch,

@@ -97,8 +97,9 @@ WeightBytes shard_working_bytes(const model::ParamLayout& layout, int64_t begin,
 }
 
 // The most bytes of bucket buffers the sharded gradient pool (train::GradientBuckets) holds at
-// once during one backward, modelled on what Model::backward asks for and when it says
-// gradients are final (model/model_forward.cc): the backward visits the units head (lm_head, then
+// once during one backward, modelled on what the training backward (engine/train_step.cc
+// train_backward, and Model::backward alike) asks for and when it says gradients are final: the
+// backward visits the units head (lm_head, then
 // the final norm), decoder layers n-1 .. 0, then the embedding's token lookup; it asks for each
 // of a unit's tensors while computing it and, after it, says every bucket starting at or after
 // the unit's first parameter is final (after the embedding: everything). A bucket holds a buffer

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/train_ops.h"
 #include "train/data_parallel.h"
 #if FP8RL_HAVE_CUDA_TRAIN_BACKEND
 #include "train/cuda_train_backend.h"
@@ -12,13 +13,18 @@
 namespace fp8rl::train {
 namespace {
 
+// The engine's CPU training step (engine/cpu/train_ops.h CpuTrainStep: train_forward /
+// train_backward over CpuTrainOps) of one forward: its tables, buffers and the sparse layers'
+// activations. Mutable: the backward uses the step's ops and scratch.
 class CpuForwardState final : public ForwardState {
  public:
-  int64_t activation_bytes() const override { return model::activation_bytes(ctx); }
-  model::ForwardContext ctx;
+  int64_t activation_bytes() const override { return step.saved_bytes(); }
+  mutable engine::CpuTrainStep step;
 };
 
-// model::Model + model::AdamW: the engine the learner called directly before the boundary.
+// Training forward / backward: the decoder engine's training step over its CPU ops, the
+// orchestration the CUDA backend runs over its device ops (docs/design/engine.md); weights,
+// optimizer (model::AdamW), export and KV scales: model::Model.
 class CpuTrainBackend final : public TrainBackend {
  public:
   CpuTrainBackend(std::unique_ptr<model::Model> model, std::unique_ptr<model::AdamW> optimizer)
@@ -35,10 +41,21 @@ class CpuTrainBackend final : public TrainBackend {
   absl::StatusOr<std::vector<float>> logprobs(const PackedBatch& batch, ForwardState* saved,
                                               model::KvCalibrator* calibrator,
                                               model::ForwardRouting* routing) const override {
-    model::ForwardContext* ctx =
-        saved != nullptr ? &static_cast<CpuForwardState*>(saved)->ctx : nullptr;
-    return response_logprobs(*model_, batch, ctx, calibrator, routing,
-                             recompute_ == Recompute::kLayers);
+    engine::TrainStepOptions opts;
+    opts.temperature = batch.temperature;
+    opts.calibrator = calibrator;
+    if (batch.replay_routing) opts.replay = &batch.routing;
+    opts.router_aux_loss_coef = batch.router_aux_loss_coef;
+    opts.routing_out = routing;
+    // --recompute layers: the step keeps each layer's input only and re-runs the layer in the
+    // backward (engine/train_step.h), bit-identical to keeping everything.
+    opts.recompute_layers = saved != nullptr && recompute_ == Recompute::kLayers;
+    engine::CpuTrainStep scoring;  // no backward: freed on return
+    engine::CpuTrainStep& step =
+        saved != nullptr ? static_cast<CpuForwardState*>(saved)->step : scoring;
+    absl::StatusOr<model::TokenValues> lp = step.forward(*model_, batch.tokens, opts);
+    if (!lp.ok()) return lp.status();
+    return gather_response(batch, *lp);
   }
   absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
                         std::span<const float> dloss_dlogp, float* grads,
@@ -50,8 +67,8 @@ class CpuTrainBackend final : public TrainBackend {
     } else if (pending_) {
       return gradients_pending_error("backward");
     }
-    absl::Status s = model_->backward(static_cast<const CpuForwardState&>(saved).ctx,
-                                      scatter_response(batch, dloss_dlogp), grads, on_final);
+    absl::Status s = static_cast<const CpuForwardState&>(saved).step.backward(
+        *model_, scatter_response(batch, dloss_dlogp), grads, on_final);
     if (!s.ok()) pending_ = false;  // partial gradients: the next backward starts from zero
     return s;
   }
@@ -60,8 +77,8 @@ class CpuTrainBackend final : public TrainBackend {
                                 std::span<const float> dloss_dlogp,
                                 model::GradientSink& sink) override {
     if (pending_) return gradients_pending_error("backward_to_sink");
-    return model_->backward(static_cast<const CpuForwardState&>(saved).ctx,
-                            scatter_response(batch, dloss_dlogp), sink);
+    return static_cast<const CpuForwardState&>(saved).step.backward(
+        *model_, scatter_response(batch, dloss_dlogp), sink);
   }
 
   absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) override {

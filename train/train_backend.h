@@ -4,8 +4,11 @@
 // scales and their calibration forward, the export for publishing and the optimizer state of a
 // checkpoint. The learner keeps everything else (request validation, GRPO/SFT loss, minibatches,
 // data-parallel collectives, versions) on the host, so one learner drives either backend.
-//   - CPU (make_cpu_train_backend): model::Model + model::AdamW, exactly the engine the learner
-//     ran before this boundary existed (bit-identical updates).
+//   - CPU (make_cpu_train_backend): the decoder engine's training step over its CPU ops
+//     (engine/cpu/train_ops.h CpuTrainStep; the orchestration the CUDA backend runs over device
+//     ops) for the forwards and backwards, model::Model + model::AdamW for the weights, optimizer,
+//     export and KV scales; bit-identical to the Model::forward / Model::backward path it
+//     replaced (tests/unit/train/learner_test.cc LearnerGolden).
 //   - CUDA (train/cuda_train_backend.h, with CUDA; ran on an H200): the device training
 //     step and the device trainer state (docs/design/gpu-training.md "Training on the GPU").
 //     Without CUDA in the build, or without an sm_90 device, asking for it is FAILED_PRECONDITION,
@@ -30,7 +33,7 @@
 namespace fp8rl::train {
 
 // What a training forward kept for its backward; each backend has its own kind (the CPU one holds
-// a model::ForwardContext). Made by TrainBackend::new_forward_state().
+// an engine::CpuTrainStep). Made by TrainBackend::new_forward_state().
 class ForwardState {
  public:
   virtual ~ForwardState() = default;
@@ -63,7 +66,7 @@ class TrainBackend {
   virtual Recompute recompute() const = 0;
 
   virtual std::unique_ptr<ForwardState> new_forward_state() const = 0;
-  // Response-token logprobs of `batch`, [B*L] (0 at padding): train/batch.h response_logprobs.
+  // Response-token logprobs of `batch`, [B*L] (0 at padding), as train/batch.h response_logprobs.
   // With `saved` (from new_forward_state), keeps what backward() needs; `calibrator` records the
   // K/V amax per sequence and layer; `routing` receives a mixture-of-experts forward's routing.
   virtual absl::StatusOr<std::vector<float>> logprobs(
@@ -71,7 +74,7 @@ class TrainBackend {
       model::ForwardRouting* routing = nullptr) const = 0;
   // Adds dL/dparams into grads[num_params()] (host memory, the learner's all-reduce buffer) given
   // dL/dlogprob over the response tokens of the batch `saved` was computed on ([B*L]).
-  // `on_final`: model::Model::backward.
+  // `on_final`: as model::Model::backward's (grads[from, num_params) are final).
   // grads == nullptr: into the backend's own gradient buffer instead (device memory on a device
   // backend: nothing crosses to the host), zeroed before the first backward after an optimizer
   // step and read in place by optimizer_step(nullptr). While that buffer holds gradients not yet

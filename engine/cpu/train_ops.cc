@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/decoder_ops.h"
 #include "kernels/cpu/train_ops.h"
 #include "kernels/formats.h"
+#include "model/gradient_sink.h"
 #include "model/linear.h"
+#include "model/moe.h"
 
 namespace fp8rl::engine {
 namespace {
@@ -102,6 +105,27 @@ absl::Status CpuTrainOps::round_bf16(float* x, int64_t n) {
   return absl::OkStatus();
 }
 
+absl::Status CpuTrainOps::moe(int64_t layer, const float* x, int64_t rows,
+                              const int32_t* forced_host, MoeRouteHost* route_host, float* out) {
+  if (!model_.config().sparse_layer(layer)) {
+    return absl::InvalidArgumentError(absl::StrCat("moe: layer ", layer, " is not sparse"));
+  }
+  moe_.resize(model_.config().num_hidden_layers);
+  model::MoeActivations& a = moe_[layer];
+  if (auto s = model::moe_forward(model_.moe_layer(layer), model_.moe_options(), x, rows,
+                                  forced_host, &a, out);
+      !s.ok()) {
+    return s;
+  }
+  if (route_host != nullptr) {
+    route_host->sel = a.sel;
+    route_host->router_sel = a.router_sel;
+    route_host->overrode = a.overrode;
+    route_host->probs = a.probs;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuTrainOps::log_softmax(const float* z, int64_t row0, int64_t rows, float inv_t,
                                       float* lse, float* logprob) {
   kernels::cpu::log_softmax(z, rows, model_.config().vocab_size, inv_t, t_->targets.data() + row0,
@@ -145,6 +169,26 @@ absl::Status CpuTrainOps::swiglu_backward(const float* g, const float* u, const 
   return absl::OkStatus();
 }
 
+absl::Status CpuTrainOps::moe_backward(int64_t layer, const float* x, const float* dout,
+                                       int64_t rows, const float* dprob_extra_host, float* dx,
+                                       model::GradientSink& grads) {
+  if (layer < 0 || layer >= static_cast<int64_t>(moe_.size()) || moe_[layer].sel.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("moe_backward: no forward of layer ", layer, " ran"));
+  }
+  const model::LayerOffsets& lo = model_.layout().layer(layer);
+  const model::MoeGradOffsets offsets{.router = lo.router,
+                                      .expert_gate = &lo.expert_gate,
+                                      .expert_up = &lo.expert_up,
+                                      .expert_down = &lo.expert_down,
+                                      .shared_gate = lo.shared_gate,
+                                      .shared_up = lo.shared_up,
+                                      .shared_down = lo.shared_down,
+                                      .shared_expert_gate = lo.shared_expert_gate};
+  return model::moe_backward(model_.moe_layer(layer), model_.moe_options(), offsets, moe_[layer], x,
+                             dout, rows, dprob_extra_host, dx, grads);
+}
+
 absl::Status CpuTrainOps::embed_backward(const float* dx, float* dembed) {
   kernels::cpu::embed_backward(dx, t_->tokens.data(), t_->rows, model_.config().hidden_size,
                                dembed);
@@ -179,14 +223,50 @@ absl::StatusOr<model::TokenValues> CpuTrainStep::forward(const model::Model& mod
   storage.assign(train_buffer_floats(model.config(), tables.rows, opts), 0.0f);
   buffers = carve_train_buffers(model.config(), tables.rows, opts, storage.data());
   ops = std::make_unique<CpuTrainOps>(model);
-  return train_forward(model.config(), model.policy(), model.layout(), *ops, buffers, tables, opts);
+  absl::StatusOr<model::TokenValues> lp =
+      train_forward(model.config(), model.policy(), model.layout(), *ops, buffers, tables, opts);
+  // The backward reads none of these; the caller's objects need not outlive the forward.
+  opts.calibrator = nullptr;
+  opts.replay = nullptr;
+  opts.routing_out = nullptr;
+  return lp;
 }
 
 absl::Status CpuTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
-                                    float* grads) {
+                                    float* grads, const model::Model::GradientsFinal& on_final) {
+  if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
+  return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
+                        dlogp, grads, opts, on_final);
+}
+
+absl::Status CpuTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
+                                    model::GradientSink& grads) {
   if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
   return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
                         dlogp, grads, opts);
+}
+
+int64_t CpuTrainStep::saved_bytes() const {
+  return static_cast<int64_t>(storage.size() * sizeof(float)) +
+         (ops != nullptr ? ops->moe_bytes() : 0);
+}
+
+int64_t CpuTrainOps::moe_bytes() const {
+  int64_t n = 0;
+  auto add = [&n](const auto& v) { n += static_cast<int64_t>(v.size() * sizeof(v[0])); };
+  for (const model::MoeActivations& a : moe_) {
+    for (const auto* v : {&a.probs, &a.weight, &a.prob_sum, &a.xs, &a.g, &a.u, &a.act, &a.ys, &a.z,
+                          &a.sg, &a.su, &a.sact, &a.s_out}) {
+      add(*v);
+    }
+    add(a.sel);
+    add(a.router_sel);
+    add(a.overrode);
+    add(a.groups.offset);
+    add(a.groups.slot_row);
+    add(a.groups.slot_of);
+  }
+  return n;
 }
 
 }  // namespace fp8rl::engine

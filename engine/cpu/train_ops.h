@@ -1,8 +1,10 @@
 // The engine's training ops on the CPU: train_forward / train_backward (engine/train_step.h)
 // over host memory with kernels/cpu (the CPU reference of every CUDA kernel) and
-// model/linear.h's fprop/dgrad/wgrad on the model's own weights. Tests run it against
-// Model::forward / Model::backward to check the step's orchestration, rounding points and backward
-// math without a GPU; on the device CudaTrainOps (engine/cuda/cuda_train_ops.h) replaces it.
+// model/linear.h's fprop/dgrad/wgrad on the model's own weights, and model/moe.h's mixture of
+// experts (forward with routing replay, backward). CPU training runs it (train/train_backend.cc
+// CpuTrainBackend); tests run it against Model::forward / Model::backward to check the step's
+// orchestration, rounding points and backward math without a GPU; on the device CudaTrainOps
+// (engine/cuda/cuda_train_ops.h) replaces it.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,10 @@ class CpuTrainOps final : public TrainOps {
   absl::Status swiglu(const float* g, const float* u, int64_t n, bool rb, float* act) override;
   absl::Status add(float* y, const float* x, int64_t n, bool rb) override;
   absl::Status round_bf16(float* x, int64_t n) override;
+  // model/moe.h moe_forward on the model's router and experts; the layer's MoeActivations are
+  // kept here until its moe_backward.
+  absl::Status moe(int64_t layer, const float* x, int64_t rows, const int32_t* forced_host,
+                   MoeRouteHost* route_host, float* out) override;
   absl::Status log_softmax(const float* z, int64_t row0, int64_t rows, float inv_t, float* lse,
                            float* logprob) override;
   absl::Status head_dlogits(float* z, int64_t row0, int64_t rows, float inv_t, const float* lse,
@@ -44,6 +50,9 @@ class CpuTrainOps final : public TrainOps {
                                   float* dq, float* dk, float* dv) override;
   absl::Status swiglu_backward(const float* g, const float* u, const float* dact, int64_t n,
                                float* dg, float* du) override;
+  absl::Status moe_backward(int64_t layer, const float* x, const float* dout, int64_t rows,
+                            const float* dprob_extra_host, float* dx,
+                            model::GradientSink& grads) override;
   absl::Status embed_backward(const float* dx, float* dembed) override;
   absl::Status copy(float* dst, const float* src, int64_t n) override;
   absl::Status zero(float* x, int64_t n) override;
@@ -51,6 +60,8 @@ class CpuTrainOps final : public TrainOps {
   absl::Status from_host(float* dst, const float* src_host, int64_t n) override;
   absl::Status synchronize() override { return absl::OkStatus(); }
   const float* small(int64_t offset) const override { return model_.norm_or_bias(offset); }
+  // Host bytes of what moe() keeps, all sparse layers.
+  int64_t moe_bytes() const;
 
  private:
   const model::LinearWeight& weight(int64_t layer, int64_t j) const;
@@ -58,15 +69,23 @@ class CpuTrainOps final : public TrainOps {
   const model::Model& model_;
   const TrainTables* t_ = nullptr;
   std::vector<float> stats_;  // attention backward statistics
+  // Per layer (sparse layers only): what moe() kept for moe_backward.
+  std::vector<model::MoeActivations> moe_;
 };
 
-// A host training step: tables, buffers and CpuTrainOps for one micro-batch (tests, and the
-// shape the device trainer follows with CudaTrainOps).
+// A host training step: tables, buffers and CpuTrainOps for one micro-batch (CPU training's
+// forward state, tests, benchmarks; CudaTrainStep is the same shape over CudaTrainOps).
 struct CpuTrainStep {
   absl::StatusOr<model::TokenValues> forward(const model::Model& model,
                                              const model::TokenBatch& batch,
                                              const TrainStepOptions& opts);
-  absl::Status backward(const model::Model& model, const model::TokenValues& dlogp, float* grads);
+  absl::Status backward(const model::Model& model, const model::TokenValues& dlogp, float* grads,
+                        const model::Model::GradientsFinal& on_final = {});
+  absl::Status backward(const model::Model& model, const model::TokenValues& dlogp,
+                        model::GradientSink& grads);
+  // Host bytes the forward keeps for the backward: the step's buffers and the sparse layers'
+  // activations held by the ops.
+  int64_t saved_bytes() const;
 
   TrainStepOptions opts;
   TrainTables tables;

@@ -92,7 +92,8 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
     // What the model asks of the device is checked before the device is touched.
     if (config_.is_moe()) {
       return absl::FailedPreconditionError(
-          "CUDA training step: MoE not supported (this model has experts); use --device cpu");
+          "CUDA training step: MoE training on CUDA is not built (this model has experts); use "
+          "--device cpu");
     }
     for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
       for (int64_t j = 0; j < 7; ++j) FP8RL_TRY(check_fp8_shape(model.layer_linear(l, j), l, j));
@@ -199,6 +200,18 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
   absl::Status swiglu_backward(const float* g, const float* u, const float* dact, int64_t n,
                                float* dg, float* du) override {
     return kc::swiglu_backward(g, u, dact, n, dg, du, stream_);
+  }
+  // Mixture of experts: not built on CUDA (no grouped expert GEMMs or router kernels here); Create
+  // refuses MoE models, so the step never reaches these.
+  absl::Status moe(int64_t layer, const float*, int64_t, const int32_t*, MoeRouteHost*,
+                   float*) override {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA training step: layer ", layer, ": MoE training on CUDA is not built"));
+  }
+  absl::Status moe_backward(int64_t layer, const float*, const float*, int64_t, const float*,
+                            float*, model::GradientSink&) override {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA training step: layer ", layer, ": MoE training on CUDA is not built"));
   }
   absl::Status embed_backward(const float* dx, float* dembed) override {
     return kc::embed_backward(dx, d_tokens_, rows_, config_.hidden_size, dembed, stream_);

@@ -118,9 +118,9 @@ class SamplerLearnerTest : public ::testing::TestWithParam<IdentityCase> {};
 // cache (decoder_step over CpuDecoderOps: one prefill of 1, 4 and 7 tokens, then one token per
 // step), the logprob of each next token taken from the step's logits as the sampler takes it
 // (model/sampler.cc: z[token] / T - logsumexp(z / T)), equal the training forward's logprobs of
-// the same tokens bit for bit (fp32 linears: kF32RowsTol): Model::forward, and (dense models)
-// train_forward over CpuTrainOps. An FP8 or BF16 cache matches the training forward's KV
-// fake-quantization (train_kv_fake_quant) exactly too.
+// the same tokens bit for bit (fp32 linears: kF32RowsTol): Model::forward, and train_forward over
+// CpuTrainOps (mixture-of-experts models too, with the same routing record). An FP8 or BF16 cache
+// matches the training forward's KV fake-quantization (train_kv_fake_quant) exactly too.
 TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
   const IdentityCase c = GetParam();
   constexpr int64_t kVocab = 160, kBlock = 4;
@@ -209,13 +209,23 @@ TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
           << "sequence " << s;
     }
   }
-  std::vector<const model::TokenValues*> learners = {&*ref};
+  // train_forward over CpuTrainOps (MoE layers through the ops' moe): the same logprobs, and the
+  // same routing record.
+  model::ForwardRouting engine_routing;
   CpuTrainStep step;
-  absl::StatusOr<model::TokenValues> engine_lp = absl::UnknownError("not run");
-  if (!moe) {  // train_forward has no MoE op yet
-    engine_lp = step.forward(model, seqs, {.temperature = temperature});
-    ASSERT_TRUE(engine_lp.ok()) << engine_lp.status();
-    learners.push_back(&*engine_lp);
+  absl::StatusOr<model::TokenValues> engine_lp =
+      step.forward(model, seqs, {.temperature = temperature, .routing_out = &engine_routing});
+  ASSERT_TRUE(engine_lp.ok()) << engine_lp.status();
+  const std::vector<const model::TokenValues*> learners = {&*ref, &*engine_lp};
+  if (moe) {
+    ASSERT_EQ(engine_routing.used.size(), seqs.size());
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      EXPECT_EQ(engine_routing.used[s], ctx.moe.used[s]) << "sequence " << s;
+      EXPECT_TRUE(std::equal(routing[s].begin(), routing[s].end(), engine_routing.used[s].begin()))
+          << "sequence " << s;
+    }
+  } else {
+    EXPECT_TRUE(engine_routing.used.empty());
   }
   int64_t compared = 0;
   double norm = 0;

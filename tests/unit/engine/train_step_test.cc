@@ -1,15 +1,18 @@
 // The training step of the device trainer (engine/train_step.h) without a GPU: the step over
-// its CPU mirror (CpuTrainOps: kernels/cpu + model/linear.h) against the reference training
-// engine (Model::forward / Model::backward), per precision policy, with the KV fake-quantization
-// on and off, over several packed sequences. The mirror runs the same operations in the same
-// order as the reference, so logprobs, KV calibration records and every gradient must be equal
-// bit for bit.
+// its CPU mirror (CpuTrainOps: kernels/cpu + model/linear.h + model/moe.h) against the reference
+// training engine (Model::forward / Model::backward), per precision policy, with the KV
+// fake-quantization on and off, dense and mixture-of-experts, over several packed sequences. The
+// mirror runs the same operations in the same order as the reference, so logprobs, KV calibration
+// records and every gradient must be equal bit for bit.
 #include "engine/train_step.h"
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "engine/cpu/train_ops.h"
 #include "kernels/gemm.h"
@@ -161,6 +164,173 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{model::Precision::kFP8, model::KvCacheDtype::kFP8, true, 2, true}),
     [](const auto& info) { return case_name(info.param); });
 
+struct MoeCase {
+  model::Precision linear;
+  bool qwen2_moe;  // shared expert and q/k/v bias; else qwen3_moe (q/k norm, norm_topk_prob)
+  bool replay;     // a routing record replayed (partly covering, mostly unlike the router's choice)
+  double aux_coef = 0.0;    // load-balancing loss weight
+  bool all_sparse = false;  // no dense layer (else the middle layer is dense)
+};
+
+std::string moe_case_name(const MoeCase& c) {
+  return std::string(precision_name(c.linear)) + (c.qwen2_moe ? "_qwen2_moe" : "_qwen3_moe") +
+         (c.replay ? "_replay" : "_fresh") + (c.aux_coef > 0 ? "_aux" : "") +
+         (c.all_sparse ? "_all_sparse" : "");
+}
+
+class MoeTrainStepTest : public ::testing::TestWithParam<MoeCase> {};
+
+// Mixture of experts through TrainOps::moe / moe_backward (CpuTrainOps: model/moe.h): three
+// layers, the middle one dense (mlp_only_layers) or all sparse, three packed sequences (9, 2 and 71
+// tokens), random weights and random non-zero dL/dlogp. Logprobs, the routing report (experts used,
+// the router's own choice, replay counts, tokens per expert, load-balancing loss) and every
+// gradient (router, experts, shared expert, and the rest) equal Model::forward / Model::backward's
+// bit for bit, fresh or replayed routing, with and without the load-balancing loss and activation
+// recomputation.
+TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
+  const MoeCase c = GetParam();
+  constexpr int64_t kVocab = 160;
+  model::PrecisionPolicy policy;
+  policy.linear = c.linear;
+  policy.kv_cache = model::KvCacheDtype::kBF16;
+  policy.train_kv_fake_quant = true;
+  namespace mt = model::testing;
+  model::ModelConfig config =
+      c.qwen2_moe ? mt::make_qwen2_moe_config(kVocab, 128, 256, 3, 4, 2, true, 4, 2, 64, 96)
+                  : mt::make_qwen3_moe_config(kVocab, 128, 256, 3, 4, 2, 48, false, 4, 2, 64, true);
+  if (!c.all_sparse) config.moe.mlp_only_layers = {1};
+  const int64_t n_sparse = c.all_sparse ? 3 : 2;
+  ASSERT_EQ(config.num_sparse_layers(), n_sparse);
+  auto made = model::Model::Init(config, policy, 5, 0.05f);
+  ASSERT_TRUE(made.ok()) << made.status();
+  model::Model& model = **made;
+  mt::randomize(model, 21, 0.1);
+  model::Rng rng(7);
+  model::TokenBatch batch;
+  for (int64_t n : {9, 2, 71}) batch.push_back(mt::random_tokens(rng, n, kVocab));
+  // A record of k distinct random experts per token and sparse layer: all but the last token of
+  // sequence 0, none of sequence 1, every token of sequence 2.
+  const int64_t k = config.moe.num_experts_per_tok, n_exp = config.moe.num_experts,
+                width = config.num_sparse_layers() * k;
+  model::TokenRouting record(batch.size());
+  for (size_t s : {size_t{0}, size_t{2}}) {
+    const int64_t tokens = static_cast<int64_t>(batch[s].size()) - (s == 0 ? 1 : 0);
+    for (int64_t g = 0; g < tokens * width / k; ++g) {
+      std::vector<int32_t> perm(n_exp);
+      for (int64_t e = 0; e < n_exp; ++e) perm[e] = static_cast<int32_t>(e);
+      for (int64_t e = n_exp - 1; e > 0; --e) std::swap(perm[e], perm[rng.next() % (e + 1)]);
+      record[s].insert(record[s].end(), perm.begin(), perm.begin() + k);
+    }
+  }
+  const float temperature = 0.7f;
+  model::ForwardRouting ref_routing, routing;
+  model::ForwardContext ctx;
+  auto ref = model.forward(batch,
+                           {.temperature = temperature,
+                            .replay = c.replay ? &record : nullptr,
+                            .router_aux_loss_coef = c.aux_coef,
+                            .routing_out = &ref_routing},
+                           &ctx);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const TrainStepOptions opts{.temperature = temperature,
+                              .replay = c.replay ? &record : nullptr,
+                              .router_aux_loss_coef = c.aux_coef,
+                              .routing_out = &routing};
+  CpuTrainStep step;
+  auto got = step.forward(model, batch, opts);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Only a dense layer has buffers for a dense MLP.
+  EXPECT_EQ(step.buffers.layers[0].g, nullptr);
+  EXPECT_EQ(step.buffers.layers[1].g == nullptr, c.all_sparse);
+  EXPECT_EQ(step.buffers.layers[2].act, nullptr);
+  EXPECT_EQ(step.buffers.dact == nullptr, c.all_sparse);
+  ASSERT_EQ(got->size(), ref->size());
+  double lp_norm = 0;
+  for (size_t s = 0; s < ref->size(); ++s) {
+    ASSERT_EQ((*got)[s].size(), (*ref)[s].size());
+    for (size_t i = 0; i < (*ref)[s].size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>((*got)[s][i]), std::bit_cast<uint32_t>((*ref)[s][i]))
+          << "sequence " << s << " token " << i << ": " << (*got)[s][i] << " vs " << (*ref)[s][i];
+      lp_norm += std::fabs((*ref)[s][i]);
+    }
+  }
+  ASSERT_GT(lp_norm, 0.0);
+  // The routing report.
+  EXPECT_EQ(routing.used, ref_routing.used);
+  EXPECT_EQ(routing.chosen, ref_routing.chosen);
+  EXPECT_EQ(routing.expert_tokens, ref_routing.expert_tokens);
+  EXPECT_EQ(routing.replayed_tokens, ref_routing.replayed_tokens);
+  EXPECT_EQ(routing.replay_overrode, ref_routing.replay_overrode);
+  EXPECT_EQ(std::bit_cast<uint64_t>(routing.aux_loss),
+            std::bit_cast<uint64_t>(ref_routing.aux_loss));
+  EXPECT_GT(routing.aux_loss, 0.0);
+  ASSERT_EQ(routing.used.size(), batch.size());
+  if (c.replay) {
+    // The record was followed where it exists, and it differed from the router's own choice.
+    EXPECT_EQ(routing.replayed_tokens, 8 + 71);
+    EXPECT_GT(routing.replay_overrode, 0);
+    EXPECT_TRUE(std::equal(record[0].begin(), record[0].end(), routing.used[0].begin()));
+    EXPECT_EQ(record[2], routing.used[2]);
+    EXPECT_NE(routing.used, routing.chosen);
+  } else {
+    EXPECT_EQ(routing.replayed_tokens, 0);
+    EXPECT_EQ(routing.used, routing.chosen);
+  }
+
+  model::TokenValues dlogp(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s) {
+    dlogp[s].resize(batch[s].size() - 1);
+    for (float& v : dlogp[s]) v = static_cast<float>(rng.normal());
+  }
+  const int64_t n = model.num_params();
+  std::vector<float> init(n);
+  for (float& v : init) v = static_cast<float>(1e-3 * rng.normal());
+  std::vector<float> ref_grads = init, grads = init;
+  ASSERT_TRUE(model.backward(ctx, dlogp, ref_grads.data()).ok());
+  ASSERT_TRUE(step.backward(model, dlogp, grads.data()).ok());
+  int64_t expert_tensors = 0;
+  for (const model::ParamInfo& info : model.layout().params()) {
+    double moved = 0;
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const int64_t at = info.offset + i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(grads[at]), std::bit_cast<uint32_t>(ref_grads[at]))
+          << info.name << "[" << i << "]: " << grads[at] << " vs " << ref_grads[at];
+      moved += std::fabs(ref_grads[at] - init[at]);
+    }
+    EXPECT_GT(moved, 0.0) << info.name << " got no gradient";
+    expert_tensors += info.name.find(".experts.") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_EQ(expert_tensors, n_sparse * n_exp * 3);  // sparse layers x E experts x gate, up, down
+  // Activation recomputation per layer: the same logprobs and gradients.
+  CpuTrainStep re;
+  TrainStepOptions re_opts = opts;
+  re_opts.recompute_layers = true;
+  re_opts.routing_out = nullptr;
+  auto re_lp = re.forward(model, batch, re_opts);
+  ASSERT_TRUE(re_lp.ok()) << re_lp.status();
+  EXPECT_EQ(*re_lp, *got);
+  std::vector<float> re_grads = init;
+  ASSERT_TRUE(re.backward(model, dlogp, re_grads.data()).ok());
+  ASSERT_EQ(0, std::memcmp(re_grads.data(), ref_grads.data(), n * sizeof(float)))
+      << "recompute_layers changed a gradient";
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, MoeTrainStepTest,
+                         ::testing::Values(MoeCase{model::Precision::kBF16, false, false},
+                                           MoeCase{model::Precision::kBF16, false, true, 0.05},
+                                           MoeCase{model::Precision::kBF16, true, false, 0.05},
+                                           MoeCase{model::Precision::kBF16, true, true},
+                                           MoeCase{model::Precision::kFP8, false, false, 0.05},
+                                           MoeCase{model::Precision::kFP8, false, true},
+                                           MoeCase{model::Precision::kFP8, true, false},
+                                           MoeCase{model::Precision::kFP8, true, true, 0.05},
+                                           MoeCase{model::Precision::kF32, false, true, 0.05},
+                                           MoeCase{model::Precision::kF32, true, false},
+                                           MoeCase{model::Precision::kBF16, false, true, 0.05,
+                                                   true},
+                                           MoeCase{model::Precision::kFP8, true, false, 0.0, true}),
+                         [](const auto& info) { return moe_case_name(info.param); });
+
 // The device's FP8 wgrad (engine/cuda/cuda_train_ops.h) pads the token dimension of dY^T and X^T
 // with zeros to a multiple of 16 before the 1x128 tiling; on the CPU recipe (model/linear.h) the
 // last tile is a partial one. Zeros change no tile's amax, hence no scale and no code, and add
@@ -221,16 +391,40 @@ TEST(TrainStep, TablesAndBadInput) {
   EXPECT_LE(b.du + 32 * config.intermediate_size, base.data() + floats);
 }
 
-TEST(TrainStep, RefusesMoeBadTemperatureAndBadDlogp) {
+TEST(TrainStep, BadRoutingTemperatureAndDlogp) {
   model::PrecisionPolicy policy;
   const model::ModelConfig moe =
       model::testing::make_qwen3_moe_config(64, 64, 128, 1, 2, 1, 32, false, 4, 2, 32, true);
   auto m = model::Model::Init(moe, policy, 1);
   ASSERT_TRUE(m.ok()) << m.status();
   CpuTrainStep step;
-  auto r = step.forward(**m, {{1, 2, 3}}, {});
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("MoE"), std::string::npos) << r.status();
+  // A bad routing record: InvalidArgument with Model::forward's message (the same checks), which
+  // names the sequence and, for a bad id, the token. (-1, "route freely", is what a record's
+  // missing tokens become inside the step; it is not a valid id in a record.)
+  const model::TokenBatch batch = {{1, 2, 3}, {4, 5}};
+  const std::vector<std::pair<model::TokenRouting, std::string>> bad_records = {
+      {{{0, 1}, {0, 9}}, "routing[1]: token 0: expert id 9 out of range [0, 4)"},
+      {{{0, 1, 3, 3}, {}}, "routing[0]: token 1: expert id 3 repeated"},
+      {{{0, 1, -1, 2}, {}}, "routing[0]: token 1: expert id -1 out of range [0, 4)"},
+      {{{0, 1}, {1, 0, 2, 3}}, ""},  // fine
+      {{{0, 1, 2}, {}}, "routing[0]: 3 ids is not a whole number of tokens of 2"},
+      {{{0, 1}, {0, 1, 2, 3, 0, 1}}, "routing[1]: 6 ids"},
+      {{{}}, "routing: 1 sequences, the batch has 2"}};
+  for (const auto& [bad, message] : bad_records) {
+    auto r = step.forward(**m, batch, {.replay = &bad});
+    auto want = (*m)->forward(batch, {.replay = &bad}, nullptr);
+    EXPECT_EQ(r.status(), want.status());
+    if (message.empty()) {
+      EXPECT_TRUE(r.ok()) << r.status();
+      continue;
+    }
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find(message), std::string::npos)
+        << r.status() << " lacks " << message;
+  }
+  auto r = step.forward(**m, batch, {.replay = nullptr, .router_aux_loss_coef = -1.0});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("router_aux_loss_coef"), std::string::npos) << r.status();
 
   auto d = model::Model::Init(config_for(0, 50), policy, 1);
   ASSERT_TRUE(d.ok());

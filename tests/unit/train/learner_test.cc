@@ -474,3 +474,125 @@ TEST(LearnerMoe, RoutingReplayStatsAndErrors) {
 
 }  // namespace
 }  // namespace fp8rl::train
+
+namespace fp8rl::train {
+namespace {
+
+// FNV-1a over bytes, for the golden digests below.
+struct Digest {
+  uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  template <typename T>
+  void value(const T& v) {
+    bytes(&v, sizeof(v));
+  }
+  template <typename T>
+  void values(const std::vector<T>& v) {
+    bytes(v.data(), v.size() * sizeof(T));
+  }
+};
+
+struct GoldenCase {
+  const char* name;
+  const char* model_type;  // llama, qwen3_moe, qwen2_moe
+  Precision training;
+  Recompute recompute;
+  bool replay;  // MoE: replay a routing record (not the router's own) with a load-balancing loss
+  uint64_t digest;
+};
+
+// Three GRPO updates (two minibatches each) of the CPU learner on fixed data: every metric of
+// every update (losses, grad norm, clip fraction, mismatch, MoE routing statistics, the prev
+// logprobs and router routing bit for bit), then the fp32 master and the exported generation
+// weights, folded into one digest. The digests were recorded with CPU training on
+// Model::forward / Model::backward, before CpuTrainBackend moved to the engine's training step
+// (engine/train_step.h over CpuTrainOps); the engine must reproduce them bit for bit. They depend
+// on the CPU's float kernels (an OpenBLAS built for another core type may give other bits): on
+// a mismatch, first run this test at the commit before the switch on the same machine.
+TEST(LearnerGolden, ThreeGrpoUpdatesAreBitIdenticalToTheModelPath) {
+  const std::vector<GoldenCase> cases = {
+      {"llama_fp8", "llama", Precision::kFP8, Recompute::kNone, false, 0x705a642e9fee9a30ull},
+      {"llama_bf16_recompute", "llama", Precision::kBF16, Recompute::kLayers, false,
+       0x70511abaa4e9c51aull},
+      {"qwen3_moe_fp8_replay_aux", "qwen3_moe", Precision::kFP8, Recompute::kNone, true,
+       0x950244cb03419e72ull},
+      {"qwen2_moe_bf16_recompute", "qwen2_moe", Precision::kBF16, Recompute::kLayers, false,
+       0x954517a82742854bull},
+  };
+  for (const GoldenCase& gc : cases) {
+    SCOPED_TRACE(gc.name);
+    model::ModelConfig c = tiny_config();
+    c.model_type = gc.model_type;
+    const bool moe = c.model_type != "llama";
+    if (moe) {
+      c.moe.num_experts = 4;
+      c.moe.num_experts_per_tok = 2;
+      c.moe.moe_intermediate_size = 32;
+      c.moe.norm_topk_prob = c.model_type == "qwen3_moe";
+      if (c.model_type == "qwen3_moe") c.moe.mlp_only_layers = {0};  // a dense layer too
+      if (c.model_type == "qwen2_moe") {
+        c.moe.shared_expert_intermediate_size = 48;
+        c.attention_bias = true;
+      }
+    }
+    InitRequest init = init_request(gc.training, gc.training);
+    init.model_config_json = model::model_config_to_json(c);
+    init.placement.recompute = gc.recompute;
+    std::unique_ptr<Learner> learner = make(init);
+    ASSERT_NE(learner, nullptr);
+    Digest d;
+    model::Rng rng(31);
+    for (int update = 0; update < 3; ++update) {
+      std::vector<Sequence> batch = random_batch(100 + update, 6);
+      GrpoRequest request = grpo(batch);
+      request.minibatches = 2;
+      if (gc.replay) {
+        // k distinct random experts per token and sparse layer, all but the last token.
+        const int64_t width = learner->policy().routing_width();
+        for (Sequence& s : request.batch) {
+          for (size_t g = 0; g < (s.tokens.size() - 1) * width / 2; ++g) {
+            const int32_t a = static_cast<int32_t>(rng.next() % 4);
+            const int32_t b = static_cast<int32_t>((a + 1 + rng.next() % 3) % 4);
+            s.routing.push_back(a);
+            s.routing.push_back(b);
+          }
+        }
+        request.routing_replay = true;
+        request.router_aux_loss_coef = 0.01;
+      }
+      absl::StatusOr<GrpoResult> r = learner->grpo_update(request);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->updates, 2);
+      EXPECT_GT(r->grad_norm, 0.0);
+      for (double v : {r->loss, r->pg_loss, r->kl, r->grad_norm, r->learning_rate, r->clip_fraction,
+                       r->mismatch.token_mult_prob_error, r->moe.aux_loss}) {
+        d.value(v);
+      }
+      d.value(r->tokens);
+      d.value(r->moe.routed_tokens);
+      d.value(r->moe.differ_tokens);
+      d.values(r->moe.expert_tokens);
+      for (const GrpoResult::SequenceLogprobs& s : r->logprobs) {
+        d.values(s.prev);
+        d.values(s.router_routing);
+      }
+      EXPECT_EQ(r->moe.present, moe);
+      if (moe) {
+        EXPECT_GT(r->moe.aux_loss, 0.0);
+      }
+    }
+    d.bytes(learner->policy().params().data(), learner->policy().params().size() * sizeof(float));
+    absl::StatusOr<model::WeightSet> exported = learner->export_weights(
+        gc.training == Precision::kFP8 ? model::WeightFormat::kFP8 : model::WeightFormat::kBF16, 3);
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    for (const model::NamedTensor& t : exported->tensors) d.values(t.bytes);
+    std::printf("[golden] %s digest 0x%016llx\n", gc.name, static_cast<unsigned long long>(d.h));
+    EXPECT_EQ(d.h, gc.digest) << gc.name;
+  }
+}
+
+}  // namespace
+}  // namespace fp8rl::train
