@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +17,12 @@
 
 namespace fp8rl::trainer {
 namespace {
+
+// The offer recorded when weight sync could not be asked after a refusal: any answer later
+// differs from it, so the file is tried again once weight sync answers.
+constexpr char kUnknownOffer[] = "\x01unreachable";
+// GetStatus right after a refusal: short, the upload waits on it.
+constexpr std::chrono::seconds kRefusalProbeTimeout(2);
 
 class GrpcWeightPublisher final : public WeightPublisher {
  public:
@@ -41,10 +46,7 @@ class GrpcWeightPublisher final : public WeightPublisher {
       return absl::Status(s.code(), absl::StrCat("weight sync at ", address, ": ", s.message()));
     }
     // Weight sync on this host that takes same-host uploads: the next upload goes by file.
-    if (!host_id_.empty() && status.same_host_id() == host_id_) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!refused_same_host_.contains(address)) same_host_dirs_[address] = status.same_host_dir();
-    }
+    if (!host_id_.empty()) note_offer(address, offer_of(status));
     return status.latest_version();
   }
 
@@ -57,20 +59,16 @@ class GrpcWeightPublisher final : public WeightPublisher {
         absl::StatusOr<v1::UploadVersionResponse> response =
             weight_sync::upload_same_host(channel(address), set, format, dir, options);
         if (response.ok()) return response->bytes_received();
-        // Not taken (weight sync turned it off, another host after all, a file it cannot read)
-        // or not written here: said once, and every later version goes over the stream.
+        // Not taken (weight sync turned it off, another host after all, a file it cannot read,
+        // weight sync unreachable) or not written here: this version and the next ones go over
+        // the stream until weight sync's GetStatus offers something else (note_offer).
         if (response.status().code() != absl::StatusCode::kFailedPrecondition &&
             response.status().code() != absl::StatusCode::kUnavailable) {
           return absl::Status(response.status().code(),
                               absl::StrCat("same-host upload to weight sync at ", address, ": ",
                                            response.status().message()));
         }
-        service::log_warn(
-            "trainer", "same-host upload not taken; uploading over the stream",
-            {{"weight_sync", address}, {"error", std::string(response.status().message())}});
-        std::lock_guard<std::mutex> lock(mu_);
-        refused_same_host_.insert(address);
-        same_host_dirs_.erase(address);
+        refused(address, dir, response.status());
       }
     }
     absl::StatusOr<v1::UploadVersionResponse> response =
@@ -103,12 +101,67 @@ class GrpcWeightPublisher final : public WeightPublisher {
   }
 
  private:
-  // Weight sync's same-host directory when the last GetStatus found it on this host taking
-  // same-host uploads (empty: upload over the stream).
+  // What weight sync's GetStatus offers this trainer: its same-host directory when it runs on this
+  // host and takes same-host uploads, else empty (the stream).
+  std::string offer_of(const v1::WeightSyncStatus& status) const {
+    return status.same_host_id() == host_id_ ? status.same_host_dir() : "";
+  }
+
+  // Weight sync's same-host directory when the last GetStatus offered it and no refusal since
+  // (empty: upload over the stream).
   std::string same_host_dir(const std::string& address) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = same_host_dirs_.find(address);
-    return it == same_host_dirs_.end() ? "" : it->second;
+    auto it = same_host_.find(address);
+    return it == same_host_.end() || it->second.refused ? "" : it->second.offer;
+  }
+
+  // A GetStatus of weight sync at `address` offered `offer` (empty: none). After a refusal the
+  // stream is kept while weight sync offers what it offered when it refused; once the offer
+  // changes (weight sync restarted with --same-host auto after off, another directory, back after
+  // being unreachable) the file is tried again. Logged once per change.
+  void note_offer(const std::string& address, const std::string& offer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, fresh] = same_host_.try_emplace(address);
+    SameHostState& state = it->second;
+    if (!fresh && state.offer == offer) return;
+    state.offer = offer;
+    state.refused = false;
+    if (!offer.empty()) {
+      service::log_info("trainer", "weight sync takes same-host uploads; uploading by file",
+                        {{"weight_sync", address}, {"dir", offer}});
+    } else if (!fresh) {
+      service::log_info("trainer",
+                        "weight sync takes no same-host uploads; uploading over the stream",
+                        {{"weight_sync", address}});
+    }
+  }
+
+  // Weight sync at `address` did not take a same-host upload into `dir`: the stream from now on,
+  // until a GetStatus offers something else than it offers now (asked at once, so a weight sync
+  // that refused because it restarted with --same-host off, or that was unreachable, is told
+  // from one that keeps offering the same directory and refusing it).
+  void refused(const std::string& address, const std::string& dir, const absl::Status& why) {
+    std::string offer = kUnknownOffer;
+    {
+      std::unique_ptr<v1::WeightSyncService::Stub> stub =
+          v1::WeightSyncService::NewStub(channel(address));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + kRefusalProbeTimeout);
+      v1::GetWeightSyncStatusRequest request;
+      v1::WeightSyncStatus status;
+      if (stub->GetStatus(&context, request, &status).ok()) offer = offer_of(status);
+    }
+    service::log_warn("trainer", "same-host upload not taken; uploading over the stream",
+                      {{"weight_sync", address},
+                       {"dir", dir},
+                       {"error", std::string(why.message())},
+                       {"offer_now", offer == kUnknownOffer ? "(unreachable)"
+                                     : offer.empty()        ? "(none)"
+                                                            : offer}});
+    std::lock_guard<std::mutex> lock(mu_);
+    SameHostState& state = same_host_[address];
+    state.offer = std::move(offer);
+    state.refused = true;
   }
 
   std::shared_ptr<grpc::Channel> channel(const std::string& address) {
@@ -146,8 +199,14 @@ class GrpcWeightPublisher final : public WeightPublisher {
   const uint32_t upload_streams_;
   const std::string host_id_;  // local_host_id() with --weight-same-host auto, else empty
   std::mutex mu_;
-  std::map<std::string, std::string> same_host_dirs_;  // guarded by mu_: address -> directory
-  std::set<std::string> refused_same_host_;            // guarded by mu_: addresses that refused one
+  // Per weight-sync address: the same-host directory its last GetStatus offered (empty: none;
+  // kUnknownOffer: unreachable when asked after a refusal) and whether an upload by file to it
+  // was refused since that offer was first seen (then the stream is used).
+  struct SameHostState {
+    std::string offer;
+    bool refused = false;
+  };
+  std::map<std::string, SameHostState> same_host_;                  // guarded by mu_
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
   // Guarded by mu_: the channels of upload streams per address (upload_streams_ > 1, or parts).
   std::map<std::string, std::vector<std::shared_ptr<grpc::ChannelInterface>>> part_channels_;

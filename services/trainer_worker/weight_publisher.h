@@ -42,8 +42,12 @@ class WeightPublisher {
 // tensors than streams is refused with INVALID_ARGUMENT); 1 is the single-stream upload.
 // `same_host` auto: a single-stream upload to a weight sync that runs on this host and takes
 // same-host uploads (its GetStatus says so) is handed over as a file in its same-host directory
-// (weight_sync::upload_same_host); one that is refused is logged and that address gets the
-// stream from then on.
+// (weight_sync::upload_same_host). One that is refused (FAILED_PRECONDITION or UNAVAILABLE) is
+// logged and sent over the stream, and so are the later versions to that address until its
+// GetStatus (latest_version, asked before each publish) offers something else than it did right
+// after the refusal: a weight sync restarted with --same-host auto after off, or back after being
+// unreachable, gets files again; one that keeps offering the directory it refused stays on the
+// stream. Each change is logged once.
 std::unique_ptr<WeightPublisher> make_grpc_weight_publisher(
     std::chrono::milliseconds timeout, service::ClientSecurity security = {},
     uint32_t upload_streams = 1,

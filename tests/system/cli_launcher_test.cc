@@ -155,6 +155,9 @@ TEST(ClusterPlan, DefaultPortsPlusOffsetAndWiring) {
     EXPECT_TRUE(has(absl::StrCat("--http-port=", 9561 + i)));
   }
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(plan[i].essential);
+  // A local cluster uses the same-host upload and install: weight sync is started with it on.
+  const auto& ws_args = plan[0].args;
+  EXPECT_NE(std::find(ws_args.begin(), ws_args.end(), "--same-host=auto"), ws_args.end());
   const auto& trainer_args = plan[2].args;
   EXPECT_NE(std::find(trainer_args.begin(), trainer_args.end(), "--data-dir=/var/fp8rl/trainer"),
             trainer_args.end());

@@ -235,6 +235,10 @@ std::vector<ServiceSpec> plan_cluster(const ClusterOptions& options) {
   ws.args.push_back(port_flag("grpc-port", ws.grpc_port));
   ws.args.push_back(port_flag("http-port", ws.http_port));
   ws.args.push_back("--coordinator=" + coordinator);  // registers as the job's weight sync
+  // Every service of a local cluster runs on this host: the trainer hands each version over as a
+  // file and the workers read weight sync's file instead of TCP (docs/design/weight-sync.md
+  // "Same-host mapping", "Same-host upload"; both sides default to auto, weight sync to off).
+  ws.args.push_back("--same-host=auto");
   ws.log_path = log_path(ws.name);
   out.push_back(ws);
 

@@ -4,7 +4,8 @@
 // keeps the file as the version's same-host file, which the workers on the host then read (it is
 // not written a second time). What is refused (weight sync off, another host, a path outside the
 // directory, a second message, a corrupted or missing file) stores nothing and says which; the
-// trainer's publisher falls back to the stream once and for all when refused.
+// trainer's publisher falls back to the stream when refused and goes back to the file once
+// weight sync's GetStatus offers it again (also after a restart).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -251,9 +252,10 @@ TEST(SameHostUpload, OrphanedUploadFilesOfDeadProcessesAreRemoved) {
 }
 
 // The trainer's publisher: by file while weight sync takes same-host uploads (weight sync then
-// writes no file of its own for a same-host worker), by the stream once it was refused, and by
-// the stream when its --weight-same-host is off.
-TEST(SameHostUpload, PublisherUsesTheFileUntilRefusedThenTheStream) {
+// writes no file of its own for a same-host worker), by the stream once it was refused and while
+// weight sync offers what it offered then, by file again once it offers same-host uploads again,
+// and by the stream when its --weight-same-host is off.
+TEST(SameHostUpload, PublisherUsesTheStreamAfterARefusalUntilWeightSyncOffersTheFileAgain) {
   const std::string dir = fresh_dir("publisher");
   testing::TestServer server(same_host_options(dir));
   std::atomic<int> written{0};
@@ -280,17 +282,113 @@ TEST(SameHostUpload, PublisherUsesTheFileUntilRefusedThenTheStream) {
   EXPECT_EQ(written.load(), 0) << "version 1 went by file";
   publish(*off, 2);
   EXPECT_EQ(written.load(), 1) << "version 2 went over the stream";
-  // Weight sync stops taking them: the next upload is refused, said once, and sent by stream.
+  // Weight sync stops taking them after the publisher's GetStatus: the upload is refused and
+  // sent over the stream; the next publish finds it still off and stays on the stream.
+  absl::StatusOr<int64_t> latest = publisher->latest_version(address);
+  ASSERT_TRUE(latest.ok()) << latest.status();
   server.service().set_same_host(false);
-  publish(*publisher, 3);
+  const model::WeightSet v3 = random_fp8_set(3, 433);
+  ASSERT_TRUE(publisher->upload(address, v3, v1::WEIGHT_FORMAT_FP8).ok());
+  ASSERT_TRUE(worker.wait_for_version(3, 10s));
+  publish(*publisher, 4);
+  // Taken again: the next GetStatus offers the directory, so the file is used again.
   server.service().set_same_host(true);
-  publish(*publisher, 4);  // still the stream: the refusal holds for this address
-  EXPECT_EQ(written.load(), 2) << "version 4 went over the stream";
+  publish(*publisher, 5);
+  EXPECT_EQ(written.load(), 1) << "version 5 went by file";
+  publish(*off, 6);
+  EXPECT_EQ(written.load(), 2) << "version 6 went over the stream";
   EXPECT_EQ(files_with(dir, "fp8rl-upload-"), 0);
   worker.stop();
   std::lock_guard lock(rx.mu);
-  ASSERT_EQ(rx.installed.size(), 4u);
-  EXPECT_EQ(rx.installed.back().second, concat(random_fp8_set(4, 434)));
+  ASSERT_EQ(rx.installed.size(), 6u);
+  for (int64_t v = 1; v <= 6; ++v) {
+    EXPECT_EQ(rx.installed[static_cast<size_t>(v - 1)].first, v);
+    EXPECT_EQ(rx.installed[static_cast<size_t>(v - 1)].second,
+              concat(random_fp8_set(v, 430 + static_cast<uint32_t>(v))))
+        << "version " << v;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A weight sync restarted on the same address with same-host uploads on gets files again: after
+// a refusal by the process before it, and after an upload that failed because weight sync was
+// down (the publisher could not ask it why).
+TEST(SameHostUpload, PublisherUsesTheFileAgainWhenWeightSyncRestartsWithSameHostOn) {
+  const std::string dir = fresh_dir("restart");
+  auto server = std::make_unique<testing::TestServer>(same_host_options(dir));
+  const int port = server->port();
+  ASSERT_GT(port, 0);
+  const std::string address = server->address();
+  std::atomic<int> written{0};
+  auto count_writes = [&] {
+    server->service().same_host_files().set_after_write([&](const std::string&) { ++written; });
+  };
+  auto restart = [&] {
+    server.reset();
+    server = std::make_unique<testing::TestServer>(same_host_options(dir), port);
+    ASSERT_EQ(server->port(), port);
+    count_writes();
+  };
+  count_writes();
+  Receiver rx;
+  WeightSubscriber worker(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()),
+                          subscriber_options("gen", true), rx.receiver());
+  ASSERT_TRUE(worker.start().ok());
+  std::unique_ptr<trainer::WeightPublisher> publisher =
+      trainer::make_grpc_weight_publisher(10s, {}, 1, SameHostMode::kAuto);
+  // GetStatus until the (restarted) weight sync answers: the channel reconnects with backoff.
+  auto ask = [&] {
+    absl::StatusOr<int64_t> latest = absl::UnknownError("not asked");
+    EXPECT_TRUE(testing::wait_until([&] {
+      return (latest = publisher->latest_version(address)).ok();
+    })) << latest.status();
+  };
+  auto upload = [&](int64_t version) {
+    return publisher->upload(address, random_fp8_set(version, 450 + static_cast<uint32_t>(version)),
+                             v1::WEIGHT_FORMAT_FP8);
+  };
+  ask();
+  ASSERT_TRUE(upload(1).ok());
+  ASSERT_TRUE(worker.wait_for_version(1, 10s));
+  EXPECT_EQ(written.load(), 0) << "version 1 went by file";
+
+  // Refused (same-host off after the GetStatus): version 2 over the stream.
+  server->service().set_same_host(false);
+  absl::StatusOr<uint64_t> bytes = upload(2);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_TRUE(worker.wait_for_version(2, 10s));
+
+  // Restarted with it on: the next GetStatus offers the directory again; version 3 by file.
+  restart();
+  ask();
+  ASSERT_TRUE(upload(3).ok());
+  ASSERT_TRUE(worker.wait_for_version(3, 10s));
+  EXPECT_EQ(written.load(), 0) << "version 3 went by file";
+
+  // Down during an upload (the file is written, the call fails), then back with it on.
+  server.reset();
+  EXPECT_FALSE(upload(4).ok());
+  EXPECT_EQ(files_with(dir, "fp8rl-upload-"), 0) << "the refused file was removed";
+  restart();
+  ask();
+  ASSERT_TRUE(upload(4).ok());
+  ASSERT_TRUE(worker.wait_for_version(4, 10s));
+  EXPECT_EQ(written.load(), 0) << "version 4 went by file";
+  // The control: an upload over the stream to a same-host weight sync writes its file.
+  std::unique_ptr<trainer::WeightPublisher> stream =
+      trainer::make_grpc_weight_publisher(10s, {}, 1, SameHostMode::kOff);
+  ASSERT_TRUE(stream->upload(address, random_fp8_set(5, 455), v1::WEIGHT_FORMAT_FP8).ok());
+  ASSERT_TRUE(worker.wait_for_version(5, 10s));
+  EXPECT_EQ(written.load(), 1) << "version 5 went over the stream";
+
+  worker.stop();
+  std::lock_guard lock(rx.mu);
+  ASSERT_FALSE(rx.installed.empty());
+  EXPECT_EQ(rx.installed.back().first, 5);
+  for (const auto& [v, payload] : rx.installed) {
+    EXPECT_EQ(payload, concat(random_fp8_set(v, 450 + static_cast<uint32_t>(v)))) << v;
+  }
+  server.reset();
   std::filesystem::remove_all(dir);
 }
 
