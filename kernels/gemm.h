@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "kernels/quantize.h"
@@ -44,5 +45,9 @@ void gemm_f32(const float* a, const float* b, float* y, int64_t m, int64_t n, in
 // GEMM would give other bits in a process, or a part of one, that ran with another count -- the
 // sampler and the learner must not; and our thread pool already splits large GEMMs by rows.
 void use_single_threaded_blas();
+
+// The CPU kernel set OpenBLAS chose at run time ("Haswell", "SkylakeX", "Zen", ...): which
+// micro-kernels, and so which summation order, the BLAS calls above use on this machine.
+std::string blas_core_name();
 
 }  // namespace fp8rl::kernels

@@ -184,6 +184,11 @@ void use_single_threaded_blas() {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
+std::string blas_core_name() {
+  const char* name = openblas_get_corename();
+  return name == nullptr ? "" : name;
+}
+
 absl::Status gemm_fp8(const Fp8Matrix& a, const Fp8Matrix& b, float* y, OutDtype out,
                       bool accumulate) {
   use_single_threaded_blas();
