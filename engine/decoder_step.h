@@ -2,7 +2,7 @@
 // written once against an abstract set of ops, so the CUDA backend (device ops,
 // cuda/cuda_backend.cc) and the CPU ops (CpuDecoderOps, kernels/cpu + model/linear.h) run the same
 // sequence of operations with the same BF16 rounding points as the training forward
-// (model/model_forward.cc layer_forward). The CPU ops are tested against the training forward on
+// (engine/train_step.h train_forward). The CPU ops are tested against the training forward on
 // this machine (logprobs bit for bit, tests/unit/engine/decoder_step_test.cc); the device ops are
 // tested op by op against kernels/cpu in tests/gpu.
 //

@@ -76,7 +76,7 @@ class TrainDevice {
   // out[i] = bf16 bits of x[i] (round to nearest even, kernels::dm::float_to_bf16).
   virtual absl::Status round_bf16(const float* x, int64_t n, uint16_t* out) const = 0;
   // *slot = max(*slot, |x[i]| for i < n), NaN skipped and +-inf kept: the amax the CPU forward
-  // records (model_forward.cc amax_of). *slot must hold a value >= 0.
+  // records (kernels/cpu seq_amax). *slot must hold a value >= 0.
   virtual absl::Status amax_into(const float* x, int64_t n, float* slot) = 0;
   // The same over bf16 bits.
   virtual absl::Status amax_into_bf16(const uint16_t* x, int64_t n, float* slot) = 0;
@@ -180,7 +180,7 @@ class DeviceTrainState {
   absl::Status set_lr(double lr);  // as AdamW::set_lr
 
   // ---- KV calibration: amax per layer per call on the device, the percentile on the host.
-  // Reserves `n` records (one per sequence of the coming forward, as Model::forward records) and
+  // Reserves `n` records (one per sequence of the coming forward, as the CPU forward records) and
   // returns the first record index; moves the device records to the host calibrator first when
   // they would not fit. InvalidArgument when n is not in [1, kv_record_capacity].
   absl::StatusOr<int64_t> begin_kv_records(int64_t n);

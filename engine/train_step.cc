@@ -1,8 +1,9 @@
 // The training step of engine/train_step.h: the tables, the buffer layout, and the forward and
-// backward sequences of Model::forward / Model::backward (model/model_forward.cc) over TrainOps.
+// backward sequences over TrainOps.
 #include "engine/train_step.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -167,7 +168,7 @@ absl::Status check_step(const model::ModelConfig& config, const TrainBuffers& b,
 }
 
 // Decoder layer l on the running hidden state x [rows, h] in place, saving its activations in
-// `a` (a.x: the layer's input). Model::layer_forward's sequence of operations. A sparse layer's
+// `a` (a.x: the layer's input); the same sequence as decoder_step's layer. A sparse layer's
 // MLP is ops.moe (forced: this layer's replayed experts [rows, k] or nullptr; route: its routing
 // out); `recompute` (the backward refilling a's buffers) stops before a sparse layer's MLP,
 // whose activations the ops kept from the forward.
@@ -235,6 +236,14 @@ int64_t train_buffer_floats(const model::ModelConfig& config, int64_t rows,
   return cv.used();
 }
 
+namespace {
+std::atomic<int64_t> g_train_forward_calls{0};
+}  // namespace
+
+int64_t train_forward_calls_total() {
+  return g_train_forward_calls.load(std::memory_order_relaxed);
+}
+
 TrainBuffers carve_train_buffers(const model::ModelConfig& config, int64_t rows,
                                  const TrainStepOptions& opts, float* base) {
   Carver cv(base);
@@ -247,9 +256,10 @@ absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& confi
                                                  TrainBuffers& b, const TrainTables& t,
                                                  const TrainStepOptions& opts) {
   FP8RL_STEP(check_step(config, b, t, opts));
+  g_train_forward_calls.fetch_add(1, std::memory_order_relaxed);
   const int64_t m = t.rows, h = config.hidden_size;
   const bool rb = policy.bf16_activations();
-  // Mixture of experts (Model::forward's bookkeeping): the replayed experts in, [sparse layers,
+  // Mixture of experts bookkeeping: the replayed experts in, [sparse layers,
   // rows, k]; the routing used, the router's own choice and the load-balancing sums out.
   const int64_t n_sparse = config.num_sparse_layers(), top_k = config.moe.num_experts_per_tok,
                 n_exp = config.moe.num_experts, width = n_sparse * top_k;
@@ -320,7 +330,7 @@ absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& confi
       per_token(record, &routed.used[s]);
       per_token(chosen, &routed.chosen[s]);
     }
-    // HF load_balancing_loss_func over the sparse layers x rows router outputs (Model::forward):
+    // HF load_balancing_loss_func over the sparse layers x rows router outputs:
     // only the probabilities carry a gradient, d/dprobs[row, e] = coef * E * (rows to e / N) / N.
     const double rows_total = static_cast<double>(n_sparse * m);
     for (int64_t e = 0; e < n_exp; ++e) {
@@ -486,8 +496,7 @@ absl::Status backward(const model::ModelConfig& config, const model::PrecisionPo
 absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
                             const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
                             const TrainTables& t, const model::TokenValues& dlogp, float* grads,
-                            const TrainStepOptions& opts,
-                            const model::Model::GradientsFinal& on_final) {
+                            const TrainStepOptions& opts, const model::GradientsFinal& on_final) {
   model::FlatGradientSink sink(grads, on_final);
   return backward(config, policy, layout, ops, b, t, dlogp, sink, opts,
                   static_cast<bool>(on_final));

@@ -2,9 +2,11 @@
 // abstract set of ops (TrainOps), so the CUDA trainer (CudaTrainOps, engine/cuda/cuda_train_ops.h)
 // and the CPU ops (CpuTrainOps, engine/cpu/train_ops.h) run the same sequence of
 // operations with the same BF16 rounding points, the same FP8 KV fake-quantization and the same
-// backward as Model::forward / Model::backward (model/model_forward.cc, the reference). The CPU
-// ops, what CPU training runs (train/train_backend.cc), are tested against Model::forward /
-// Model::backward on this machine; the device ops are tested op by op against the host ops in
+// backward. It is the decoder's only training forward and backward: CPU training, scoring, the
+// reference policy's logprobs and KV calibration run it over the CPU ops (train/train_backend.cc,
+// engine/cpu/cpu_backend.cc), the CUDA trainer over the device ops. The CPU ops are checked
+// against float64 PyTorch references (tests/reference) and against the KV-cache decode step
+// (tests/unit/engine/decoder_step_test.cc); the device ops op by op against the host ops in
 // tests/gpu (docs/design/gpu-training.md "Training step on the device").
 //
 // Use (one micro-batch):
@@ -16,7 +18,7 @@
 //   train_backward(config, policy, layout, ops, b, *t, dlogp, grads, opts);  // grads: ops memory
 // CpuTrainStep (engine/cpu/train_ops.h) and CudaTrainStep (cuda_train_ops.h) wrap these calls for
 // one micro-batch. A mixture-of-experts layer runs through TrainOps::moe / moe_backward, with
-// Model::forward's routing replay, routing report and load-balancing loss (TrainStepOptions);
+// routing replay, the routing report and the load-balancing loss (TrainStepOptions);
 // CpuTrainOps implements them with model/moe.h, CudaTrainOps does not (FailedPrecondition: MoE
 // training on CUDA is not built).
 //
@@ -49,8 +51,7 @@ struct TrainTables {
 };
 
 // InvalidArgument (naming the sequence) for an empty batch or sequence, a token id outside
-// [0, vocab) or a sequence longer than max_position_embeddings; the same rules and messages as
-// Model::forward.
+// [0, vocab) or a sequence longer than max_position_embeddings.
 absl::StatusOr<TrainTables> build_train_tables(const model::TokenBatch& batch,
                                                const model::ModelConfig& config);
 
@@ -163,18 +164,22 @@ class TrainOps {
 struct TrainStepOptions {
   float temperature = 1.0f;  // logprobs of logits / temperature (> 0)
   // lm_head rows per chunk (bounds the logits buffer, [head_chunk, vocab]); chunks never cross a
-  // sequence. 64 is Model::forward's chunking (needed for bit-identical fp32 gradients).
+  // sequence. 64 is what the learner runs (the fp32 lm_head gradient's summation order depends on
+  // it, so the golden digests do).
   int64_t head_chunk = 64;
-  // When set, records per layer the K (after RoPE) and V amax of each sequence (Model::forward's
-  // TrainForwardOptions::calibrator).
+  // When set, records per layer the K (after RoPE) and V amax of each sequence of the batch: one
+  // sample per sequence, so a batched forward gives the calibrator what one call per sequence
+  // would.
   model::KvCalibrator* calibrator = nullptr;
   // Activation recomputation per layer: the forward keeps only each layer's input (plus one
   // shared set of a layer's activations) and the backward re-runs each layer before its backward
   // (one more layer forward per layer; same values, so same gradients bit for bit).
   bool recompute_layers = false;
-  // Mixture of experts, as model::TrainForwardOptions: routing replay (ids checked:
-  // InvalidArgument naming the sequence and token), the load-balancing loss weight the backward
-  // adds, and where the forward reports its routing.
+  // Mixture of experts. Routing replay: tokens covered by replay[s] use the recorded experts
+  // (mixing weights from the current router at those experts), the rest route freely; ids are
+  // checked (InvalidArgument naming the sequence and token). The weight of the load-balancing
+  // loss (HF load_balancing_loss_func over all sparse layers) the backward adds to the caller's
+  // loss (0: none). Where the forward reports its routing (nullptr: nowhere).
   const model::TokenRouting* replay = nullptr;
   double router_aux_loss_coef = 0.0;
   model::ForwardRouting* routing_out = nullptr;
@@ -223,27 +228,32 @@ TrainBuffers carve_train_buffers(const model::ModelConfig& config, int64_t rows,
 
 // ---- The step ----------------------------------------------------------------------------------
 
-// Training forward: per-token logprobs at opts.temperature (host values, Model::forward's shape),
-// saving activations in `b` for train_backward (a sparse layer's in the ops). InvalidArgument for
-// a bad temperature or routing record; the ops' error for a sparse layer they do not implement.
+// Training forward: per-token logprobs at opts.temperature (host values: per sequence n-1,
+// [i-1] the logprob of token i), saving activations in `b` for train_backward (a sparse layer's
+// in the ops). InvalidArgument for a bad temperature or routing record; the ops' error for a
+// sparse layer they do not implement.
 absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& config,
                                                  const model::PrecisionPolicy& policy,
                                                  const model::ParamLayout& layout, TrainOps& ops,
                                                  TrainBuffers& b, const TrainTables& t,
                                                  const TrainStepOptions& opts);
+// train_forward calls so far in this process, on any ops (tests count the passes an operation
+// costs: an export or a publish runs none).
+int64_t train_forward_calls_total();
 
 // Accumulates dL/dparams into grads (ops memory, layout.total() floats, ParamLayout order) given
 // dL/dlogprob per token (host, the forward's shape; zeros allowed), after train_forward on the
 // same tables and buffers. InvalidArgument for a dlogp of the wrong shape or a non-finite value.
-// `on_final` as Model::backward's (called after synchronize(): grads[from, total) are final).
+// `on_final` (model/gradient_sink.h GradientsFinal) is called after synchronize() as the
+// backward leaves each layer: grads[from, total) are final.
 absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
                             const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
                             const TrainTables& t, const model::TokenValues& dlogp, float* grads,
                             const TrainStepOptions& opts,
-                            const model::Model::GradientsFinal& on_final = {});
+                            const model::GradientsFinal& on_final = {});
 // The same into a gradient sink (model/gradient_sink.h: storage handed out tensor by tensor, the
 // sharded trainer's buckets): grads.grad(offset) must be ops memory; grads.final_from(from) is
-// called (after synchronize()) as the backward leaves each layer, as Model::backward does.
+// called (after synchronize()) as the backward leaves each layer.
 absl::Status train_backward(const model::ModelConfig& config, const model::PrecisionPolicy& policy,
                             const model::ParamLayout& layout, TrainOps& ops, const TrainBuffers& b,
                             const TrainTables& t, const model::TokenValues& dlogp,

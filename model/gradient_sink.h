@@ -1,5 +1,5 @@
 // Where a backward writes parameter gradients (docs/design/sharding.md "ZeRO-2 in the learner"):
-// one whole flat array (FlatGradientSink, what Model::backward always wrote into), or storage
+// one whole flat array (FlatGradientSink), or storage
 // handed out tensor by tensor, so a sharded trainer never holds the whole gradient array
 // (train/gradient_buckets.h).
 #pragma once
@@ -19,15 +19,21 @@ class GradientSink {
   // backward that fans out over threads asks for its pointers first).
   virtual float* grad(int64_t offset) = 0;
   // grads[from, num_params) do not change again in this backward; `from` only decreases and the
-  // backward's last call has 0 (Model::GradientsFinal).
+  // backward's last call has 0 (as GradientsFinal).
   virtual void final_from(int64_t from) = 0;
 };
+
+// Told as gradients become final during a backward into a flat array: after a call with `from`,
+// grads[from, num_params) do not change again in this backward; `from` only decreases and the
+// last call has 0. A data-parallel group all-reduces those while the backward goes on
+// (docs/design/training.md "Trainer groups").
+using GradientsFinal = std::function<void(int64_t from)>;
 
 // The whole array grads[num_params] (not zeroed here: the backward adds into it), telling
 // `on_final` (optional) what is final.
 class FlatGradientSink final : public GradientSink {
  public:
-  FlatGradientSink(float* grads, std::function<void(int64_t)> on_final)
+  FlatGradientSink(float* grads, GradientsFinal on_final)
       : grads_(grads), on_final_(std::move(on_final)) {}
   float* grad(int64_t offset) override { return grads_ + offset; }
   void final_from(int64_t from) override {
@@ -36,7 +42,7 @@ class FlatGradientSink final : public GradientSink {
 
  private:
   float* const grads_;
-  const std::function<void(int64_t)> on_final_;
+  const GradientsFinal on_final_;
 };
 
 }  // namespace fp8rl::model

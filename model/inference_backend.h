@@ -5,11 +5,10 @@
 //
 // The CPU implementation (make_cpu_backend, engine/cpu/cpu_backend.cc) runs the decoder engine's
 // step (engine/decoder_step.h) over its CPU ops and a paged KV pool (dense and mixture-of-experts
-// models); its logprobs equal the training forward's (Model::forward) bit for bit for bf16 and FP8
-// linears (tests/unit/engine/decoder_step_test.cc SamplerLearnerTest), and score() is
-// Model::forward itself. The
-// CUDA implementation (engine/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on
-// the device.
+// models); its logprobs equal the training forward's (engine/train_step.h train_forward) bit for
+// bit for bf16 and FP8 linears (tests/unit/engine/decoder_step_test.cc SamplerLearnerTest), and
+// score() is that training forward itself (engine::cpu_logprobs). The CUDA implementation
+// (engine/cuda/cuda_backend.h, make_cuda_backend) computes the same recipe on the device.
 //
 // KV memory is counted in blocks of `kv_block_tokens` positions on both devices: a sequence of
 // capacity C holds ceil(C / kv_block_tokens) blocks from new_sequence() until its KvSequence is
@@ -142,8 +141,8 @@ class InferenceBackend {
   virtual absl::Status forward_sample(const std::vector<BackendSegment>& segments,
                                       const std::vector<SampleSpec>& spec,
                                       std::vector<SampledToken>* out) = 0;
-  // Scoring: Model::forward(batch, {temperature}) without a context -- per sequence, n-1
-  // logprobs of each next token at `temperature`.
+  // Scoring: the training forward (no KV cache) -- per sequence, n-1 logprobs of each next token
+  // at `temperature`.
   virtual absl::StatusOr<TokenValues> score(const TokenBatch& batch, float temperature) = 0;
 
   virtual BackendMemory memory() const = 0;

@@ -2,7 +2,7 @@
 // (after RoPE) and of V, and turns them into vLLM-convention dequant scales:
 // scale = percentile(amaxes over calls, 99.9) * 1.05 / 448 (percentile and margin configurable).
 //
-// The percentile is taken over records. The training forward (Model::forward) records one amax
+// The percentile is taken over records. The training forward (engine/train_step.h) records one amax
 // per layer per sequence of its batch, so a batched forward and one forward per sequence give the
 // same samples. With n records the 99.9th percentile sits at rank 0.999 * (n - 1): it differs
 // from the max only by interpolation until n is in the hundreds (n = 101: 0.9 of the way from the

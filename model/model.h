@@ -1,9 +1,10 @@
-// The Llama/Qwen2/Qwen3 decoder engine shared by generation and training: HF checkpoints in and
-// out, a training forward over packed sequences that returns per-token logprobs and keeps what the
-// backward needs, a backward driven by a caller-supplied dL/dlogprob per token (how rl/ plugs in
-// GRPO losses), and read access to the weights for the decoder engine's KV-cache step (engine/:
-// generation on the CPU and CUDA backends). Every linear layer runs in the precision policy's
-// format through model/linear.h (the backend boundary).
+// The Llama/Qwen2/Qwen3 decoder's configuration, parameters and I/O: HF checkpoints in and out,
+// the fp32 master and the working copies each precision policy derives from it (FP8 codes and
+// block scales, bf16, the transposed dgrad blocks), KV scales, sharding of the master, and read
+// access to every operand for the decoder engine (engine/), which runs every forward and backward
+// over it: the KV-cache step for generation, the training forward (logprobs, scoring, KV
+// calibration) and the backward, on the CPU (engine/cpu/) or a GPU (engine/cuda/). Every linear
+// layer runs in the policy's format through model/linear.h.
 #pragma once
 
 #include <array>
@@ -51,29 +52,6 @@ using TokenRouting = std::vector<std::vector<int32_t>>;
 absl::Status check_routing(const ModelConfig& config, const std::vector<int64_t>& lengths,
                            const TokenRouting& routing);
 
-struct ForwardRouting;
-
-struct TrainForwardOptions {
-  float temperature = 1.0f;  // logprobs of logits / temperature
-  // When set, records per layer the K (after RoPE) and V amax of each sequence of the batch: one
-  // sample per sequence, so a batched forward gives the calibrator what one call per sequence
-  // would.
-  KvCalibrator* calibrator = nullptr;
-  // Mixture of experts: routing replay. Tokens covered by replay[s] use the recorded experts
-  // (mixing weights from the current router at those experts); the rest route freely. Ids are
-  // checked (InvalidArgument naming the sequence and token).
-  const TokenRouting* replay = nullptr;
-  // Weight of the load-balancing loss (HF load_balancing_loss_func over all sparse layers of the
-  // call) that backward() adds to the caller's loss; 0: none.
-  double router_aux_loss_coef = 0.0;
-  // When set (mixture of experts), receives the call's routing (also kept in a ForwardContext).
-  struct ForwardRouting* routing_out = nullptr;
-  // Activation recomputation (with a ForwardContext): keep only each dense decoder layer's input;
-  // backward() runs the layer's forward again before differentiating it (same kernels, so the
-  // gradients are bit-identical). Sparse (MoE) layers keep everything.
-  bool recompute_layers = false;
-};
-
 // What a mixture-of-experts forward reports about its routing.
 struct ForwardRouting {
   TokenRouting used;  // per sequence, every token: the experts it ran through
@@ -85,31 +63,6 @@ struct ForwardRouting {
   std::vector<int64_t> expert_tokens;  // [sparse layers, E]: rows routed to each expert
   double aux_loss = 0.0;  // load-balancing loss (before its coefficient), over every sparse layer
 };
-
-// Activations saved by a training forward for its backward (one per micro-batch).
-struct LayerActivations {
-  std::vector<float> x, inv1, h1, q, k, v, o, x2, inv2, h2, g, u, act;
-  // qk_norm only: q/k before the per-head norm (saved for backward) and its 1/rms per head row.
-  std::vector<float> q_raw, k_raw, inv_q, inv_k;
-  MoeActivations moe;  // sparse layers only
-};
-struct ForwardContext {
-  TokenBatch tokens;
-  std::vector<int64_t> row0;  // first packed row of each sequence
-  std::vector<int32_t> pos;   // position of each packed row
-  std::vector<LayerActivations> layers;
-  std::vector<float> x_final, inv_final, h_final;  // [M, H]
-  std::vector<float> lse;                          // logsumexp(logits/T) of each target row
-  float temperature = 1.0f;
-  // Mixture of experts: the routing of the forward, and the load-balancing loss's gradient.
-  ForwardRouting moe;
-  std::vector<float> aux_dprob;   // [E] d(coef * aux_loss) / d probs[row, e], any sparse row
-  bool recompute_layers = false;  // TrainForwardOptions::recompute_layers of the forward
-};
-// Bytes of the dense activations `ctx` holds (every float vector of its layers and the final
-// norm; MoE expert buffers are not counted).
-int64_t activation_bytes(const ForwardContext& ctx);
-int64_t activation_bytes(const LayerActivations& a);
 
 class Model {
  public:
@@ -155,6 +108,9 @@ class Model {
   // FailedPrecondition on a model that is not inference-only.
   absl::Status install(const WeightView& view);
   bool inference_only() const { return storage_ != Storage::kTraining; }
+  // FailedPrecondition naming `what` on a description-only model (ForDescription: no weights
+  // here; the engine's CPU ops need them).
+  absl::Status check_has_weights(std::string_view what) const;
   // Bytes of weight storage this model holds (master, working copies, operands, norms).
   int64_t weight_bytes() const;
 
@@ -230,34 +186,11 @@ class Model {
   // Checks every id is in [0, vocab_size) and the length fits max_position_embeddings.
   absl::Status check_tokens(const std::vector<int32_t>& tokens, int64_t extra = 0) const;
 
-  // Training forward: per-token logprobs at opts.temperature. With ctx, saves what backward needs.
-  absl::StatusOr<TokenValues> forward(const TokenBatch& batch, const TrainForwardOptions& opts,
-                                      ForwardContext* ctx) const;
-  // Training forwards run so far by every Model of this process (tests count the passes an
-  // operation costs).
-  static int64_t forward_calls_total();
-  // Accumulates dL/dparams into grads[num_params()] given dL/dlogprob (same shape as forward's
-  // result; zeros allowed).
-  // `on_final` (optional) is told as gradients become final: after a call with `from`,
-  // grads[from, num_params()) do not change again in this backward; `from` only decreases and the
-  // last call has 0. A data-parallel group all-reduces those while the backward goes on
-  // (docs/design/training.md "Trainer groups").
-  using GradientsFinal = std::function<void(int64_t from)>;
-  absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp, float* grads,
-                        const GradientsFinal& on_final = {}) const;
-  // The same into `sink` (model/gradient_sink.h): each parameter tensor's storage is asked for
-  // when the backward first writes its gradient, and sink.final_from is told what is final as
-  // on_final above. The values are the same, bit for bit, as the flat array's.
-  absl::Status backward(const ForwardContext& ctx, const TokenValues& dlogp,
-                        GradientSink& sink) const;
   // Values per token of a routing record: sparse layers x top_k (0 for a dense model).
   int64_t routing_width() const;
   // Checks a routing record against the model: per sequence at most its tokens, ids in [0, E),
   // no id twice within a token's layer. Errors name the sequence and token.
   absl::Status check_routing(const TokenBatch& batch, const TokenRouting& routing) const;
-
-  // Full logits [T, vocab] of one sequence (tests, debugging), before temperature.
-  absl::StatusOr<std::vector<float>> logits(const std::vector<int32_t>& tokens) const;
 
   // Read-only access to the KV-cache step's operands for the decoder engine's ops (engine/cpu/,
   // engine/cuda/): linear j of layer l (j = 0..6: q k v o gate up down), the embedding table and
@@ -280,8 +213,6 @@ class Model {
   enum class Storage { kTraining, kInference, kNone };
   Model(const ModelConfig& config, const PrecisionPolicy& policy,
         Storage storage = Storage::kTraining);
-  // FailedPrecondition naming `what` on a description-only model.
-  absl::Status check_has_weights(std::string_view what) const;
   struct Source;
   absl::Status load_from(const Source& source);
   // Sharded master (model_shard.cc): whether parameter `pi`'s working copy is FP8 codes and
@@ -292,16 +223,6 @@ class Model {
   absl::Status check_bf16_working(std::string_view what) const;
   float working_bf16_value(size_t pi, int64_t i) const;
 
-  // Runs decoder layer l on rows [M] in place on x; `attention` fills a.o from a.q/a.k/a.v.
-  // `calibrator` records one K/V amax per sequence, sequence s being rows [seq_row0[s],
-  // seq_row0[s + 1]) (the last one up to M).
-  template <typename AttentionFn>
-  absl::Status layer_forward(int64_t l, int64_t m, const int32_t* pos, float* x,
-                             LayerActivations& a, bool save, KvCalibrator* calibrator,
-                             std::span<const int64_t> seq_row0, bool train_kv,
-                             const AttentionFn& attention, const int32_t* forced = nullptr,
-                             int32_t* record = nullptr) const;
-  void embed(const int32_t* tokens, int64_t m, float* x) const;
   // Working copy of a norm weight or bias (bf16-rounded when activations are bf16) by offset.
   const float* small_param(int64_t offset) const;
   const LinearWeight& head() const;

@@ -1,5 +1,5 @@
 // Token negative log-likelihood for supervised fine-tuning (SFT warm starts, tests): the loss and
-// the dL/dlogprob that Model::backward takes.
+// the dL/dlogprob that the training backward (engine/train_step.h train_backward) takes.
 #pragma once
 
 #include "model/model.h"

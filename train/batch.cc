@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/train_ops.h"
 
 namespace fp8rl::train {
 
@@ -108,17 +109,17 @@ absl::StatusOr<float> logprob_temperature(double t, std::string_view field) {
   return t == 0 ? 1.0f : static_cast<float>(t);
 }
 
-absl::StatusOr<std::vector<float>> response_logprobs(
-    const model::Model& model, const PackedBatch& batch, model::ForwardContext* ctx,
-    model::KvCalibrator* calibrator, model::ForwardRouting* routing, bool recompute_layers) {
-  model::TrainForwardOptions options;
-  options.recompute_layers = recompute_layers;
+absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,
+                                                     const PackedBatch& batch,
+                                                     model::KvCalibrator* calibrator,
+                                                     model::ForwardRouting* routing) {
+  engine::TrainStepOptions options;
   options.temperature = batch.temperature;
   options.calibrator = calibrator;
   if (batch.replay_routing) options.replay = &batch.routing;
   options.router_aux_loss_coef = batch.router_aux_loss_coef;
   options.routing_out = routing;
-  absl::StatusOr<model::TokenValues> lp = model.forward(batch.tokens, options, ctx);
+  absl::StatusOr<model::TokenValues> lp = engine::cpu_logprobs(model, batch.tokens, options);
   if (!lp.ok()) return lp.status();
   return gather_response(batch, *lp);
 }

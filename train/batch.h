@@ -59,17 +59,14 @@ absl::StatusOr<PackedBatch> pack_sequences(std::span<const Sequence> seqs,
 // temperature of the rollouts; 0 (unset, or greedy rollouts) means 1. `field` names it in errors.
 absl::StatusOr<float> logprob_temperature(double t, std::string_view field);
 
-// Response-token logprobs of `batch` under `model`, [B*L] (0 at padding). With `ctx`, the forward
-// keeps what backward needs; with `calibrator`, records each sequence's K/V amax per layer (the KV
-// calibration taken in the step's own forward, docs/design/fp8-recipe.md "The FP8 recipe").
-// With `routing` (mixture of experts), receives the routing the forward used. With
-// `recompute_layers` and `ctx`, keeps only each layer's input (model::TrainForwardOptions).
+// Response-token logprobs of `batch` under `model`, [B*L] (0 at padding): a forward only, on the
+// CPU engine (engine::cpu_logprobs; the reference policy, tests). With `calibrator`, records each
+// sequence's K/V amax per layer; with `routing` (mixture of experts), receives the routing the
+// forward used.
 absl::StatusOr<std::vector<float>> response_logprobs(const model::Model& model,
                                                      const PackedBatch& batch,
-                                                     model::ForwardContext* ctx,
                                                      model::KvCalibrator* calibrator = nullptr,
-                                                     model::ForwardRouting* routing = nullptr,
-                                                     bool recompute_layers = false);
+                                                     model::ForwardRouting* routing = nullptr);
 
 // Per-token values in the model's layout (value [i-1] belongs to token i, a forward's logprobs)
 // -> the padded [B*L] response layout (0 at padding).

@@ -71,7 +71,7 @@ class DeviceTrainBackend final : public TrainBackend {
 
   absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
                         std::span<const float> dloss_dlogp, float* grads,
-                        const model::Model::GradientsFinal& on_final) override {
+                        const model::GradientsFinal& on_final) override {
     if (static_cast<const DeviceForwardState&>(saved).forward_id != forward_id_) {
       return absl::FailedPreconditionError(
           "backward: another forward ran on the device since this one (one saved forward at a "

@@ -14,6 +14,7 @@
 #include "common/fs.h"
 #include "common/status_macros.h"
 #include "common/status_prefix.h"
+#include "engine/cpu/train_ops.h"
 #include "model/kv_calibration.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
@@ -250,9 +251,8 @@ absl::StatusOr<std::vector<std::vector<float>>> Learner::logprobs(std::span<cons
   absl::StatusOr<float> t = logprob_temperature(temperature, "temperature");
   if (!t.ok()) return t.status();
   batch->temperature = *t;
-  absl::StatusOr<std::vector<float>> lp = use_reference
-                                              ? response_logprobs(*reference_, *batch, nullptr)
-                                              : backend_->logprobs(*batch, nullptr);
+  absl::StatusOr<std::vector<float>> lp =
+      use_reference ? response_logprobs(*reference_, *batch) : backend_->logprobs(*batch, nullptr);
   if (!lp.ok()) return lp.status();
   std::vector<std::vector<float>> out(batch->size());
   const int64_t L = batch->length;
@@ -348,7 +348,7 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
       if (!prev.ok()) return prev.status();
       put_rows(*prev, begin, L, &p.prev);
       if (c.kl_beta > 0) {
-        absl::StatusOr<std::vector<float>> ref = response_logprobs(*reference_, share, nullptr);
+        absl::StatusOr<std::vector<float>> ref = response_logprobs(*reference_, share);
         if (!ref.ok()) return ref.status();
         put_rows(*ref, begin, L, &p.ref);
       }
@@ -395,7 +395,7 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
     p.router_choice = std::move(routing.chosen);
   }
   if (c.kl_beta > 0) {
-    absl::StatusOr<std::vector<float>> ref = response_logprobs(*reference_, p.batch, nullptr);
+    absl::StatusOr<std::vector<float>> ref = response_logprobs(*reference_, p.batch);
     if (!ref.ok()) return ref.status();
     p.ref = std::move(*ref);
   }
@@ -434,7 +434,7 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
     grads->assign(backend_->num_params(), 0.0f);
     out = grads->data();
   }
-  model::Model::GradientsFinal on_final;
+  model::GradientsFinal on_final;
   if (bucketed != nullptr) {
     begin_buckets(bucketed, grads, shard, what);
     on_final = [bucketed](int64_t from) { bucketed->final_from(from); };
@@ -866,7 +866,7 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
           return interrupted(i, s);
         }
       } else {
-        model::Model::GradientsFinal on_final;
+        model::GradientsFinal on_final;
         if (dp && bucketed_ != nullptr) {
           begin_buckets(bucketed_.get(), &grads, shard, what);
           on_final = [this](int64_t from) { bucketed_->final_from(from); };
@@ -970,10 +970,10 @@ absl::StatusOr<Export> Learner::export_for_generation(Precision format, int64_t 
     } else {
       if (auto s = build_generation(); !s.ok()) return with_prefix(s, "calibrating KV scales: ");
       model::KvCalibrator calibrator(policy().config().num_hidden_layers);
-      model::TrainForwardOptions opts;
+      engine::TrainStepOptions opts;
       opts.calibrator = &calibrator;
       const absl::Status ran = generation
-                                   ? generation->forward(calibration_, opts, nullptr).status()
+                                   ? engine::cpu_logprobs(*generation, calibration_, opts).status()
                                    : backend_->calibration_forward(calibration_, &calibrator);
       if (!ran.ok()) return with_prefix(ran, "calibrating KV scales: ");
       scales = calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);

@@ -14,7 +14,7 @@ namespace fp8rl::train {
 namespace {
 
 constexpr int64_t kBlock = 128;     // FP8 weight blocks are 128x128
-constexpr int64_t kLogitRows = 64;  // lm_head rows per chunk (model/model_forward.cc kHeadChunk)
+constexpr int64_t kLogitRows = 64;  // lm_head rows per chunk (engine TrainStepOptions::head_chunk)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -33,7 +33,7 @@ std::string gib(int64_t bytes) {
   return absl::StrFormat("%.3f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
 }
 
-// Values per token a layer's training forward keeps (model::LayerActivations).
+// Values per token a layer's training forward keeps (engine::TrainLayerBuffers).
 int64_t layer_values_per_token(const model::ModelConfig& c, bool sparse) {
   const int64_t h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim();
   // x, h1, x2, h2; q, o; k, v; inv1, inv2
@@ -98,7 +98,7 @@ WeightBytes shard_working_bytes(const model::ParamLayout& layout, int64_t begin,
 
 // The most bytes of bucket buffers the sharded gradient pool (train::GradientBuckets) holds at
 // once during one backward, modelled on what the training backward (engine/train_step.cc
-// train_backward, and Model::backward alike) asks for and when it says gradients are final: the
+// train_backward) asks for and when it says gradients are final: the
 // backward visits the units head (lm_head, then
 // the final norm), decoder layers n-1 .. 0, then the embedding's token lookup; it asks for each
 // of a unit's tensors while computing it and, after it, says every bucket starting at or after

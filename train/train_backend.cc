@@ -59,7 +59,7 @@ class CpuTrainBackend final : public TrainBackend {
   }
   absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
                         std::span<const float> dloss_dlogp, float* grads,
-                        const model::Model::GradientsFinal& on_final) override {
+                        const model::GradientsFinal& on_final) override {
     if (grads == nullptr) {
       if (!pending_) own_grads_.assign(static_cast<size_t>(model_->num_params()), 0.0f);
       pending_ = true;
@@ -167,9 +167,9 @@ class CpuTrainBackend final : public TrainBackend {
   }
   absl::Status calibration_forward(const model::TokenBatch& sequences,
                                    model::KvCalibrator* calibrator) const override {
-    model::TrainForwardOptions opts;
+    engine::TrainStepOptions opts;
     opts.calibrator = calibrator;
-    return model_->forward(sequences, opts, nullptr).status();
+    return engine::cpu_logprobs(*model_, sequences, opts).status();
   }
 
   absl::StatusOr<model::WeightSet> export_weights(model::WeightFormat format,

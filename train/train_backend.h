@@ -7,8 +7,8 @@
 //   - CPU (make_cpu_train_backend): the decoder engine's training step over its CPU ops
 //     (engine/cpu/train_ops.h CpuTrainStep; the orchestration the CUDA backend runs over device
 //     ops) for the forwards and backwards, model::Model + model::AdamW for the weights, optimizer,
-//     export and KV scales; bit-identical to the Model::forward / Model::backward path it
-//     replaced (tests/unit/train/learner_test.cc LearnerGolden).
+//     export and KV scales; bit-identical to the separate model forward and backward it
+//     replaced (tests/unit/train/learner_test.cc LearnerGolden, digests recorded before).
 //   - CUDA (train/cuda_train_backend.h, with CUDA; ran on an H200): the device training
 //     step and the device trainer state (docs/design/gpu-training.md "Training on the GPU").
 //     Without CUDA in the build, or without an sm_90 device, asking for it is FAILED_PRECONDITION,
@@ -74,7 +74,7 @@ class TrainBackend {
       model::ForwardRouting* routing = nullptr) const = 0;
   // Adds dL/dparams into grads[num_params()] (host memory, the learner's all-reduce buffer) given
   // dL/dlogprob over the response tokens of the batch `saved` was computed on ([B*L]).
-  // `on_final`: as model::Model::backward's (grads[from, num_params) are final).
+  // `on_final` (model::GradientsFinal): grads[from, num_params) are final.
   // grads == nullptr: into the backend's own gradient buffer instead (device memory on a device
   // backend: nothing crosses to the host), zeroed before the first backward after an optimizer
   // step and read in place by optimizer_step(nullptr). While that buffer holds gradients not yet
@@ -82,7 +82,7 @@ class TrainBackend {
   // backward drops what it holds (the next one starts from zero).
   virtual absl::Status backward(const ForwardState& saved, const PackedBatch& batch,
                                 std::span<const float> dloss_dlogp, float* grads,
-                                const model::Model::GradientsFinal& on_final = {}) = 0;
+                                const model::GradientsFinal& on_final = {}) = 0;
 
   // The same backward into `sink` (model/gradient_sink.h: storage handed out tensor by tensor,
   // ZeRO-2's buckets, train/gradient_buckets.h) instead of a whole host array; the values are the

@@ -1,18 +1,19 @@
 // fp8rl-bench-engine-cpu: the decoder engine over its CPU ops (engine/cpu: decoder_step with
-// CpuDecoderOps, train_forward / train_backward with CpuTrainOps) next to the model's own
-// training orchestration (Model::forward / backward) on the same weights and tokens, in one
-// process, alternating the two paths per repetition. Generation has one path (the engine's; the
-// model's own cached forward is gone): its time is printed alone, and its last logits are checked
-// against the training forward's logits of the same tokens. The first repetition also checks that
-// both training paths give the same bytes (logprobs, gradients); exit status 2 when a check fails
-// (logits: bit for bit for bf16 / FP8 linears; fp32 sgemm's last bits depend on the rows).
+// CpuDecoderOps, train_forward / train_backward with CpuTrainOps) on one model and one batch, in
+// one process. Generation (prefill + decode) is timed alone, and its last logits are checked
+// against the training forward's logits of the same tokens. Training is timed two ways,
+// alternating per repetition: keeping every activation, and with activation recomputation
+// (recompute_layers: each layer's input only, the layer re-run in the backward). The first
+// repetition checks that both give the same bytes (logprobs, gradients); exit status 2 when a
+// check fails (logits: bit for bit for bf16 / FP8 linears; fp32 sgemm's last bits depend on the
+// rows).
 //
 //   fp8rl-bench-engine-cpu [--config configs/models/llama-10m.json]
 //                          [--precision fp8|fp8-kvf32|bf16|f32]
 //                          [--seqs 8] [--prompt 96] [--decode 16] [--reps 3]
 //
 // Threads: $FP8RL_NUM_THREADS (default: every core). Prints one table: per phase, the median and
-// min seconds of each path and engine / model.
+// min seconds of each way and recompute / keep.
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -56,7 +57,7 @@ double seconds_since(Clock::time_point t0) {
 }
 
 struct Times {
-  std::vector<double> engine, model;
+  std::vector<double> keep, recompute;
 };
 
 // Prefill of every sequence in one step, then `decode` one-token steps, through the engine.
@@ -191,14 +192,14 @@ int main(int argc, char** argv) {
       auto t0 = Clock::now();
       absl::Status st = engine_generate(m, seqs, o.prompt, o.decode, &logits);
       if (!st.ok()) return fail(absl::StrCat("generate: ", st.message()));
-      gen.engine.push_back(seconds_since(t0));
+      gen.keep.push_back(seconds_since(t0));
       if (r == 0) {
         // The training forward's logits of each whole sequence, last row: the step's last logits.
         const int64_t vocab = config->vocab_size;
         int64_t differ = 0;
         double worst = 0;
         for (size_t q = 0; q < seqs.size(); ++q) {
-          auto want = m.logits(seqs[q]);
+          auto want = engine::cpu_logits(m, seqs[q]);
           if (!want.ok()) return fail(absl::StrCat("logits: ", want.status().message()));
           const float* w = want->data() + want->size() - vocab;
           for (int64_t v = 0; v < vocab; ++v) {
@@ -214,36 +215,22 @@ int main(int argc, char** argv) {
         }
       }
     }
-    // Alternate which path goes first, so drift in the machine's load hits both.
+    // Alternate which way goes first, so drift in the machine's load hits both.
     for (int path = 0; path < 2; ++path) {
-      const bool engine_path = (path == 0) == (r % 2 == 0);
+      const bool keep = (path == 0) == (r % 2 == 0);
       std::vector<float> grads(n_params, 0.0f);
       model::TokenValues lp;
-      if (engine_path) {
-        engine::CpuTrainStep step;
-        auto t0 = Clock::now();
-        auto got = step.forward(m, batch, {.temperature = 1.0f});
-        if (!got.ok()) return fail(absl::StrCat("engine forward: ", got.status().message()));
-        fwd.engine.push_back(seconds_since(t0));
-        lp = *std::move(got);
-        t0 = Clock::now();
-        if (auto s2 = step.backward(m, dlogp, grads.data()); !s2.ok()) {
-          return fail(absl::StrCat("engine backward: ", s2.message()));
-        }
-        bwd.engine.push_back(seconds_since(t0));
-      } else {
-        model::ForwardContext ctx;
-        auto t0 = Clock::now();
-        auto got = m.forward(batch, {.temperature = 1.0f}, &ctx);
-        if (!got.ok()) return fail(absl::StrCat("model forward: ", got.status().message()));
-        fwd.model.push_back(seconds_since(t0));
-        lp = *std::move(got);
-        t0 = Clock::now();
-        if (auto s2 = m.backward(ctx, dlogp, grads.data()); !s2.ok()) {
-          return fail(absl::StrCat("model backward: ", s2.message()));
-        }
-        bwd.model.push_back(seconds_since(t0));
+      engine::CpuTrainStep step;
+      auto t0 = Clock::now();
+      auto got = step.forward(m, batch, {.temperature = 1.0f, .recompute_layers = !keep});
+      if (!got.ok()) return fail(absl::StrCat("forward: ", got.status().message()));
+      (keep ? fwd.keep : fwd.recompute).push_back(seconds_since(t0));
+      lp = *std::move(got);
+      t0 = Clock::now();
+      if (auto s2 = step.backward(m, dlogp, grads.data()); !s2.ok()) {
+        return fail(absl::StrCat("backward: ", s2.message()));
       }
+      (keep ? bwd.keep : bwd.recompute).push_back(seconds_since(t0));
       static model::TokenValues first_lp;
       static std::vector<float> first_grads;
       if (r == 0 && path == 0) {
@@ -262,20 +249,19 @@ int main(int argc, char** argv) {
       global_thread_pool().num_threads(), static_cast<long long>(o.seqs),
       static_cast<long long>(o.prompt), static_cast<long long>(o.decode),
       static_cast<long long>(o.reps));
-  std::printf("| phase | engine median (min) s | model median (min) s | engine / model |\n");
+  std::printf("| phase | keep median (min) s | recompute median (min) s | recompute / keep |\n");
   std::printf("|---|---|---|---|\n");
   auto row = [](const char* name, const Times& t) {
-    std::printf("| %s | %.3f (%.3f) | %.3f (%.3f) | %.2f |\n", name, median(t.engine),
-                minimum(t.engine), median(t.model), minimum(t.model),
-                median(t.engine) / std::max(median(t.model), 1e-9));
+    std::printf("| %s | %.3f (%.3f) | %.3f (%.3f) | %.2f |\n", name, median(t.keep),
+                minimum(t.keep), median(t.recompute), minimum(t.recompute),
+                median(t.recompute) / std::max(median(t.keep), 1e-9));
   };
-  std::printf("| prefill + decode | %.3f (%.3f) | - | - |\n", median(gen.engine),
-              minimum(gen.engine));
+  std::printf("| prefill + decode | %.3f (%.3f) | - | - |\n", median(gen.keep), minimum(gen.keep));
   row("training forward", fwd);
   row("training backward", bwd);
   const bool f32 = policy.linear == model::Precision::kF32;
   std::printf(
-      "same bytes: generation logits vs the training forward %s, engine vs model training: "
+      "same bytes: generation logits vs the training forward %s, recompute vs keep: "
       "logprobs %s, gradients %s\n",
       same_logits ? "yes" : (f32 ? "no (fp32 rows, see above)" : "NO"),
       same_logprobs ? "yes" : "NO", same_grads ? "yes" : "NO");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/fs.h"
+#include "engine/cpu/train_ops.h"
 #include "model/model.h"
 #include "model/nll.h"
 #include "model/step_generator.h"
@@ -84,11 +85,12 @@ int run(int argc, char** argv) {
       // Training: forward + backward of the token NLL.
       std::vector<float> grads(m->num_params(), 0.0f);
       t0 = now();
-      ForwardContext ctx;
-      auto lp = m->forward(prompts, {}, &ctx);
+      engine::CpuTrainStep step;
+      auto lp = step.forward(*m, prompts, {});
+      if (!lp.ok()) return 1;
       TokenValues dlogp;
       token_nll(*lp, nullptr, &dlogp);
-      if (!m->backward(ctx, dlogp, grads.data()).ok()) return 1;
+      if (!step.backward(*m, dlogp, grads.data()).ok()) return 1;
       const double train = sh.batch * sh.prompt / (now() - t0);
       auto ratio = [&](double ours, const char* key) {
         const double t = torch_tps.value(key, 0.0);

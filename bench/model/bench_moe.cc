@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/fs.h"
+#include "engine/cpu/train_ops.h"
 #include "model/model.h"
 #include "model/rng.h"
 #include "model/step_generator.h"
@@ -55,8 +56,8 @@ double step_seconds(const Model& m, const TokenBatch& batch, int reps) {
   for (int r = 0; r < reps; ++r) {
     std::fill(grads.begin(), grads.end(), 0.0f);
     const double t0 = now();
-    ForwardContext ctx;
-    if (!m.forward(batch, {}, &ctx).ok() || !m.backward(ctx, dlogp, grads.data()).ok()) {
+    engine::CpuTrainStep step;
+    if (!step.forward(m, batch, {}).ok() || !step.backward(m, dlogp, grads.data()).ok()) {
       std::fprintf(stderr, "fp8rl-bench-moe: forward/backward failed\n");
       std::exit(1);
     }
@@ -147,8 +148,9 @@ int run(int argc, char** argv) {
   }
   const int64_t width = (*train_model)->routing_width(), k = moe_config->moe.num_experts_per_tok;
   for (bool replay : {false, true}) {
-    ForwardContext ctx;
-    auto lp = (*train_model)->forward(seqs, {.replay = replay ? &recorded : nullptr}, &ctx);
+    ForwardRouting routed;
+    auto lp = engine::cpu_logprobs(
+        **train_model, seqs, {.replay = replay ? &recorded : nullptr, .routing_out = &routed});
     if (!lp.ok()) return 1;
     double sum = 0, mx = 0;
     int64_t n = 0;
@@ -163,9 +165,9 @@ int run(int argc, char** argv) {
     }
     // The learner's own routing choice vs the sampler's (with replay: where replay overrode it).
     const RoutingDifference d =
-        replay ? RoutingDifference{ctx.moe.replayed_tokens, ctx.moe.replay_overrode}
-               : routing_difference(ctx.moe.used, recorded, width, k);
-    const RoutingDifference used = routing_difference(ctx.moe.used, recorded, width, k);
+        replay ? RoutingDifference{routed.replayed_tokens, routed.replay_overrode}
+               : routing_difference(routed.used, recorded, width, k);
+    const RoutingDifference used = routing_difference(routed.used, recorded, width, k);
     std::printf("%-7s %8lld %8.4f (%3lld) %14.3e %14.3e   routing used differs: %lld\n",
                 replay ? "on" : "off", static_cast<long long>(d.tokens),
                 static_cast<double>(d.differ) / std::max<int64_t>(1, d.tokens),

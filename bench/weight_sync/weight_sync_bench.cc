@@ -25,6 +25,7 @@
 #include "common/service/grpc_server.h"
 #include "common/service/log.h"
 #include "common/service/metrics.h"
+#include "engine/cpu/train_ops.h"
 #include "model/rng.h"
 #include "services/generation_worker/generation_worker.h"
 #include "services/weight_sync/client.h"
@@ -397,7 +398,7 @@ int run(const Options& o) {
       model::TokenBatch tokens;
       for (const train::Sequence& s : step.batch) tokens.push_back(s.tokens);
       start = Clock::now();
-      if (!l.policy().forward(tokens, {.calibrator = &calibrator}, nullptr).ok()) return 1;
+      if (!engine::cpu_logprobs(l.policy(), tokens, {.calibrator = &calibrator}).ok()) return 1;
       old_scales = calibrator.scales(train::kKvCalibrationPercentile, train::kKvCalibrationMargin);
       r.old_calibrate = seconds_since(start);
     }

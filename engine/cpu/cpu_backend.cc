@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/decoder_ops.h"
+#include "engine/cpu/train_ops.h"
 #include "engine/decoder_step.h"
 #include "model/inference_backend.h"
 
@@ -189,7 +190,7 @@ class CpuBackend final : public model::InferenceBackend {
   // The training forward's logprobs (no KV cache: an FP8 cache would change them).
   absl::StatusOr<model::TokenValues> score(const model::TokenBatch& batch,
                                            float temperature) override {
-    return model_->forward(batch, {.temperature = temperature}, nullptr);
+    return cpu_logprobs(*model_, batch, {.temperature = temperature});
   }
 
   bool bounds_step_rows() const override { return false; }

@@ -2,7 +2,7 @@
 // CPU reference of every CUDA kernel), model/linear.h linear_forward and a host paged KV pool in
 // the device layout (kernels/device_math/paged_kv.h), model/moe.h moe_forward for sparse layers.
 // The CPU inference backend (cpu_backend.cc) generates with it; tests run it against the
-// training forward (Model::forward, train_forward) to check the step's orchestration, rounding
+// training forward (train_forward) to check the step's orchestration, rounding
 // points, block tables and MoE routing.
 #pragma once
 

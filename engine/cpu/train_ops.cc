@@ -34,8 +34,15 @@ absl::Status CpuTrainOps::load_tables(const TrainTables& t) {
 
 absl::Status CpuTrainOps::embed(float* x) {
   const model::ModelConfig& c = model_.config();
-  kernels::cpu::embed_gather(model_.embedding_weight().dense(), c.vocab_size, c.hidden_size,
-                             t_->tokens.data(), t_->rows, x);
+  const model::LinearWeight& e = model_.embedding_weight();
+  if (e.precision != model::Precision::kF32 && e.bf16.empty()) {
+    // An inference-only model's tied table, held once in double (bf16 values: exact in float).
+    kernels::cpu::embed_gather(e.exact.data(), c.vocab_size, c.hidden_size, t_->tokens.data(),
+                               t_->rows, x);
+    return absl::OkStatus();
+  }
+  kernels::cpu::embed_gather(e.dense(), c.vocab_size, c.hidden_size, t_->tokens.data(), t_->rows,
+                             x);
   return absl::OkStatus();
 }
 
@@ -216,6 +223,7 @@ absl::Status CpuTrainOps::from_host(float* dst, const float* src_host, int64_t n
 absl::StatusOr<model::TokenValues> CpuTrainStep::forward(const model::Model& model,
                                                          const model::TokenBatch& batch,
                                                          const TrainStepOptions& o) {
+  if (auto s = model.check_has_weights("forward"); !s.ok()) return s;
   opts = o;
   auto t = build_train_tables(batch, model.config());
   if (!t.ok()) return t.status();
@@ -223,6 +231,8 @@ absl::StatusOr<model::TokenValues> CpuTrainStep::forward(const model::Model& mod
   storage.assign(train_buffer_floats(model.config(), tables.rows, opts), 0.0f);
   buffers = carve_train_buffers(model.config(), tables.rows, opts, storage.data());
   ops = std::make_unique<CpuTrainOps>(model);
+  routing = {};
+  if (opts.routing_out == nullptr) opts.routing_out = &routing;
   absl::StatusOr<model::TokenValues> lp =
       train_forward(model.config(), model.policy(), model.layout(), *ops, buffers, tables, opts);
   // The backward reads none of these; the caller's objects need not outlive the forward.
@@ -233,7 +243,7 @@ absl::StatusOr<model::TokenValues> CpuTrainStep::forward(const model::Model& mod
 }
 
 absl::Status CpuTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
-                                    float* grads, const model::Model::GradientsFinal& on_final) {
+                                    float* grads, const model::GradientsFinal& on_final) {
   if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
   return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
                         dlogp, grads, opts, on_final);
@@ -244,6 +254,20 @@ absl::Status CpuTrainStep::backward(const model::Model& model, const model::Toke
   if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
   return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
                         dlogp, grads, opts);
+}
+
+absl::StatusOr<std::vector<float>> CpuTrainStep::logits(int64_t s) const {
+  if (ops == nullptr) return absl::FailedPreconditionError("logits: no forward ran");
+  if (s < 0 || s >= tables.n_seq) {
+    return absl::InvalidArgumentError(absl::StrCat("logits: sequence ", s, " of ", tables.n_seq));
+  }
+  const int64_t r0 = tables.seq_start[s], len = tables.seq_start[s + 1] - r0,
+                h = ops->model().config().hidden_size, vocab = ops->model().config().vocab_size;
+  std::vector<float> out(len * vocab);
+  if (auto st = ops->linear(-1, 0, buffers.h_final + r0 * h, len, nullptr, out.data()); !st.ok()) {
+    return st;
+  }
+  return out;
 }
 
 int64_t CpuTrainStep::saved_bytes() const {
@@ -267,6 +291,24 @@ int64_t CpuTrainOps::moe_bytes() const {
     add(a.groups.slot_of);
   }
   return n;
+}
+
+absl::StatusOr<model::TokenValues> cpu_logprobs(const model::Model& model,
+                                                const model::TokenBatch& batch,
+                                                const TrainStepOptions& opts) {
+  TrainStepOptions o = opts;
+  o.recompute_layers = true;
+  CpuTrainStep step;
+  return step.forward(model, batch, o);
+}
+
+absl::StatusOr<std::vector<float>> cpu_logits(const model::Model& model,
+                                              const std::vector<int32_t>& tokens) {
+  TrainStepOptions o;
+  o.recompute_layers = true;
+  CpuTrainStep step;
+  if (auto lp = step.forward(model, {tokens}, o); !lp.ok()) return lp.status();
+  return step.logits(0);
 }
 
 }  // namespace fp8rl::engine

@@ -1,16 +1,17 @@
 // The engine's training ops on the CPU: train_forward / train_backward (engine/train_step.h)
 // over host memory with kernels/cpu (the CPU reference of every CUDA kernel) and
 // model/linear.h's fprop/dgrad/wgrad on the model's own weights, and model/moe.h's mixture of
-// experts (forward with routing replay, backward). CPU training runs it (train/train_backend.cc
-// CpuTrainBackend); tests run it against Model::forward / Model::backward to check the step's
-// orchestration, rounding points and backward math without a GPU; on the device CudaTrainOps
-// (engine/cuda/cuda_train_ops.h) replaces it.
+// experts (forward with routing replay, backward). Every CPU forward over whole sequences runs it:
+// training (train/train_backend.cc CpuTrainBackend), scoring (engine/cpu/cpu_backend.cc), the
+// reference policy's logprobs and KV calibration (cpu_logprobs below). On the device
+// CudaTrainOps (engine/cuda/cuda_train_ops.h) replaces it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "engine/train_step.h"
 #include "model/model.h"
 
@@ -19,6 +20,7 @@ namespace fp8rl::engine {
 class CpuTrainOps final : public TrainOps {
  public:
   explicit CpuTrainOps(const model::Model& model) : model_(model) {}
+  const model::Model& model() const { return model_; }
 
   absl::Status load_tables(const TrainTables& t) override;
   absl::Status embed(float* x) override;
@@ -80,18 +82,34 @@ struct CpuTrainStep {
                                              const model::TokenBatch& batch,
                                              const TrainStepOptions& opts);
   absl::Status backward(const model::Model& model, const model::TokenValues& dlogp, float* grads,
-                        const model::Model::GradientsFinal& on_final = {});
+                        const model::GradientsFinal& on_final = {});
   absl::Status backward(const model::Model& model, const model::TokenValues& dlogp,
                         model::GradientSink& grads);
+  // Full logits [T, vocab] before temperature of sequence `s` of the last forward (lm_head over
+  // its final hidden states; tests and debugging). FailedPrecondition before a forward.
+  absl::StatusOr<std::vector<float>> logits(int64_t s) const;
   // Host bytes the forward keeps for the backward: the step's buffers and the sparse layers'
   // activations held by the ops.
   int64_t saved_bytes() const;
 
   TrainStepOptions opts;
+  // Mixture of experts: the last forward's routing, unless its options named another place.
+  model::ForwardRouting routing;
   TrainTables tables;
   std::vector<float> storage;
   TrainBuffers buffers;
   std::unique_ptr<CpuTrainOps> ops;
 };
+
+// A forward only (scoring, the reference policy's logprobs, KV calibration): per-token logprobs
+// of `batch` (per sequence n-1, [i-1] the logprob of token i); nothing is kept. It runs with
+// recompute_layers (the layers' inputs only, while it runs; the same values), whatever
+// opts.recompute_layers says. FailedPrecondition for a model without weights (ForDescription).
+absl::StatusOr<model::TokenValues> cpu_logprobs(const model::Model& model,
+                                                const model::TokenBatch& batch,
+                                                const TrainStepOptions& opts = {});
+// Full logits [T, vocab] of one sequence, before temperature (tests, debugging).
+absl::StatusOr<std::vector<float>> cpu_logits(const model::Model& model,
+                                              const std::vector<int32_t>& tokens);
 
 }  // namespace fp8rl::engine

@@ -581,14 +581,14 @@ absl::StatusOr<model::TokenValues> CudaTrainStep::forward(const model::Model& mo
 }
 
 absl::Status CudaTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
-                                     const model::Model::GradientsFinal& on_final) {
+                                     const model::GradientsFinal& on_final) {
   if (absl::Status s = ensure_grads(); !s.ok()) return s;
   return backward_into(model, dlogp, grads_, on_final);
 }
 
 absl::Status CudaTrainStep::backward_into(const model::Model& model,
                                           const model::TokenValues& dlogp, float* device_grads,
-                                          const model::Model::GradientsFinal& on_final) {
+                                          const model::GradientsFinal& on_final) {
   if (buffers_.layers.empty()) return absl::FailedPreconditionError("backward: no forward ran");
   if (device_grads == nullptr) return absl::InvalidArgumentError("backward: grads is null");
   return train_backward(model.config(), model.policy(), model.layout(), *ops_, buffers_, tables_,

@@ -17,7 +17,7 @@
 // with upload_weights() after an update.
 //
 // Ran on an H200 (docs/results/gpu-check-*.md): tests/gpu/train_ops_cuda_test.cc compares ops
-// and a whole forward + backward with Model::backward when an sm_90 device is present; the step
+// and a whole forward + backward with the CPU ops' when an sm_90 device is present; the step
 // it runs is tested on the CPU through CpuTrainOps (tests/unit/engine/train_step_test.cc).
 #pragma once
 
@@ -61,12 +61,11 @@ class CudaTrainStep {
                                              const model::TokenBatch& batch,
                                              const TrainStepOptions& opts);
   absl::Status backward(const model::Model& model, const model::TokenValues& dlogp,
-                        const model::Model::GradientsFinal& on_final = {});
+                        const model::GradientsFinal& on_final = {});
   // The same into another device gradient array of num_params floats (e.g. the device
   // optimizer's DeviceTrainState::grads()).
   absl::Status backward_into(const model::Model& model, const model::TokenValues& dlogp,
-                             float* device_grads,
-                             const model::Model::GradientsFinal& on_final = {});
+                             float* device_grads, const model::GradientsFinal& on_final = {});
   float* grads() const { return grads_; }  // device; nullptr before the first backward()
   absl::Status zero_grads();
   absl::Status download_grads(std::vector<float>* out);

@@ -1,5 +1,5 @@
 // The CUDA backend's own small kernels: the glue between the decoder kernels (kernels/cuda) and
-// the GEMMs -- residual adds and bf16 rounding at model/model_forward.cc's points, the linear
+// the GEMMs -- residual adds and bf16 rounding at the training step's points, the linear
 // epilogue (bias, then one bf16 rounding), fp32 -> bf16 bits for the BF16 GEMM operand, an fp32
 // GEMM accumulated in double (the CPU's fp32/bf16 linears accumulate in double, model/linear.h),
 // and the row gather of the output rows. Each is the loop of its CPU counterpart in

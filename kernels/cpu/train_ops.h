@@ -32,7 +32,7 @@ void swiglu_backward(const float* g, const float* u, const float* dact, int64_t 
 // them: the softmax statistics of every (row, head) into stats [rows * n_heads * 3] (mx, inv,
 // pdp); dq of every (row, head) summed over keys in order; dk, dv of every (sequence, kv head,
 // key row j) summed over the group's heads, then query rows in order -- the accumulation order of
-// model/ops.cc attend_row_backward as model/model_forward.cc calls it.
+// model/ops.cc attend_row_backward.
 void attention_prefill_backward(const float* q, const float* k, const float* v, const float* dout,
                                 const int32_t* seq_start, int64_t n_seq, int64_t n_heads,
                                 int64_t n_kv, int64_t head_dim, float scale, float* stats,

@@ -2,7 +2,7 @@
 // gradient norm, the AdamW update, K/V amax for KV calibration, bf16 rounding for export, and the
 // view-based block transpose the re-quantization needs. Plain C++ API over device pointers and an
 // explicit stream, like fp8_cuda.h. CPU references: model::AdamW (model/optimizer.cc) with the
-// shared element update kernels/device_math/adamw.h; model_forward.cc's amax; kernels::dm
+// shared element update kernels/device_math/adamw.h; kernels/cpu seq_amax; kernels::dm
 // float_to_bf16; kernels::transpose_blocks.
 //
 // Sum of squares, order and bound: pass 1 runs B = min(1024, ceil(n / 256)) blocks of 256

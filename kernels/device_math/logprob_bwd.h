@@ -10,7 +10,7 @@ namespace fp8rl::kernels::dm {
 
 // logprob = z[target] / T - lse, lse = log sum_j exp(z[j] / T). With upstream gradient g:
 //   dz[j] = -g exp(z[j] / T - lse) / T  (+ g / T at the target)
-// model/model_forward.cc backward's lm_head expressions (inv_t = 1 / T).
+// the training backward's lm_head expressions (inv_t = 1 / T).
 FP8RL_HD float logprob_dlogit(float z, bool is_target, float g, float inv_t, float lse) {
   float d = -g * exp_f32(z * inv_t - lse) * inv_t;
   if (is_target) d += g * inv_t;

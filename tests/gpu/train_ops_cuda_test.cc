@@ -382,9 +382,9 @@ TEST_P(TrainOpsCudaTest, WholeStepMatchesModelBackward) {
   model::TokenBatch batch;
   for (int64_t n : {9, 2, 71}) batch.push_back(model::testing::random_tokens(rng, n, 160));
   const float temperature = 0.7f;
-  model::ForwardContext ctx;
+  engine::CpuTrainStep ctx;
   model::KvCalibrator ref_cal(2), cal(2);
-  auto ref = model->forward(batch, {.temperature = temperature, .calibrator = &ref_cal}, &ctx);
+  auto ref = ctx.forward(*model, batch, {.temperature = temperature, .calibrator = &ref_cal});
   ASSERT_TRUE(ref.ok()) << ref.status();
   auto step = CudaTrainStep::Create(*model);
   ASSERT_TRUE(step.ok()) << step.status();
@@ -407,7 +407,7 @@ TEST_P(TrainOpsCudaTest, WholeStepMatchesModelBackward) {
     for (float& v : dlogp[s]) v = static_cast<float>(rng.normal());
   }
   std::vector<float> ref_grads(model->num_params(), 0.0f), grads;
-  ASSERT_TRUE(model->backward(ctx, dlogp, ref_grads.data()).ok());
+  ASSERT_TRUE(ctx.backward(*model, dlogp, ref_grads.data()).ok());
   FP8RL_ASSERT_OK((*step)->backward(*model, dlogp));
   FP8RL_ASSERT_OK((*step)->download_grads(&grads));
   // Activation recomputation on the device: the same numbers bit for bit.

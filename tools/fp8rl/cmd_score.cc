@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "engine/cpu/train_ops.h"
 #include "model/inference_backend.h"
 #include "model/model.h"
 #include "model/token_jsonl.h"
@@ -113,7 +114,7 @@ int score_main(const std::vector<std::string>& argv) {
     auto lp =
         backend != nullptr
             ? backend->score(batch, static_cast<float>(*temperature))
-            : (*m)->forward(batch, {.temperature = static_cast<float>(*temperature)}, nullptr);
+            : engine::cpu_logprobs(**m, batch, {.temperature = static_cast<float>(*temperature)});
     if (!lp.ok()) return failure(kName, std::string(lp.status().message()));
     for (const auto& row : *lp) {
       nlohmann::json j;

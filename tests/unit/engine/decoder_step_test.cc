@@ -197,13 +197,13 @@ TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
       decoded[s].push_back(z[next] * inv_t - model::ops::logsumexp_scaled(z, kVocab, inv_t));
     }
   }
-  model::ForwardContext ctx;
-  auto ref = model.forward(seqs, {.temperature = temperature}, &ctx);
+  engine::CpuTrainStep ctx;
+  auto ref = ctx.forward(model, seqs, {.temperature = temperature});
   ASSERT_TRUE(ref.ok()) << ref.status();
   if (moe) {
     // Every token but the last was fed: the record is the training forward's routing of them.
     for (size_t s = 0; s < seqs.size(); ++s) {
-      const std::vector<int32_t>& used = ctx.moe.used[s];
+      const std::vector<int32_t>& used = ctx.routing.used[s];
       ASSERT_EQ(static_cast<int64_t>(routing[s].size()), (lens[s] - 1) * n_sparse * k);
       EXPECT_TRUE(std::equal(routing[s].begin(), routing[s].end(), used.begin()))
           << "sequence " << s;
@@ -220,7 +220,7 @@ TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
   if (moe) {
     ASSERT_EQ(engine_routing.used.size(), seqs.size());
     for (size_t s = 0; s < seqs.size(); ++s) {
-      EXPECT_EQ(engine_routing.used[s], ctx.moe.used[s]) << "sequence " << s;
+      EXPECT_EQ(engine_routing.used[s], ctx.routing.used[s]) << "sequence " << s;
       EXPECT_TRUE(std::equal(routing[s].begin(), routing[s].end(), engine_routing.used[s].begin()))
           << "sequence " << s;
     }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu/train_ops.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "tests/unit/engine/train_state_test_util.h"
@@ -188,25 +189,24 @@ TEST(TrainState, KvRecordsEqualTheTrainingForwardsCalibrator) {
     const model::TokenBatch batch = {model::testing::random_tokens(rng, 5 + call, 97),
                                      model::testing::random_tokens(rng, 9, 97),
                                      model::testing::random_tokens(rng, 3, 97)};
-    model::ForwardContext ctx;
-    ASSERT_TRUE(cpu.forward(batch, {.calibrator = &want}, &ctx).ok());
+    engine::CpuTrainStep ctx;
+    ASSERT_TRUE(ctx.forward(cpu, batch, {.calibrator = &want}).ok());
     auto first = st.begin_kv_records(static_cast<int64_t>(batch.size()));
     ASSERT_TRUE(first.ok()) << first.status();
-    const int64_t m = static_cast<int64_t>(ctx.pos.size());
+    const int64_t m = ctx.tables.rows;
+    const std::vector<int64_t> row0(ctx.tables.seq_start.begin(), ctx.tables.seq_start.end() - 1);
     for (int64_t l = 0; l < n_layers; ++l) {
+      const engine::TrainLayerBuffers& a = ctx.buffers.layers[l];
       // Host memory is the mirror's device memory.
       if (call == 0) {  // one sequence at a time
         for (size_t s = 0; s < batch.size(); ++s) {
-          const int64_t r0 = ctx.row0[s], r1 = s + 1 < batch.size() ? ctx.row0[s + 1] : m;
-          ASSERT_TRUE(st.record_kv_amax(*first + static_cast<int64_t>(s), l,
-                                        ctx.layers[l].k.data() + r0 * kvd, (r1 - r0) * kvd,
-                                        ctx.layers[l].v.data() + r0 * kvd, (r1 - r0) * kvd)
+          const int64_t r0 = row0[s], r1 = s + 1 < batch.size() ? row0[s + 1] : m;
+          ASSERT_TRUE(st.record_kv_amax(*first + static_cast<int64_t>(s), l, a.k + r0 * kvd,
+                                        (r1 - r0) * kvd, a.v + r0 * kvd, (r1 - r0) * kvd)
                           .ok());
         }
       } else {  // the whole batch
-        ASSERT_TRUE(st.record_kv_amax_rows(*first, l, ctx.layers[l].k.data(),
-                                           ctx.layers[l].v.data(), kvd, ctx.row0, m)
-                        .ok());
+        ASSERT_TRUE(st.record_kv_amax_rows(*first, l, a.k, a.v, kvd, row0, m).ok());
       }
     }
   }

@@ -1,9 +1,11 @@
-// The training step of the device trainer (engine/train_step.h) without a GPU: the step over
-// its CPU mirror (CpuTrainOps: kernels/cpu + model/linear.h + model/moe.h) against the reference
-// training engine (Model::forward / Model::backward), per precision policy, with the KV
-// fake-quantization on and off, dense and mixture-of-experts, over several packed sequences. The
-// mirror runs the same operations in the same order as the reference, so logprobs, KV calibration
-// records and every gradient must be equal bit for bit.
+// The training step (engine/train_step.h) over the CPU ops (CpuTrainOps: kernels/cpu +
+// model/linear.h + model/moe.h), per precision policy, with the KV fake-quantization on and off,
+// dense and mixture-of-experts, over several packed sequences: packing leaks nothing across
+// sequences (each sequence's logprobs, KV records and routing equal those of a forward of that
+// sequence alone), activation recomputation changes no bit, every parameter tensor receives a
+// gradient, and gradients are reported final from the end. The values themselves are checked
+// against float64 PyTorch (tests/unit/model/model_golden_test.cc, moe_test.cc), by finite
+// differences, and pinned by the learner's golden digests (tests/unit/train/learner_test.cc).
 #include "engine/train_step.h"
 
 #include <gtest/gtest.h>
@@ -49,14 +51,37 @@ model::ModelConfig config_for(int arch, int64_t vocab) {
   }
 }
 
-class TrainStepMirrorTest : public ::testing::TestWithParam<Case> {};
+// Each packed sequence's logprobs as a forward of that sequence alone gives them: bit for bit
+// where every linear accumulates in double (bf16 / FP8 linears: a row's value does not depend on
+// the other rows), within 1e-5 relative for fp32 linears (sgemm's last bits depend on the rows).
+void expect_like_alone(const model::TokenValues& got, const model::TokenValues& alone,
+                       bool bitwise) {
+  ASSERT_EQ(got.size(), alone.size());
+  double norm = 0;
+  for (size_t s = 0; s < alone.size(); ++s) {
+    ASSERT_EQ(got[s].size(), alone[s].size());
+    for (size_t i = 0; i < alone[s].size(); ++i) {
+      if (bitwise) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[s][i]), std::bit_cast<uint32_t>(alone[s][i]))
+            << "sequence " << s << " token " << i << ": " << got[s][i] << " vs " << alone[s][i];
+      } else {
+        ASSERT_NEAR(got[s][i], alone[s][i], 1e-5 * std::fabs(alone[s][i]) + 1e-6)
+            << "sequence " << s << " token " << i;
+      }
+      norm += std::fabs(alone[s][i]);
+    }
+  }
+  ASSERT_GT(norm, 0.0);
+}
+
+class TrainStepTest : public ::testing::TestWithParam<Case> {};
 
 // Three packed sequences (lengths 9, 2 and 71: the last spans two lm_head chunks), random
 // weights, random non-zero dL/dlogp except one all-zero sequence (its lm_head chunk is skipped),
-// gradients accumulated into a random non-zero array: logprobs, calibration records and gradients
-// equal Model::forward / Model::backward's bit for bit, with and without activation
-// recomputation per layer.
-TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
+// gradients accumulated into a random non-zero array: logprobs and KV calibration records as each
+// sequence alone gives them; every gradient bit for bit the same with activation recomputation
+// per layer; every tensor moved; gradients reported final from the final norm down to 0.
+TEST_P(TrainStepTest, PackedLogprobsRecomputationAndGradients) {
   const Case c = GetParam();
   constexpr int64_t kVocab = 160;
   model::PrecisionPolicy policy;
@@ -83,27 +108,23 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
   for (int64_t n : {9, 2, 71}) batch.push_back(model::testing::random_tokens(rng, n, kVocab));
   const float temperature = 0.7f;
 
-  model::KvCalibrator ref_cal(config.num_hidden_layers), cal(config.num_hidden_layers);
-  model::ForwardContext ctx;
-  auto ref = model.forward(batch, {.temperature = temperature, .calibrator = &ref_cal}, &ctx);
-  ASSERT_TRUE(ref.ok()) << ref.status();
+  const bool bitwise = c.linear != model::Precision::kF32;
+  model::KvCalibrator alone_cal(config.num_hidden_layers), cal(config.num_hidden_layers);
+  model::TokenValues alone;
+  for (const std::vector<int32_t>& seq : batch) {
+    auto one = cpu_logprobs(model, {seq}, {.temperature = temperature, .calibrator = &alone_cal});
+    ASSERT_TRUE(one.ok()) << one.status();
+    alone.push_back((*one)[0]);
+  }
   CpuTrainStep step;
   auto got = step.forward(model, batch, {.temperature = temperature, .calibrator = &cal});
   ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->size(), ref->size());
-  double lp_norm = 0;
-  for (size_t s = 0; s < ref->size(); ++s) {
-    ASSERT_EQ((*got)[s].size(), (*ref)[s].size());
-    for (size_t i = 0; i < (*ref)[s].size(); ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>((*got)[s][i]), std::bit_cast<uint32_t>((*ref)[s][i]))
-          << "sequence " << s << " token " << i << ": " << (*got)[s][i] << " vs " << (*ref)[s][i];
-      lp_norm += std::fabs((*ref)[s][i]);
-    }
-  }
-  ASSERT_GT(lp_norm, 0.0);
-  EXPECT_EQ(cal.k_records(), ref_cal.k_records());
-  EXPECT_EQ(cal.v_records(), ref_cal.v_records());
+  ASSERT_NO_FATAL_FAILURE(expect_like_alone(*got, alone, bitwise));
   EXPECT_EQ(cal.num_records(), 3);
+  if (bitwise) {
+    EXPECT_EQ(cal.k_records(), alone_cal.k_records());
+    EXPECT_EQ(cal.v_records(), alone_cal.v_records());
+  }
 
   model::TokenValues dlogp(batch.size());
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -113,21 +134,19 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
   const int64_t n = model.num_params();
   std::vector<float> init(n);
   for (float& v : init) v = static_cast<float>(1e-3 * rng.normal());
-  std::vector<float> ref_grads = init, grads = init;
-  ASSERT_TRUE(model.backward(ctx, dlogp, ref_grads.data()).ok());
+  std::vector<float> grads = init;
   std::vector<int64_t> finals;
   ASSERT_TRUE(train_backward(config, policy, model.layout(), *step.ops, step.buffers, step.tables,
                              dlogp, grads.data(), step.opts,
                              [&](int64_t from) { finals.push_back(from); })
                   .ok());
-  // Every parameter tensor received a gradient, and each equals the reference's bit for bit.
+  // Every parameter tensor received a gradient.
   for (const model::ParamInfo& info : model.layout().params()) {
     double moved = 0;
     for (int64_t i = 0; i < info.numel; ++i) {
       const int64_t at = info.offset + i;
-      ASSERT_EQ(std::bit_cast<uint32_t>(grads[at]), std::bit_cast<uint32_t>(ref_grads[at]))
-          << info.name << "[" << i << "]: " << grads[at] << " vs " << ref_grads[at];
-      moved += std::fabs(ref_grads[at] - init[at]);
+      ASSERT_TRUE(std::isfinite(grads[at])) << info.name << "[" << i << "]";
+      moved += std::fabs(grads[at] - init[at]);
     }
     EXPECT_GT(moved, 0.0) << info.name << " got no gradient";
   }
@@ -141,7 +160,7 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
             train_buffer_floats(config, step.tables.rows, step.opts));
   std::vector<float> re_grads = init;
   ASSERT_TRUE(re.backward(model, dlogp, re_grads.data()).ok());
-  ASSERT_EQ(0, std::memcmp(re_grads.data(), ref_grads.data(), n * sizeof(float)))
+  ASSERT_EQ(0, std::memcmp(re_grads.data(), grads.data(), n * sizeof(float)))
       << "recompute_layers changed a gradient";
   // on_final: from the final norm down to 0, decreasing.
   ASSERT_FALSE(finals.empty());
@@ -151,7 +170,7 @@ TEST_P(TrainStepMirrorTest, LogprobsAndGradientsEqualModelBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Policies, TrainStepMirrorTest,
+    Policies, TrainStepTest,
     ::testing::Values(Case{model::Precision::kF32, model::KvCacheDtype::kF32, true, 0},
                       Case{model::Precision::kF32, model::KvCacheDtype::kFP8, true, 2},
                       Case{model::Precision::kF32, model::KvCacheDtype::kFP8, false, 1},
@@ -182,12 +201,12 @@ class MoeTrainStepTest : public ::testing::TestWithParam<MoeCase> {};
 
 // Mixture of experts through TrainOps::moe / moe_backward (CpuTrainOps: model/moe.h): three
 // layers, the middle one dense (mlp_only_layers) or all sparse, three packed sequences (9, 2 and 71
-// tokens), random weights and random non-zero dL/dlogp. Logprobs, the routing report (experts used,
-// the router's own choice, replay counts, tokens per expert, load-balancing loss) and every
-// gradient (router, experts, shared expert, and the rest) equal Model::forward / Model::backward's
-// bit for bit, fresh or replayed routing, with and without the load-balancing loss and activation
-// recomputation.
-TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
+// tokens), random weights and random non-zero dL/dlogp. Logprobs and the routing (experts used,
+// the router's own choice, replay counts) as each sequence alone gives them; tokens per expert
+// and the load-balancing loss those of the whole batch; every gradient (router, experts, shared
+// expert, and the rest) moved and bit for bit the same with activation recomputation; fresh or
+// replayed routing, with and without the load-balancing loss.
+TEST_P(MoeTrainStepTest, PackedLogprobsRoutingRecomputationAndGradients) {
   const MoeCase c = GetParam();
   constexpr int64_t kVocab = 160;
   model::PrecisionPolicy policy;
@@ -223,15 +242,20 @@ TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
     }
   }
   const float temperature = 0.7f;
-  model::ForwardRouting ref_routing, routing;
-  model::ForwardContext ctx;
-  auto ref = model.forward(batch,
-                           {.temperature = temperature,
-                            .replay = c.replay ? &record : nullptr,
-                            .router_aux_loss_coef = c.aux_coef,
-                            .routing_out = &ref_routing},
-                           &ctx);
-  ASSERT_TRUE(ref.ok()) << ref.status();
+  const bool bitwise = c.linear != model::Precision::kF32;
+  model::ForwardRouting routing;
+  model::TokenValues alone;
+  std::vector<model::ForwardRouting> alone_routing(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const model::TokenRouting one_record = {record[s]};
+    auto one = cpu_logprobs(model, {batch[s]},
+                            {.temperature = temperature,
+                             .replay = c.replay ? &one_record : nullptr,
+                             .router_aux_loss_coef = c.aux_coef,
+                             .routing_out = &alone_routing[s]});
+    ASSERT_TRUE(one.ok()) << one.status();
+    alone.push_back((*one)[0]);
+  }
   const TrainStepOptions opts{.temperature = temperature,
                               .replay = c.replay ? &record : nullptr,
                               .router_aux_loss_coef = c.aux_coef,
@@ -244,27 +268,29 @@ TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
   EXPECT_EQ(step.buffers.layers[1].g == nullptr, c.all_sparse);
   EXPECT_EQ(step.buffers.layers[2].act, nullptr);
   EXPECT_EQ(step.buffers.dact == nullptr, c.all_sparse);
-  ASSERT_EQ(got->size(), ref->size());
-  double lp_norm = 0;
-  for (size_t s = 0; s < ref->size(); ++s) {
-    ASSERT_EQ((*got)[s].size(), (*ref)[s].size());
-    for (size_t i = 0; i < (*ref)[s].size(); ++i) {
-      ASSERT_EQ(std::bit_cast<uint32_t>((*got)[s][i]), std::bit_cast<uint32_t>((*ref)[s][i]))
-          << "sequence " << s << " token " << i << ": " << (*got)[s][i] << " vs " << (*ref)[s][i];
-      lp_norm += std::fabs((*ref)[s][i]);
+  ASSERT_NO_FATAL_FAILURE(expect_like_alone(*got, alone, bitwise));
+  // The routing report: per sequence as alone; the counts are the batch's sums.
+  ASSERT_EQ(routing.used.size(), batch.size());
+  int64_t replayed = 0, overrode = 0;
+  std::vector<int64_t> expert_tokens(routing.expert_tokens.size(), 0);
+  for (size_t s = 0; s < batch.size(); ++s) {
+    if (bitwise) {
+      EXPECT_EQ(routing.used[s], alone_routing[s].used[0]) << "sequence " << s;
+      EXPECT_EQ(routing.chosen[s], alone_routing[s].chosen[0]) << "sequence " << s;
+    }
+    replayed += alone_routing[s].replayed_tokens;
+    overrode += alone_routing[s].replay_overrode;
+    ASSERT_EQ(alone_routing[s].expert_tokens.size(), expert_tokens.size());
+    for (size_t e = 0; e < expert_tokens.size(); ++e) {
+      expert_tokens[e] += alone_routing[s].expert_tokens[e];
     }
   }
-  ASSERT_GT(lp_norm, 0.0);
-  // The routing report.
-  EXPECT_EQ(routing.used, ref_routing.used);
-  EXPECT_EQ(routing.chosen, ref_routing.chosen);
-  EXPECT_EQ(routing.expert_tokens, ref_routing.expert_tokens);
-  EXPECT_EQ(routing.replayed_tokens, ref_routing.replayed_tokens);
-  EXPECT_EQ(routing.replay_overrode, ref_routing.replay_overrode);
-  EXPECT_EQ(std::bit_cast<uint64_t>(routing.aux_loss),
-            std::bit_cast<uint64_t>(ref_routing.aux_loss));
+  EXPECT_EQ(routing.replayed_tokens, replayed);
+  if (bitwise) {
+    EXPECT_EQ(routing.replay_overrode, overrode);
+    EXPECT_EQ(routing.expert_tokens, expert_tokens);
+  }
   EXPECT_GT(routing.aux_loss, 0.0);
-  ASSERT_EQ(routing.used.size(), batch.size());
   if (c.replay) {
     // The record was followed where it exists, and it differed from the router's own choice.
     EXPECT_EQ(routing.replayed_tokens, 8 + 71);
@@ -285,17 +311,15 @@ TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
   const int64_t n = model.num_params();
   std::vector<float> init(n);
   for (float& v : init) v = static_cast<float>(1e-3 * rng.normal());
-  std::vector<float> ref_grads = init, grads = init;
-  ASSERT_TRUE(model.backward(ctx, dlogp, ref_grads.data()).ok());
+  std::vector<float> grads = init;
   ASSERT_TRUE(step.backward(model, dlogp, grads.data()).ok());
   int64_t expert_tensors = 0;
   for (const model::ParamInfo& info : model.layout().params()) {
     double moved = 0;
     for (int64_t i = 0; i < info.numel; ++i) {
       const int64_t at = info.offset + i;
-      ASSERT_EQ(std::bit_cast<uint32_t>(grads[at]), std::bit_cast<uint32_t>(ref_grads[at]))
-          << info.name << "[" << i << "]: " << grads[at] << " vs " << ref_grads[at];
-      moved += std::fabs(ref_grads[at] - init[at]);
+      ASSERT_TRUE(std::isfinite(grads[at])) << info.name << "[" << i << "]";
+      moved += std::fabs(grads[at] - init[at]);
     }
     EXPECT_GT(moved, 0.0) << info.name << " got no gradient";
     expert_tensors += info.name.find(".experts.") != std::string::npos ? 1 : 0;
@@ -311,7 +335,7 @@ TEST_P(MoeTrainStepTest, LogprobsRoutingAndGradientsEqualModelBackward) {
   EXPECT_EQ(*re_lp, *got);
   std::vector<float> re_grads = init;
   ASSERT_TRUE(re.backward(model, dlogp, re_grads.data()).ok());
-  ASSERT_EQ(0, std::memcmp(re_grads.data(), ref_grads.data(), n * sizeof(float)))
+  ASSERT_EQ(0, std::memcmp(re_grads.data(), grads.data(), n * sizeof(float)))
       << "recompute_layers changed a gradient";
 }
 
@@ -398,8 +422,8 @@ TEST(TrainStep, BadRoutingTemperatureAndDlogp) {
   auto m = model::Model::Init(moe, policy, 1);
   ASSERT_TRUE(m.ok()) << m.status();
   CpuTrainStep step;
-  // A bad routing record: InvalidArgument with Model::forward's message (the same checks), which
-  // names the sequence and, for a bad id, the token. (-1, "route freely", is what a record's
+  // A bad routing record: InvalidArgument (model::check_routing's message), which names the
+  // sequence and, for a bad id, the token. (-1, "route freely", is what a record's
   // missing tokens become inside the step; it is not a valid id in a record.)
   const model::TokenBatch batch = {{1, 2, 3}, {4, 5}};
   const std::vector<std::pair<model::TokenRouting, std::string>> bad_records = {
@@ -412,8 +436,6 @@ TEST(TrainStep, BadRoutingTemperatureAndDlogp) {
       {{{}}, "routing: 1 sequences, the batch has 2"}};
   for (const auto& [bad, message] : bad_records) {
     auto r = step.forward(**m, batch, {.replay = &bad});
-    auto want = (*m)->forward(batch, {.replay = &bad}, nullptr);
-    EXPECT_EQ(r.status(), want.status());
     if (message.empty()) {
       EXPECT_TRUE(r.ok()) << r.status();
       continue;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu/train_ops.h"
 #include "model/step_generator.h"
 #include "tests/unit/model/model_test_util.h"
 
@@ -44,7 +45,7 @@ constexpr double kF32RowsRelTol = 1e-5;
 // The training forward's logits of the last of `tokens` (Model::logits): what a KV-cache step
 // ending at that token gives.
 std::vector<float> last_logits(const Model& m, const std::vector<int32_t>& tokens) {
-  auto all = m.logits(tokens);
+  auto all = engine::cpu_logits(m, tokens);
   EXPECT_TRUE(all.ok()) << all.status();
   return std::vector<float>(all->end() - kVocab, all->end());
 }
@@ -225,7 +226,7 @@ TEST_P(CpuBackendTest, ForwardSampleMatchesGenerate) {
     batch.push_back(prompts[i]);
     batch.back().insert(batch.back().end(), tokens[i].begin(), tokens[i].end() - 1);
   }
-  auto learner = model->forward(batch, {.temperature = params.temperature}, nullptr);
+  auto learner = engine::cpu_logprobs(*model, batch, {.temperature = params.temperature});
   ASSERT_TRUE(learner.ok()) << learner.status();
   for (size_t i = 0; i < prompts.size(); ++i) {
     for (size_t j = 0; j + 1 < full[i].size(); ++j) {
@@ -247,7 +248,7 @@ TEST_P(CpuBackendTest, ScoreIsTheTrainingForward) {
   ASSERT_TRUE(backend.ok());
   const TokenBatch batch = {random_tokens(12, 5), random_tokens(5, 6)};
   auto got = (*backend)->score(batch, 0.7f);
-  auto want = model->forward(batch, {.temperature = 0.7f}, nullptr);
+  auto want = engine::cpu_logprobs(*model, batch, {.temperature = 0.7f});
   ASSERT_TRUE(got.ok() && want.ok());
   EXPECT_EQ(*got, *want);
 }
@@ -338,10 +339,10 @@ TEST(CpuBackend, MoeModelIsTheTrainingForwardAndRecordsItsRouting) {
     ASSERT_NO_FATAL_FAILURE(expect_logits_equal(*model, got.data(), last_logits(*model, seq),
                                                 absl::StrCat("step ", step)));
   }
-  ForwardContext ctx;
-  ASSERT_TRUE(model->forward({seq}, {}, &ctx).ok());
+  engine::CpuTrainStep ctx;
+  ASSERT_TRUE(ctx.forward(*model, {seq}, {}).ok());
   ASSERT_EQ(static_cast<int64_t>(routing.size()), 13 * model->routing_width());
-  EXPECT_EQ(routing, ctx.moe.used[0]);
+  EXPECT_EQ(routing, ctx.routing.used[0]);
   std::set<int32_t> experts(routing.begin(), routing.end());
   EXPECT_GT(experts.size(), 1u);  // the router did choose
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "engine/cpu/train_ops.h"
 #include "kernels/calc_diff.h"
 #include "model/model.h"
 #include "model/ops.h"
@@ -283,7 +284,7 @@ TEST_P(ArchPrecisionTest, GenerationLogprobsEqualTrainingLogprobs) {
     batch.push_back(r.prompt);
     batch.back().insert(batch.back().end(), r.tokens.begin(), r.tokens.end());
   }
-  auto lp = model->forward(batch, {.temperature = sp.temperature}, nullptr);
+  auto lp = engine::cpu_logprobs(*model, batch, {.temperature = sp.temperature});
   ASSERT_TRUE(lp.ok()) << lp.status();
   double max_abs = 0, sum = 0;
   int64_t n = 0;
@@ -323,10 +324,10 @@ TEST_P(ArchPrecisionTest, BackwardMatchesTheFp32Backward) {
     for (auto& v : dlogp.back()) v = static_cast<float>(rng.normal());
   }
   auto grads_of = [&](const Model& m) {
-    ForwardContext ctx;
-    EXPECT_TRUE(m.forward(batch, {.temperature = 1.0f}, &ctx).ok());
+    engine::CpuTrainStep ctx;
+    EXPECT_TRUE(ctx.forward(m, batch, {.temperature = 1.0f}).ok());
     std::vector<float> g(m.num_params(), 0.0f);
-    EXPECT_TRUE(m.backward(ctx, dlogp, g.data()).ok());
+    EXPECT_TRUE(ctx.backward(m, dlogp, g.data()).ok());
     return g;
   };
   const std::vector<float> g = grads_of(*model), g_ref = grads_of(*ref);

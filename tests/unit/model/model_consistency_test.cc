@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/cpu/train_ops.h"
 #include "model/model.h"
 #include "model/step_generator.h"
 #include "tests/unit/model/model_test_util.h"
@@ -43,7 +44,7 @@ Mismatch compare(const Model& m, const std::vector<GenerationResult>& results, f
     seq.insert(seq.end(), r.tokens.begin(), r.tokens.end());
     batch.push_back(seq);
   }
-  auto lp = m.forward(batch, {.temperature = temperature}, nullptr);
+  auto lp = engine::cpu_logprobs(m, batch, {.temperature = temperature});
   EXPECT_TRUE(lp.ok()) << lp.status();
   Mismatch out;
   double sum = 0, sum_exp = 0;
@@ -80,7 +81,7 @@ TEST_P(ConsistencyTest, GenerationLogprobsEqualTrainingLogprobs) {
     Rng rng(1);
     for (int i = 0; i < 4; ++i) {
       ASSERT_TRUE(
-          model->forward({testing::random_tokens(rng, 24, 96)}, {.calibrator = &cal}, nullptr)
+          engine::cpu_logprobs(*model, {testing::random_tokens(rng, 24, 96)}, {.calibrator = &cal})
               .ok());
     }
     ASSERT_TRUE(model->set_kv_scales(cal.scales()).ok());
@@ -179,7 +180,7 @@ TEST(Sampling, StopTokensGreedyAndBadParams) {
   for (size_t i = 0; i < ps.size(); ++i) {
     std::vector<int32_t> seq = ps[i];
     seq.insert(seq.end(), (*g)[i].tokens.begin(), (*g)[i].tokens.end());
-    auto logits = model->logits(seq);
+    auto logits = engine::cpu_logits(*model, seq);
     ASSERT_TRUE(logits.ok());
     for (size_t j = 0; j < (*g)[i].tokens.size(); ++j) {
       const float* z = logits->data() + (ps[i].size() - 1 + j) * 96;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
+#include "engine/cpu/train_ops.h"
 #include "model/model.h"
 #include "tests/unit/model/model_test_util.h"
 
@@ -101,14 +102,14 @@ TEST_P(GoldenTest, LogitsAndEveryGradientMatchPyTorch) {
   Model& m = *p.model;
   const TokenBatch& batch = p.batch;
   const TokenValues& dlogp = p.dlogp;
-  ForwardContext ctx;
-  auto lp = m.forward(batch, {.temperature = gc.temperature}, &ctx);
+  engine::CpuTrainStep ctx;
+  auto lp = ctx.forward(m, batch, {.temperature = gc.temperature});
   ASSERT_TRUE(lp.ok()) << lp.status();
   double worst_logit = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     auto ref_logits = p.golden->read_f32(absl::StrCat("logits.", s));
     ASSERT_TRUE(ref_logits.ok());
-    auto logits = m.logits(batch[s]);
+    auto logits = engine::cpu_logits(m, batch[s]);
     ASSERT_TRUE(logits.ok());
     ASSERT_EQ(logits->size(), ref_logits->size());
     const double scale = testing::max_abs(ref_logits->data(), ref_logits->size());
@@ -124,7 +125,7 @@ TEST_P(GoldenTest, LogitsAndEveryGradientMatchPyTorch) {
   }
 
   std::vector<float> grads(m.num_params(), 0.0f);
-  ASSERT_TRUE(m.backward(ctx, dlogp, grads.data()).ok());
+  ASSERT_TRUE(ctx.backward(m, dlogp, grads.data()).ok());
   double worst = 0;
   for (const ParamInfo& info : m.layout().params()) {
     auto ref = p.golden->read_f32("grad." + info.name);
@@ -170,7 +171,7 @@ TEST_P(FiniteDifference, BackwardMatchesCentralDifferences) {
     for (auto& v : dlogp.back()) v = static_cast<float>(rng.normal());
   }
   auto loss = [&]() {
-    auto lp = m.forward(batch, {.temperature = 0.9f}, nullptr);
+    auto lp = engine::cpu_logprobs(m, batch, {.temperature = 0.9f});
     double l = 0;
     for (size_t s = 0; s < batch.size(); ++s) {
       for (size_t i = 0; i < dlogp[s].size(); ++i)
@@ -178,10 +179,10 @@ TEST_P(FiniteDifference, BackwardMatchesCentralDifferences) {
     }
     return l;
   };
-  ForwardContext ctx;
-  ASSERT_TRUE(m.forward(batch, {.temperature = 0.9f}, &ctx).ok());
+  engine::CpuTrainStep ctx;
+  ASSERT_TRUE(ctx.forward(m, batch, {.temperature = 0.9f}).ok());
   std::vector<float> grads(m.num_params(), 0.0f);
-  ASSERT_TRUE(m.backward(ctx, dlogp, grads.data()).ok());
+  ASSERT_TRUE(ctx.backward(m, dlogp, grads.data()).ok());
   const std::vector<float> base(m.params().begin(), m.params().end());
   const double eps = 2e-3;
   for (const ParamInfo& p : m.layout().params()) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "engine/cpu/train_ops.h"
 #include "kernels/formats.h"
 #include "model/model.h"
 #include "model/step_generator.h"
@@ -275,11 +276,11 @@ TEST(ModelInstallTest, InferenceOnlyModelsRefuseWhatNeedsTheMaster) {
   ASSERT_TRUE((*inf)->install(*live).ok());
   EXPECT_EQ((*inf)->export_weights(WeightFormat::kFP8).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  ForwardContext ctx;
-  auto lp = (*inf)->forward({{1, 2, 3, 4}}, {}, &ctx);
+  engine::CpuTrainStep ctx;
+  auto lp = ctx.forward(**inf, {{1, 2, 3, 4}}, {});
   ASSERT_TRUE(lp.ok()) << lp.status();
   std::vector<float> grads(16, 0.0f);
-  EXPECT_EQ((*inf)->backward(ctx, {{1.0f, 1.0f, 1.0f}}, grads.data()).code(),
+  EXPECT_EQ(ctx.backward(**inf, {{1.0f, 1.0f, 1.0f}}, grads.data()).code(),
             absl::StatusCode::kFailedPrecondition);
   auto full = Model::FromWeightSet(set, c.policy);
   ASSERT_TRUE(full.ok());

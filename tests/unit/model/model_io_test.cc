@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
+#include "engine/cpu/train_ops.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "tests/unit/model/model_test_util.h"
@@ -69,8 +70,8 @@ TEST(ModelIo, Fp8WeightSetIsUsedAsIs) {
   EXPECT_EQ((*receiver)->kv_scales().v, sender->kv_scales().v);
   Rng rng(3);
   TokenBatch batch = {testing::random_tokens(rng, 20, 70), testing::random_tokens(rng, 7, 70)};
-  auto a = sender->forward(batch, {}, nullptr);
-  auto b = (*receiver)->forward(batch, {}, nullptr);
+  auto a = engine::cpu_logprobs(*sender, batch, {});
+  auto b = engine::cpu_logprobs(**receiver, batch, {});
   ASSERT_TRUE(a.ok() && b.ok());
   for (size_t i = 0; i < batch.size(); ++i) EXPECT_EQ((*a)[i], (*b)[i]);
   // Through a checkpoint folder too (the FP8 checkpoint format on disk).
@@ -80,12 +81,12 @@ TEST(ModelIo, Fp8WeightSetIsUsedAsIs) {
   ASSERT_TRUE(write_checkpoint(dir / "fp8", set->config_json, w).ok());
   auto c = Model::Load(dir / "fp8", fp8);
   ASSERT_TRUE(c.ok()) << c.status();
-  auto lc = (*c)->forward(batch, {}, nullptr);
+  auto lc = engine::cpu_logprobs(**c, batch, {});
   for (size_t i = 0; i < batch.size(); ++i) EXPECT_EQ((*a)[i], (*lc)[i]);
   // FP8 logprobs differ from fp32 ones, but only by quantization noise.
   auto f32 = Model::Load(dir / "fp8", {});
   ASSERT_TRUE(f32.ok());
-  auto lf = (*f32)->forward(batch, {}, nullptr);
+  auto lf = engine::cpu_logprobs(*(*f32), batch, {});
   double d = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     for (size_t j = 0; j < (*a)[i].size(); ++j)
@@ -113,8 +114,8 @@ TEST(ModelIo, BadInputsAreNamed) {
   auto broken = Model::FromWeightSet(*set, {});
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find("missing tensor"), std::string::npos);
-  EXPECT_FALSE(m->forward({{1, 2, 500}}, {}, nullptr).ok());
-  EXPECT_FALSE(m->forward({{1, 2}}, {.temperature = 0.0f}, nullptr).ok());
+  EXPECT_FALSE(engine::cpu_logprobs(*m, {{1, 2, 500}}, {}).ok());
+  EXPECT_FALSE(engine::cpu_logprobs(*m, {{1, 2}}, {.temperature = 0.0f}).ok());
 }
 
 // --- CLI ---

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/safetensors.h"
+#include "engine/cpu/train_ops.h"
 #include "model/model.h"
 #include "model/nll.h"
 #include "model/optimizer.h"
@@ -60,15 +61,15 @@ TEST_P(LearnTest, TinyModelLearnsCounting) {
   KvCalibrator cal(1);
   for (int step = 0; step < 80; ++step) {
     const TokenBatch batch = counting_batch(rng, 8, 12);
-    ForwardContext ctx;
-    auto lp = m.forward(batch, {.calibrator = &cal}, &ctx);
+    engine::CpuTrainStep ctx;
+    auto lp = ctx.forward(m, batch, {.calibrator = &cal});
     ASSERT_TRUE(lp.ok());
     TokenValues dlogp;
     const double loss = token_nll(*lp, nullptr, &dlogp);
     if (step == 0) first = loss;
     last = loss;
     std::fill(grads.begin(), grads.end(), 0.0f);
-    ASSERT_TRUE(m.backward(ctx, dlogp, grads.data()).ok());
+    ASSERT_TRUE(ctx.backward(m, dlogp, grads.data()).ok());
     ASSERT_TRUE(opt.step(m, grads.data()).ok());
     if (policy.kv_cache == KvCacheDtype::kFP8 && step % 10 == 9) {
       ASSERT_TRUE(m.set_kv_scales(cal.scales()).ok());  // recalibrate like the trainer does
@@ -95,12 +96,12 @@ TEST(Training, GradientAccumulationEqualsOneBatch) {
   TokenBatch all = {testing::random_tokens(rng, 7, 29), testing::random_tokens(rng, 5, 29),
                     testing::random_tokens(rng, 9, 29)};
   auto grads_of = [&](const TokenBatch& b) {
-    ForwardContext ctx;
-    auto lp = m.forward(b, {}, &ctx);
+    engine::CpuTrainStep ctx;
+    auto lp = ctx.forward(m, b, {});
     TokenValues dlogp;
     for (auto& s : *lp) dlogp.emplace_back(s.size(), 0.5f);
     std::vector<float> g(m.num_params(), 0.0f);
-    EXPECT_TRUE(m.backward(ctx, dlogp, g.data()).ok());
+    EXPECT_TRUE(ctx.backward(m, dlogp, g.data()).ok());
     return g;
   };
   const std::vector<float> one = grads_of(all);
@@ -138,12 +139,12 @@ TEST(Training, CheckpointResumesExactly) {
   Rng rng(2);
   const TokenBatch b = {testing::random_tokens(rng, 10, 23)};
   auto train_step = [&](Model& model, AdamW& o) {
-    ForwardContext ctx;
-    auto lp = model.forward(b, {}, &ctx);
+    engine::CpuTrainStep ctx;
+    auto lp = ctx.forward(model, b, {});
     TokenValues dlogp;
     token_nll(*lp, nullptr, &dlogp);
     std::vector<float> g(model.num_params(), 0.0f);
-    EXPECT_TRUE(model.backward(ctx, dlogp, g.data()).ok());
+    EXPECT_TRUE(ctx.backward(model, dlogp, g.data()).ok());
     EXPECT_TRUE(o.step(model, g.data()).ok());
   };
   train_step(m, opt);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
+#include "engine/cpu/train_ops.h"
 #include "kernels/calc_diff.h"
 #include "model/model.h"
 #include "model/step_generator.h"
@@ -112,11 +113,11 @@ TEST_P(MoeGoldenTest, LogitsRoutingAuxLossAndEveryGradientMatchPyTorch) {
   auto golden = SafetensorsFile::Open(ckpt + ".out.safetensors");
   ASSERT_TRUE(golden.ok()) << golden.status();
 
-  ForwardContext ctx;
-  TrainForwardOptions opts{.temperature = gc.temperature,
-                           .replay = gc.replay ? &replay : nullptr,
-                           .router_aux_loss_coef = gc.aux_coef};
-  auto lp = m.forward(batch, opts, &ctx);
+  engine::CpuTrainStep ctx;
+  engine::TrainStepOptions opts{.temperature = gc.temperature,
+                                .replay = gc.replay ? &replay : nullptr,
+                                .router_aux_loss_coef = gc.aux_coef};
+  auto lp = ctx.forward(m, batch, opts);
   ASSERT_TRUE(lp.ok()) << lp.status();
   double worst_logit = 0;
   int64_t routed = 0;
@@ -128,7 +129,7 @@ TEST_P(MoeGoldenTest, LogitsRoutingAuxLossAndEveryGradientMatchPyTorch) {
     if (!gc.replay) {
       auto ref_logits = golden->read_f32(absl::StrCat("logits.", s));
       ASSERT_TRUE(ref_logits.ok());
-      auto logits = m.logits(batch[s]);
+      auto logits = engine::cpu_logits(m, batch[s]);
       ASSERT_TRUE(logits.ok());
       const double scale = testing::max_abs(ref_logits->data(), ref_logits->size());
       ASSERT_GT(scale, 0.1);
@@ -140,9 +141,9 @@ TEST_P(MoeGoldenTest, LogitsRoutingAuxLossAndEveryGradientMatchPyTorch) {
     // The experts used, in descending probability (replayed rows: the replayed order).
     auto ref_routing = golden->read_f32(absl::StrCat("routing.", s));
     ASSERT_TRUE(ref_routing.ok());
-    ASSERT_EQ(ref_routing->size(), ctx.moe.used[s].size());
+    ASSERT_EQ(ref_routing->size(), ctx.routing.used[s].size());
     for (size_t i = 0; i < ref_routing->size(); ++i) {
-      ASSERT_EQ(static_cast<int32_t>((*ref_routing)[i]), ctx.moe.used[s][i])
+      ASSERT_EQ(static_cast<int32_t>((*ref_routing)[i]), ctx.routing.used[s][i])
           << "sequence " << s << " entry " << i;
       ++routed;
     }
@@ -150,12 +151,12 @@ TEST_P(MoeGoldenTest, LogitsRoutingAuxLossAndEveryGradientMatchPyTorch) {
   ASSERT_GT(routed, 0);
   auto ref_aux = golden->read_f32("aux_loss");
   ASSERT_TRUE(ref_aux.ok());
-  EXPECT_NEAR(ctx.moe.aux_loss, (*ref_aux)[0], 1e-5 * (*ref_aux)[0]);
-  EXPECT_GT(ctx.moe.aux_loss,
+  EXPECT_NEAR(ctx.routing.aux_loss, (*ref_aux)[0], 1e-5 * (*ref_aux)[0]);
+  EXPECT_GT(ctx.routing.aux_loss,
             0.5);  // >= 1 * k-ish for any routing; 0 would mean it was not computed
 
   std::vector<float> grads(m.num_params(), 0.0f);
-  ASSERT_TRUE(m.backward(ctx, dlogp, grads.data()).ok());
+  ASSERT_TRUE(ctx.backward(m, dlogp, grads.data()).ok());
   double worst = 0;
   std::string worst_name;
   int experts_checked = 0;
@@ -184,7 +185,7 @@ TEST_P(MoeGoldenTest, LogitsRoutingAuxLossAndEveryGradientMatchPyTorch) {
       "[moe golden] %s: logits worst rel err %.2e (bar %.0e); %zu gradients, worst rel err %.2e "
       "(%s, bar %.0e); aux loss %.6f\n",
       gc.name.c_str(), worst_logit, kLogitRelTol, m.layout().params().size(), worst,
-      worst_name.c_str(), kGradRelTol, ctx.moe.aux_loss);
+      worst_name.c_str(), kGradRelTol, ctx.routing.aux_loss);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MoeGoldenTest,
@@ -222,15 +223,15 @@ TEST_P(MoePrecisionTest, BackwardMatchesTheFp32Backward) {
     dlogp.emplace_back(s.size() - 1);
     for (auto& v : dlogp.back()) v = static_cast<float>(rng.normal());
   }
-  ForwardContext ref_ctx;
-  ASSERT_TRUE(ref->forward(batch, {}, &ref_ctx).ok());
+  engine::CpuTrainStep ref_ctx;
+  ASSERT_TRUE(ref_ctx.forward(*ref, batch, {}).ok());
   std::vector<float> g_ref(ref->num_params(), 0.0f);
-  ASSERT_TRUE(ref->backward(ref_ctx, dlogp, g_ref.data()).ok());
-  ForwardContext ctx;
-  ASSERT_TRUE(model->forward(batch, {.replay = &ref_ctx.moe.used}, &ctx).ok());
-  EXPECT_EQ(ctx.moe.used, ref_ctx.moe.used);
+  ASSERT_TRUE(ref_ctx.backward(*ref, dlogp, g_ref.data()).ok());
+  engine::CpuTrainStep ctx;
+  ASSERT_TRUE(ctx.forward(*model, batch, {.replay = &ref_ctx.routing.used}).ok());
+  EXPECT_EQ(ctx.routing.used, ref_ctx.routing.used);
   std::vector<float> g(model->num_params(), 0.0f);
-  ASSERT_TRUE(model->backward(ctx, dlogp, g.data()).ok());
+  ASSERT_TRUE(ctx.backward(*model, dlogp, g.data()).ok());
   const double bar = p == Precision::kF32    ? 0.0
                      : p == Precision::kBF16 ? testing::kMoeBf16GradMaxCalcDiff
                                              : testing::kFp8GradMaxCalcDiff;
@@ -277,8 +278,8 @@ TEST_P(MoePrecisionTest, GenerationMatchesTrainingAndRecordsItsRouting) {
   }
   const TokenRouting* const replays[] = {nullptr, &recorded};
   for (const TokenRouting* replay : replays) {
-    ForwardContext ctx;
-    auto lp = model->forward(batch, {.temperature = sp.temperature, .replay = replay}, &ctx);
+    engine::CpuTrainStep ctx;
+    auto lp = ctx.forward(*model, batch, {.temperature = sp.temperature, .replay = replay});
     ASSERT_TRUE(lp.ok()) << lp.status();
     double max_abs = 0, sum = 0;
     int64_t n = 0, differ = 0, tokens = 0;
@@ -294,7 +295,7 @@ TEST_P(MoePrecisionTest, GenerationMatchesTrainingAndRecordsItsRouting) {
       for (size_t t = 0; t * width < recorded[s].size(); ++t, ++tokens) {
         bool same = true;
         for (int64_t i = 0; i < width; ++i) {
-          same &= recorded[s][t * width + i] == ctx.moe.used[s][t * width + i];
+          same &= recorded[s][t * width + i] == ctx.routing.used[s][t * width + i];
         }
         differ += same ? 0 : 1;
       }
@@ -310,8 +311,8 @@ TEST_P(MoePrecisionTest, GenerationMatchesTrainingAndRecordsItsRouting) {
     // without it, and the forward reports no token where its router would have chosen otherwise.
     EXPECT_EQ(differ, 0);
     if (replay != nullptr) {
-      EXPECT_EQ(ctx.moe.replayed_tokens, tokens);
-      EXPECT_EQ(ctx.moe.replay_overrode, 0);
+      EXPECT_EQ(ctx.routing.replayed_tokens, tokens);
+      EXPECT_EQ(ctx.routing.replay_overrode, 0);
     }
     if (p == Precision::kFP8) {
       EXPECT_LE(sum / n, testing::kConsistencyMeanAbsTol);
@@ -458,7 +459,7 @@ TEST(MoeReplay, BadRecordsAreErrorsNamingTheSequenceAndToken) {
   out_of_range[1] = {0, 1, 0, 6};
   TokenRouting repeated = {{0, 1, 2, 2}, {}};
   for (const TokenRouting& r : {too_long, out_of_range, repeated}) {
-    auto lp = model->forward(batch, {.replay = &r}, nullptr);
+    auto lp = engine::cpu_logprobs(*model, batch, {.replay = &r});
     ASSERT_FALSE(lp.ok());
     EXPECT_EQ(lp.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(lp.status().message().find("routing["), std::string::npos) << lp.status();

@@ -40,6 +40,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fs.h"
+#include "engine/cpu/train_ops.h"
 #include "model/model.h"
 #include "model/rng.h"
 #include "tests/unit/train/group_util.h"
@@ -617,8 +618,8 @@ TEST(BucketedAllReduce, BackwardReportsGradientsFinalFromTheEnd) {
         model::Model::Init(config, model::PrecisionPolicy{}, 3);
     ASSERT_TRUE(m.ok()) << m.status();
     const model::TokenBatch batch = {{1, 5, 9, 2, 30, 7}, {4, 4, 11, 40}};
-    model::ForwardContext ctx;
-    absl::StatusOr<model::TokenValues> lp = (*m)->forward(batch, {}, &ctx);
+    engine::CpuTrainStep ctx;
+    absl::StatusOr<model::TokenValues> lp = ctx.forward(**m, batch, {});
     ASSERT_TRUE(lp.ok()) << lp.status();
     model::TokenValues dlogp = *lp;
     for (auto& row : dlogp) {
@@ -627,11 +628,11 @@ TEST(BucketedAllReduce, BackwardReportsGradientsFinalFromTheEnd) {
     const int64_t P = (*m)->num_params();
     std::vector<float> grads(static_cast<size_t>(P), 0.0f);
     std::vector<std::pair<int64_t, std::vector<float>>> snapshots;
-    ASSERT_TRUE((*m)->backward(ctx, dlogp, grads.data(),
-                               [&](int64_t from) {
-                                 snapshots.emplace_back(
-                                     from, std::vector<float>(grads.begin() + from, grads.end()));
-                               })
+    ASSERT_TRUE(ctx.backward(**m, dlogp, grads.data(),
+                             [&](int64_t from) {
+                               snapshots.emplace_back(
+                                   from, std::vector<float>(grads.begin() + from, grads.end()));
+                             })
                     .ok());
     ASSERT_EQ(snapshots.size(), static_cast<size_t>(config.num_hidden_layers + 2));
     EXPECT_EQ(snapshots.back().first, 0);

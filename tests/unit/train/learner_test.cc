@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "engine/cpu/train_ops.h"
 #include "kernels/gemm.h"
 #include "model/kv_calibration.h"
 #include "model/rng.h"
@@ -71,10 +72,10 @@ GrpoRequest grpo(std::vector<Sequence> batch) {
 // calibrator, p99.9 x 1.05 / 448.
 model::KvScales scales_per_sequence(const model::Model& gen, const model::TokenBatch& tokens) {
   model::KvCalibrator calibrator(gen.config().num_hidden_layers);
-  model::TrainForwardOptions opts;
+  engine::TrainStepOptions opts;
   opts.calibrator = &calibrator;
   for (const auto& seq : tokens) {
-    EXPECT_TRUE(gen.forward({seq}, opts, nullptr).ok());
+    EXPECT_TRUE(engine::cpu_logprobs(gen, {seq}, opts).ok());
   }
   return calibrator.scales(kKvCalibrationPercentile, kKvCalibrationMargin);
 }
@@ -134,10 +135,10 @@ TEST(Learner, KvScalesComeFromTheUpdatesForwardWithoutAnExtraPass) {
   // One record per sequence, from the prev-logprobs forward only (not the 4 training forwards).
   EXPECT_EQ(l->kv_calibration_records(), 6);
 
-  const int64_t forwards = model::Model::forward_calls_total();
+  const int64_t forwards = engine::train_forward_calls_total();
   absl::StatusOr<Export> e = l->export_for_generation(Precision::kFP8, 1, /*calibrate_kv=*/true);
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ(model::Model::forward_calls_total(), forwards) << "export ran a forward";
+  EXPECT_EQ(engine::train_forward_calls_total(), forwards) << "export ran a forward";
   EXPECT_TRUE(e->calibrated);
   EXPECT_EQ(e->policy, l->precision().generation_policy());
   EXPECT_EQ(exported_scales(e->weights, "k_scale", 2), want.k);
@@ -166,10 +167,10 @@ TEST(Learner, MixedPrecisionKvScalesComeFromTheTrainingForward) {
   const model::KvScales fp8 = scales_per_sequence(*generation_model(*l), tokens);
   ASSERT_TRUE(l->grpo_update(grpo(batch)).ok());
 
-  const int64_t forwards = model::Model::forward_calls_total();
+  const int64_t forwards = engine::train_forward_calls_total();
   absl::StatusOr<Export> e = l->export_for_generation(Precision::kFP8, 1, /*calibrate_kv=*/true);
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ(model::Model::forward_calls_total(), forwards) << "export ran a forward";
+  EXPECT_EQ(engine::train_forward_calls_total(), forwards) << "export ran a forward";
   EXPECT_TRUE(e->calibrated);
   EXPECT_EQ(exported_scales(e->weights, "k_scale", 2), training.k);
   EXPECT_EQ(exported_scales(e->weights, "v_scale", 2), training.v);
@@ -192,10 +193,10 @@ TEST(Learner, SftRecordsKvAmaxInItsTrainingForwards) {
   const model::KvScales want = scales_per_sequence(l->policy(), tokens_of(r.batch));
   ASSERT_TRUE(l->sft_update(r).ok());
   EXPECT_EQ(l->kv_calibration_records(), 5);
-  const int64_t forwards = model::Model::forward_calls_total();
+  const int64_t forwards = engine::train_forward_calls_total();
   absl::StatusOr<Export> e = l->export_for_generation(Precision::kFP8, 1, /*calibrate_kv=*/true);
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ(model::Model::forward_calls_total(), forwards);
+  EXPECT_EQ(engine::train_forward_calls_total(), forwards);
   EXPECT_EQ(exported_scales(e->weights, "k_scale", 2), want.k);
   EXPECT_EQ(exported_scales(e->weights, "v_scale", 2), want.v);
 }
@@ -209,11 +210,11 @@ TEST(Learner, FirstPublishCalibratesOnTheCalibrationSequences) {
   ASSERT_NE(l, nullptr);
   for (float s : l->policy().kv_scales().k) ASSERT_EQ(s, 1.0f);
   const model::KvScales want = scales_per_sequence(l->policy(), tokens_of(r.calibration));
-  const int64_t forwards = model::Model::forward_calls_total();
+  const int64_t forwards = engine::train_forward_calls_total();
   absl::StatusOr<Export> e = l->export_for_generation(Precision::kFP8, 1, true);
   ASSERT_TRUE(e.ok()) << e.status();
   // No update yet: one forward over the calibration sequences (one sample per sequence).
-  EXPECT_EQ(model::Model::forward_calls_total(), forwards + 1);
+  EXPECT_EQ(engine::train_forward_calls_total(), forwards + 1);
   EXPECT_TRUE(e->calibrated);
   EXPECT_EQ(exported_scales(e->weights, "k_scale", 2), want.k);
   EXPECT_EQ(exported_scales(e->weights, "v_scale", 2), want.v);
@@ -379,12 +380,12 @@ TEST(LearnerMoe, RoutingReplayStatsAndErrors) {
   // The routing the policy itself takes (what generation with the same kernels records).
   model::TokenBatch tokens;
   for (const Sequence& s : batch) tokens.push_back(s.tokens);
-  model::ForwardContext ctx;
-  ASSERT_TRUE(learner->policy().forward(tokens, {}, &ctx).ok());
+  engine::CpuTrainStep ctx;
+  ASSERT_TRUE(ctx.forward(learner->policy(), tokens, {}).ok());
   const int64_t width = learner->policy().routing_width();
   ASSERT_EQ(width, 2 * 2);
   for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i].routing = ctx.moe.used[i];
+    batch[i].routing = ctx.routing.used[i];
     batch[i].routing.resize((batch[i].tokens.size() - 1) *
                             width);  // generation never feeds the last
   }

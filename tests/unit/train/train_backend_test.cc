@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "absl/strings/match.h"
+#include "engine/cpu/train_ops.h"
 #include "model/device.h"
 #include "model/rng.h"
 #include "tests/unit/train/tiny_model.h"
@@ -63,16 +64,16 @@ struct Grads {
 
 Grads gradients(const model::Model& m, const model::TokenBatch& batch, bool recompute) {
   Grads out;
-  model::ForwardContext ctx;
-  model::TrainForwardOptions opts;
+  engine::CpuTrainStep ctx;
+  engine::TrainStepOptions opts;
   opts.recompute_layers = recompute;
-  absl::StatusOr<model::TokenValues> lp = m.forward(batch, opts, &ctx);
+  absl::StatusOr<model::TokenValues> lp = ctx.forward(m, batch, opts);
   EXPECT_TRUE(lp.ok()) << lp.status();
   if (!lp.ok()) return out;
   out.logprobs = *lp;
-  out.saved_bytes = model::activation_bytes(ctx);
+  out.saved_bytes = ctx.saved_bytes();
   out.grads.assign(m.num_params(), 0.0f);
-  EXPECT_TRUE(m.backward(ctx, random_dlogp(3, batch), out.grads.data()).ok());
+  EXPECT_TRUE(ctx.backward(m, random_dlogp(3, batch), out.grads.data()).ok());
   return out;
 }
 
@@ -273,7 +274,7 @@ TEST(TrainBackend, DeviceBackendHostMirrorMatchesTheCpuBackendBitForBit) {
       EXPECT_TRUE(mirror->policy().params().empty());
       EXPECT_EQ(mirror->policy().weight_bytes(), 0);
       EXPECT_EQ(mirror->policy().num_params(), cpu->policy().num_params());
-      EXPECT_EQ(mirror->policy().forward({{1, 2, 3}}, {}, nullptr).status().code(),
+      EXPECT_EQ(engine::cpu_logprobs(mirror->policy(), {{1, 2, 3}}).status().code(),
                 absl::StatusCode::kFailedPrecondition);
       // The device backend recomputes on its own step engine; the CPU backend keeps everything.
       mirror->backend().set_recompute(recompute);

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/cpu/train_ops.h"
 #include "kernels/quantize.h"
 #include "model/kv_calibration.h"
 #include "rl/grpo.h"
@@ -154,8 +155,8 @@ TEST_F(TrainerTest, IsRulesMatchGrpoLossDirectly) {
       tokens.emplace_back(s.tokens().begin(), s.tokens().end());
     }
     const int64_t B = step.batch_size();
-    model::ForwardContext ctx;
-    absl::StatusOr<model::TokenValues> lp = m.forward(tokens, {}, &ctx);
+    engine::CpuTrainStep ctx;
+    absl::StatusOr<model::TokenValues> lp = ctx.forward(m, tokens, {});
     ASSERT_TRUE(lp.ok());
     std::vector<float> cur(B * L, 0), gen(B * L, 0), adv(B);
     std::vector<uint8_t> mask(B * L, 0);
@@ -186,7 +187,7 @@ TEST_F(TrainerTest, IsRulesMatchGrpoLossDirectly) {
       }
     }
     std::vector<float> grads(m.num_params(), 0.0f);
-    ASSERT_TRUE(m.backward(ctx, dlogp, grads.data()).ok());
+    ASSERT_TRUE(ctx.backward(m, dlogp, grads.data()).ok());
     ASSERT_EQ(got->grads.size(), grads.size());
     double max_abs = 0, max_diff = 0;
     for (size_t i = 0; i < grads.size(); ++i) {
@@ -292,11 +293,11 @@ TEST_F(TrainerTest, SftLowersNllOnARepeatedBatch) {
 model::KvScales step_kv_scales(const Trainer& trainer, const v1::TrainStepRequest& step) {
   const model::Model& m = *trainer.policy();
   model::KvCalibrator calibrator(m.config().num_hidden_layers);
-  model::TrainForwardOptions opts;
+  engine::TrainStepOptions opts;
   opts.calibrator = &calibrator;
   for (const auto& s : step.batch()) {
     const std::vector<int32_t> seq(s.tokens().begin(), s.tokens().end());
-    EXPECT_TRUE(m.forward({seq}, opts, nullptr).ok());
+    EXPECT_TRUE(engine::cpu_logprobs(m, {seq}, opts).ok());
   }
   return calibrator.scales(99.9, 1.05);
 }
@@ -306,13 +307,13 @@ model::KvScales step_kv_scales(const Trainer& trainer, const v1::TrainStepReques
 // no forward; versions strictly increase.
 void check_publish(Trainer& trainer, RecordingPublisher& publisher, const model::KvScales& want) {
   const model::Model& m = *trainer.policy();
-  const int64_t forwards = model::Model::forward_calls_total();
+  const int64_t forwards = engine::train_forward_calls_total();
   v1::PublishRequest req;
   req.set_weight_sync_address("sync:1");
   req.set_calibrate_kv_scales(true);
   absl::StatusOr<v1::PublishResponse> r = trainer.publish(req);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(model::Model::forward_calls_total(), forwards) << "publish ran a forward";
+  EXPECT_EQ(engine::train_forward_calls_total(), forwards) << "publish ran a forward";
   EXPECT_EQ(r->version(), 1);
   ASSERT_EQ(publisher.uploads.size(), 1u);
   EXPECT_EQ(publisher.addresses.back(), "sync:1");
