@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/train_step.h"
 #include "model/params.h"
 #include "train/gradient_buckets.h"
 
@@ -31,20 +32,6 @@ int64_t format_bytes(Precision p) {
 
 std::string gib(int64_t bytes) {
   return absl::StrFormat("%.3f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
-}
-
-// Values per token a layer's training forward keeps (engine::TrainLayerBuffers).
-int64_t layer_values_per_token(const model::ModelConfig& c, bool sparse) {
-  const int64_t h = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim();
-  // x, h1, x2, h2; q, o; k, v; inv1, inv2
-  int64_t n = 4 * h + 2 * qd + 2 * kvd + 2;
-  if (c.qk_norm()) n += qd + kvd + c.num_attention_heads + c.num_key_value_heads;
-  if (sparse) {
-    n += c.moe.num_experts_per_tok * 3 * c.moe.moe_intermediate_size + c.moe.num_experts;
-  } else {
-    n += 3 * c.intermediate_size;  // g, u, act
-  }
-  return n;
 }
 
 // Working-copy bytes of `rows` rows of parameter p (every row of a 2-D tensor; a 1-D tensor is
@@ -264,21 +251,20 @@ absl::StatusOr<MemoryPlan> plan_training_memory(const MemoryPlanInput& in) {
       plan.grads = grads;
     }
   }
-  const int64_t h = c.hidden_size, t = in.step_tokens;
-  int64_t per_token = 2 * h + 2;  // final norm: x, h, inv, lse
-  int64_t dense_full = 0;
+  // Exactly what the training step carves for step_tokens rows (engine/train_step.h: padded
+  // rows, every saved activation, the backward's scratch and one lm_head logits chunk), plus
+  // what the ops keep beside it for each sparse layer (an estimate: top_k x 3 x
+  // moe_intermediate expert values and the E router probabilities per token).
+  const int64_t t = in.step_tokens;
+  engine::TrainStepOptions step;
+  step.recompute_layers = in.recompute_layers;
+  step.head_chunk = kLogitRows;
+  int64_t values = engine::train_buffer_floats(c, t, step);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const bool sparse = c.sparse_layer(l);
-    const int64_t full = layer_values_per_token(c, sparse);
-    if (in.recompute_layers && !sparse) {
-      per_token += h;
-      dense_full = std::max(dense_full, full);
-    } else {
-      per_token += full;
-    }
+    if (!c.sparse_layer(l)) continue;
+    values += t * (c.moe.num_experts_per_tok * 3 * c.moe.moe_intermediate_size + c.moe.num_experts);
   }
-  per_token += dense_full;
-  plan.activations = in.activation_value_bytes * (per_token * t + kLogitRows * c.vocab_size);
+  plan.activations = in.activation_value_bytes * values;
   plan.kv_cache =
       2 * c.num_hidden_layers * c.kv_dim() * in.kv_cache_tokens * format_bytes(in.policy.kv_cache);
   return plan;

@@ -26,14 +26,14 @@
 //                head: lm_head and final norm; a decoder layer; the embedding) and, with a tied
 //                embedding, the embedding's bucket through the whole backward; the whole array
 //                when grad_bucket_bytes is 0.
-//   activations  what the training forward keeps for the backward, `activation_value_bytes` per
-//                value (4: the CPU engine keeps fp32), per token: each dense layer x, h1, x2, h2
-//                (hidden), q, o (q_dim), k, v (kv_dim), g, u, act (intermediate), 2 norm inverses
-//                (+ q_raw, k_raw and per-head inverses with qk_norm); each sparse layer the same
-//                attention part plus top_k x 3 x moe_intermediate and the E router probabilities
-//                (an estimate); the final norm's x, h (hidden) and 2 scalars; plus one lm_head
-//                logits chunk (64 rows x vocab). With recomputation: each dense layer only its
-//                input x (hidden) plus one dense layer's full set (the layer being recomputed).
+//   activations  the training step's buffers for step_tokens rows, `activation_value_bytes` per
+//                value (4: the engine's step keeps fp32), exactly as engine/train_step.h carves
+//                them (engine::train_buffer_floats: rows padded to a multiple of 16 plus 16, each
+//                layer's saved activations -- with recomputation only each layer's input and one
+//                shared set --, the final norm, one lm_head logits chunk of 64 rows x vocab, and
+//                the backward's scratch), plus per sparse layer what the ops keep beside them (an
+//                estimate: top_k x 3 x moe_intermediate values and the E router probabilities per
+//                token).
 //   kv_cache     the step's sequences' K and V in the cache format: 2 x layers x kv_dim x tokens x
 //                (1 B fp8, 2 B bf16, 4 B fp32).
 #pragma once

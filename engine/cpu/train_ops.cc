@@ -245,6 +245,9 @@ absl::StatusOr<model::TokenValues> CpuTrainStep::forward(const model::Model& mod
 absl::Status CpuTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
                                     float* grads, const model::GradientsFinal& on_final) {
   if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
+  if (model.inference_only()) {
+    return absl::FailedPreconditionError("backward: inference-only model (no training weights)");
+  }
   return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
                         dlogp, grads, opts, on_final);
 }
@@ -252,6 +255,9 @@ absl::Status CpuTrainStep::backward(const model::Model& model, const model::Toke
 absl::Status CpuTrainStep::backward(const model::Model& model, const model::TokenValues& dlogp,
                                     model::GradientSink& grads) {
   if (ops == nullptr) return absl::FailedPreconditionError("backward: no forward ran");
+  if (model.inference_only()) {
+    return absl::FailedPreconditionError("backward: inference-only model (no training weights)");
+  }
   return train_backward(model.config(), model.policy(), model.layout(), *ops, buffers, tables,
                         dlogp, grads, opts);
 }

@@ -107,7 +107,7 @@ int plan_main(const std::vector<std::string>& argv) {
   print_row("fp32 master", plan->master);
   print_row("AdamW moments (m, v fp32)", plan->moments);
   print_row("fp32 grads (+ bucket pool when sharded)", plan->grads);
-  print_row("activations (fp32 values kept for backward)", plan->activations);
+  print_row("activations (training step buffers, fp32)", plan->activations);
   print_row("kv cache (step tokens)", plan->kv_cache);
   print_row("total", plan->total());
   std::printf("budget: %.3f GiB (%.2f x %g GiB)\n", static_cast<double>(budget) / kGiB, *fraction,

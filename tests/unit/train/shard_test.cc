@@ -119,7 +119,7 @@ TEST(MemoryPlan, ShardedTinyConfigByHand) {
   EXPECT_EQ(none.moments, 8 * 21664);
   EXPECT_EQ(none.grads, 4 * 21664);
   EXPECT_EQ(none.gathered, 0);
-  EXPECT_EQ(none.total(), 769872);
+  EXPECT_EQ(none.total(), 1087984);
   // grads_optimizer: shards 10816 and 10848 (ShardParameters.TinyConfigByHand); rank 1's is the
   // larger: master 4 x 10848, moments 8 x 10848, grads 4 x 10848 + the bucket pool. With 256-float
   // buckets every tensor is a bucket of its own (each norm of 32 lies between tensors of 512 or
@@ -148,7 +148,7 @@ TEST(MemoryPlan, ShardedTinyConfigByHand) {
   EXPECT_EQ(zero3.master, 43392);
   // One trainer shards nothing.
   in.trainers = 1;
-  EXPECT_EQ(plan_training_memory(in)->total(), 769872);
+  EXPECT_EQ(plan_training_memory(in)->total(), 1087984);
   // Bad group input names the field.
   in.trainers = 0;
   EXPECT_EQ(plan_training_memory(in).status().message(),
@@ -167,20 +167,21 @@ TEST(MemoryPlan, VerdictNamesWhatWouldFit) {
   in.kv_cache_tokens = 100;
   const MemoryPlan plan = *plan_training_memory(in);
   EXPECT_EQ(memory_verdict(plan, 0), "no budget");
-  EXPECT_EQ(memory_verdict(plan, 769872).rfind("fits: ", 0), 0u) << memory_verdict(plan, 769872);
-  // One byte short: halving the step tokens (586272: activations 4 x (902 x 50 + 3072), KV 3200)
-  // and recomputing (628272: activations 231488) fit, one change each, smaller total first.
-  const std::string v = memory_verdict(plan, 769871);
+  EXPECT_EQ(memory_verdict(plan, 1087984).rfind("fits: ", 0), 0u) << memory_verdict(plan, 1087984);
+  // One byte short: halving the step tokens (832880: activations 439296 for 50 tokens, 80 padded
+  // rows; KV 3200) and recomputing (890352: activations 493568) fit, one change each, smaller
+  // total first.
+  const std::string v = memory_verdict(plan, 1087983);
   EXPECT_EQ(v.rfind("does not fit: ", 0), 0u) << v;
   EXPECT_NE(v.find("would fit with: 50 step tokens ("), std::string::npos) << v;
   EXPECT_LT(v.find("50 step tokens"), v.find("recompute layers (")) << v;
   EXPECT_NE(v.find("--gpu-memory-fraction"), std::string::npos) << v;
   // The trainer's refusal carries the plan and the same verdict.
-  const absl::Status s = check_memory_plan(plan, 769871);
+  const absl::Status s = check_memory_plan(plan, 1087983);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(s.message(), plan.describe() + ": " + v);
   // A budget only a group fits: with 1 KiB buckets, grads_optimizer + recompute layers needs
-  // 43760 + 16 s + 37120 (the bucket pool, ShardedTinyConfigByHand) + 231488 + 6400 per rank, s
+  // 43760 + 16 s + 37120 (the bucket pool, ShardedTinyConfigByHand) + 493568 + 6400 per rank, s
   // the largest shard: 10848 with 2 ranks, 7712 with 3. A budget of exactly the 3-rank total names
   // 3 trainers.
   in.grad_bucket_bytes = 1024;
@@ -189,13 +190,12 @@ TEST(MemoryPlan, VerdictNamesWhatWouldFit) {
   three.shard = ShardMode::kGradsOptimizer;
   three.recompute_layers = true;
   const int64_t budget3 = plan_training_memory(three)->total();
-  EXPECT_EQ(budget3, 43760 + 16 * 7712 + 37120 + 231488 + 6400);
+  EXPECT_EQ(budget3, 43760 + 16 * 7712 + 37120 + 493568 + 6400);
   const std::string group = memory_verdict(*plan_training_memory(in), budget3);
   EXPECT_NE(group.find("shard grads_optimizer + 3 trainers + recompute layers ("),
             std::string::npos)
       << group;
-  // Below every option tried: activations with recomputation (231488) + KV (6400) + the
-  // gathered layers of ZeRO-3 (37488) alone exceed 270000.
+  // Below every option tried: activations with recomputation (493568) alone exceed 270000.
   const std::string none_fits = memory_verdict(plan, 270000);
   EXPECT_NE(none_fits.find("no change tried fits"), std::string::npos) << none_fits;
 }
@@ -212,10 +212,13 @@ std::string source_dir() {
 //   FP8 weights per layer: blocks q, o 32 x 32 = 1024, k, v 8 x 32 = 256, gate, up, down 112 x 32
 //   = 3584 -> 13312; 2 x (218103808 + 4 x 13312) = 436314112; 32 layers 13962051584.
 //   bf16 embedding + lm_head 2 x 2 x 525336576 = 2101346304; fp32 norms 4 x 266240 = 1064960.
-//   activations, 16384 tokens, recompute: per token final 2h + 2 = 8194, 32 layer inputs 32 h =
-//   131072, one rebuilt layer 4h + 2 q + 2 kv + 2 + 3 f = 69634 -> 208900; x 16384 + 64 x 128256
-//   logits = 3430825984 values x 4 B = 13723303936. Without recompute: 8194 + 32 x 69634 =
-//   2236482 per token.
+//   activations (the training step's buffers), 16384 tokens -> 16400 padded rows (a multiple of
+//   16 plus 16), each buffer rounded up to 64 floats; recompute: per row one full layer
+//   4h + 2 q + 2 kv + 3 f + 2 = 69634, 31 more layer inputs 31 h = 126976, final norm and
+//   backward scratch 6 h + 4 + f (tmp) + 2 kv + 3 f = 83972 -> 280582 x 16400 = 4601544800, + the
+//   (64 + 16) x 128256 logits chunk 10260480, + 6 row vectors rounded 16400 -> 16448 (288)
+//   = 4611805568 values x 4 B = 18447222272. Without recompute: 32 x 69634 + 83972 = 2312260
+//   per row -> 37921064000, + 10260480 logits, + 68 row vectors rounded (3264) = 37931327744.
 //   KV cache fp8: 2 x 32 layers x 1024 x 16384 tokens = 1073741824.
 TEST(MemoryPlan, Llama31EightBOnEightH100s) {
   absl::StatusOr<std::string> text =
@@ -239,7 +242,7 @@ TEST(MemoryPlan, Llama31EightBOnEightH100s) {
   EXPECT_EQ(none.master, 4 * n);
   EXPECT_EQ(none.moments, 8 * n);
   EXPECT_EQ(none.grads, 4 * n);
-  EXPECT_EQ(none.activations, 13723303936);
+  EXPECT_EQ(none.activations, 18447222272);
   EXPECT_EQ(none.kv_cache, 1073741824);
   EXPECT_GT(none.total(), budget);  // 16 B per parameter alone is 128 GB
   const std::string no = memory_verdict(none, budget);
@@ -259,14 +262,14 @@ TEST(MemoryPlan, Llama31EightBOnEightH100s) {
   // (lm_head 525336576 + final norm 4096, the largest), a layer (218112000) or the embedding.
   EXPECT_EQ(zero2.grads, 4 * zero2.shard_parameters + 4 * (525336576 + 4096));
   EXPECT_EQ(zero2.weights, none.weights);
-  // ~16.06 GB weights + 16 x 1.004e9 + 13.72 GB activations + 1.07 GB KV ~ 47 GB < 77.3 GB.
+  // ~16.06 GB weights + 16 x 1.004e9 + 18.45 GB activations + 1.07 GB KV ~ 52 GB < 77.3 GB.
   EXPECT_LE(zero2.total(), budget);
   EXPECT_EQ(memory_verdict(zero2, budget).rfind("fits: ", 0), 0u);
 
-  // Without recomputation the activations alone (2236482 x 16384 x 4 B = 146.6 GB) do not fit.
+  // Without recomputation the activations alone (37931327744 x 4 B = 151.7 GB) do not fit.
   in.recompute_layers = false;
   const MemoryPlan full = *plan_training_memory(in);
-  EXPECT_EQ(full.activations, 4 * (2236482ll * 16384 + 64 * 128256));
+  EXPECT_EQ(full.activations, 4 * 37931327744ll);
   EXPECT_GT(full.total(), budget);
 }
 
