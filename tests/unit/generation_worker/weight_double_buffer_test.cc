@@ -149,8 +149,9 @@ TEST(WeightDoubleBufferTest, VersionsSwappedMidStreamNeverMixAndSlotsAreReusedIn
     auto installing =
         std::async(std::launch::async, [&] { return install(buffer, scheduler, sets[next]); });
     ASSERT_TRUE(eventually([&] { return buffer.stats().installs == next; }));
-    // The idle slot was written while the batch kept decoding at next-1.
-    EXPECT_EQ(scheduler.snapshot().running_samples, 2);
+    // The idle slot was written while the batch kept decoding at next-1: still running, or on a
+    // loaded machine already through its tokens (each token's version is checked below).
+    EXPECT_TRUE(scheduler.snapshot().running_samples == 2 || running->done());
     // Submitted around the swap: admitted at next-1 or queued behind the swap, but one version
     // from its first token to its last.
     auto around = submit(scheduler, {static_cast<int>(next) + 20}, kShort);
