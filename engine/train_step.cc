@@ -238,7 +238,59 @@ int64_t train_buffer_floats(const model::ModelConfig& config, int64_t rows,
 
 namespace {
 std::atomic<int64_t> g_train_forward_calls{0};
+
+// Holds at most one unit of a UnitWeights hook (nothing without one); acquiring a unit releases
+// the one held, after the ops have finished with it.
+class HeldUnit {
+ public:
+  HeldUnit(TrainOps& ops, UnitWeights* hook) : ops_(ops), hook_(hook) {}
+  ~HeldUnit() { (void)release(); }
+  HeldUnit(const HeldUnit&) = delete;
+  HeldUnit& operator=(const HeldUnit&) = delete;
+  absl::Status acquire(int64_t unit) {
+    if (hook_ == nullptr) return absl::OkStatus();
+    FP8RL_STEP(release());
+    FP8RL_STEP(hook_->acquire(unit));
+    held_ = unit;
+    return absl::OkStatus();
+  }
+  absl::Status release() {
+    if (hook_ == nullptr || held_ < 0) return absl::OkStatus();
+    absl::Status s = ops_.synchronize();
+    hook_->release(held_);
+    held_ = -1;
+    return s;
+  }
+
+ private:
+  TrainOps& ops_;
+  UnitWeights* const hook_;
+  int64_t held_ = -1;
+};
+
 }  // namespace
+
+std::vector<int64_t> forward_unit_order(int64_t layers) {
+  std::vector<int64_t> out;
+  for (int64_t u = 0; u <= layers + 1; ++u) out.push_back(u);
+  return out;
+}
+
+std::vector<int64_t> backward_unit_order(int64_t layers) {
+  std::vector<int64_t> out;
+  for (int64_t u = layers + 1; u >= 1; --u) out.push_back(u);
+  return out;
+}
+
+std::pair<int64_t, int64_t> unit_range(const model::ParamLayout& layout, int64_t layers,
+                                       int64_t unit) {
+  const auto layer_begin = [&](int64_t l) {
+    return l < layers ? layout.layer(l).input_norm : layout.final_norm();
+  };
+  if (unit <= 0) return {layout.embed(), layer_begin(0)};
+  if (unit <= layers) return {layer_begin(unit - 1), layer_begin(unit)};
+  return {layout.final_norm(), layout.total()};
+}
 
 int64_t train_forward_calls_total() {
   return g_train_forward_calls.load(std::memory_order_relaxed);
@@ -286,9 +338,12 @@ absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& confi
   routed.expert_tokens.assign(n_sparse * n_exp, 0);
   std::vector<uint8_t> overrode(forced.empty() ? 0 : m, 0);  // any layer, per row
   MoeRouteHost route;
+  HeldUnit unit(ops, opts.units);
   FP8RL_STEP(ops.load_tables(t));
+  FP8RL_STEP(unit.acquire(0));
   FP8RL_STEP(ops.embed(b.x));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    FP8RL_STEP(unit.acquire(l + 1));
     const int64_t li = config.sparse_layer(l) ? config.sparse_index(l) : -1;
     const int32_t* forced_l = li >= 0 && !forced.empty() ? forced.data() + li * m * top_k : nullptr;
     FP8RL_STEP(layer_forward(config, policy, layout, ops, t, l, b.layers[l], b.x, opts.calibrator,
@@ -346,6 +401,7 @@ absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& confi
     if (opts.routing_out != nullptr) *opts.routing_out = std::move(routed);
   }
   // h_final = final_norm(x); x stays as x_final.
+  FP8RL_STEP(unit.acquire(config.num_hidden_layers + 1));
   FP8RL_STEP(ops.rmsnorm(b.x, ops.small(layout.final_norm()), m, h, rb, b.h_final, b.inv_final));
   // Logprobs of each next token, lm_head in chunks of rows within a sequence.
   const float inv_t = 1.0f / opts.temperature;
@@ -357,6 +413,7 @@ absl::StatusOr<model::TokenValues> train_forward(const model::ModelConfig& confi
       FP8RL_STEP(ops.log_softmax(b.logits, row, rows, inv_t, b.lse + row, b.logprob + row));
     }
   }
+  FP8RL_STEP(unit.release());
   std::vector<float> lp(m);
   FP8RL_STEP(ops.to_host(lp.data(), b.logprob, m));
   model::TokenValues out(t.n_seq);
@@ -397,8 +454,10 @@ absl::Status backward(const model::ModelConfig& config, const model::PrecisionPo
     }
   }
   (void)policy;
+  HeldUnit unit(ops, opts.units);
   FP8RL_STEP(ops.load_tables(t));
   FP8RL_STEP(ops.from_host(b.dlogp, flat.data(), m));
+  FP8RL_STEP(unit.acquire(config.num_hidden_layers + 1));
   const float inv_t = 1.0f / opts.temperature;
 
   // lm_head: dlogits = dlogp * (onehot - softmax(z/T)) / T, logits recomputed per chunk; chunks
@@ -432,6 +491,7 @@ absl::Status backward(const model::ModelConfig& config, const model::PrecisionPo
   FP8RL_STEP(final_from(layout.final_norm()));
 
   for (int64_t l = config.num_hidden_layers - 1; l >= 0; --l) {
+    FP8RL_STEP(unit.acquire(l + 1));
     const model::LayerOffsets& lo = layout.layer(l);
     const TrainLayerBuffers& a = b.layers[l];
     if (opts.recompute_layers) {
@@ -485,7 +545,8 @@ absl::Status backward(const model::ModelConfig& config, const model::PrecisionPo
     FP8RL_STEP(ops.add(b.dx, b.tmp, m * h, false));
     FP8RL_STEP(final_from(lo.input_norm));  // layer l's first parameter
   }
-  // Embedding rows in row order (repeated tokens add into the same row).
+  FP8RL_STEP(unit.release());
+  // Embedding rows in row order (repeated tokens add into the same row); reads no weight.
   FP8RL_STEP(ops.embed_backward(b.dx, grads.grad(layout.embed())));
   FP8RL_STEP(final_from(0));
   return absl::OkStatus();

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -161,6 +162,30 @@ class TrainOps {
 
 // ---- Buffers -----------------------------------------------------------------------------------
 
+// ZeRO-3 (trainer.shard params, docs/design/sharding.md): how a step gets the weights of a model
+// that does not hold them all. Units, in flat parameter order: 0 the embedding, 1 + l decoder
+// layer l (its norms, biases, linears, router and experts), layers + 1 the final norm and the
+// lm_head (with tied embeddings: the embedding table, which the lm_head is). With
+// TrainStepOptions::units set, train_forward and train_backward acquire each unit right before
+// the first op that reads its weights and release it after the last (after ops.synchronize()),
+// one unit at a time, in forward_unit_order / backward_unit_order; an error from acquire fails
+// the step. Without it the model holds every unit.
+class UnitWeights {
+ public:
+  virtual ~UnitWeights() = default;
+  virtual absl::Status acquire(int64_t unit) = 0;
+  virtual void release(int64_t unit) = 0;
+};
+// A forward's units: 0, 1, ..., layers + 1. A backward's: layers + 1, layers, ..., 1 (a
+// recomputed layer runs inside its own hold; the embedding's backward reads no weight).
+std::vector<int64_t> forward_unit_order(int64_t layers);
+std::vector<int64_t> backward_unit_order(int64_t layers);
+// The flat parameter range [begin, end) of unit `unit` of a `layers`-layer model (whole tensors;
+// a layer's range starts at its input norm, its first parameter). The head unit of a model
+// with tied embeddings reads the embedding too (unit 0's range): its hook must hold both.
+std::pair<int64_t, int64_t> unit_range(const model::ParamLayout& layout, int64_t layers,
+                                       int64_t unit);
+
 struct TrainStepOptions {
   float temperature = 1.0f;  // logprobs of logits / temperature (> 0)
   // lm_head rows per chunk (bounds the logits buffer, [head_chunk, vocab]); chunks never cross a
@@ -183,6 +208,8 @@ struct TrainStepOptions {
   const model::TokenRouting* replay = nullptr;
   double router_aux_loss_coef = 0.0;
   model::ForwardRouting* routing_out = nullptr;
+  // ZeRO-3: where the step gets each unit's weights (nullptr: the model holds them all).
+  UnitWeights* units = nullptr;
 };
 
 // What the forward saves for the backward, per layer ([rows, width] each, rows padded).

@@ -166,6 +166,16 @@ class Model {
   // rank order, which is flat order). Bit for bit what refresh() gives from the whole master.
   // INVALID_ARGUMENT when a stream's size does not match the layout (nothing changed then).
   absl::Status install_working(const WorkingStreams& all);
+  // ZeRO-3 (docs/design/sharding.md): installs the working copies of the whole tensors in
+  // [begin, end) from `streams` (their encode_working streams, concatenated in flat order),
+  // norms and biases included, bit for bit what install_working gives them. INVALID_ARGUMENT
+  // when the range cuts a tensor or a stream's size does not match (nothing changed then).
+  absl::Status install_working_range(const WorkingStreams& streams, int64_t begin, int64_t end);
+  // Frees the working copies (FP8 codes, scales, transposed blocks, bf16 and double operands) of
+  // the linears, routers, embedding and lm_head whose tensors lie in [begin, end); norms and
+  // biases stay. install_working_range brings them back. INVALID_ARGUMENT when the range cuts a
+  // tensor.
+  absl::Status drop_working_range(int64_t begin, int64_t end);
   // Keeps the fp32 master of [begin, end) only (new storage: the rest is returned to the
   // allocator); params() is then that shard and master_begin() its first parameter. The working
   // copies stay whole. INVALID_ARGUMENT for a range that is not between cut points;
@@ -221,6 +231,12 @@ class Model {
   // copy (exactly the bf16 rounding of its master value, for a non-FP8 working copy).
   bool fp8_working(size_t pi) const;
   absl::Status check_bf16_working(std::string_view what) const;
+  // Checks [begin, end) holds whole tensors only; INVALID_ARGUMENT naming `what`.
+  absl::Status check_whole_tensors(int64_t begin, int64_t end, std::string_view what) const;
+  // install_working's step for parameter pi: its working copy from the streams at *codes,
+  // *scales, *bits (advanced past it); norms and biases go to `small` (small_ when null).
+  void install_working_tensor(size_t pi, const uint8_t** codes, const float** scales,
+                              const uint16_t** bits, std::vector<float>* small);
   float working_bf16_value(size_t pi, int64_t i) const;
 
   // Working copy of a norm weight or bias (bf16-rounded when activations are bf16) by offset.

@@ -132,60 +132,131 @@ absl::Status Model::install_working(const WorkingStreams& all) {
         " scales and ", all.bf16.size(), " bf16 values; the layout has ", want->codes, ", ",
         want->scales, " and ", want->bf16));
   }
+  const uint8_t* codes = all.codes.data();
+  const float* scales = all.scales.data();
+  const uint16_t* bits = all.bf16.data();
+  small_.clear();
+  small_index_.clear();
+  for (size_t pi = 0; pi < layout_.params().size(); ++pi) {
+    install_working_tensor(pi, &codes, &scales, &bits, nullptr);
+  }
+  return absl::OkStatus();
+}
+
+void Model::install_working_tensor(size_t pi, const uint8_t** codes, const float** scales,
+                                   const uint16_t** bits, std::vector<float>* small) {
+  const ParamInfo& p = layout_.params()[pi];
   // The master a working copy points at (null where this rank does not hold it).
-  auto master_at = [&](int64_t offset) -> const float* {
-    if (master_sharded_) return nullptr;
-    return params_.data() + offset;
-  };
-  auto bf16_weight = [&](const ParamInfo& p, const uint16_t* bits, Precision prec, bool pow2,
-                         LinearWeight* w) {
+  const float* master = master_sharded_ ? nullptr : params_.data() + p.offset;
+  auto bf16_weight = [&](Precision prec, bool pow2, LinearWeight* w) {
     w->out = p.shape[0];
     w->in = p.shape[1];
     w->precision = prec;
     w->pow2_scales = pow2;
-    w->master = master_at(p.offset);
+    w->master = master;
     w->q = {};
     w->qt = {};
     w->bf16.resize(p.numel);
-    for (int64_t i = 0; i < p.numel; ++i) w->bf16[i] = kernels::bf16_to_float(bits[i]);
+    for (int64_t i = 0; i < p.numel; ++i) w->bf16[i] = kernels::bf16_to_float((*bits)[i]);
     w->exact.assign(w->bf16.begin(), w->bf16.end());
   };
-  const int64_t n_layers = config_.num_hidden_layers;
+  if (fp8_working(pi)) {
+    kernels::Fp8Matrix q;
+    q.rows = p.shape[0];
+    q.cols = p.shape[1];
+    q.mode = kernels::ScalingMode::kBlock128x128;
+    q.data.assign(*codes, *codes + p.numel);
+    const int64_t ns = q.scale_rows() * q.scale_cols();
+    q.scale_inv.assign(*scales, *scales + ns);
+    *codes += p.numel;
+    *scales += ns;
+    prepare_linear_fp8(master, std::move(q), policy_.pow2_scales, linear_of_[pi]);
+    return;
+  }
+  if (LinearWeight* w = linear_of_[pi]) {
+    bf16_weight(policy_.layer_linear(p.layer, config_.num_hidden_layers), policy_.pow2_scales, w);
+  } else if (RouterWeight* r = router_of_[pi]) {
+    r->out = p.shape[0];
+    r->in = p.shape[1];
+    r->w.resize(p.numel);
+    for (int64_t i = 0; i < p.numel; ++i) r->w[i] = kernels::bf16_to_float((*bits)[i]);
+  } else if (p.kind == ParamKind::kEmbedding) {
+    bf16_weight(Precision::kBF16, false, &embed_w_);
+  } else if (p.kind == ParamKind::kLmHead) {
+    bf16_weight(Precision::kBF16, false, &head_w_);
+  } else if (small == nullptr) {  // norms and biases, in layout order as refresh() lists them
+    small_index_.emplace_back(p.offset, static_cast<int64_t>(small_.size()));
+    for (int64_t i = 0; i < p.numel; ++i) small_.push_back(kernels::bf16_to_float((*bits)[i]));
+  } else {  // in place, where install_working put them
+    for (const auto& [param, at] : small_index_) {
+      if (param != p.offset) continue;
+      for (int64_t i = 0; i < p.numel; ++i) (*small)[at + i] = kernels::bf16_to_float((*bits)[i]);
+    }
+  }
+  *bits += p.numel;
+}
+
+absl::Status Model::check_whole_tensors(int64_t begin, int64_t end, std::string_view what) const {
+  bool ok = begin >= 0 && begin <= end && end <= layout_.total();
+  for (const ParamInfo& p : layout_.params()) {
+    const int64_t pe = p.offset + p.numel;
+    if (ok && p.offset < end && pe > begin && (p.offset < begin || pe > end)) ok = false;
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": [", begin, ", ", end,
+                                                 ") is not a range of whole tensors of [0, ",
+                                                 layout_.total(), ")"));
+}
+
+absl::Status Model::install_working_range(const WorkingStreams& streams, int64_t begin,
+                                          int64_t end) {
+  if (auto s = check_has_weights("install_working_range"); !s.ok()) return s;
+  if (storage_ != Storage::kTraining) {
+    return absl::FailedPreconditionError(
+        "install_working_range: an inference-only model has no master");
+  }
+  if (auto s = check_bf16_working("install_working_range"); !s.ok()) return s;
+  if (auto s = check_whole_tensors(begin, end, "install_working_range"); !s.ok()) return s;
+  absl::StatusOr<WorkingCounts> want = working_counts(begin, end);
+  if (!want.ok()) return want.status();
+  if (want->codes != std::ssize(streams.codes) || want->scales != std::ssize(streams.scales) ||
+      want->bf16 != std::ssize(streams.bf16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "install_working_range: streams of ", streams.codes.size(), " codes, ",
+        streams.scales.size(), " scales and ", streams.bf16.size(), " bf16 values; [", begin, ", ",
+        end, ") has ", want->codes, ", ", want->scales, " and ", want->bf16));
+  }
+  const uint8_t* codes = streams.codes.data();
+  const float* scales = streams.scales.data();
+  const uint16_t* bits = streams.bf16.data();
   const std::vector<ParamInfo>& params = layout_.params();
-  size_t codes = 0, scales = 0, bf16 = 0;
-  small_.clear();
-  small_index_.clear();
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    if (params[pi].offset < begin || params[pi].offset >= end) continue;
+    install_working_tensor(pi, &codes, &scales, &bits, &small_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::drop_working_range(int64_t begin, int64_t end) {
+  if (auto s = check_whole_tensors(begin, end, "drop_working_range"); !s.ok()) return s;
+  auto drop = [](LinearWeight* w) {
+    w->q = {};
+    w->qt = {};
+    std::vector<float>().swap(w->bf16);
+    std::vector<double>().swap(w->exact);
+  };
+  const std::vector<ParamInfo>& params = layout_.params();
   for (size_t pi = 0; pi < params.size(); ++pi) {
     const ParamInfo& p = params[pi];
-    if (fp8_working(pi)) {
-      kernels::Fp8Matrix q;
-      q.rows = p.shape[0];
-      q.cols = p.shape[1];
-      q.mode = kernels::ScalingMode::kBlock128x128;
-      q.data.assign(all.codes.begin() + codes, all.codes.begin() + codes + p.numel);
-      const int64_t ns = q.scale_rows() * q.scale_cols();
-      q.scale_inv.assign(all.scales.begin() + scales, all.scales.begin() + scales + ns);
-      codes += p.numel;
-      scales += ns;
-      prepare_linear_fp8(master_at(p.offset), std::move(q), policy_.pow2_scales, linear_of_[pi]);
-      continue;
-    }
-    const uint16_t* bits = all.bf16.data() + bf16;
-    bf16 += p.numel;
+    if (p.offset < begin || p.offset >= end) continue;
     if (LinearWeight* w = linear_of_[pi]) {
-      bf16_weight(p, bits, policy_.layer_linear(p.layer, n_layers), policy_.pow2_scales, w);
+      drop(w);
     } else if (RouterWeight* r = router_of_[pi]) {
-      r->out = p.shape[0];
-      r->in = p.shape[1];
-      r->w.resize(p.numel);
-      for (int64_t i = 0; i < p.numel; ++i) r->w[i] = kernels::bf16_to_float(bits[i]);
+      std::vector<double>().swap(r->w);
     } else if (p.kind == ParamKind::kEmbedding) {
-      bf16_weight(p, bits, Precision::kBF16, false, &embed_w_);
+      drop(&embed_w_);
     } else if (p.kind == ParamKind::kLmHead) {
-      bf16_weight(p, bits, Precision::kBF16, false, &head_w_);
-    } else {  // norms and biases, in layout order as refresh() lists them
-      small_index_.emplace_back(p.offset, static_cast<int64_t>(small_.size()));
-      for (int64_t i = 0; i < p.numel; ++i) small_.push_back(kernels::bf16_to_float(bits[i]));
+      drop(&head_w_);
     }
   }
   return absl::OkStatus();

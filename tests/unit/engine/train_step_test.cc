@@ -355,6 +355,136 @@ INSTANTIATE_TEST_SUITE_P(Policies, MoeTrainStepTest,
                                            MoeCase{model::Precision::kFP8, true, false, 0.0, true}),
                          [](const auto& info) { return moe_case_name(info.param); });
 
+// ZeRO-3's hook: each unit's working copies installed from the whole model's streams right before
+// the step needs them and dropped right after.
+class JustInTimeUnits final : public UnitWeights {
+ public:
+  JustInTimeUnits(const model::Model& source, model::Model& target)
+      : source_(source), target_(target) {}
+  absl::Status acquire(int64_t unit) override {
+    order.push_back(unit);
+    for (const auto& [b, e] : ranges(unit)) {
+      auto streams = source_.encode_working(b, e);
+      if (!streams.ok()) return streams.status();
+      if (auto s = target_.install_working_range(*streams, b, e); !s.ok()) return s;
+    }
+    ++held;
+    max_held = std::max(max_held, held);
+    return absl::OkStatus();
+  }
+  void release(int64_t unit) override {
+    for (const auto& [b, e] : ranges(unit)) EXPECT_TRUE(target_.drop_working_range(b, e).ok());
+    --held;
+  }
+  std::vector<int64_t> order;
+  int held = 0, max_held = 0;
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> ranges(int64_t unit) const {
+    const int64_t n = target_.config().num_hidden_layers;
+    std::vector<std::pair<int64_t, int64_t>> out = {unit_range(target_.layout(), n, unit)};
+    if (unit == n + 1 && target_.config().tie_word_embeddings) {
+      out.push_back(unit_range(target_.layout(), n, 0));  // the lm_head is the embedding
+    }
+    return out;
+  }
+  const model::Model& source_;
+  model::Model& target_;
+};
+
+// A model holding no working copy but the unit in use gives the logprobs, KV records, routing and
+// gradients of the model holding them all, bit for bit, with and without recomputation; the
+// units come one at a time in forward_unit_order / backward_unit_order and tile the layout.
+TEST(TrainStep, UnitsAcquiredJustInTimeGiveTheSameStep) {
+  namespace mt = model::testing;
+  struct UnitCase {
+    model::Precision linear;
+    model::ModelConfig config;
+  };
+  const std::vector<UnitCase> cases = {
+      {model::Precision::kFP8, config_for(0, 160)},  // llama, tied embedding
+      {model::Precision::kBF16, config_for(1, 160)},
+      {model::Precision::kFP8, [] {
+         model::ModelConfig c =
+             mt::make_qwen3_moe_config(160, 128, 256, 3, 4, 2, 48, false, 4, 2, 64, true);
+         c.moe.mlp_only_layers = {1};
+         return c;
+       }()}};
+  for (const UnitCase& uc : cases) {
+    SCOPED_TRACE(std::string(precision_name(uc.linear)) + " " + uc.config.model_type);
+    model::PrecisionPolicy policy;
+    policy.linear = uc.linear;
+    policy.kv_cache = model::KvCacheDtype::kBF16;
+    auto whole = model::Model::Init(uc.config, policy, 5, 0.05f);
+    auto jit = model::Model::Init(uc.config, policy, 5, 0.05f);
+    ASSERT_TRUE(whole.ok() && jit.ok());
+    mt::randomize(**whole, 11);
+    mt::randomize(**jit, 11);
+    const model::ParamLayout& layout = (*jit)->layout();
+    const int64_t n_layers = uc.config.num_hidden_layers, total = layout.total();
+    // The units tile [0, total) in flat order.
+    int64_t at = 0;
+    for (int64_t u : forward_unit_order(n_layers)) {
+      const auto [b, e] = unit_range(layout, n_layers, u);
+      EXPECT_EQ(b, at) << "unit " << u;
+      EXPECT_LT(b, e) << "unit " << u;
+      at = e;
+    }
+    EXPECT_EQ(at, total);
+    const int64_t bytes_whole = (*jit)->weight_bytes();
+    ASSERT_TRUE((*jit)->drop_working_range(0, total).ok());
+    EXPECT_LT((*jit)->weight_bytes(), bytes_whole);
+    EXPECT_EQ((*jit)->drop_working_range(1, total).code(), absl::StatusCode::kInvalidArgument);
+
+    model::Rng rng(3);
+    model::TokenBatch batch;
+    for (int64_t len : {9, 2, 71}) batch.push_back(mt::random_tokens(rng, len, 160));
+    model::TokenValues dlogp(batch.size());
+    for (size_t s = 0; s < batch.size(); ++s) {
+      dlogp[s].resize(batch[s].size() - 1);
+      for (float& v : dlogp[s]) v = static_cast<float>(rng.normal());
+    }
+    const int64_t n = layout.total();
+    model::KvCalibrator want_cal(n_layers);
+    model::ForwardRouting want_routing;
+    CpuTrainStep want_step;
+    auto want = want_step.forward(
+        **whole, batch,
+        {.temperature = 0.7f, .calibrator = &want_cal, .routing_out = &want_routing});
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<float> want_grads(n, 0.0f);
+    ASSERT_TRUE(want_step.backward(**whole, dlogp, want_grads.data()).ok());
+    for (bool recompute : {false, true}) {
+      SCOPED_TRACE(recompute ? "recompute" : "keep");
+      JustInTimeUnits units(**whole, **jit);
+      model::KvCalibrator cal(n_layers);
+      model::ForwardRouting routing;
+      CpuTrainStep step;
+      auto got = step.forward(**jit, batch,
+                              {.temperature = 0.7f,
+                               .calibrator = &cal,
+                               .recompute_layers = recompute,
+                               .routing_out = &routing,
+                               .units = &units});
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, *want);
+      EXPECT_EQ(cal.k_records(), want_cal.k_records());
+      EXPECT_EQ(cal.v_records(), want_cal.v_records());
+      EXPECT_EQ(routing.used, want_routing.used);
+      EXPECT_EQ(units.order, forward_unit_order(n_layers));
+      units.order.clear();
+      std::vector<float> grads(n, 0.0f);
+      ASSERT_TRUE(step.backward(**jit, dlogp, grads.data()).ok());
+      EXPECT_EQ(units.order, backward_unit_order(n_layers));
+      ASSERT_EQ(0, std::memcmp(grads.data(), want_grads.data(), n * sizeof(float)));
+      EXPECT_EQ(units.max_held, 1);
+      EXPECT_EQ(units.held, 0);
+    }
+    // Every unit was given back: the model holds no working copy again.
+    EXPECT_LT((*jit)->weight_bytes(), bytes_whole);
+  }
+}
+
 // The device's FP8 wgrad (engine/cuda/cuda_train_ops.h) pads the token dimension of dY^T and X^T
 // with zeros to a multiple of 16 before the 1x128 tiling; on the CPU recipe (model/linear.h) the
 // last tile is a partial one. Zeros change no tile's amax, hence no scale and no code, and add
