@@ -1,9 +1,8 @@
-// The CUDA InferenceBackend against the CPU (decoder_step over CpuDecoderOps / Model::forward /
-// Sampler) on
-// tiny dense configs, for linears fp32/bf16/fp8 x KV cache fp32/bf16/fp8: every decoder layer's
-// output first, then logits and scoring logprobs, then generation with the CPU's seeds, then GPU
-// generation logprobs vs GPU scoring. Skips without an sm_90 device. Each comparison logs
-// "measured ... bar ..." (the H200 runs' figures: docs/results/gpu-check-*.md).
+// The CUDA InferenceBackend against the CPU (decoder_step over CpuDecoderOps / the training forward
+// / Sampler) on tiny dense configs, for linears fp32/bf16/fp8 x KV cache fp32/bf16/fp8: every
+// decoder layer's output first, then logits and scoring logprobs, then generation with the CPU's
+// seeds, then GPU generation logprobs vs GPU scoring. Skips without an sm_90 device. Each
+// comparison logs "measured ... bar ..." (the H200 runs' figures: docs/results/gpu-check-*.md).
 //
 // Tolerances (calc_diff, kernels/calc_diff.h: ~ |x - y|^2 / (2 |x|^2), so a relative error e
 // over a whole tensor gives ~e^2 / 2):

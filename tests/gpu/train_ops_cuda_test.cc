@@ -1,7 +1,7 @@
 // The CUDA training step against the CPU: every training kernel (kernels/cuda/train_cuda.h)
 // against its CPU reference (kernels/cpu/train_ops.h), every training GEMM of CudaTrainOps
 // (fprop / dgrad / wgrad per linear kind) against model/linear.h through CpuTrainOps, and a
-// whole forward + backward (CudaTrainStep) against Model::forward / Model::backward for fp32,
+// whole forward + backward (CudaTrainStep) against the CPU step (CpuTrainStep) for fp32,
 // bf16 and fp8 policies with the KV fake-quantization. Skips without an sm_90 device. Each
 // comparison prints "measured ... bar ..." (the H200 runs' figures: docs/results/gpu-check-*.md).
 //
@@ -372,7 +372,7 @@ TEST_P(TrainOpsCudaTest, TrainingGemmsMatchTheCpu) {
   }
 }
 
-// A whole forward + backward on three packed sequences against Model::forward / Model::backward.
+// A whole forward + backward on three packed sequences against the CPU step (CpuTrainStep).
 TEST_P(TrainOpsCudaTest, WholeStepMatchesModelBackward) {
   FP8RL_REQUIRE_SM90();
   const StepCase c = GetParam();

@@ -1,7 +1,7 @@
 // The CUDA backend's host-side logic without a GPU: the step tables (block table, row arrays),
 // the arena's bookkeeping, and decoder_step() over the CPU ops (CpuDecoderOps, what the CPU
 // backend generates with) against the training forwards: the logprobs of a KV-cache decode equal
-// Model::forward's and train_forward's, and its MoE routing record equals Model::forward's.
+// train_forward's, and its MoE routing record equals the training forward's.
 #include "engine/decoder_step.h"
 
 #include <gtest/gtest.h>
@@ -118,7 +118,7 @@ class SamplerLearnerTest : public ::testing::TestWithParam<IdentityCase> {};
 // cache (decoder_step over CpuDecoderOps: one prefill of 1, 4 and 7 tokens, then one token per
 // step), the logprob of each next token taken from the step's logits as the sampler takes it
 // (model/sampler.cc: z[token] / T - logsumexp(z / T)), equal the training forward's logprobs of
-// the same tokens bit for bit (fp32 linears: kF32RowsTol): Model::forward, and train_forward over
+// the same tokens bit for bit (fp32 linears: kF32RowsTol): train_forward over
 // CpuTrainOps (mixture-of-experts models too, with the same routing record). An FP8 or BF16 cache
 // matches the training forward's KV fake-quantization (train_kv_fake_quant) exactly too.
 TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
@@ -234,9 +234,9 @@ TEST_P(SamplerLearnerTest, DecodeLogprobsEqualTheTrainingForwards) {
       ASSERT_EQ(static_cast<int64_t>(decoded[s].size()), lens[s] - prefill[s]);
       for (size_t j = 0; j < decoded[s].size(); ++j) {
         const float want = (*learner)[s][prefill[s] - 1 + j];
-        const std::string where =
-            absl::StrCat(learner == &*ref ? "Model::forward" : "train_forward", " sequence ", s,
-                         " token ", prefill[s] + j, ": ", decoded[s][j], " vs ", want);
+        const std::string where = absl::StrCat(
+            learner == &*ref ? "train_forward (step routing)" : "train_forward", " sequence ", s,
+            " token ", prefill[s] + j, ": ", decoded[s][j], " vs ", want);
         if (c.linear == model::Precision::kF32) {
           ASSERT_LE(std::fabs(decoded[s][j] - want), kF32RowsTol) << where;
         } else {

@@ -1,5 +1,5 @@
 // The CPU InferenceBackend (decoder_step over the engine's CPU ops, dense and MoE models): logits
-// and logprobs equal to the training forward's (Model::logits / Model::forward) for the same
+// and logprobs equal to the training forward's (engine::cpu_logits / cpu_logprobs) for the same
 // tokens, the MoE routing record equal to the training forward's routing, block accounting
 // against a budget, and the errors of the interface.
 #include "model/inference_backend.h"

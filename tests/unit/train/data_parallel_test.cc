@@ -607,8 +607,8 @@ TEST(BucketedAllReduce, ABucketThatTimesOutFailsFinishNamingIt) {
       << s;
 }
 
-// Model::backward's on_final contract, which the buckets rely on: `from` only decreases, ends at
-// 0, and grads[from, P) are never written again after the call that names `from`.
+// the training backward's on_final contract, which the buckets rely on: `from` only decreases, ends
+// at 0, and grads[from, P) are never written again after the call that names `from`.
 TEST(BucketedAllReduce, BackwardReportsGradientsFinalFromTheEnd) {
   model::ModelConfig config = tiny_config();
   for (bool tied : {false, true}) {
