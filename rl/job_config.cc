@@ -615,12 +615,11 @@ absl::Status validate_job_config(const JobConfig& c) {
   // trainer
   FP8RL_RETURN_IF_ERROR(require(c.trainer.data_parallel >= 1 && c.trainer.data_parallel <= 64,
                                 "trainer.data_parallel", "must be in [1, 64]"));
-  FP8RL_RETURN_IF_ERROR(require(c.trainer.shard != "params", "trainer.shard",
-                                "'params' (ZeRO-3) is not implemented yet; use none or "
-                                "grads_optimizer"));
-  FP8RL_RETURN_IF_ERROR(
-      require(c.trainer.shard == "none" || c.trainer.shard == "grads_optimizer", "trainer.shard",
-              absl::StrCat("must be none or grads_optimizer, got '", c.trainer.shard, "'")));
+  FP8RL_RETURN_IF_ERROR(require(
+      c.trainer.shard == "none" || c.trainer.shard == "grads_optimizer" ||
+          c.trainer.shard == "params",
+      "trainer.shard",
+      absl::StrCat("must be none, grads_optimizer or params, got '", c.trainer.shard, "'")));
   // upper bounds of the numeric fields (rl/job_limits.h)
   return validate_job_limits(c);
 }

@@ -181,6 +181,11 @@ absl::Status GradientBuckets::finish() {
   return status_.ok() ? misuse_ : status_;
 }
 
+void GradientBuckets::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ == ready_; });
+}
+
 void GradientBuckets::run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {

@@ -66,6 +66,10 @@ class GradientBuckets final : public model::GradientSink {
   // of them and frees the buffers. The first failure, if any (later buckets are skipped after
   // one fails: the group is unusable then). Every begin() needs one finish().
   absl::Status finish();
+  // Waits until every bucket made final so far has been reduce-scattered (returns at once when
+  // none is in flight). ZeRO-3's unit gathers call it before they use the group
+  // (train/unit_gather.h).
+  void drain();
   // Seconds the last finish() waited: the reduce-scatter time the backward did not hide.
   double last_wait_seconds() const { return last_wait_seconds_; }
   // The most bytes of bucket buffers (their capacities) held at once between the last begin()

@@ -18,6 +18,7 @@
 #include "model/kv_calibration.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
+#include "train/unit_gather.h"
 
 namespace fp8rl::train {
 namespace {
@@ -50,6 +51,16 @@ ScaleStats stats_of(std::span<const float> values) {
   s.count = static_cast<int64_t>(values.size());
   s.mean = sum / static_cast<double>(s.count);
   return s;
+}
+
+// A call one rank of a ZeRO-3 group cannot serve alone: its forward gathers every unit from the
+// other ranks, which do not take part.
+absl::Status params_refusal(std::string_view call) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(std::string(call),
+                   ": under trainer.shard params the policy's working weights are spread "
+                   "over the group's ranks; its forward runs only inside an update or an "
+                   "export, which every rank runs"));
 }
 
 bool stopped(const std::atomic<bool>* stop) { return stop != nullptr && stop->load(); }
@@ -246,6 +257,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Learner::logprobs(std::span<cons
     return absl::FailedPreconditionError(
         "use_reference: no reference policy (InitPolicy with keep_reference)");
   }
+  if (!use_reference && backend_->sharded_units() != nullptr) return params_refusal("logprobs");
   absl::StatusOr<PackedBatch> batch = pack_sequences(seqs, policy(), "sequences", false);
   if (!batch.ok()) return batch.status();
   absl::StatusOr<float> t = logprob_temperature(temperature, "temperature");
@@ -342,7 +354,13 @@ absl::StatusOr<Learner::Prepared> Learner::prepare(const GrpoRequest& request,
     p.prev.assign(static_cast<size_t>(p.batch.size() * L), 0.0f);
     if (c.kl_beta > 0) p.ref.assign(p.prev.size(), 0.0f);
     for (const auto& [begin, end] : rank_shares(p.batch, request.minibatches)) {
-      if (begin == end) continue;
+      if (begin == end) {
+        // ZeRO-3: no sequence here, but every rank runs the forward's unit gathers.
+        if (ShardedUnitWeights* units = backend_->sharded_units()) {
+          if (absl::Status s = units->idle_forward(); !s.ok()) return s;
+        }
+        continue;
+      }
       const PackedBatch share = p.batch.slice(begin, end);
       absl::StatusOr<std::vector<float>> prev = backend_->logprobs(share, nullptr, calibrator);
       if (!prev.ok()) return prev.status();
@@ -419,7 +437,11 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
   in.mask = mb.mask;
   in.advantages = mb.advantages;
   absl::StatusOr<rl::PolicyLossResult> loss = rl::grpo_policy_loss(in, config);
-  if (!loss.ok()) return loss.status();
+  if (!loss.ok()) {
+    // Under ZeRO-3 the other ranks' backward gathers still run; the error wins.
+    idle_pass(/*forward=*/false, shard, what, /*finish=*/true).IgnoreError();
+    return loss.status();
+  }
   if (sink != nullptr) {
     // ZeRO-2's buckets: no whole gradient array on this rank.
     sink->begin(shard, what);
@@ -447,7 +469,27 @@ absl::StatusOr<rl::PolicyLossResult> Learner::minibatch_gradient(
   return loss;
 }
 
+absl::Status Learner::idle_pass(bool forward, std::span<float> shard, const std::string& what,
+                                bool finish) const {
+  ShardedUnitWeights* units = backend_->sharded_units();
+  if (units == nullptr) return absl::OkStatus();
+  if (forward) {
+    if (absl::Status s = units->idle_forward(); !s.ok()) return s;
+  }
+  GradientBuckets* sink = gradient_buckets_.get();
+  if (sink != nullptr) sink->begin(shard, what);
+  absl::Status s = units->idle_backward(sink);
+  // The buckets never written go out as zeros (GradientBuckets::finish), here or, on success
+  // without `finish`, in reduce_gradients (idle_begins_buckets).
+  if (sink != nullptr && (finish || !s.ok())) sink->finish().IgnoreError();
+  return s;
+}
+
 void Learner::set_group(Collectives* group, int64_t bucket_bytes) {
+  if (ShardedUnitWeights* units = backend_->sharded_units()) {
+    units->set_buckets(nullptr);
+    units->set_group(group);
+  }
   gradient_buckets_.reset();
   bucketed_.reset();
   group_ = group;
@@ -459,6 +501,7 @@ void Learner::set_group(Collectives* group, int64_t bucket_bytes) {
 }
 
 void Learner::make_gradient_buckets() {
+  if (ShardedUnitWeights* units = backend_->sharded_units()) units->set_buckets(nullptr);
   gradient_buckets_.reset();
   if (!sharded() || bucketed_ == nullptr || group_ == nullptr ||
       group_->size() != shard_layout_->ranks()) {
@@ -466,6 +509,9 @@ void Learner::make_gradient_buckets() {
   }
   gradient_buckets_ = std::make_unique<GradientBuckets>(
       group_, *shard_layout_, backend_->host_model().layout(), bucketed_->bucket_elements());
+  if (ShardedUnitWeights* units = backend_->sharded_units()) {
+    units->set_buckets(gradient_buckets_.get());
+  }
 }
 
 int64_t Learner::gradient_bytes(const std::vector<float>& grads, std::span<const float> shard,
@@ -509,10 +555,6 @@ absl::Status Learner::reduce_gradients(std::vector<float>* grads, bool begun,
 }
 
 absl::Status Learner::set_shard_mode(ShardMode mode) {
-  if (mode == ShardMode::kParams) {
-    return absl::InvalidArgumentError(
-        "trainer.shard: 'params' (ZeRO-3) is not implemented yet; use none or grads_optimizer");
-  }
   if (mode == ShardMode::kNone) {
     if (sharded()) {
       return absl::FailedPreconditionError(
@@ -523,7 +565,13 @@ absl::Status Learner::set_shard_mode(ShardMode mode) {
   }
   // Already sharded: kept as it is; outside its group the updates refuse (check_shard_group)
   // until a checkpoint is loaded into a new learner (which re-cuts the optimizer state).
-  if (sharded()) return absl::OkStatus();
+  if (sharded()) {
+    if (mode == shard_mode_) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("trainer.shard: this learner is sharded as ",
+                     std::string(shard_mode_name(shard_mode_)), "; it cannot change to ",
+                     std::string(shard_mode_name(mode)), " (load a checkpoint into a new policy)"));
+  }
   shard_mode_ = mode;
   if (!data_parallel()) return restore_optimizer_shards();  // one trainer shards nothing
   absl::StatusOr<ShardLayout> layout =
@@ -536,6 +584,17 @@ absl::Status Learner::set_shard_mode(ShardMode mode) {
   }
   shard_layout_ = std::move(*layout);
   shard_rank_ = rank;
+  if (mode == ShardMode::kParams) {
+    // ZeRO-3: the working copies too. On failure the updates fail: check_shard_group passes, but
+    // the working copies stay whole and the mode says params, so refuse them here instead.
+    if (absl::Status s = backend_->shard_working(*shard_layout_, rank); !s.ok()) return s;
+    ShardedUnitWeights* units = backend_->sharded_units();
+    units->set_group(group_);
+    if (absl::Status s = units->refresh("working weights (sharding)", /*fingerprint=*/false);
+        !s.ok()) {
+      return s;
+    }
+  }
   make_gradient_buckets();
   return restore_optimizer_shards();
 }
@@ -564,8 +623,9 @@ absl::Status Learner::check_shard_group() const {
   const int rank = group_ != nullptr ? group_->rank() : 0;
   if (size == shard_layout_->ranks() && rank == shard_rank_) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "trainer.shard grads_optimizer: the optimizer holds the shard of rank ", shard_rank_, " of ",
-      shard_layout_->ranks(), ", and this trainer is now rank ", rank, " of ", size,
+      "trainer.shard ", std::string(shard_mode_name(shard_mode_)),
+      ": the optimizer holds the shard of rank ", shard_rank_, " of ", shard_layout_->ranks(),
+      ", and this trainer is now rank ", rank, " of ", size,
       "; its optimizer is re-cut only when loaded from a checkpoint (LoadCheckpoint)"));
 }
 
@@ -599,6 +659,15 @@ absl::StatusOr<model::OptimizerStepStats> Learner::step_optimizer(std::vector<fl
   // The norm is the same on every rank, so a non-finite one fails every rank before the gather.
   absl::StatusOr<model::OptimizerStepStats> stats = backend_->optimizer_step_shard(shard, *norm);
   if (!stats.ok()) return stats.status();
+  if (ShardedUnitWeights* units = backend_->sharded_units()) {
+    // ZeRO-3: each rank keeps its own shard's working copies; units are gathered as they run.
+    if (absl::Status s = units->refresh(absl::StrCat(where, "working weights"),
+                                        /*fingerprint=*/true);
+        !s.ok()) {
+      return s;
+    }
+    return stats;
+  }
   if (absl::Status s = backend_->gather_working(*group_, *shard_layout_,
                                                 absl::StrCat(where, "working weights all-gather"));
       !s.ok()) {
@@ -629,6 +698,16 @@ absl::StatusOr<std::vector<float>> Learner::whole_master(std::string_view what) 
 
 absl::StatusOr<model::WeightSet> Learner::export_weights(model::WeightFormat format,
                                                          int64_t version) const {
+  if (ShardedUnitWeights* units = backend_->sharded_units();
+      units != nullptr && !backend_->host_model().export_needs_master(format)) {
+    // ZeRO-3: the working copies are whole only while exported (a collective on every rank, like
+    // the master's gather below).
+    if (absl::Status s = check_shard_group(); !s.ok()) return s;
+    if (absl::Status s = units->acquire_all("export working weights"); !s.ok()) return s;
+    absl::StatusOr<model::WeightSet> set = backend_->export_weights(format, version);
+    units->release_all();
+    return set;
+  }
   if (!sharded() || !backend_->host_model().export_needs_master(format)) {
     return backend_->export_weights(format, version);
   }
@@ -643,6 +722,7 @@ absl::Status Learner::set_learning_rate(double lr) {
 }
 
 absl::StatusOr<PolicyGradient> Learner::gradient(const GrpoRequest& request) const {
+  if (backend_->sharded_units() != nullptr) return params_refusal("gradient");
   absl::StatusOr<Prepared> p = prepare(request, nullptr);
   if (!p.ok()) return p.status();
   PolicyGradient out;
@@ -732,14 +812,21 @@ absl::StatusOr<GrpoResult> Learner::grpo_update(const GrpoRequest& request,
           absl::StrCat(where, "gradient all-reduce"), shard, gradient_buckets_.get());
     } else {
       // No sequence of this minibatch fell to this rank: it adds nothing but still takes part
-      // (with ZeRO-2's buckets, reduce_gradients sends zero buckets).
+      // (with ZeRO-2's buckets, reduce_gradients sends zero buckets; under ZeRO-3 it runs the
+      // unit gathers of a forward and a backward, the buckets going out as the backward's would).
       result = rl::PolicyLossResult{};
       if (gradient_buckets_ == nullptr) grads.assign(backend_->num_params(), 0.0f);
+      if (absl::Status s = idle_pass(/*forward=*/true, shard,
+                                     absl::StrCat(where, "gradient all-reduce"), /*finish=*/false);
+          !s.ok()) {
+        result = s;
+      }
     }
     if (!result.ok()) return interrupted(u, with_prefix(result.status(), where));
     r.forward_backward_seconds += seconds_since(start);
     if (dp) {
-      if (auto s = reduce_gradients(&grads, s1 > s0, absl::StrCat(where, "gradient all-reduce"),
+      if (auto s = reduce_gradients(&grads, s1 > s0 || idle_begins_buckets(),
+                                    absl::StrCat(where, "gradient all-reduce"),
                                     &r.gradient_wait_seconds, shard);
           !s.ok()) {
         return interrupted(u, s);
@@ -854,9 +941,13 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
       std::unique_ptr<ForwardState> saved = backend_->new_forward_state();
       absl::StatusOr<std::vector<float>> cur = backend_->logprobs(mb, saved.get(), records.get());
       if (!cur.ok()) return interrupted(i, cur.status());
-      absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask, normalizer);
-      if (!nll.ok()) return interrupted(i, nll.status());
       const std::string what = absl::StrCat("minibatch ", i, ": gradient all-reduce");
+      absl::StatusOr<rl::SftLossResult> nll = rl::sft_nll_loss(*cur, mb.mask, normalizer);
+      if (!nll.ok()) {
+        // Under ZeRO-3 the other ranks' backward gathers still run; the error wins.
+        idle_pass(/*forward=*/false, shard, what, /*finish=*/true).IgnoreError();
+        return interrupted(i, nll.status());
+      }
       if (gradient_buckets_ != nullptr) {
         // ZeRO-2's buckets: no whole gradient array on this rank.
         gradient_buckets_->begin(shard, what);
@@ -879,11 +970,17 @@ absl::StatusOr<SftResult> Learner::sft_update(const SftRequest& request,
         }
       }
       loss = nll->loss;
+    } else if (absl::Status s = idle_pass(/*forward=*/true, shard,
+                                          absl::StrCat("minibatch ", i, ": gradient all-reduce"),
+                                          /*finish=*/false);
+               !s.ok()) {
+      return interrupted(i, s);
     }
     r.forward_backward_seconds += seconds_since(start);
     if (dp) {
       const std::string where = absl::StrCat("minibatch ", i, ": ");
-      if (auto s = reduce_gradients(&grads, s1 > s0, absl::StrCat(where, "gradient all-reduce"),
+      if (auto s = reduce_gradients(&grads, s1 > s0 || idle_begins_buckets(),
+                                    absl::StrCat(where, "gradient all-reduce"),
                                     &r.gradient_wait_seconds, shard);
           !s.ok()) {
         return interrupted(i, s);

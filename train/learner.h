@@ -237,8 +237,14 @@ class Learner {
   // in another group (size or rank) its updates are FAILED_PRECONDITION (check_shard_group); its
   // optimizer is re-cut only by loading a checkpoint (train/checkpoint.h, which saves a sharded
   // optimizer per rank). Alone (no group or one rank) the mode is recorded and nothing is
-  // sharded. kParams: INVALID_ARGUMENT (not implemented yet); kNone after sharding, or a backend
-  // that cannot shard: FAILED_PRECONDITION. Calling it again once sharded changes nothing.
+  // sharded. kParams (ZeRO-3): the same, and the working copies are kept for the rank's shard
+  // only and all-gathered unit by unit while each forward and backward runs
+  // (TrainBackend::shard_working, train/unit_gather.h); every rank runs the same gathers, also a
+  // rank without a sequence in a minibatch. Under kParams logprobs() of the policy and gradient()
+  // are FAILED_PRECONDITION (one rank cannot run a forward alone), and an export of the working
+  // copies gathers them whole for the call. kNone after sharding, another mode than the one
+  // sharded with, or a backend that cannot shard: FAILED_PRECONDITION. Calling it again with the
+  // same mode once sharded changes nothing.
   // A pending sharded optimizer state (set_pending_optimizer_shards) is restored here, re-cut to
   // the range this learner now holds; its read errors are returned.
   absl::Status set_shard_mode(ShardMode mode);
@@ -342,6 +348,16 @@ class Learner {
   // sum runs over the elements in the order model::AdamW::step adds them on one trainer.
   absl::StatusOr<double> sharded_grad_norm(std::span<const float> shard, const std::string& what);
   bool sharded() const { return shard_layout_.has_value(); }
+  // ZeRO-3, a rank without data where the others run a forward and a backward (a minibatch
+  // without a sequence here; `forward` false: after a forward whose loss failed): the same unit
+  // gathers, and with gradient buckets the same reduce-scatters, begun into `shard` (finished
+  // here when `finish` or on error, else by reduce_gradients). A no-op unless sharded as params.
+  absl::Status idle_pass(bool forward, std::span<float> shard, const std::string& what,
+                         bool finish) const;
+  // Whether idle_pass began the gradient buckets (reduce_gradients must not begin them again).
+  bool idle_begins_buckets() const {
+    return gradient_buckets_ != nullptr && backend_->sharded_units() != nullptr;
+  }
   // Restores the pending sharded optimizer state into the range the optimizer holds (no-op when
   // none is pending).
   absl::Status restore_optimizer_shards();

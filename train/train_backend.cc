@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/train_ops.h"
 #include "train/data_parallel.h"
+#include "train/unit_gather.h"
 #if FP8RL_HAVE_CUDA_TRAIN_BACKEND
 #include "train/cuda_train_backend.h"
 #endif
@@ -50,6 +51,7 @@ class CpuTrainBackend final : public TrainBackend {
     // --recompute layers: the step keeps each layer's input only and re-runs the layer in the
     // backward (engine/train_step.h), bit-identical to keeping everything.
     opts.recompute_layers = saved != nullptr && recompute_ == Recompute::kLayers;
+    opts.units = units_.get();     // ZeRO-3: each unit gathered as the step reaches it
     engine::CpuTrainStep scoring;  // no backward: freed on return
     engine::CpuTrainStep& step =
         saved != nullptr ? static_cast<CpuForwardState*>(saved)->step : scoring;
@@ -150,6 +152,17 @@ class CpuTrainBackend final : public TrainBackend {
     working_hash_ = working_weights_hash(all.codes, all.scales, all.bf16);
     return absl::OkStatus();
   }
+  absl::Status shard_working(const ShardLayout& layout, int rank) override {
+    if (units_ != nullptr) return absl::FailedPreconditionError("working copies: already sharded");
+    if (!model_->master_sharded() || model_->master_begin() != layout.begin(rank) ||
+        std::ssize(model_->params()) != layout.size(rank)) {
+      return absl::FailedPreconditionError(
+          "trainer.shard params: the master must be sharded to this rank's shard first");
+    }
+    units_ = std::make_unique<ShardedUnitWeights>(model_.get(), layout, rank);
+    return absl::OkStatus();
+  }
+  ShardedUnitWeights* sharded_units() const override { return units_.get(); }
   absl::StatusOr<model::WeightSet> export_weights_with_master(
       model::WeightFormat format, int64_t version,
       std::span<const float> whole_master) const override {
@@ -169,6 +182,7 @@ class CpuTrainBackend final : public TrainBackend {
                                    model::KvCalibrator* calibrator) const override {
     engine::TrainStepOptions opts;
     opts.calibrator = calibrator;
+    opts.units = units_.get();
     return engine::cpu_logprobs(*model_, sequences, opts).status();
   }
 
@@ -177,6 +191,7 @@ class CpuTrainBackend final : public TrainBackend {
     return model_->export_weights(format, version);
   }
   absl::StatusOr<uint64_t> master_fingerprint() const override {
+    if (units_ != nullptr) return units_->hash();
     if (model_->master_sharded()) return working_hash_;
     return weight_hash(model_->params());
   }
@@ -205,6 +220,8 @@ class CpuTrainBackend final : public TrainBackend {
   // Sharded: working_weights_hash of the working copies last installed (master_fingerprint; 0
   // before the first gather_working).
   uint64_t working_hash_ = 0;
+  // ZeRO-3: the unit gathers (null unless sharded as params).
+  std::unique_ptr<ShardedUnitWeights> units_;
 };
 
 }  // namespace
@@ -212,7 +229,7 @@ class CpuTrainBackend final : public TrainBackend {
 namespace {
 absl::Status no_sharding(const TrainBackend& backend) {
   return absl::FailedPreconditionError(absl::StrCat(
-      "trainer.shard grads_optimizer: not implemented yet on the ",
+      "trainer.shard: sharding is not implemented yet on the ",
       std::string(model::device_name(backend.device())), " training backend (CPU only)"));
 }
 }  // namespace
@@ -226,6 +243,7 @@ absl::StatusOr<model::OptimizerStepStats> TrainBackend::optimizer_step_shard(std
                                                                              double) {
   return no_sharding(*this);
 }
+absl::Status TrainBackend::shard_working(const ShardLayout&, int) { return no_sharding(*this); }
 absl::Status TrainBackend::gather_working(Collectives&, const ShardLayout&, std::string_view) {
   return no_sharding(*this);
 }

@@ -32,6 +32,8 @@
 
 namespace fp8rl::train {
 
+class ShardedUnitWeights;  // train/unit_gather.h
+
 // What a training forward kept for its backward; each backend has its own kind (the CPU one holds
 // an engine::CpuTrainStep). Made by TrainBackend::new_forward_state().
 class ForwardState {
@@ -116,6 +118,13 @@ class TrainBackend {
   // returned as is.
   virtual absl::Status gather_working(Collectives& group, const ShardLayout& layout,
                                       std::string_view what);
+  // ZeRO-3 (trainer.shard params): after shard_optimizer, keeps the working copies of the rank's
+  // own shard only (train/unit_gather.h); every training forward and backward then gathers each
+  // unit from the ranks as it runs. FAILED_PRECONDITION when the master is not sharded to
+  // `layout`'s piece `rank`, when already sharded, or on a backend that cannot (the default).
+  virtual absl::Status shard_working(const ShardLayout& layout, int rank);
+  // The unit gathers after shard_working (null before, and on backends without ZeRO-3).
+  virtual ShardedUnitWeights* sharded_units() const { return nullptr; }
   // export_weights with the whole fp32 master given (gathered by the caller from the ranks'
   // shards: train::Learner::whole_master), for a sharded backend's formats that need it.
   virtual absl::StatusOr<model::WeightSet> export_weights_with_master(

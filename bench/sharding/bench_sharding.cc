@@ -1,12 +1,13 @@
 // fp8rl-bench-sharding: per-rank memory of a Gloo trainer group (loopback) under trainer.shard
-// none and grads_optimizer, beside the memory plan's expectation (train/memory_plan.h). Each rank
-// is a separate process (this binary run again with --rank), so its peak RSS (VmHWM in
+// none, grads_optimizer and params, beside the memory plan's expectation (train/memory_plan.h).
+// Each rank is a separate process (this binary run again with --rank), so its peak RSS (VmHWM in
 // /proc/self/status) is its own. A rank creates the learner (llama-100m by default, FP8
 // training), joins the group, takes the shard mode, returns freed memory to the system, resets its
 // peak (/proc/self/clear_refs "5") and runs a few SFT updates of a few tokens (one optimizer step
 // each); the table shows its RSS after the setup, its peak during the updates and the gradient
 // storage the learner held at most (Learner::gradient_peak_bytes). Not a test.
 // Usage: fp8rl-bench-sharding [--config PATH] [--steps N (2)] [--ranks "1 2 4"]
+//                             [--modes "none grads_optimizer params"]
 #include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -153,7 +154,8 @@ int run_rank(const std::string& config_path, const std::string& store_dir, const
   std::ofstream f(out);
   f << rss_setup << " " << peak << " " << plan->weights << " " << plan->master << " "
     << plan->moments << " " << plan->grads << " " << plan->activations << " " << plan->total()
-    << " " << (*learner)->policy().params().size() << " " << grads_held << "\n";
+    << " " << (*learner)->policy().params().size() << " " << grads_held << " " << plan->gathered
+    << "\n";
   return f.good() ? 0 : 1;
 }
 
@@ -163,7 +165,8 @@ int main_impl(int argc, char** argv) {
     config = std::string(src) + "/configs/models/llama-100m.json";
   }
   int steps = 2, rank = -1, ranks = 1;
-  std::string ranks_list = "1 2 4", store, out, mode_name = "none";
+  std::string ranks_list = "1 2 4", store, out, mode_name = "none",
+              modes_list = "none grads_optimizer params";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) fail("flag " + a + " needs a value");
@@ -184,8 +187,10 @@ int main_impl(int argc, char** argv) {
       out = v;
     } else if (a == "--shard") {
       mode_name = v;
+    } else if (a == "--modes") {
+      modes_list = v;
     } else {
-      fail("unknown flag " + a + " (--config, --steps, --ranks)");
+      fail("unknown flag " + a + " (--config, --steps, --ranks, --modes)");
     }
   }
   if (steps < 1) fail("--steps: must be >= 1");
@@ -193,6 +198,14 @@ int main_impl(int argc, char** argv) {
     absl::StatusOr<ShardMode> mode = parse_shard_mode(mode_name, "--shard");
     if (!mode.ok()) fail(std::string(mode.status().message()));
     return run_rank(config, store, out, rank, ranks, *mode, steps);
+  }
+  std::vector<std::string> modes;
+  std::istringstream mode_words(modes_list);
+  for (std::string m; mode_words >> m;) {
+    if (absl::StatusOr<ShardMode> parsed = parse_shard_mode(m, "--modes"); !parsed.ok()) {
+      fail(std::string(parsed.status().message()));
+    }
+    modes.push_back(m);
   }
   std::vector<int> sizes;
   std::istringstream list(ranks_list);
@@ -209,10 +222,11 @@ int main_impl(int argc, char** argv) {
       std::filesystem::path(config).filename().c_str(), steps,
       static_cast<long long>(kSequencesPerRank), static_cast<long long>(kTokens),
       std::thread::hardware_concurrency());
-  std::printf("%-16s %5s %4s %10s %10s %10s | %8s %8s %8s %8s %8s %8s %12s\n", "shard", "ranks",
-              "rank", "rss setup", "peak step", "grads held", "plan: wt", "master", "moments",
-              "grads", "act", "total", "master held");
-  for (const char* mode : {"none", "grads_optimizer"}) {
+  std::printf("%-16s %5s %4s %10s %10s %10s | %8s %8s %8s %8s %8s %8s %8s %12s\n", "shard", "ranks",
+              "rank", "rss setup", "peak step", "grads held", "plan: wt", "gathered", "master",
+              "moments", "grads", "act", "total", "master held");
+  for (const std::string& mode_text : modes) {
+    const char* mode = mode_text.c_str();
     for (int n : sizes) {
       const std::string run_dir = dir + "/" + mode + "-" + std::to_string(n);
       std::filesystem::create_directories(run_dir);
@@ -244,15 +258,17 @@ int main_impl(int argc, char** argv) {
       for (int r = 0; r < n; ++r) {
         std::ifstream in(run_dir + "/rank-" + std::to_string(r));
         int64_t rss = 0, peak = 0, wt = 0, master = 0, moments = 0, grads = 0, act = 0, total = 0,
-                held = 0, grads_held = 0;
+                held = 0, grads_held = 0, gathered = 0;
         if (!(in >> rss >> peak >> wt >> master >> moments >> grads >> act >> total >> held >>
-              grads_held)) {
+              grads_held >> gathered)) {
           fail("unreadable result of rank " + std::to_string(r));
         }
         std::printf(
-            "%-16s %5d %4d %10.0f %10.0f %10.0f | %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %12lld\n",
-            mode, n, r, rss / 1024.0, peak / 1024.0, grads_held / kMiB, wt / kMiB, master / kMiB,
-            moments / kMiB, grads / kMiB, act / kMiB, total / kMiB, static_cast<long long>(held));
+            "%-16s %5d %4d %10.0f %10.0f %10.0f | %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f %8.0f "
+            "%12lld\n",
+            mode, n, r, rss / 1024.0, peak / 1024.0, grads_held / kMiB, wt / kMiB, gathered / kMiB,
+            master / kMiB, moments / kMiB, grads / kMiB, act / kMiB, total / kMiB,
+            static_cast<long long>(held));
       }
       std::fflush(stdout);
     }

@@ -318,7 +318,7 @@ absl::StatusOr<v1::PublishResponse> Trainer::publish(const v1::PublishRequest& r
   // A sharded group uploads in parts, one per rank (docs/design/weight-sync-fanout.md "Parallel
   // upload from N trainer ranks"); any other group uploads from rank 0.
   const bool in_parts =
-      group_ != nullptr && group_->size() > 1 && shard_ == train::ShardMode::kGradsOptimizer;
+      group_ != nullptr && group_->size() > 1 && shard_ != train::ShardMode::kNone;
   if (group_ != nullptr && group_->rank() != 0 && !in_parts) {
     // Rank 0 uploads; the others take the same KV scales so their forwards stay the same.
     absl::StatusOr<train::Export> exported =
@@ -552,10 +552,6 @@ absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupReq
   if (!request.shard().empty()) {
     absl::StatusOr<train::ShardMode> mode = train::parse_shard_mode(request.shard(), "shard");
     if (!mode.ok()) return mode.status();
-    if (*mode == train::ShardMode::kParams) {
-      return absl::InvalidArgumentError(
-          "shard: 'params' (ZeRO-3) is not implemented yet; use none or grads_optimizer");
-    }
     shard = *mode;
   }
   // The old group goes first: its peers may be gone.

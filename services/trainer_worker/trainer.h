@@ -66,7 +66,7 @@ struct TrainerOptions {
   // there; 0 here for tests that build a Trainer directly).
   int64_t allreduce_bucket_bytes = 0;
   // What the ranks of a group shard (--shard; train::Learner::set_shard_mode after every
-  // set_group). kParams is refused by the flag.
+  // set_group).
   train::ShardMode shard = train::ShardMode::kNone;
   // The coordinator (its fp8rl.v1.Rendezvous) when JoinGroup names no rendezvous address.
   std::string coordinator_address;
@@ -93,8 +93,8 @@ class Trainer {
   // Forms (size > 1) or leaves (size 1) a data-parallel group (trainer.proto JoinGroup; the
   // updates in docs/design/training.md "Trainer groups"). Blocks until every rank joined or the
   // timeout. Replaces any earlier group. In a group, Publish on rank != 0 only sets the KV scales
-  // (every rank's forward must use the same ones) and uploads nothing, except under shard
-  // grads_optimizer, where every rank uploads its own part of the version.
+  // (every rank's forward must use the same ones) and uploads nothing, except in a sharded
+  // group (grads_optimizer, params), where every rank uploads its own part of the version.
   absl::StatusOr<v1::JoinGroupResponse> join_group(const v1::JoinGroupRequest& request);
 
   // The loss and parameter gradient TrainStep would apply for the whole request batch taken as

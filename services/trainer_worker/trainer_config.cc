@@ -57,7 +57,7 @@ void add_flags(flags::FlagTable& table, TrainerConfig* config, FlagText* text) {
       .add_int("max-step-tokens", &config->max_step_tokens, 1, int64_t{1} << 30,
                "tokens of the largest training forward the memory plan budgets for")
       .add_string("shard", &text->shard,
-                  "trainer groups: none | grads_optimizer (docs/design/sharding.md)")
+                  "trainer groups: none | grads_optimizer | params (docs/design/sharding.md)")
       .add_int("upload-streams", &config->upload_streams, 1, 256,
                "upload each published version in this many parts on as many connections")
       .add_enum(
@@ -114,10 +114,6 @@ absl::StatusOr<TrainerConfig> parse_trainer_config(const std::vector<std::string
   config.allreduce_bucket_bytes = static_cast<int64_t>(text.allreduce_bucket_mb * 1024 * 1024);
   absl::StatusOr<train::ShardMode> shard = train::parse_shard_mode(text.shard, "--shard");
   if (!shard.ok()) return shard.status();
-  if (*shard == train::ShardMode::kParams) {
-    return absl::InvalidArgumentError(
-        "--shard: 'params' (ZeRO-3) is not implemented yet; use none or grads_optimizer");
-  }
   config.shard = *shard;
   return config;
 }

@@ -41,8 +41,8 @@ struct TrainerConfig {
   train::Recompute recompute = train::Recompute::kNone;
   // --max-step-tokens: tokens of the largest training forward the memory plan budgets for.
   int64_t max_step_tokens = 16384;
-  // --shard none|grads_optimizer: ZeRO-2 in a trainer group (train::Learner::set_shard_mode);
-  // params (ZeRO-3) is refused.
+  // --shard none|grads_optimizer|params: ZeRO-2 / ZeRO-3 in a trainer group
+  // (train::Learner::set_shard_mode).
   train::ShardMode shard = train::ShardMode::kNone;
   // --upload-streams N in [1, 256]: a trainer alone (or rank 0 of an unsharded group) uploads each
   // version as N parts on N connections (make_grpc_weight_publisher); a sharded group uploads one

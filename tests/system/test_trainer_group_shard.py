@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""System test: a trainer group of 2 under `trainer.shard: grads_optimizer` (ZeRO-2,
+"""System test: a trainer group of 2 under `trainer.shard: grads_optimizer` (ZeRO-2) and under
+`trainer.shard: params` (ZeRO-3: the working weights sharded too and gathered unit by unit;
 docs/design/sharding.md) on one `fp8rl up --trainers 2` cluster, against the same job with
 `trainer.shard: none`. With 2 ranks the sharded update equals the unsharded one bit for bit (the
 reduce-scatter's rank-order sum a + b equals the all-reduce's b + a; the clip norm is summed in
-one trainer's order), so the two jobs must agree exactly: every metrics row's training values and
-every step's checkpointed weights, byte for byte. The sharded job's checkpoints hold one optimizer
-file per rank and a manifest (optimizer_shards/), the unsharded job's one optimizer.safetensors.
-Then a rank of a sharded group is SIGKILLed mid-job: the group forms again, each rank restores its
-optimizer shard from the last checkpoint, and the job SUCCEEDS with rows 0..N exactly once.
+one trainer's order; ZeRO-3 computes with the same working weights), so the three jobs must agree
+exactly: every metrics row's training values and every step's checkpointed weights, byte for
+byte. The sharded jobs' checkpoints hold one optimizer file per rank and a manifest
+(optimizer_shards/), the unsharded job's one optimizer.safetensors. Then a rank of a ZeRO-3 group
+is SIGKILLed mid-job: the group forms again, each rank restores its optimizer shard from the last
+checkpoint and shards its working weights again, and the job SUCCEEDS with rows 0..N exactly
+once.
 
 The job keeps the settings of test_trainer_group.py (BF16 training, a short SFT warm start, no
 format reward), so what differs between the two jobs can only come from the shard mode."""
@@ -55,27 +58,45 @@ def body(clusters):
     clusters.append(cluster)
     cluster.wait_up(timeout=180)
 
-    # A mode the trainers do not implement is refused at submit, naming the key.
+    # A mode that does not exist is refused at submit, naming the key.
     config = su.smoke_config(os.path.join(cluster.tmp, "bad"))
-    config["trainer"] = {"data_parallel": 2, "shard": "params"}
+    config["trainer"] = {"data_parallel": 2, "shard": "zero2"}
     status, reply = su.http("POST", f"{cluster.rest}/v1/jobs", config)
     su.check(status == 400 and "trainer.shard" in json.dumps(reply),
-             f"shard params: {status} {reply}")
+             f"shard zero2: {status} {reply}")
 
     plain_id, plain_config, plain_rows = run_job(cluster, "none")
-    shard_id, shard_config, shard_rows = run_job(cluster, "grads_optimizer")
+    for mode in ("grads_optimizer", "params"):
+        check_mode(cluster, mode, plain_id, plain_config, plain_rows)
+
+    # A rank of a ZeRO-3 group dies mid-job: the job resumes from its sharded checkpoint.
+    job_id, _ = submit(cluster, "shard-kill", "params", every_steps=5, steps=KILL_STEPS)
+    su.kill_at_step(cluster, job_id, "trainer-1", 12)
+    job = su.wait_job(cluster, job_id, timeout=300)
+    su.check(job["state"] == "SUCCEEDED",
+             f"job ended {job['state']} after a sharded rank was killed: {job.get('error')}")
+    su.metrics_rows(cluster, job_id, KILL_STEPS)
+    su.check("resuming job after trainer loss" in cluster.log_of("coordinator"),
+             "coordinator log does not show the resume after losing a rank")
+    cluster.stop()
+
+
+def check_mode(cluster, mode, plain_id, plain_config, plain_rows):
+    """The job under `mode` equals the unsharded job: rows and checkpointed weights."""
+    shard_id, shard_config, shard_rows = run_job(cluster, mode)
     compared = 0
     for step in range(STEPS + 1):
         a, b = plain_rows[step], shard_rows[step]
         for key, value in a.items():
             if any(word in key for word in NOT_COMPARED) or not isinstance(value, (int, float)):
                 continue
-            su.check(key in b, f"step {step}: the sharded row lacks {key}")
-            su.check(b[key] == value, f"step {step} {key}: sharded {b[key]} vs unsharded {value}")
+            su.check(key in b, f"{mode} step {step}: the sharded row lacks {key}")
+            su.check(b[key] == value,
+                     f"{mode} step {step} {key}: sharded {b[key]} vs unsharded {value}")
             compared += 1
     su.check(all(k in shard_rows[1] for k in ("loss", "grad_norm", "train_tokens")),
              f"rows lack training values: {sorted(shard_rows[1])}")
-    su.log(f"  {compared} row values equal across {STEPS + 1} rows")
+    su.log(f"  {mode}: {compared} row values equal across {STEPS + 1} rows")
     for step in range(1, STEPS + 1):
         plain_dir = checkpoint_dir(plain_config, plain_id, step)
         shard_dir = checkpoint_dir(shard_config, shard_id, step)
@@ -84,7 +105,7 @@ def body(clusters):
         with open(os.path.join(shard_dir, "model.safetensors"), "rb") as f:
             shard_weights = f.read()
         su.check(plain_weights == shard_weights,
-                 f"step {step}: checkpointed weights differ between the shard modes")
+                 f"{mode} step {step}: checkpointed weights differ from the unsharded job's")
         su.check(os.path.exists(os.path.join(plain_dir, "optimizer.safetensors")),
                  f"step {step}: unsharded checkpoint lacks optimizer.safetensors")
         shards = os.path.join(shard_dir, "optimizer_shards")
@@ -96,18 +117,8 @@ def body(clusters):
         su.check(manifest["ranks"] == 2 and manifest["bounds"][0] == 0
                  and 0 < manifest["bounds"][1] < manifest["bounds"][2],
                  f"step {step}: manifest {manifest}")
-    su.log(f"  checkpoints of steps 1..{STEPS}: weights byte-identical, optimizer in 2 shards")
-
-    # A rank of the sharded group dies mid-job: the job resumes from its sharded checkpoint.
-    job_id, _ = submit(cluster, "shard-kill", "grads_optimizer", every_steps=5, steps=KILL_STEPS)
-    su.kill_at_step(cluster, job_id, "trainer-1", 12)
-    job = su.wait_job(cluster, job_id, timeout=300)
-    su.check(job["state"] == "SUCCEEDED",
-             f"job ended {job['state']} after a sharded rank was killed: {job.get('error')}")
-    su.metrics_rows(cluster, job_id, KILL_STEPS)
-    su.check("resuming job after trainer loss" in cluster.log_of("coordinator"),
-             "coordinator log does not show the resume after losing a rank")
-    cluster.stop()
+    su.log(f"  {mode}: checkpoints of steps 1..{STEPS}: weights byte-identical, optimizer in 2 "
+           "shards")
 
 
 if __name__ == "__main__":

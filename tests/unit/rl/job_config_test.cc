@@ -345,9 +345,8 @@ TEST(JobConfig, BadConfigsNameTheField) {
       {"trainer: {data_parallel: 0}", "trainer.data_parallel: must be in [1, 64]"},
       {"trainer: {data_parallel: 65}", "trainer.data_parallel: must be in [1, 64]"},
       {"trainer: {ranks: 2}", "trainer.ranks: unknown key"},
-      {"trainer: {shard: params}",
-       "trainer.shard: 'params' (ZeRO-3) is not implemented yet; use none or grads_optimizer"},
-      {"trainer: {shard: zero2}", "trainer.shard: must be none or grads_optimizer, got 'zero2'"},
+      {"trainer: {shard: zero2}",
+       "trainer.shard: must be none, grads_optimizer or params, got 'zero2'"},
       {"trainer: {shard: 2}", "trainer.shard: must be a string, got number"},
       {"name: [a]", "name: must be a string, got array"},
   };
@@ -355,6 +354,13 @@ TEST(JobConfig, BadConfigsNameTheField) {
     absl::StatusOr<JobConfig> parsed = parse_job_config(base + c.yaml + "\n");
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.yaml;
     EXPECT_EQ(parsed.status().message(), c.error) << c.yaml;
+  }
+  // Every shard mode is taken (ZeRO-3 included).
+  for (const char* mode : {"none", "grads_optimizer", "params"}) {
+    absl::StatusOr<JobConfig> parsed =
+        parse_job_config(base + "trainer: {data_parallel: 2, shard: " + mode + "}\n");
+    ASSERT_TRUE(parsed.ok()) << mode << ": " << parsed.status();
+    EXPECT_EQ(parsed->trainer.shard, mode);
   }
   // Whole-document and model/task errors.
   const std::vector<BadConfig> whole = {

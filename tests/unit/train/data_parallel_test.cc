@@ -52,6 +52,7 @@
 #include "train/learner.h"
 #include "train/memory_plan.h"
 #include "train/optimizer_shards.h"
+#include "train/unit_gather.h"
 
 namespace fp8rl::train {
 namespace {
@@ -241,6 +242,8 @@ struct RunOutcome {
   int64_t master_held = 0;            // fp32 master values the rank holds after the last step
   uint64_t export_hash = 0;           // FNV-1a over the export's tensor names and bytes
   int64_t gradient_peak_bytes = 0;    // Learner::gradient_peak_bytes, the most over the updates
+  int64_t weight_bytes = 0;           // model::Model::weight_bytes after the export
+  int64_t working_held = -1;          // ZeRO-3: bytes of the rank's own working streams (else -1)
   absl::Status status;
 };
 
@@ -297,6 +300,10 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
   }
   out.k_scale = (*l)->policy().kv_scales().k;
   out.master_held = std::ssize((*l)->policy().params());
+  out.weight_bytes = (*l)->policy().weight_bytes();
+  if (const ShardedUnitWeights* units = (*l)->backend().sharded_units()) {
+    out.working_held = units->held_bytes();
+  }
   uint64_t h = 14695981039346656037ull;
   auto add = [&h](const void* data, size_t n) {
     for (size_t i = 0; i < n; ++i)
@@ -774,7 +781,9 @@ class ShardedLearner : public ::testing::TestWithParam<Precision> {};
 // With 2 ranks the reduce-scatter's rank-order sum equals the ring all-reduce's (a + b = b + a)
 // and the clip norm is summed in one trainer's order, so ZeRO-2 updates equal the unsharded
 // group's bit for bit: one SFT and three GRPO steps (14 optimizer steps), with and without
-// buckets, on the tiny and the odd shape.
+// buckets, on the tiny and the odd shape. ZeRO-3 computes with the same working copies, gathered
+// unit by unit, so it equals them too; its ranks keep no working copy between steps (only the
+// streams of their shard).
 TEST_P(ShardedLearner, GroupOfTwoIsBitIdenticalToUnsharded) {
   const Precision training = GetParam();
   const std::string name(precision_name(training));
@@ -786,25 +795,41 @@ TEST_P(ShardedLearner, GroupOfTwoIsBitIdenticalToUnsharded) {
     });
     ASSERT_TRUE(plain[0].status.ok()) << plain[0].status;
     for (int64_t bytes : {int64_t{0}, int64_t{256}, int64_t{40000}}) {
-      const std::string what = absl::StrCat(shape, ", bucket ", bytes, " bytes");
-      auto groups = make_group(2, absl::StrCat("zshard", name, shape, bytes));
-      auto sharded = on_ranks(2, [&](int r) {
-        return run(training, groups[r].get(), 7, bytes, ShardMode::kGradsOptimizer, config);
-      });
-      for (int r = 0; r < 2; ++r) {
-        ASSERT_TRUE(sharded[r].status.ok()) << what << " rank " << r << ": " << sharded[r].status;
-        ASSERT_EQ(sharded[r].shard_bounds.size(), 3u) << what;
-        expect_same_run(sharded[r], plain[0], absl::StrCat(what, ", rank ", r));
-        // The rank holds the fp32 master of its own shard only.
-        const std::vector<int64_t>& cut = sharded[r].shard_bounds;
-        EXPECT_EQ(sharded[r].master_held, cut[r + 1] - cut[r]) << what << " rank " << r;
+      int64_t zero2_weight_bytes[2] = {0, 0};
+      for (ShardMode mode : {ShardMode::kGradsOptimizer, ShardMode::kParams}) {
+        const std::string what = absl::StrCat(shape, ", ", std::string(shard_mode_name(mode)),
+                                              ", bucket ", bytes, " bytes");
+        auto groups = make_group(
+            2, absl::StrCat("zshard", name, shape, bytes, std::string(shard_mode_name(mode))));
+        auto sharded = on_ranks(
+            2, [&](int r) { return run(training, groups[r].get(), 7, bytes, mode, config); });
+        for (int r = 0; r < 2; ++r) {
+          ASSERT_TRUE(sharded[r].status.ok()) << what << " rank " << r << ": " << sharded[r].status;
+          ASSERT_EQ(sharded[r].shard_bounds.size(), 3u) << what;
+          expect_same_run(sharded[r], plain[0], absl::StrCat(what, ", rank ", r));
+          // The rank holds the fp32 master of its own shard only.
+          const std::vector<int64_t>& cut = sharded[r].shard_bounds;
+          EXPECT_EQ(sharded[r].master_held, cut[r + 1] - cut[r]) << what << " rank " << r;
+          if (mode == ShardMode::kGradsOptimizer) {
+            zero2_weight_bytes[r] = sharded[r].weight_bytes;
+            EXPECT_EQ(sharded[r].working_held, -1);
+          } else {
+            // ZeRO-3: no working copy left in the model after the step and the export (only the
+            // master shard, norms and biases), the rank's own streams beside it.
+            EXPECT_GT(sharded[r].working_held, 0) << what << " rank " << r;
+            EXPECT_LT(sharded[r].weight_bytes + sharded[r].working_held, zero2_weight_bytes[r])
+                << what << " rank " << r;
+            EXPECT_LT(sharded[r].weight_bytes, (sharded[r].master_held + 4096) * 4)
+                << what << " rank " << r;
+          }
+        }
+        EXPECT_EQ(plain[0].master_held, std::ssize(plain[0].initial));
+        // Both ranks own part of the parameters.
+        const std::vector<int64_t>& b = sharded[0].shard_bounds;
+        EXPECT_GT(b[1], 0);
+        EXPECT_LT(b[1], b[2]);
+        EXPECT_EQ(b[2], static_cast<int64_t>(plain[0].initial.size()));
       }
-      EXPECT_EQ(plain[0].master_held, std::ssize(plain[0].initial));
-      // Both ranks own part of the parameters.
-      const std::vector<int64_t>& b = sharded[0].shard_bounds;
-      EXPECT_GT(b[1], 0);
-      EXPECT_LT(b[1], b[2]);
-      EXPECT_EQ(b[2], static_cast<int64_t>(plain[0].initial.size()));
     }
   }
 }
@@ -840,6 +865,23 @@ TEST_P(ShardedLearner, GroupsOfThreeAndFourMatchUnshardedAndAreBucketIndependent
         EXPECT_EQ(by_bucket[k][r].master_held, cut[r + 1] - cut[r]) << "rank " << r;
         expect_same_run(by_bucket[k][r], by_bucket[0][0],
                         absl::StrCat("bucket ", buckets[k], ", rank ", r, " vs rank 0 unbucketed"));
+      }
+    }
+    // ZeRO-3 gathers the working copies ZeRO-2 holds whole: the same run bit for bit, also on a
+    // rank that has no sequence in a minibatch (the SFT minibatches hold 3 and 4 sequences, so
+    // with 4 ranks one rank runs the gathers of a forward and a backward without data).
+    // (Group of 3 without buckets, of 4 with 256-byte buckets: the test's time is bounded.)
+    for (int64_t bytes : {size == 3 ? int64_t{0} : int64_t{256}}) {
+      auto groups = make_group(size, absl::StrCat("zparams", size, name, bytes));
+      const std::vector<RunOutcome> params = on_ranks(size, [&](int r) {
+        return run(training, groups[r].get(), 7, bytes, ShardMode::kParams, config);
+      });
+      for (int r = 0; r < size; ++r) {
+        ASSERT_TRUE(params[r].status.ok()) << "rank " << r << ": " << params[r].status;
+        expect_same_run(
+            params[r], by_bucket[0][0],
+            absl::StrCat("params, bucket ", bytes, ", rank ", r, " vs grads_optimizer"));
+        EXPECT_GT(params[r].working_held, 0) << "rank " << r;
       }
     }
     cut_inside = cut_inside || cuts_inside_a_tensor(by_bucket[0][0].shard_bounds, config);
@@ -882,15 +924,14 @@ TEST(ShardedLearner, BadModesAndUnsupportedUsesFailClearly) {
     absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init_request(Precision::kFP8));
     if (!l.ok()) return l.status();
     (*l)->set_group(groups[r].get());
-    // ZeRO-3 is refused, naming the field, and leaves the learner unsharded.
-    absl::Status params = (*l)->set_shard_mode(ShardMode::kParams);
-    EXPECT_EQ(params.code(), absl::StatusCode::kInvalidArgument) << params;
-    EXPECT_NE(params.message().find("trainer.shard: 'params' (ZeRO-3) is not implemented yet"),
-              std::string::npos)
-        << params;
-    EXPECT_EQ((*l)->shard_layout(), nullptr);
     EXPECT_TRUE((*l)->set_shard_mode(ShardMode::kGradsOptimizer).ok());
     EXPECT_NE((*l)->shard_layout(), nullptr);
+    // Sharded once, the mode stays: another one is refused, naming both.
+    absl::Status params = (*l)->set_shard_mode(ShardMode::kParams);
+    EXPECT_EQ(params.code(), absl::StatusCode::kFailedPrecondition) << params;
+    EXPECT_NE(params.message().find("sharded as grads_optimizer; it cannot change to params"),
+              std::string::npos)
+        << params;
     // No way back to none, and the sharded optimizer state is not one file (it is saved per
     // rank by save_checkpoint, ShardedCheckpoint below).
     EXPECT_EQ((*l)->set_shard_mode(ShardMode::kNone).code(), absl::StatusCode::kFailedPrecondition);
@@ -911,6 +952,38 @@ TEST(ShardedLearner, BadModesAndUnsupportedUsesFailClearly) {
     return absl::OkStatus();
   });
   for (const absl::Status& s : outcomes) EXPECT_TRUE(s.ok()) << s;
+
+  // ZeRO-3: one rank cannot run the policy's forward alone (its units are spread over the
+  // group), so logprobs of the policy and the gradient call are refused; out of its group (or in
+  // another one) every update refuses before it gathers anything.
+  auto zero3 = make_group(2, "zbad3");
+  auto zero3_outcomes = on_ranks(2, [&](int r) {
+    absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init_request(Precision::kFP8));
+    if (!l.ok()) return l.status();
+    (*l)->set_group(zero3[r].get());
+    if (absl::Status s = (*l)->set_shard_mode(ShardMode::kParams); !s.ok()) return s;
+    EXPECT_EQ((*l)->shard_mode(), ShardMode::kParams);
+    Sequence seq;
+    seq.tokens = {1, 2, 3, 4};
+    seq.prompt_length = 2;
+    absl::StatusOr<std::vector<std::vector<float>>> lp =
+        (*l)->logprobs(std::span<const Sequence>(&seq, 1), 1.0, false);
+    EXPECT_EQ(lp.status().code(), absl::StatusCode::kFailedPrecondition) << lp.status();
+    EXPECT_NE(lp.status().message().find("logprobs: under trainer.shard params"), std::string::npos)
+        << lp.status();
+    absl::StatusOr<PolicyGradient> g = (*l)->gradient(grpo(1001));
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+    EXPECT_EQ((*l)->set_shard_mode(ShardMode::kGradsOptimizer).code(),
+              absl::StatusCode::kFailedPrecondition);
+    (*l)->set_group(nullptr);
+    absl::StatusOr<GrpoResult> alone_update = (*l)->grpo_update(grpo(1001));
+    EXPECT_EQ(alone_update.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(alone_update.status().message().find("trainer.shard params: the optimizer holds"),
+              std::string::npos)
+        << alone_update.status();
+    return absl::OkStatus();
+  });
+  for (const absl::Status& s : zero3_outcomes) EXPECT_TRUE(s.ok()) << s;
 
   // Alone, grads_optimizer shards nothing (one trainer's plan is the same in every mode).
   absl::StatusOr<std::unique_ptr<Learner>> alone = Learner::create(init_request(Precision::kFP8));
@@ -1194,6 +1267,20 @@ TEST_P(ShardedLearner, MixtureOfExpertsGroupOfTwoIsBitIdenticalToUnsharded) {
       auto groups = make_group(2, absl::StrCat("zmoe", name, config.model_type, bytes));
       auto sharded = on_ranks(
           2, [&](int r) { return sft_run(groups[r].get(), bytes, ShardMode::kGradsOptimizer); });
+      // ZeRO-3 (routers and experts gathered with their layer): the same weights bit for bit.
+      auto params_groups = make_group(2, absl::StrCat("zmoe3", name, config.model_type, bytes));
+      auto params = on_ranks(
+          2, [&](int r) { return sft_run(params_groups[r].get(), bytes, ShardMode::kParams); });
+      for (int r = 0; r < 2; ++r) {
+        ASSERT_TRUE(params[r].status.ok()) << "params rank " << r << ": " << params[r].status;
+        ASSERT_EQ(params[r].weights.size(), plain[0].weights.size());
+        for (size_t k = 0; k < plain[0].weights.size(); ++k) {
+          EXPECT_EQ(0, std::memcmp(params[r].weights[k].data(), plain[0].weights[k].data(),
+                                   plain[0].weights[k].size() * sizeof(float)))
+              << "params rank " << r << ": weights after request " << k << " differ";
+        }
+        EXPECT_EQ(params[r].loss, plain[0].loss) << "params rank " << r;
+      }
       for (int r = 0; r < 2; ++r) {
         ASSERT_TRUE(sharded[r].status.ok()) << "rank " << r << ": " << sharded[r].status;
         ASSERT_EQ(sharded[r].weights.size(), plain[0].weights.size());
@@ -1225,7 +1312,8 @@ TEST_P(ShardedLearner, MixtureOfExpertsGroupOfTwoIsBitIdenticalToUnsharded) {
 // Sharded optimizer checkpoints (train/optimizer_shards.h, docs/design/sharding.md "Sharded
 // checkpoints"): a sharded group of 2 saves after the SFT request and one GRPO request, then
 // continues for two more GRPO requests. The same checkpoint is resumed as a sharded group of 2, an
-// unsharded group of 2, a sharded group of 3 and one trainer. Exact: the restored moments of every
+// unsharded group of 2, a sharded group of 3 and one trainer, and under ZeRO-3 (params) as groups
+// of 2 and 3 (the checkpoint does not depend on the mode). Exact: the restored moments of every
 // rank equal the saved ranks' moments re-cut to its range, bit for bit, and a group of 2 (sharded
 // or not) continues bit for bit as the group that never stopped (2-rank sums do not depend on
 // the order). A group of 3 and one trainer sum the gradients in another order: within the
@@ -1384,7 +1472,8 @@ TEST_P(ShardedCheckpoint, ResumesOnTwoThreeAndOneRanksAsContinuing) {
 
   for (const auto& [size, shard] :
        {std::pair{2, ShardMode::kGradsOptimizer}, std::pair{2, ShardMode::kNone},
-        std::pair{3, ShardMode::kGradsOptimizer}, std::pair{1, ShardMode::kNone}}) {
+        std::pair{3, ShardMode::kGradsOptimizer}, std::pair{1, ShardMode::kNone},
+        std::pair{2, ShardMode::kParams}, std::pair{3, ShardMode::kParams}}) {
     const std::string what = absl::StrCat(size, " rank(s), ", std::string(shard_mode_name(shard)));
     SCOPED_TRACE(what);
     auto groups =

@@ -335,13 +335,9 @@ TEST(TrainerConfigTest, DeviceFlags) {
   c = parse_trainer_config({"--shard", "grads_optimizer"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shard, train::ShardMode::kGradsOptimizer);
-  // ZeRO-3 is refused by name until it exists.
   c = parse_trainer_config({"--shard", "params"});
-  ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(c.status().message().find("--shard: 'params' (ZeRO-3) is not implemented yet"),
-            std::string::npos)
-      << c.status();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shard, train::ShardMode::kParams);
   c = parse_trainer_config({"--device", "cpu", "--gpu-memory-fraction", "0.5", "--recompute",
                             "layers", "--max-step-tokens", "4096"});
   ASSERT_TRUE(c.ok()) << c.status();
