@@ -556,6 +556,16 @@ absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupReq
   }
   // The old group goes first: its peers may be gone.
   if (learner_) learner_->set_group(nullptr);
+  // A learner sharded in another mode cannot change (Learner::set_shard_mode): it is an earlier
+  // job's policy (a group re-formed for the same job asks for the same mode), so it goes, and the
+  // next job's InitPolicy makes its own.
+  if (learner_ && learner_->shard_layout() != nullptr && learner_->shard_mode() != shard) {
+    service::log_info("trainer", "dropped the previous job's policy: sharded in another mode",
+                      {{"job", learner_->job_id()},
+                       {"was", std::string(train::shard_mode_name(learner_->shard_mode()))},
+                       {"now", std::string(train::shard_mode_name(shard))}});
+    learner_.reset();
+  }
   shard_ = shard;
   group_.reset();
   v1::JoinGroupResponse response;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <thread>
 
@@ -315,6 +316,77 @@ TEST(TrainerGroup, ShardedPairEqualsUnshardedPair) {
   for (size_t i = 0; i < want.size(); ++i)
     change2 += (double(want[i]) - w0[i]) * (double(want[i]) - w0[i]);
   EXPECT_GT(change2, 0.0);
+}
+
+// The same two trainers take a grads_optimizer job, form the group again for it (a re-formed group
+// keeps the policy), then a params job: JoinGroup drops the earlier job's policy, which cannot
+// change its mode, and the next InitPolicy and TrainStep run sharded as params. Before, the
+// second JoinGroup failed with "sharded as grads_optimizer; it cannot change to params".
+TEST(TrainerGroup, AJobInAnotherShardModeFollowsOnTheSameTrainers) {
+  v1::InitPolicyRequest init = init_request(v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_FP8, false, 1e-3);
+  RendezvousServer rv;
+  RecordingPublisher publishers[2];
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    TrainerOptions o;
+    o.worker_id = absl::StrCat("modes-", r);
+    o.coordinator_address = rv.address;
+    trainers.push_back(std::make_unique<Trainer>(o, &publishers[r]));
+  }
+  // Every rank runs `body` at once; returns each rank's status.
+  auto on_both = [&](const std::function<absl::Status(int)>& body) {
+    std::vector<absl::Status> got(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) threads.emplace_back([&, r] { got[r] = body(r); });
+    for (std::thread& t : threads) t.join();
+    return got;
+  };
+  auto join = [&](int r, train::ShardMode shard, const std::string& group_id) -> absl::Status {
+    v1::JoinGroupRequest request;
+    request.set_group_id(group_id);
+    request.set_rank(r);
+    request.set_size(2);
+    request.set_timeout_ms(20000);
+    request.set_shard(std::string(train::shard_mode_name(shard)));
+    return trainers[r]->join_group(request).status();
+  };
+  auto step = [&](int r, uint64_t seed) -> absl::Status {
+    v1::TrainStepRequest request = random_step(seed, 6);
+    request.set_job_id(init.job_id());
+    return trainers[r]->train_step(request).status();
+  };
+  init.set_job_id("job-zero2");
+  for (const absl::Status& s : on_both([&](int r) {
+         if (absl::Status j = join(r, train::ShardMode::kGradsOptimizer, "g1"); !j.ok()) return j;
+         if (absl::Status i = trainers[r]->init_policy(init).status(); !i.ok()) return i;
+         return step(r, 31);
+       })) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  const train::Learner* first = trainers[0]->learner();
+  // The group re-formed for the same job and mode: the policy stays and trains on.
+  for (const absl::Status& s : on_both([&](int r) {
+         if (absl::Status j = join(r, train::ShardMode::kGradsOptimizer, "g2"); !j.ok()) return j;
+         return step(r, 32);
+       })) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  EXPECT_EQ(trainers[0]->learner(), first);
+  init.set_job_id("job-zero3");
+  for (const absl::Status& s : on_both([&](int r) {
+         if (absl::Status j = join(r, train::ShardMode::kParams, "g3"); !j.ok()) return j;
+         // The earlier job's policy is gone: its calls now ask for InitPolicy.
+         EXPECT_EQ(trainers[r]->learner(), nullptr);
+         if (absl::Status i = trainers[r]->init_policy(init).status(); !i.ok()) return i;
+         return step(r, 33);
+       })) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_NE(trainers[r]->learner(), nullptr);
+    EXPECT_EQ(trainers[r]->learner()->shard_mode(), train::ShardMode::kParams);
+    EXPECT_EQ(trainers[r]->learner()->job_id(), "job-zero3");
+  }
 }
 
 // Parallel upload from a sharded group (docs/design/weight-sync-fanout.md "Parallel upload from N
