@@ -323,7 +323,8 @@ TEST(TrainerGroup, ShardedPairEqualsUnshardedPair) {
 // change its mode, and the next InitPolicy and TrainStep run sharded as params. Before, the
 // second JoinGroup failed with "sharded as grads_optimizer; it cannot change to params".
 TEST(TrainerGroup, AJobInAnotherShardModeFollowsOnTheSameTrainers) {
-  v1::InitPolicyRequest init = init_request(v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_FP8, false, 1e-3);
+  v1::InitPolicyRequest init =
+      init_request(v1::WEIGHT_FORMAT_FP8, v1::WEIGHT_FORMAT_FP8, false, 1e-3);
   RendezvousServer rv;
   RecordingPublisher publishers[2];
   std::vector<std::unique_ptr<Trainer>> trainers;
