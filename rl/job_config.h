@@ -125,8 +125,8 @@ struct CheckpointConfig {
 struct TrainerConfig {
   // Trainers in the job's data-parallel group; the job waits until this many are registered.
   int64_t data_parallel = 1;
-  // What the ranks of the group shard (docs/design/sharding.md "Shard modes"): "none" or
-  // "grads_optimizer" (ZeRO-2); "params" (ZeRO-3) is refused as not implemented yet. Sent to the
+  // What the ranks of the group shard (docs/design/sharding.md "Shard modes"): "none",
+  // "grads_optimizer" (ZeRO-2) or "params" (ZeRO-3, CPU trainers only). Sent to the
   // trainers when the group forms (JoinGroupRequest.shard); nothing is sharded with one trainer.
   std::string shard = "none";
   bool operator==(const TrainerConfig&) const = default;
