@@ -1470,10 +1470,14 @@ TEST_P(ShardedCheckpoint, ResumesOnTwoThreeAndOneRanksAsContinuing) {
     EXPECT_EQ(e.path().string().find(dir + "."), std::string::npos) << e.path();
   }
 
-  for (const auto& [size, shard] :
+  for (const auto& [group_size, group_shard] :
        {std::pair{2, ShardMode::kGradsOptimizer}, std::pair{2, ShardMode::kNone},
         std::pair{3, ShardMode::kGradsOptimizer}, std::pair{1, ShardMode::kNone},
         std::pair{2, ShardMode::kParams}, std::pair{3, ShardMode::kParams}}) {
+    // Plain copies for the lambda below: clang before 16 (clang-tidy here) cannot capture a
+    // structured binding.
+    const int size = group_size;
+    const ShardMode shard = group_shard;
     const std::string what = absl::StrCat(size, " rank(s), ", std::string(shard_mode_name(shard)));
     SCOPED_TRACE(what);
     auto groups =
