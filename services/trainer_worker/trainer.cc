@@ -565,6 +565,7 @@ absl::StatusOr<v1::JoinGroupResponse> Trainer::join_group(const v1::JoinGroupReq
                        {"was", std::string(train::shard_mode_name(learner_->shard_mode()))},
                        {"now", std::string(train::shard_mode_name(shard))}});
     learner_.reset();
+    update_status();
   }
   shard_ = shard;
   group_.reset();
