@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/formats.h"
 
 namespace fp8rl::engine {
 namespace {
@@ -57,6 +58,22 @@ const kernels::Fp8Matrix* model_fp8_copy(const model::Model& model, int64_t offs
     }
   }
   return nullptr;
+}
+
+absl::Status sharded_error(std::string_view call) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("train state: ", std::string(call),
+                   " needs the whole master; this state holds a shard (trainer.shard "
+                   "grads_optimizer)"));
+}
+
+// The block rows [r0, r1) of a 2-D tensor that the flat piece [pb, pe) covers (cut points only).
+struct RowRange {
+  int64_t r0 = 0, r1 = 0;
+};
+RowRange rows_of(const model::ParamInfo& p, int64_t pb, int64_t pe) {
+  const int64_t cols = p.numel / p.shape[0];
+  return {(pb - p.offset) / cols, (pe - p.offset) / cols};
 }
 
 }  // namespace
@@ -131,6 +148,7 @@ absl::Status DeviceTrainState::init(const model::Model& model) {
   if (auto s = alloc_f32(&m_, n, "AdamW exp_avg"); !s.ok()) return s;
   if (auto s = alloc_f32(&v_, n, "AdamW exp_avg_sq"); !s.ok()) return s;
   if (auto s = dev.upload(master_, model.params().data(), 4 * n); !s.ok()) return s;
+  held_ = n;
 
   // Weight-decay runs over the flat buffer (parameters are laid out in order, back to back).
   for (const model::ParamInfo& p : layout_.params()) {
@@ -230,7 +248,7 @@ const Fp8Weight* DeviceTrainState::fp8_weight(int64_t param) const {
   return &fp8_[fp8_index_[param]];
 }
 
-absl::Status DeviceTrainState::zero_grads() { return device_->fill_zero(grads_, 4 * num_params()); }
+absl::Status DeviceTrainState::zero_grads() { return device_->fill_zero(grads_, 4 * held_); }
 
 absl::Status DeviceTrainState::set_lr(double lr) {
   if (!std::isfinite(lr) || !(lr > 0)) {
@@ -241,6 +259,7 @@ absl::Status DeviceTrainState::set_lr(double lr) {
 }
 
 absl::StatusOr<model::OptimizerStepStats> DeviceTrainState::step(float grad_scale) {
+  if (sharded_) return sharded_error("step");
   const model::AdamWConfig& c = options_.adamw;
   auto sq = device_->scale_and_sum_squares(grads_, num_params(), grad_scale);
   if (!sq.ok()) return sq.status();
@@ -268,6 +287,7 @@ absl::StatusOr<model::OptimizerStepStats> DeviceTrainState::step(float grad_scal
 }
 
 absl::Status DeviceTrainState::requantize() {
+  if (sharded_) return sharded_error("requantize");
   TrainDevice& dev = *device_;
   for (const Fp8Weight& w : fp8_) {
     const int64_t offset = layout_.params()[w.param].offset;
@@ -285,6 +305,285 @@ absl::Status DeviceTrainState::requantize() {
   }
   if (bf16_ != nullptr) return dev.round_bf16(master_, num_params(), bf16_);
   return absl::OkStatus();
+}
+
+// ---- ZeRO-2 -------------------------------------------------------------------------------------
+
+absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
+  if (sharded_) return absl::FailedPreconditionError("train state: already sharded");
+  const int64_t n = num_params();
+  auto cut_allowed = [&](int64_t at) {
+    if (at == n) return true;
+    for (const model::ParamInfo& p : layout_.params()) {
+      if (at < p.offset || at >= p.offset + p.numel) continue;
+      if (at == p.offset) return true;
+      return p.shape.size() == 2 && (at - p.offset) % (kernels::kBlock * p.shape[1]) == 0;
+    }
+    return false;
+  };
+  if (begin < 0 || begin > end || end > n || !cut_allowed(begin) || !cut_allowed(end)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train state: shard [", begin, ", ", end, ") is not a range between cut ",
+                     "points (tensor starts or 128-row boundaries) of [0, ", n, ")"));
+  }
+  bool fp32 = !policy_.bf16_activations();
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    fp32 = fp32 || policy_.layer_linear(l, config_.num_hidden_layers) == model::Precision::kF32;
+  }
+  if (fp32) {
+    return absl::FailedPreconditionError(
+        "train state: the policy has fp32 working copies, which read the fp32 master itself (a "
+        "sharded master needs fp8 or bf16 linears)");
+  }
+  TrainDevice& dev = *device_;
+  const int64_t held = end - begin;
+  // The largest FP8 tensor: encode_working quantizes its block rows into this scratch.
+  int64_t enc_codes = 0, enc_scales = 0;
+  for (const Fp8Weight& w : fp8_) {
+    enc_codes = std::max(enc_codes, w.rows * w.cols);
+    enc_scales = std::max(enc_scales, dev.block_scale_count(w.rows, w.cols));
+  }
+  // New buffers first (a failure leaves the state whole), then the shard's values move over.
+  std::vector<void*> fresh;
+  auto alloc = [&](int64_t bytes, const std::string& what) -> absl::StatusOr<void*> {
+    absl::StatusOr<void*> p = dev.allocate(std::max<int64_t>(bytes, 4), what);
+    if (p.ok()) fresh.push_back(*p);
+    return p;
+  };
+  auto fail = [&](const absl::Status& s) {
+    for (void* p : fresh) dev.release(p);
+    return s;
+  };
+  absl::StatusOr<void*> master = alloc(4 * held, "master weights (shard)");
+  if (!master.ok()) return fail(master.status());
+  absl::StatusOr<void*> grads = alloc(4 * held, "gradients (shard)");
+  if (!grads.ok()) return fail(grads.status());
+  absl::StatusOr<void*> m = alloc(4 * held, "AdamW exp_avg (shard)");
+  if (!m.ok()) return fail(m.status());
+  absl::StatusOr<void*> v = alloc(4 * held, "AdamW exp_avg_sq (shard)");
+  if (!v.ok()) return fail(v.status());
+  absl::StatusOr<void*> codes = alloc(enc_codes, "working copies encode scratch (fp8 codes)");
+  if (!codes.ok()) return fail(codes.status());
+  absl::StatusOr<void*> scales = alloc(4 * enc_scales, "working copies encode scratch (scales)");
+  if (!scales.ok()) return fail(scales.status());
+  // Through the host in pieces (once, when the group shards).
+  std::vector<float> chunk(static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(held, 1),
+                                                                 int64_t{1} << 20)));
+  for (auto [from, to] : {std::pair<float*, void*>{master_, *master}, {m_, *m}, {v_, *v}}) {
+    for (int64_t i0 = 0; i0 < held; i0 += std::ssize(chunk)) {
+      const int64_t count = std::min<int64_t>(std::ssize(chunk), held - i0);
+      if (auto s = dev.download(chunk.data(), from + begin + i0, 4 * count); !s.ok()) {
+        return fail(s);
+      }
+      if (auto s = dev.upload(static_cast<float*>(to) + i0, chunk.data(), 4 * count); !s.ok()) {
+        return fail(s);
+      }
+    }
+  }
+  for (float* old : {master_, grads_, m_, v_}) dev.release(old);
+  if (bf16_ != nullptr) {  // a copy of the whole master: not kept under sharding
+    dev.release(bf16_);
+    bf16_ = nullptr;
+  }
+  master_ = static_cast<float*>(*master);
+  grads_ = static_cast<float*>(*grads);
+  m_ = static_cast<float*>(*m);
+  v_ = static_cast<float*>(*v);
+  enc_codes_ = static_cast<uint8_t*>(*codes);
+  enc_scales_ = static_cast<float*>(*scales);
+  // The decay runs of the shard, relative to its start.
+  std::vector<DecayRun> runs;
+  for (const DecayRun& r : runs_) {
+    const int64_t b = std::max(begin, r.offset), e = std::min(end, r.offset + r.count);
+    if (b < e) runs.push_back({b - begin, e - b, r.decay});
+  }
+  runs_ = std::move(runs);
+  begin_ = begin;
+  held_ = held;
+  sharded_ = true;
+  return dev.synchronize();
+}
+
+absl::StatusOr<model::OptimizerStepStats> DeviceTrainState::step_shard(std::span<float> grads,
+                                                                       double grad_norm) {
+  if (!sharded_) return absl::FailedPreconditionError("train state: step_shard before shard()");
+  if (std::ssize(grads) != held_) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer: step_shard got ", grads.size(),
+                                                   " gradients for a shard of ", held_));
+  }
+  if (!std::isfinite(grad_norm)) {
+    return absl::InvalidArgumentError("optimizer: gradient is not finite; step skipped");
+  }
+  TrainDevice& dev = *device_;
+  if (auto s = dev.upload(grads_, grads.data(), 4 * held_); !s.ok()) return s;
+  const model::AdamWConfig& c = options_.adamw;
+  model::OptimizerStepStats stats;
+  stats.grad_norm = grad_norm;
+  const float clip = kernels::dm::clip_factor(grad_norm, c.max_grad_norm);
+  stats.clipped = kernels::dm::clip_applies(grad_norm, c.max_grad_norm);
+  stats.lr = lr_at(step_);
+  const kernels::dm::AdamWCoeffs coeffs =
+      kernels::dm::adamw_coeffs(stats.lr, c.beta1, c.beta2, c.eps, c.weight_decay, step_ + 1);
+  for (const DecayRun& r : runs_) {
+    if (auto s = dev.adamw(master_ + r.offset, m_ + r.offset, v_ + r.offset, grads_ + r.offset,
+                           r.count, clip, r.decay, coeffs);
+        !s.ok()) {
+      return s;
+    }
+  }
+  ++step_;
+  stats.step = step_;
+  if (auto s = dev.download(grads.data(), grads_, 4 * held_); !s.ok()) return s;
+  return stats;
+}
+
+absl::StatusOr<model::Model::WorkingStreams> DeviceTrainState::encode_working() const {
+  if (!sharded_) return absl::FailedPreconditionError("train state: encode_working before shard()");
+  TrainDevice& dev = *device_;
+  const int64_t begin = begin_, end = begin_ + held_;
+  model::Model::WorkingStreams out;
+  for (size_t i = 0; i < layout_.params().size(); ++i) {
+    const model::ParamInfo& p = layout_.params()[i];
+    const int64_t pb = std::max(begin, p.offset), pe = std::min(end, p.offset + p.numel);
+    if (pb >= pe) continue;
+    const float* master = master_ + (pb - begin);
+    if (const Fp8Weight* w = fp8_weight(static_cast<int64_t>(i))) {
+      // The block rows [r0, r1), quantized on their own: no block spans the cut, so the codes and
+      // scales equal the whole tensor's.
+      const RowRange r = rows_of(p, pb, pe);
+      const int64_t rows = r.r1 - r.r0;
+      if (auto s = dev.quantize_block128(master, rows, w->cols, policy_.pow2_scales, enc_codes_,
+                                         enc_scales_);
+          !s.ok()) {
+        return s;
+      }
+      absl::StatusOr<kernels::Fp8Matrix> q =
+          dev.download_block128(enc_codes_, enc_scales_, rows, w->cols);
+      if (!q.ok()) return q.status();
+      out.codes.insert(out.codes.end(), q->data.begin(), q->data.end());
+      out.scales.insert(out.scales.end(), q->scale_inv.begin(), q->scale_inv.end());
+      continue;
+    }
+    // bf16 bits, through the export scratch in pieces.
+    const int64_t n = pe - pb;
+    const size_t at = out.bf16.size();
+    out.bf16.resize(at + static_cast<size_t>(n));
+    for (int64_t i0 = 0; i0 < n; i0 += bf16_scratch_count_) {
+      const int64_t count = std::min(bf16_scratch_count_, n - i0);
+      if (auto s = dev.round_bf16(master + i0, count, bf16_scratch_); !s.ok()) return s;
+      if (auto s = dev.download(out.bf16.data() + at + i0, bf16_scratch_, 2 * count); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status DeviceTrainState::install_working(const model::Model::WorkingStreams& all) {
+  if (!sharded_) {
+    return absl::FailedPreconditionError("train state: install_working before shard()");
+  }
+  int64_t codes = 0, scales = 0, bf16 = 0;
+  for (size_t i = 0; i < layout_.params().size(); ++i) {
+    const model::ParamInfo& p = layout_.params()[i];
+    if (const Fp8Weight* w = fp8_weight(static_cast<int64_t>(i))) {
+      codes += p.numel;
+      scales += kernels::ceil_div(w->rows, kernels::kBlock) *
+                kernels::ceil_div(w->cols, kernels::kBlock);
+    } else {
+      bf16 += p.numel;
+    }
+  }
+  if (codes != std::ssize(all.codes) || scales != std::ssize(all.scales) ||
+      bf16 != std::ssize(all.bf16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "install_working: streams of ", all.codes.size(), " codes, ", all.scales.size(),
+        " scales and ", all.bf16.size(), " bf16 values; the layout has ", codes, ", ", scales,
+        " and ", bf16));
+  }
+  TrainDevice& dev = *device_;
+  const uint8_t* c = all.codes.data();
+  const float* sc = all.scales.data();
+  for (const Fp8Weight& w : fp8_) {
+    kernels::Fp8Matrix q;
+    q.rows = w.rows;
+    q.cols = w.cols;
+    q.mode = kernels::ScalingMode::kBlock128x128;
+    q.data.assign(c, c + w.rows * w.cols);
+    const int64_t ns = q.scale_rows() * q.scale_cols();
+    q.scale_inv.assign(sc, sc + ns);
+    c += w.rows * w.cols;
+    sc += ns;
+    if (auto s = dev.upload_block128(q, w.codes, w.scales); !s.ok()) return s;
+    if (w.t_codes != nullptr) {
+      if (auto s = dev.transpose_block128(w.codes, w.scales, w.rows, w.cols, w.t_codes, w.t_scales);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  working_bf16_ = all.bf16;
+  return dev.synchronize();
+}
+
+absl::StatusOr<std::vector<float>> DeviceTrainState::download_master() const {
+  std::vector<float> out(static_cast<size_t>(held_));
+  if (auto s = device_->download(out.data(), master_, 4 * held_); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<model::AdamW::RangeState> DeviceTrainState::range_state() const {
+  model::AdamW::RangeState state;
+  state.m.resize(static_cast<size_t>(held_));
+  state.v.resize(static_cast<size_t>(held_));
+  if (auto s = device_->download(state.m.data(), m_, 4 * held_); !s.ok()) return s;
+  if (auto s = device_->download(state.v.data(), v_, 4 * held_); !s.ok()) return s;
+  state.step = step_;
+  return state;
+}
+
+absl::Status DeviceTrainState::set_range_state(model::AdamW::RangeState state) {
+  if (std::ssize(state.m) != held_ || std::ssize(state.v) != held_ || state.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: a range state of ", state.m.size(), " exp_avg and ", state.v.size(),
+        " exp_avg_sq values at step ", state.step, " for a range of ", held_));
+  }
+  if (auto s = device_->upload(m_, state.m.data(), 4 * held_); !s.ok()) return s;
+  if (auto s = device_->upload(v_, state.v.data(), 4 * held_); !s.ok()) return s;
+  step_ = state.step;
+  return device_->synchronize();
+}
+
+absl::StatusOr<model::WeightSet> DeviceTrainState::export_with_master(
+    model::WeightFormat format, int64_t version, std::span<const float> whole_master) const {
+  if (std::ssize(whole_master) != num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat("export_weights: whole_master holds ",
+                                                   whole_master.size(), " values, the model has ",
+                                                   num_params()));
+  }
+  if (format == model::WeightFormat::kFP8) return export_fp8(version);
+  const bool f32 = format == model::WeightFormat::kF32;
+  model::WeightSet out;
+  out.version = version;
+  out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/false);
+  for (const model::ParamInfo& p : layout_.params()) {
+    const float* w = whole_master.data() + p.offset;
+    if (f32) {
+      out.tensors.push_back({p.name, DType::kF32, p.shape, f32_bytes(w, p.numel)});
+      continue;
+    }
+    model::NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const uint16_t b = kernels::float_to_bf16(w[i]);
+      std::memcpy(t.bytes.data() + 2 * i, &b, 2);
+    }
+    out.tensors.push_back(std::move(t));
+  }
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    out.tensors.push_back({kv_scale_name(l, 'k'), DType::kF32, {}, f32_bytes(&kv_scales_.k[l], 1)});
+    out.tensors.push_back({kv_scale_name(l, 'v'), DType::kF32, {}, f32_bytes(&kv_scales_.v[l], 1)});
+  }
+  return out;
 }
 
 // ---- KV calibration
@@ -390,6 +689,8 @@ absl::StatusOr<model::WeightSet> DeviceTrainState::export_fp8(int64_t version) c
   out.version = version;
   out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/true);
   const std::vector<model::ParamInfo>& params = layout_.params();
+  // Sharded: the bf16 tensors come from the last install_working's stream, in layout order.
+  const uint16_t* bits = working_bf16_.data();
   for (size_t i = 0; i < params.size(); ++i) {
     const model::ParamInfo& p = params[i];
     if (exports_fp8(p, policy_, n_layers)) {
@@ -397,6 +698,8 @@ absl::StatusOr<model::WeightSet> DeviceTrainState::export_fp8(int64_t version) c
       absl::StatusOr<kernels::Fp8Matrix> q;
       if (const Fp8Weight* w = fp8_weight(static_cast<int64_t>(i))) {
         q = dev.download_block128(w->codes, w->scales, rows, cols);
+      } else if (sharded_) {
+        return sharded_error("export_fp8 of a linear without an FP8 working copy");
       } else {
         // A linear this policy does not run in FP8 (an fp32 policy): quantized for the payload.
         if (auto s = dev.quantize_block128(master_ + p.offset, rows, cols, policy_.pow2_scales,
@@ -413,6 +716,15 @@ absl::StatusOr<model::WeightSet> DeviceTrainState::export_fp8(int64_t version) c
            DType::kF32,
            {q->scale_rows(), q->scale_cols()},
            f32_bytes(q->scale_inv.data(), static_cast<int64_t>(q->scale_inv.size()))});
+    } else if (sharded_) {
+      if (bits == nullptr || bits + p.numel > working_bf16_.data() + working_bf16_.size()) {
+        return absl::FailedPreconditionError(
+            "export_fp8: a sharded state exports after install_working only");
+      }
+      model::NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
+      std::memcpy(t.bytes.data(), bits, 2 * p.numel);
+      bits += p.numel;
+      out.tensors.push_back(std::move(t));
     } else {
       if (auto s = dev.round_bf16(master_ + p.offset, p.numel, bf16_scratch_); !s.ok()) return s;
       model::NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
@@ -428,12 +740,26 @@ absl::StatusOr<model::WeightSet> DeviceTrainState::export_fp8(int64_t version) c
 }
 
 absl::StatusOr<model::WeightSet> DeviceTrainState::export_bf16(int64_t version) const {
-  if (bf16_scratch_count_ < 1) return absl::InternalError("export_bf16: no export scratch");
+  // Sharded, the bf16 working copies hold the output bits when no linear runs in FP8.
+  const bool from_stream = sharded_ && fp8_.empty();
+  if (sharded_ && !from_stream) return sharded_error("export_bf16");
+  if (sharded_ && std::ssize(working_bf16_) != num_params()) {
+    return absl::FailedPreconditionError(
+        "export_bf16: a sharded state exports after install_working only");
+  }
+  if (!sharded_ && bf16_scratch_count_ < 1) {
+    return absl::InternalError("export_bf16: no export scratch");
+  }
   model::WeightSet out;
   out.version = version;
   out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/false);
   for (const model::ParamInfo& p : layout_.params()) {
     model::NamedTensor t{p.name, DType::kBF16, p.shape, std::vector<uint8_t>(2 * p.numel)};
+    if (from_stream) {
+      std::memcpy(t.bytes.data(), working_bf16_.data() + p.offset, 2 * p.numel);
+      out.tensors.push_back(std::move(t));
+      continue;
+    }
     // A tensor larger than the scratch (an FP8 linear) goes through it in pieces.
     for (int64_t i0 = 0; i0 < p.numel; i0 += bf16_scratch_count_) {
       const int64_t n = std::min(bf16_scratch_count_, p.numel - i0);
@@ -454,6 +780,7 @@ absl::StatusOr<model::WeightSet> DeviceTrainState::export_bf16(int64_t version) 
 }
 
 absl::StatusOr<model::WeightSet> DeviceTrainState::export_f32(int64_t version) const {
+  if (sharded_) return sharded_error("export_f32");
   model::WeightSet out;
   out.version = version;
   out.config_json = model_config_to_json(config_, /*fp8_block_quantization=*/false);
@@ -472,6 +799,7 @@ absl::StatusOr<model::WeightSet> DeviceTrainState::export_f32(int64_t version) c
 }
 
 absl::StatusOr<std::vector<float>> DeviceTrainState::download(const float* device_buffer) const {
+  if (sharded_) return sharded_error("download");
   std::vector<float> out(num_params());
   if (auto s = device_->download(out.data(), device_buffer, 4 * num_params()); !s.ok()) return s;
   return out;
@@ -480,6 +808,7 @@ absl::StatusOr<std::vector<float>> DeviceTrainState::download(const float* devic
 // ---- Checkpoints -------------------------------------------------------------------------------
 
 absl::Status DeviceTrainState::save_optimizer_state(const std::string& path) const {
+  if (sharded_) return sharded_error("save_optimizer_state");
   auto m = download(m_);
   if (!m.ok()) return m.status();
   auto v = download(v_);
@@ -488,6 +817,7 @@ absl::Status DeviceTrainState::save_optimizer_state(const std::string& path) con
 }
 
 absl::Status DeviceTrainState::load_optimizer_state(const std::string& path) {
+  if (sharded_) return sharded_error("load_optimizer_state");
   auto state = model::load_adamw_state(path, num_params());
   if (!state.ok()) return state.status();
   if (auto s = device_->upload(m_, state->m.data(), 4 * num_params()); !s.ok()) return s;

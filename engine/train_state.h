@@ -49,6 +49,9 @@ class TrainDevice {
   // Zero-filled bytes owned by the device object (freed with it), 256-byte aligned.
   // ResourceExhausted naming `what` when the memory is not there.
   virtual absl::StatusOr<void*> allocate(int64_t bytes, const std::string& what) = 0;
+  // Returns memory allocate() gave (after the work before it); nullptr and pointers it did not
+  // give are ignored.
+  virtual void release(void* p) = 0;
   virtual absl::Status fill_zero(void* dst, int64_t bytes) = 0;
   virtual absl::Status upload(void* dst, const void* host_src, int64_t bytes) = 0;
   virtual absl::Status download(void* host_dst, const void* src, int64_t bytes) const = 0;
@@ -179,6 +182,42 @@ class DeviceTrainState {
   const model::AdamWConfig& adamw_config() const { return options_.adamw; }
   absl::Status set_lr(double lr);  // as AdamW::set_lr
 
+  // ---- ZeRO-2 (trainer.shard grads_optimizer, docs/design/sharding.md "ZeRO-2 on the device")
+  // Keeps the fp32 master, AdamW moments and gradients of the flat parameters [begin, end) only
+  // (new device buffers; the whole ones are released). [begin, end) must lie between the cut
+  // points of train::shard_parameters (InvalidArgument otherwise); FailedPrecondition when
+  // already sharded or when the policy has fp32 working copies (they read the whole master).
+  // master(), grads(), exp_avg(), exp_avg_sq() are then [shard_size()] from shard_begin().
+  absl::Status shard(int64_t begin, int64_t end);
+  bool sharded() const { return sharded_; }
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_size() const { return held_; }  // num_params() when not sharded
+  // model::AdamW::step_shard on the device: `grads` (host, the shard's gradients summed over the
+  // group) are uploaded, clipped by `grad_norm` (the whole gradient's norm), and the shard's
+  // master and moments updated; `grads` is left clipped, as AdamW leaves it. Nothing is
+  // re-quantized (install_working sets the working copies). InvalidArgument for a non-finite norm
+  // or a size mismatch, FailedPrecondition when not sharded.
+  absl::StatusOr<model::OptimizerStepStats> step_shard(std::span<float> grads, double grad_norm);
+  // model::Model::encode_working of the shard, derived from the device master: FP8 block rows
+  // quantized on the device, everything else rounded to bf16 on the device; only codes, scales
+  // and bf16 bits cross to the host. Bit for bit what the CPU model of the same master encodes.
+  absl::StatusOr<model::Model::WorkingStreams> encode_working() const;
+  // Sets the FP8 working copies (and their transposes) from the whole streams every rank's
+  // encode_working gives, concatenated in rank order, and keeps the bf16 stream (host memory) for
+  // export_fp8. InvalidArgument when a stream's size does not match the layout.
+  absl::Status install_working(const model::Model::WorkingStreams& all);
+  // The shard's master (host copy, shard_size() floats).
+  absl::StatusOr<std::vector<float>> download_master() const;
+  // The moments and step of the range this state holds (its shard, or every parameter), and
+  // setting them (InvalidArgument on a size mismatch): a sharded checkpoint's per-rank state.
+  absl::StatusOr<model::AdamW::RangeState> range_state() const;
+  absl::Status set_range_state(model::AdamW::RangeState state);
+  // Exports of a sharded state from the whole master gathered by the caller (kF32, kBF16; kFP8
+  // takes its FP8 linears from the working copies): Model::export_weights(format, version,
+  // whole_master) of a CPU model with the same working copies.
+  absl::StatusOr<model::WeightSet> export_with_master(model::WeightFormat format, int64_t version,
+                                                      std::span<const float> whole_master) const;
+
   // ---- KV calibration: amax per layer per call on the device, the percentile on the host.
   // Reserves `n` records (one per sequence of the coming forward, as the CPU forward records) and
   // returns the first record index; moves the device records to the host calibrator first when
@@ -213,6 +252,8 @@ class DeviceTrainState {
   // Model::export_weights(WeightFormat::kBF16, version) of a CPU model holding the same master and
   // KV scales: every parameter rounded to bf16 on the device (round to nearest even), in chunks
   // of the export scratch; only bf16 bits cross to the host (2 B per parameter, no fp32 copy).
+  // Sharded: from the bf16 stream of the last install_working when no linear runs in FP8
+  // (FailedPrecondition otherwise: export_with_master).
   absl::StatusOr<model::WeightSet> export_bf16(int64_t version = 0) const;
   // The fp32 master in checkpoint layout (Model::export_weights(kF32)): checkpoints only. The
   // result is the whole master in host memory (4 B per parameter), which is the checkpoint's
@@ -253,7 +294,15 @@ class DeviceTrainState {
     int64_t offset, count;
     bool decay;
   };
-  std::vector<DecayRun> runs_;
+  std::vector<DecayRun> runs_;  // offsets relative to begin_
+  // Sharded (shard()): the state holds [begin_, begin_ + held_) of the flat parameters.
+  bool sharded_ = false;
+  int64_t begin_ = 0, held_ = 0;
+  // Sharded: the bf16 stream of the last install_working (host), for export_fp8.
+  std::vector<uint16_t> working_bf16_;
+  // Sharded: the codes + scales of one FP8 tensor's block rows (encode_working).
+  uint8_t* enc_codes_ = nullptr;
+  float* enc_scales_ = nullptr;
   std::vector<Fp8Weight> fp8_;
   std::vector<int64_t> fp8_index_;  // per param: index into fp8_ or -1
   int64_t step_ = 0;

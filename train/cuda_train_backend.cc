@@ -29,6 +29,15 @@ class CudaStepEngine final : public DeviceStepEngine {
   absl::Status set_kv_scales(const model::KvScales& scales) override {
     return step_->ops().set_kv_scales(scales);
   }
+  absl::Status backward_to_sink(const model::Model& host, const model::TokenValues& dlogp,
+                                model::GradientSink& sink) override {
+    return step_->backward_to_sink(host, dlogp, sink);
+  }
+  // The CUDA ops hold no master: sharding it changes nothing here.
+  absl::Status shard(int64_t, int64_t) override { return absl::OkStatus(); }
+  absl::Status install_working(const model::Model::WorkingStreams& all) override {
+    return step_->ops().install_working(all);
+  }
 
  private:
   std::unique_ptr<engine::CudaTrainStep> step_;

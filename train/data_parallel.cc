@@ -65,6 +65,40 @@ uint64_t weight_hash(std::span<const float> weights) {
   return h.value();
 }
 
+absl::StatusOr<model::Model::WorkingStreams> all_gather_working(
+    Collectives& group, const model::Model::WorkingStreams& mine,
+    std::span<const model::Model::WorkingCounts> counts, std::string_view what) {
+  std::vector<int64_t> codes, scales, bf16;
+  model::Model::WorkingStreams all;
+  for (const model::Model::WorkingCounts& n : counts) {
+    codes.push_back(n.codes);
+    scales.push_back(n.scales);
+    bf16.push_back(n.bf16);
+    all.codes.resize(all.codes.size() + static_cast<size_t>(n.codes));
+    all.scales.resize(all.scales.size() + static_cast<size_t>(n.scales));
+    all.bf16.resize(all.bf16.size() + static_cast<size_t>(n.bf16));
+  }
+  if (absl::Status s =
+          group.all_gather(std::span<const uint8_t>(mine.codes), std::span<uint8_t>(all.codes),
+                           codes, absl::StrCat(std::string(what), " (FP8 codes)"));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          group.all_gather(std::span<const float>(mine.scales), std::span<float>(all.scales),
+                           scales, absl::StrCat(std::string(what), " (block scales)"));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          group.all_gather(std::span<const uint16_t>(mine.bf16), std::span<uint16_t>(all.bf16),
+                           bf16, absl::StrCat(std::string(what), " (bf16)"));
+      !s.ok()) {
+    return s;
+  }
+  return all;
+}
+
 uint64_t working_weights_hash(std::span<const uint8_t> codes, std::span<const float> scales,
                               std::span<const uint16_t> bf16) {
   uint64_t h = 14695981039346656037ull;  // the FNV-1a offset basis

@@ -2,6 +2,8 @@
 #include "train/device_train_backend.h"
 
 #include <algorithm>
+#include <map>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,6 +21,114 @@ class DeviceForwardState final : public ForwardState {
   int64_t activation_bytes() const override { return bytes; }
   int64_t forward_id = -1;
   int64_t bytes = 0;
+};
+
+// Device memory for the gradients of a backward, handed out tensor by tensor: blocks are reused
+// across tensors and backwards (a decoder layer's tensors repeat in size), so the pool grows to
+// the most gradient bytes the backward holds at once, not to every parameter.
+class StagingPool {
+ public:
+  // A zeroed block of at least `floats` (the smallest free one that fits, else a new one).
+  absl::StatusOr<float*> take(engine::TrainDevice& dev, int64_t floats) {
+    Block* best = nullptr;
+    for (Block& b : blocks_) {
+      if (!b.busy && b.floats >= floats && (best == nullptr || b.floats < best->floats)) best = &b;
+    }
+    if (best == nullptr) {
+      absl::StatusOr<void*> p = dev.allocate(4 * floats, "gradient staging");
+      if (!p.ok()) return p.status();
+      blocks_.push_back({static_cast<float*>(*p), floats, false});
+      best = &blocks_.back();
+      bytes_ += 4 * floats;
+    } else if (auto s = dev.fill_zero(best->p, 4 * floats); !s.ok()) {
+      return s;
+    }
+    best->busy = true;
+    return best->p;
+  }
+  void give_back(const float* p) {
+    for (Block& b : blocks_) {
+      if (b.p == p) b.busy = false;
+    }
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  struct Block {
+    float* p;
+    int64_t floats;
+    bool busy;
+  };
+  std::vector<Block> blocks_;
+  int64_t bytes_ = 0;
+};
+
+// The device sink of one staged backward: grad(offset) hands out a pool block for the tensor;
+// final_from(from) adds every tensor at or after `from` into `host` (downloaded in pieces) and
+// returns its block, then tells `host`. Errors are kept for status() (the sink interface returns
+// none): a failed block allocation hands out the overflow block (the backward's result is
+// discarded), a failed download skips the tensor.
+class StagingSink final : public model::GradientSink {
+ public:
+  StagingSink(engine::TrainDevice& dev, StagingPool& pool,
+              const std::unordered_map<int64_t, int64_t>& numel, model::GradientSink& host,
+              float* overflow, int64_t* transfer_bytes)
+      : dev_(dev),
+        pool_(pool),
+        numel_(numel),
+        host_(host),
+        overflow_(overflow),
+        transfer_bytes_(transfer_bytes) {}
+  ~StagingSink() override {
+    for (const auto& [offset, p] : live_) pool_.give_back(p);
+  }
+
+  float* grad(int64_t offset) override {
+    if (auto it = live_.find(offset); it != live_.end()) return it->second;
+    auto n = numel_.find(offset);
+    absl::StatusOr<float*> p = n == numel_.end()
+                                   ? absl::InvalidArgumentError(absl::StrCat(
+                                         "backward: no parameter tensor starts at ", offset))
+                                   : pool_.take(dev_, n->second);
+    if (!p.ok()) {
+      if (status_.ok()) status_ = p.status();
+      return overflow_;
+    }
+    live_.emplace(offset, *p);
+    return *p;
+  }
+  void final_from(int64_t from) override {
+    for (auto it = live_.lower_bound(from); it != live_.end(); it = live_.erase(it)) {
+      if (status_.ok()) status_ = add_into_host(it->first, it->second);
+      pool_.give_back(it->second);
+    }
+    host_.final_from(from);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status add_into_host(int64_t offset, const float* src) {
+    const int64_t n = numel_.at(offset);
+    float* dst = host_.grad(offset);
+    chunk_.resize(static_cast<size_t>(std::min(n, TrainBackend::kFingerprintChunkFloats)));
+    for (int64_t i0 = 0; i0 < n; i0 += std::ssize(chunk_)) {
+      const int64_t count = std::min<int64_t>(std::ssize(chunk_), n - i0);
+      if (auto s = dev_.download(chunk_.data(), src + i0, 4 * count); !s.ok()) return s;
+      for (int64_t i = 0; i < count; ++i) dst[i0 + i] += chunk_[static_cast<size_t>(i)];
+    }
+    *transfer_bytes_ += 4 * n;
+    return absl::OkStatus();
+  }
+
+  engine::TrainDevice& dev_;
+  StagingPool& pool_;
+  const std::unordered_map<int64_t, int64_t>& numel_;
+  model::GradientSink& host_;
+  float* const overflow_;
+  int64_t* const transfer_bytes_;
+  std::map<int64_t, float*> live_;  // tensor offset -> its block
+  std::vector<float> chunk_;
+  absl::Status status_;
 };
 
 class DeviceTrainBackend final : public TrainBackend {
@@ -78,6 +188,16 @@ class DeviceTrainBackend final : public TrainBackend {
           "time on a device backend)");
     }
     if (grads != nullptr && pending_) return gradients_pending_error("backward");
+    if (state_->sharded()) {
+      // No whole gradient array on the device: staged into the learner's host buffer.
+      if (grads == nullptr) {
+        return absl::FailedPreconditionError(
+            "backward: a sharded device backend has no gradient buffer of its own (its gradients "
+            "go to the group)");
+      }
+      model::FlatGradientSink host(grads, on_final);
+      return staged_backward(batch, dloss_dlogp, host);
+    }
     // The state's gradient array: zeroed per call for a host buffer, per optimizer step for the
     // backend's own (where the backwards of the step accumulate).
     if (grads != nullptr || !pending_) {
@@ -101,7 +221,23 @@ class DeviceTrainBackend final : public TrainBackend {
     return absl::OkStatus();
   }
 
+  absl::Status backward_to_sink(const ForwardState& saved, const PackedBatch& batch,
+                                std::span<const float> dloss_dlogp,
+                                model::GradientSink& sink) override {
+    if (static_cast<const DeviceForwardState&>(saved).forward_id != forward_id_) {
+      return absl::FailedPreconditionError(
+          "backward: another forward ran on the device since this one (one saved forward at a "
+          "time on a device backend)");
+    }
+    if (pending_) return gradients_pending_error("backward_to_sink");
+    return staged_backward(batch, dloss_dlogp, sink);
+  }
+
   absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) override {
+    if (state_->sharded()) {
+      return absl::FailedPreconditionError(
+          "optimizer: sharded (ZeRO-2); optimizer_step_shard takes the shard's gradients");
+    }
     const int64_t n = state_->num_params();
     const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
     if (grads != nullptr) {
@@ -122,6 +258,64 @@ class DeviceTrainBackend final : public TrainBackend {
     }
     return stats;
   }
+  absl::Status shard_optimizer(int64_t begin, int64_t end) override {
+    if (state_->sharded()) return absl::FailedPreconditionError("optimizer: already sharded");
+    if (pending_) return gradients_pending_error("shard_optimizer");
+    if (auto s = state_->shard(begin, end); !s.ok()) return s;
+    return engine_->shard(begin, end);
+  }
+  absl::StatusOr<model::OptimizerStepStats> optimizer_step_shard(std::span<float> grads,
+                                                                 double grad_norm) override {
+    if (pending_) return gradients_pending_error("optimizer_step_shard");
+    return state_->step_shard(grads, grad_norm);
+  }
+  absl::Status gather_working(Collectives& group, const ShardLayout& layout,
+                              std::string_view what) override {
+    const int rank = group.rank();
+    if (!state_->sharded() || layout.ranks() != group.size() ||
+        state_->shard_begin() != layout.begin(rank) || state_->shard_size() != layout.size(rank)) {
+      return absl::FailedPreconditionError(
+          "gather_working: the master must be sharded to this rank's shard first");
+    }
+    absl::StatusOr<model::Model::WorkingStreams> mine = state_->encode_working();
+    if (!mine.ok()) return mine.status();
+    std::vector<model::Model::WorkingCounts> counts;
+    for (int r = 0; r < layout.ranks(); ++r) {
+      absl::StatusOr<model::Model::WorkingCounts> n =
+          host_->working_counts(layout.begin(r), layout.end(r));
+      if (!n.ok()) return n.status();
+      counts.push_back(*n);
+    }
+    absl::StatusOr<model::Model::WorkingStreams> all =
+        all_gather_working(group, *mine, counts, what);
+    if (!all.ok()) return all.status();
+    *mine = {};
+    if (auto s = state_->install_working(*all); !s.ok()) return s;
+    if (auto s = engine_->install_working(*all); !s.ok()) return s;
+    working_hash_ = working_weights_hash(all->codes, all->scales, all->bf16);
+    return absl::OkStatus();
+  }
+  absl::Status shard_working(const ShardLayout&, int) override {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "trainer.shard params: ZeRO-3 is not implemented on the ",
+        std::string(model::device_name(kind_)),
+        " device training backend yet (grads_optimizer is; the CPU backend has params)"));
+  }
+  absl::StatusOr<std::vector<float>> master_shard() const override {
+    return state_->download_master();
+  }
+  absl::StatusOr<model::WeightSet> export_weights_with_master(
+      model::WeightFormat format, int64_t version,
+      std::span<const float> whole_master) const override {
+    return state_->export_with_master(format, version, whole_master);
+  }
+  absl::StatusOr<model::AdamW::RangeState> optimizer_range_state() const override {
+    return state_->range_state();
+  }
+  absl::Status set_optimizer_range_state(model::AdamW::RangeState state) override {
+    return state_->set_range_state(std::move(state));
+  }
+  int64_t gradient_staging_bytes() const override { return pool_.bytes(); }
   int64_t gradient_transfer_bytes() const override { return transfer_bytes_; }
   void requantize() override {
     // Benchmarks only (optimizer_step already re-quantizes); an error here would repeat in the
@@ -160,6 +354,7 @@ class DeviceTrainBackend final : public TrainBackend {
     }
   }
   absl::StatusOr<uint64_t> master_fingerprint() const override {
+    if (state_->sharded()) return working_hash_;  // the state every rank shares
     const int64_t n = state_->num_params();
     std::vector<float> chunk(static_cast<size_t>(std::min(n, kFingerprintChunkFloats)));
     WeightHasher hasher;
@@ -183,6 +378,30 @@ class DeviceTrainBackend final : public TrainBackend {
   }
 
  private:
+  // The backward of the last forward, each tensor's gradient staged in device memory and added
+  // into `host` as it becomes final.
+  absl::Status staged_backward(const PackedBatch& batch, std::span<const float> dloss_dlogp,
+                               model::GradientSink& host) {
+    if (numel_.empty()) {
+      for (const model::ParamInfo& p : host_->layout().params()) numel_[p.offset] = p.numel;
+      int64_t largest = 1;
+      for (const model::ParamInfo& p : host_->layout().params()) {
+        largest = std::max(largest, p.numel);
+      }
+      absl::StatusOr<void*> o = state_->device().allocate(4 * largest, "gradient staging overflow");
+      if (!o.ok()) {
+        numel_.clear();
+        return o.status();
+      }
+      overflow_ = static_cast<float*>(*o);
+    }
+    StagingSink staging(state_->device(), pool_, numel_, host, overflow_, &transfer_bytes_);
+    absl::Status s =
+        engine_->backward_to_sink(*host_, scatter_response(batch, dloss_dlogp), staging);
+    if (s.ok()) s = staging.status();
+    return s;
+  }
+
   model::Device kind_;
   // The description (Model::ForDescription): config, policy, layout, KV scales; no weights.
   std::unique_ptr<model::Model> host_;
@@ -193,6 +412,13 @@ class DeviceTrainBackend final : public TrainBackend {
   // The state's gradient array holds the backwards of a step not yet taken (backward(nullptr)).
   bool pending_ = false;
   int64_t transfer_bytes_ = 0;  // gradient_transfer_bytes()
+  // Staged backwards: the tensors' sizes by offset, the device blocks, and the block a failed
+  // allocation hands out.
+  std::unordered_map<int64_t, int64_t> numel_;
+  StagingPool pool_;
+  float* overflow_ = nullptr;
+  // Sharded: working_weights_hash of the working copies last installed (master_fingerprint).
+  uint64_t working_hash_ = 0;
 };
 
 // The host mirror's engine: it owns the model CpuTrainOps read (the mirror's "device" weights),
@@ -232,6 +458,18 @@ class HostStepEngine final : public DeviceStepEngine {
   }
   absl::Status set_kv_scales(const model::KvScales& scales) override {
     return model_->set_kv_scales(scales);  // the ops read the model's scales
+  }
+  absl::Status backward_to_sink(const model::Model& host, const model::TokenValues& dlogp,
+                                model::GradientSink& sink) override {
+    if (buffers_.layers.empty()) return absl::FailedPreconditionError("backward: no forward ran");
+    return engine::train_backward(host.config(), host.policy(), host.layout(), ops_, buffers_,
+                                  tables_, dlogp, sink, opts_);
+  }
+  absl::Status shard(int64_t begin, int64_t end) override {
+    return model_->shard_master(begin, end);
+  }
+  absl::Status install_working(const model::Model::WorkingStreams& all) override {
+    return model_->install_working(all);
   }
 
  private:

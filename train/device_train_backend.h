@@ -5,6 +5,12 @@
 // host model refreshed from the state's master, with the state on make_cpu_train_device), which
 // runs the whole backend's logic on any machine. docs/design/gpu-training.md "Training on the GPU".
 //
+// Sharded (trainer.shard grads_optimizer): the state keeps the master and moments of the rank's
+// shard; the backward's gradients are staged in device memory tensor by tensor and added into
+// the learner's host sink (its reduce-scatter buckets) as the backward makes them final; the
+// step updates the shard; the shard's working copies are encoded on the device, all-gathered on
+// the host and installed in the state and the engine.
+//
 // Per minibatch: the forward runs on the engine (activations in its buffers, the K/V amax of each
 // sequence into the learner's host calibrator); the backward accumulates into the state's
 // gradient array. A learner alone leaves the gradients there (backward / optimizer_step with
@@ -40,6 +46,17 @@ class DeviceStepEngine {
                                      float* device_grads) = 0;
   // Re-derives the working copies the ops read from the state's master weights.
   virtual absl::Status refresh(const engine::DeviceTrainState& state) = 0;
+  // engine::train_backward of the last forward into `sink`, whose grad(offset) is device memory
+  // (the backend's staging of a sharded backward).
+  virtual absl::Status backward_to_sink(const model::Model& host, const model::TokenValues& dlogp,
+                                        model::GradientSink& sink) = 0;
+  // ZeRO-2: the state now holds the master of [begin, end) only; the engine never reads the
+  // state's master again (refresh is not called) and takes its working copies from
+  // install_working. The host mirror drops the rest of its model's master (Model::shard_master).
+  virtual absl::Status shard(int64_t begin, int64_t end) = 0;
+  // Sets every working copy from the whole streams a sharded group gathered
+  // (model::Model::WorkingStreams), bit for bit what refresh derives from the whole master.
+  virtual absl::Status install_working(const model::Model::WorkingStreams& all) = 0;
   virtual absl::Status set_kv_scales(const model::KvScales& scales) = 0;
 };
 

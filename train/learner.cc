@@ -686,9 +686,11 @@ absl::StatusOr<std::vector<float>> Learner::whole_master(std::string_view what) 
     return std::vector<float>(m.params().begin(), m.params().end());
   }
   if (absl::Status s = check_shard_group(); !s.ok()) return s;
+  absl::StatusOr<std::vector<float>> mine = backend_->master_shard();
+  if (!mine.ok()) return mine.status();
   std::vector<float> whole(static_cast<size_t>(m.num_params()));
-  if (absl::Status s =
-          group_->all_gather(m.params(), std::span<float>(whole), shard_layout_->counts(),
+  if (absl::Status s = group_->all_gather(std::span<const float>(*mine), std::span<float>(whole),
+                                          shard_layout_->counts(),
                              absl::StrCat(std::string(what), " master all-gather"));
       !s.ok()) {
     return s;

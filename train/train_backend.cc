@@ -112,44 +112,19 @@ class CpuTrainBackend final : public TrainBackend {
         model_->encode_working(layout.begin(rank), layout.end(rank));
     if (!mine.ok()) return mine.status();
     // Every rank's stream sizes, from the cut alone (the same on every rank).
-    std::vector<int64_t> codes, scales, bf16;
-    int64_t total[3] = {0, 0, 0};
+    std::vector<model::Model::WorkingCounts> counts;
     for (int r = 0; r < layout.ranks(); ++r) {
       absl::StatusOr<model::Model::WorkingCounts> n =
           model_->working_counts(layout.begin(r), layout.end(r));
       if (!n.ok()) return n.status();
-      codes.push_back(n->codes);
-      scales.push_back(n->scales);
-      bf16.push_back(n->bf16);
-      total[0] += n->codes;
-      total[1] += n->scales;
-      total[2] += n->bf16;
+      counts.push_back(*n);
     }
-    model::Model::WorkingStreams all;
-    all.codes.resize(total[0]);
-    all.scales.resize(total[1]);
-    all.bf16.resize(total[2]);
-    if (absl::Status s =
-            group.all_gather(std::span<const uint8_t>(mine->codes), std::span<uint8_t>(all.codes),
-                             codes, absl::StrCat(std::string(what), " (FP8 codes)"));
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s =
-            group.all_gather(std::span<const float>(mine->scales), std::span<float>(all.scales),
-                             scales, absl::StrCat(std::string(what), " (block scales)"));
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s =
-            group.all_gather(std::span<const uint16_t>(mine->bf16), std::span<uint16_t>(all.bf16),
-                             bf16, absl::StrCat(std::string(what), " (bf16)"));
-        !s.ok()) {
-      return s;
-    }
+    absl::StatusOr<model::Model::WorkingStreams> all =
+        all_gather_working(group, *mine, counts, what);
+    if (!all.ok()) return all.status();
     *mine = {};  // freed before the install copies the streams
-    if (absl::Status s = model_->install_working(all); !s.ok()) return s;
-    working_hash_ = working_weights_hash(all.codes, all.scales, all.bf16);
+    if (absl::Status s = model_->install_working(*all); !s.ok()) return s;
+    working_hash_ = working_weights_hash(all->codes, all->scales, all->bf16);
     return absl::OkStatus();
   }
   absl::Status shard_working(const ShardLayout& layout, int rank) override {
@@ -163,6 +138,9 @@ class CpuTrainBackend final : public TrainBackend {
     return absl::OkStatus();
   }
   ShardedUnitWeights* sharded_units() const override { return units_.get(); }
+  absl::StatusOr<std::vector<float>> master_shard() const override {
+    return std::vector<float>(model_->params().begin(), model_->params().end());
+  }
   absl::StatusOr<model::WeightSet> export_weights_with_master(
       model::WeightFormat format, int64_t version,
       std::span<const float> whole_master) const override {

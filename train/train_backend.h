@@ -88,8 +88,9 @@ class TrainBackend {
 
   // The same backward into `sink` (model/gradient_sink.h: storage handed out tensor by tensor,
   // ZeRO-2's buckets, train/gradient_buckets.h) instead of a whole host array; the values are the
-  // same bit for bit. Only the CPU backend has it today (the default is FAILED_PRECONDITION, as
-  // for shard_optimizer); FAILED_PRECONDITION while the backend's own buffer holds gradients.
+  // same bit for bit. A device backend stages each tensor's gradient in device memory until the
+  // backward makes it final, then adds it into the sink's host storage. FAILED_PRECONDITION
+  // while the backend's own buffer holds gradients.
   virtual absl::Status backward_to_sink(const ForwardState& saved, const PackedBatch& batch,
                                         std::span<const float> dloss_dlogp,
                                         model::GradientSink& sink);
@@ -99,8 +100,9 @@ class TrainBackend {
   // backend's own buffer (see backward; zeros when no backward ran since the last step).
   virtual absl::StatusOr<model::OptimizerStepStats> optimizer_step(float* grads) = 0;
 
-  // ZeRO-2 (trainer.shard grads_optimizer, docs/design/sharding.md). Only the CPU backend shards
-  // today; the defaults are FAILED_PRECONDITION naming the device.
+  // ZeRO-2 (trainer.shard grads_optimizer, docs/design/sharding.md): the CPU and the device
+  // backends (ZeRO-3, shard_working, on the CPU backend only); the defaults are
+  // FAILED_PRECONDITION naming the device.
   // Keeps the AdamW moments and the fp32 master of the flat parameters [begin, end) only
   // (model::AdamW::shard, model::Model::shard_master); optimizer_step() is then
   // FAILED_PRECONDITION, the optimizer state cannot be saved as one file, and exports that need
@@ -125,6 +127,9 @@ class TrainBackend {
   virtual absl::Status shard_working(const ShardLayout& layout, int rank);
   // The unit gathers after shard_working (null before, and on backends without ZeRO-3).
   virtual ShardedUnitWeights* sharded_units() const { return nullptr; }
+  // The fp32 master this backend holds (its shard after shard_optimizer, else all of it) as a
+  // host copy: what Learner::whole_master all-gathers.
+  virtual absl::StatusOr<std::vector<float>> master_shard() const = 0;
   // export_weights with the whole fp32 master given (gathered by the caller from the ranks'
   // shards: train::Learner::whole_master), for a sharded backend's formats that need it.
   virtual absl::StatusOr<model::WeightSet> export_weights_with_master(
@@ -137,6 +142,9 @@ class TrainBackend {
   // Bytes of gradients copied between the host buffer and the device so far (0 on the CPU
   // backend; 0 on a device backend while the learner keeps gradients in the backend's buffer).
   virtual int64_t gradient_transfer_bytes() const = 0;
+  // Bytes of device memory that stage a sharded backward's gradients until they are final
+  // (device backends; 0 on the CPU backend, whose backward writes into the learner's buckets).
+  virtual int64_t gradient_staging_bytes() const { return 0; }
   // The re-quantization alone (optimizer_step already runs it; benchmarks time it on its own).
   virtual void requantize() = 0;
   virtual const model::AdamWConfig& optimizer_config() const = 0;

@@ -41,6 +41,9 @@ class HostTrainDevice : public TrainDevice {
     blocks_.emplace_back(p);
     return static_cast<void*>(p);
   }
+  void release(void* p) override {
+    std::erase_if(blocks_, [p](const auto& b) { return b.get() == p; });
+  }
   absl::Status fill_zero(void* dst, int64_t bytes) override {
     std::memset(dst, 0, bytes);
     return absl::OkStatus();

@@ -42,6 +42,13 @@ class CudaTrainDevice : public TrainDevice {
     if (auto s = kc::fill_zero(p, std::max<int64_t>(bytes, 1), stream_); !s.ok()) return s;
     return p;
   }
+  void release(void* p) override {
+    if (p == nullptr) return;
+    // Kernels queued on the stream may still read it: wait for them first (an error here shows
+    // again at the next call that waits).
+    kc::synchronize(stream_).IgnoreError();
+    std::erase_if(buffers_, [p](const kc::DeviceBuffer& b) { return b.data() == p; });
+  }
   absl::Status fill_zero(void* dst, int64_t bytes) override {
     return kc::fill_zero(dst, bytes, stream_);
   }

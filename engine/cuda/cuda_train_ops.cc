@@ -109,6 +109,7 @@ class CudaTrainOpsImpl final : public CudaTrainOps {
 
   absl::Status upload_weights(const model::Model& m) override;
   absl::Status refresh_from_device(const float* master) override;
+  absl::Status install_working(const model::Model::WorkingStreams& all) override;
   absl::Status set_kv_scales(const model::KvScales& scales) override {
     if (static_cast<int64_t>(scales.k.size()) != config_.num_hidden_layers ||
         static_cast<int64_t>(scales.v.size()) != config_.num_hidden_layers) {
@@ -401,6 +402,90 @@ absl::Status CudaTrainOpsImpl::refresh_from_device(const float* master) {
   return absl::OkStatus();
 }
 
+absl::Status CudaTrainOpsImpl::install_working(const model::Model::WorkingStreams& all) {
+  // Where each parameter's piece of the streams starts, in Model::install_working's order: an FP8
+  // linear's codes and scales, every other tensor's bf16 bits.
+  struct At {
+    const uint8_t* codes;
+    const float* scales;
+    const uint16_t* bits;
+  };
+  std::unordered_map<int64_t, At> at;
+  int64_t nc = 0, ns = 0, nb = 0;
+  const int64_t n_layers = config_.num_hidden_layers;
+  for (const model::ParamInfo& p : layout_.params()) {
+    at[p.offset] = {all.codes.data() + std::min<int64_t>(nc, std::ssize(all.codes)),
+                    all.scales.data() + std::min<int64_t>(ns, std::ssize(all.scales)),
+                    all.bf16.data() + std::min<int64_t>(nb, std::ssize(all.bf16))};
+    if (p.kind == model::ParamKind::kLinear &&
+        policy_.layer_linear(p.layer, n_layers) == model::Precision::kFP8) {
+      nc += p.numel;
+      ns += kernels::ceil_div(p.shape[0], kernels::kBlock) *
+            kernels::ceil_div(p.shape[1], kernels::kBlock);
+    } else {
+      nb += p.numel;
+    }
+  }
+  if (nc != std::ssize(all.codes) || ns != std::ssize(all.scales) || nb != std::ssize(all.bf16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "install_working: streams of ", all.codes.size(), " codes, ", all.scales.size(),
+        " scales and ", all.bf16.size(), " bf16 values; the layout has ", nc, ", ", ns, " and ",
+        nb));
+  }
+  std::vector<float> values;  // host scratch: bf16 bits as floats
+  auto to_device_floats = [&](void* dst, const uint16_t* bits, int64_t n) -> absl::Status {
+    values.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) values[i] = kernels::bf16_to_float(bits[i]);
+    return kc::copy_to_device(dst, values.data(), static_cast<size_t>(n) * 4, stream_);
+  };
+  auto install = [&](DeviceTrainLinear& d, int64_t offset) -> absl::Status {
+    const At& a = at.at(offset);
+    const int64_t n = d.out * d.in;
+    switch (d.kind) {
+      case LinearKind::kFp8Lt: {
+        kernels::Fp8Matrix q;
+        q.rows = d.out;
+        q.cols = d.in;
+        q.mode = ScalingMode::kBlock128x128;
+        q.data.assign(a.codes, a.codes + n);
+        q.scale_inv.assign(a.scales, a.scales + q.scale_rows() * q.scale_cols());
+        auto gemm = kc::scales_to_gemm_layout(q);
+        if (!gemm.ok()) return gemm.status();
+        FP8RL_TRY(kc::copy_to_device(d.fp8.data(), q.data.data(), q.data.size(), stream_));
+        FP8RL_TRY(kc::copy_to_device(d.fp8.scale_inv(), gemm->data(), gemm->size() * 4, stream_));
+        return kc::transpose_blocks(d.fp8.view(), d.fp8_t, stream_);
+      }
+      case LinearKind::kBf16Lt: {
+        // W [out, in] and W^T [in, out] (the transpose of the bits is exact).
+        std::vector<uint16_t> t(static_cast<size_t>(n));
+        for (int64_t r = 0; r < d.out; ++r) {
+          for (int64_t c = 0; c < d.in; ++c) t[c * d.out + r] = a.bits[r * d.in + c];
+        }
+        FP8RL_TRY(kc::copy_to_device(d.bf16.data(), a.bits, static_cast<size_t>(n) * 2, stream_));
+        return kc::copy_to_device(d.bf16_t.data(), t.data(), static_cast<size_t>(n) * 2, stream_);
+      }
+      case LinearKind::kF64Acc:
+        return to_device_floats(d.dense.data(), a.bits, n);
+    }
+    return absl::OkStatus();
+  };
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const model::LayerOffsets& lo = layout_.layer(l);
+    const std::array<int64_t, 7> offsets = {lo.q, lo.k, lo.v, lo.o, lo.gate, lo.up, lo.down};
+    for (int64_t j = 0; j < 7; ++j) FP8RL_TRY(install(linears_[l][j], offsets[j]));
+  }
+  FP8RL_TRY(install(head_, layout_.lm_head()));  // the embedding's bits when tied
+  // A sharded group has bf16 working copies (Model::check_bf16_working): the embedding table and
+  // the norms and biases hold bf16 values, as refresh_from_device rounds them.
+  FP8RL_TRY(to_device_floats(embed_.data(), at.at(layout_.embed()).bits,
+                             config_.vocab_size * config_.hidden_size));
+  for (const model::ParamInfo& info : layout_.params()) {
+    if (info.kind != model::ParamKind::kNorm && info.kind != model::ParamKind::kBias) continue;
+    FP8RL_TRY(to_device_floats(small_.at(info.offset).data(), at.at(info.offset).bits, info.numel));
+  }
+  return kc::synchronize(stream_);
+}
+
 absl::Status CudaTrainOpsImpl::load_tables(const TrainTables& t) {
   rows_ = t.rows;
   n_seq_ = t.n_seq;
@@ -593,6 +678,14 @@ absl::Status CudaTrainStep::backward_into(const model::Model& model,
   if (device_grads == nullptr) return absl::InvalidArgumentError("backward: grads is null");
   return train_backward(model.config(), model.policy(), model.layout(), *ops_, buffers_, tables_,
                         dlogp, device_grads, opts_, on_final);
+}
+
+absl::Status CudaTrainStep::backward_to_sink(const model::Model& model,
+                                             const model::TokenValues& dlogp,
+                                             model::GradientSink& sink) {
+  if (buffers_.layers.empty()) return absl::FailedPreconditionError("backward: no forward ran");
+  return train_backward(model.config(), model.policy(), model.layout(), *ops_, buffers_, tables_,
+                        dlogp, sink, opts_);
 }
 
 absl::Status CudaTrainStep::zero_grads() {

@@ -45,6 +45,13 @@ class CudaTrainOps : public TrainOps {
   // biases rounded to bf16 where the policy rounds them, fp32 ones copied. No host copy involved.
   virtual absl::Status refresh_from_device(const float* master) = 0;
   virtual absl::Status set_kv_scales(const model::KvScales& scales) = 0;
+  // ZeRO-2 (a sharded trainer group): sets every working copy from the whole streams the group
+  // gathered (model::Model::WorkingStreams: FP8 codes and 128x128 block scales in the CPU layout,
+  // bf16 bits of everything else), bit for bit what refresh_from_device derives from the whole
+  // master: codes copied and their scales moved to the GEMM layout, the block transposes made on
+  // the device; bf16 values converted on the host. InvalidArgument when a stream's size does not
+  // match the layout. Compiled only; never run on a GPU.
+  virtual absl::Status install_working(const model::Model::WorkingStreams& all) = 0;
   // Zeroed device memory of `floats` floats owned by these ops (alive as long as they are).
   virtual absl::StatusOr<float*> allocate(int64_t floats) = 0;
   virtual kernels::cuda::Stream stream() const = 0;
@@ -66,6 +73,10 @@ class CudaTrainStep {
   // optimizer's DeviceTrainState::grads()).
   absl::Status backward_into(const model::Model& model, const model::TokenValues& dlogp,
                              float* device_grads, const model::GradientsFinal& on_final = {});
+  // The same into a gradient sink whose storage is device memory (engine::train_backward's sink
+  // form: a sharded trainer's staged gradients).
+  absl::Status backward_to_sink(const model::Model& model, const model::TokenValues& dlogp,
+                                model::GradientSink& sink);
   float* grads() const { return grads_; }  // device; nullptr before the first backward()
   absl::Status zero_grads();
   absl::Status download_grads(std::vector<float>* out);

@@ -244,19 +244,29 @@ struct RunOutcome {
   int64_t gradient_peak_bytes = 0;    // Learner::gradient_peak_bytes, the most over the updates
   int64_t weight_bytes = 0;           // model::Model::weight_bytes after the export
   int64_t working_held = -1;          // ZeRO-3: bytes of the rank's own working streams (else -1)
+  int64_t staging_bytes = 0;          // TrainBackend::gradient_staging_bytes after the run
   absl::Status status;
 };
+
+std::unique_ptr<Learner> learner_on(bool mirror, Precision training, uint64_t seed,
+                                    const model::ModelConfig& config = tiny_config());
+
+// Which backend run() trains on: Learner::create's, or a learner built on the CPU backend or on
+// the device backend's host mirror by learner_on.
+enum class On { kCreate, kCpu, kMirror };
 
 // One SFT step then kSteps GRPO steps, as rank `rank` of `group` (null: alone).
 constexpr int kSteps = 3;
 RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
                int64_t bucket_bytes = 0, ShardMode shard = ShardMode::kNone,
-               const model::ModelConfig& config = tiny_config()) {
+               const model::ModelConfig& config = tiny_config(), On on = On::kCreate) {
   RunOutcome out;
   absl::StatusOr<std::unique_ptr<Learner>> l =
-      Learner::create(init_request(training, init_seed, config));
-  if (!l.ok()) {
-    out.status = l.status();
+      on == On::kCreate ? Learner::create(init_request(training, init_seed, config))
+                        : absl::StatusOr<std::unique_ptr<Learner>>(
+                              learner_on(on == On::kMirror, training, init_seed, config));
+  if (!l.ok() || *l == nullptr) {
+    out.status = l.ok() ? absl::InternalError("no learner") : l.status();
     return out;
   }
   (*l)->set_group(group, bucket_bytes);
@@ -299,6 +309,7 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
     return out;
   }
   out.k_scale = (*l)->policy().kv_scales().k;
+  out.staging_bytes = (*l)->backend().gradient_staging_bytes();
   out.master_held = std::ssize((*l)->policy().params());
   out.weight_bytes = (*l)->policy().weight_bytes();
   if (const ShardedUnitWeights* units = (*l)->backend().sharded_units()) {
@@ -427,7 +438,8 @@ TEST(WeightHash, PiecesHashLikeTheWhole) {
 
 // A learner on the CPU backend or on the device backend's host mirror
 // (train/device_train_backend.h), with a reference for the KL term.
-std::unique_ptr<Learner> learner_on(bool mirror, Precision training, uint64_t seed) {
+std::unique_ptr<Learner> learner_on(bool mirror, Precision training, uint64_t seed,
+                                    const model::ModelConfig& config) {
   PrecisionConfig precision;
   precision.training = training;
   precision.generation = Precision::kFP8;
@@ -435,8 +447,8 @@ std::unique_ptr<Learner> learner_on(bool mirror, Precision training, uint64_t se
   model::AdamWConfig adamw;
   adamw.lr = kLr;
   adamw.max_grad_norm = 1.0;
-  auto m = model::Model::Init(tiny_config(), precision.training_policy(), seed);
-  auto ref = model::Model::Init(tiny_config(), precision.training_policy(), seed);
+  auto m = model::Model::Init(config, precision.training_policy(), seed);
+  auto ref = model::Model::Init(config, precision.training_policy(), seed);
   EXPECT_TRUE(m.ok() && ref.ok());
   if (!m.ok() || !ref.ok()) return nullptr;
   std::unique_ptr<TrainBackend> backend;
@@ -906,6 +918,144 @@ TEST_P(ShardedLearner, GroupsOfThreeAndFourMatchUnshardedAndAreBucketIndependent
   }
   // The odd shape made at least one cut fall at a 128-row boundary inside a tensor.
   EXPECT_TRUE(cut_inside);
+}
+
+// ZeRO-2 on the device backend, run on its host mirror (train/device_train_backend.h): the state
+// keeps the master and moments of the rank's shard, the backward's gradients are staged in
+// "device" memory tensor by tensor and added into the learner's buckets, the shard's working
+// copies are encoded by the state and installed in the state and the engine. Groups of 2 and 3
+// (the odd shape, cuts inside tensors), with and without buckets, give the CPU backend's sharded
+// run bit for bit: weights after every step, losses, grad norms, KV scales and the FP8 export;
+// also its BF16 and F32 exports from the gathered master. The staging holds less than the whole
+// gradient array.
+TEST_P(ShardedLearner, DeviceBackendShardsLikeTheCpuBackend) {
+  const Precision training = GetParam();
+  const std::string name(precision_name(training));
+  const model::ModelConfig config = odd_config();
+  for (int size : {2, 3}) {
+    for (int64_t bytes : {int64_t{0}, int64_t{256}}) {
+      const std::string what = absl::StrCat(size, " ranks, bucket ", bytes, " bytes");
+      auto cpu_groups = make_group(size, absl::StrCat("dzcpu", name, size, "b", bytes));
+      auto cpu = on_ranks(size, [&](int r) {
+        return run(training, cpu_groups[r].get(), 7, bytes, ShardMode::kGradsOptimizer, config,
+                   On::kCpu);
+      });
+      auto mirror_groups = make_group(size, absl::StrCat("dzmirror", name, size, "b", bytes));
+      auto mirror = on_ranks(size, [&](int r) {
+        return run(training, mirror_groups[r].get(), 7, bytes, ShardMode::kGradsOptimizer,
+                   config, On::kMirror);
+      });
+      for (int r = 0; r < size; ++r) {
+        ASSERT_TRUE(cpu[r].status.ok()) << what << " rank " << r << ": " << cpu[r].status;
+        ASSERT_TRUE(mirror[r].status.ok()) << what << " rank " << r << ": " << mirror[r].status;
+        ASSERT_EQ(mirror[r].shard_bounds, cpu[r].shard_bounds) << what;
+        expect_same_run(mirror[r], cpu[0], absl::StrCat(what, ", mirror rank ", r));
+        const int64_t whole = 4 * std::ssize(cpu[0].initial);
+        EXPECT_GT(mirror[r].staging_bytes, 0) << what << " rank " << r;
+        EXPECT_LT(mirror[r].staging_bytes, whole) << what << " rank " << r;
+        EXPECT_EQ(cpu[r].staging_bytes, 0) << what;
+      }
+      EXPECT_NE(cpu[0].weights.front(), cpu[0].weights.back()) << what;  // the weights moved
+    }
+  }
+  // The checkpoint formats, exported from the master the ranks gather.
+  auto cpu_groups = make_group(2, "dzexportcpu" + name);
+  auto mirror_groups = make_group(2, "dzexportmirror" + name);
+  auto exports = [&](bool mirror, Collectives* group) {
+    std::vector<std::string> out;
+    std::unique_ptr<Learner> l = learner_on(mirror, training, 7, config);
+    if (l == nullptr) return out;
+    l->set_group(group, 256);
+    if (absl::Status s = l->set_shard_mode(ShardMode::kGradsOptimizer); !s.ok()) {
+      out.push_back(s.ToString());
+      return out;
+    }
+    absl::StatusOr<GrpoResult> g = l->grpo_update(grpo(1001));
+    if (!g.ok()) {
+      out.push_back(g.status().ToString());
+      return out;
+    }
+    for (model::WeightFormat f : {model::WeightFormat::kBF16, model::WeightFormat::kF32}) {
+      absl::StatusOr<model::WeightSet> set = l->export_weights(f, 1);
+      if (!set.ok()) {
+        out.push_back(set.status().ToString());
+        continue;
+      }
+      std::string bytes;
+      for (const model::NamedTensor& t : set->tensors) {
+        bytes += t.name;
+        bytes.append(t.bytes.begin(), t.bytes.end());
+      }
+      out.push_back(std::move(bytes));
+    }
+    return out;
+  };
+  auto cpu = on_ranks(2, [&](int r) { return exports(false, cpu_groups[r].get()); });
+  auto mirror = on_ranks(2, [&](int r) { return exports(true, mirror_groups[r].get()); });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(cpu[r].size(), 2u);
+    ASSERT_EQ(mirror[r].size(), 2u);
+    EXPECT_GT(cpu[r][0].size(), 1000u) << cpu[r][0].substr(0, 200);
+    EXPECT_TRUE(mirror[r][0] == cpu[0][0]) << "BF16 export, rank " << r << ": "
+                                           << mirror[r][0].substr(0, 200);
+    EXPECT_TRUE(mirror[r][1] == cpu[0][1]) << "F32 export, rank " << r << ": "
+                                           << mirror[r][1].substr(0, 200);
+  }
+}
+
+// What the device backend does not shard says so: ZeRO-3 (params) names the backend and the mode
+// it has; a sharded device backend refuses the unsharded step and its own gradient buffer.
+TEST(ShardedLearner, DeviceBackendRefusesParamsAndUnshardedCallsClearly) {
+  auto groups = make_group(2, "dzrefuse");
+  auto results = on_ranks(2, [&](int r) {
+    std::unique_ptr<Learner> l = learner_on(true, Precision::kFP8, 7);
+    if (l == nullptr) return absl::InternalError("no learner");
+    l->set_group(groups[r].get());
+    return l->set_shard_mode(ShardMode::kParams);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_NE(results[r].message().find("ZeRO-3 is not implemented on the cpu device training "
+                                        "backend yet (grads_optimizer is"),
+              std::string::npos)
+        << results[r];
+  }
+  auto m = model::Model::Init(tiny_config(), PrecisionConfig().training_policy(), 7);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<std::unique_ptr<TrainBackend>> b =
+      make_host_mirror_train_backend(std::move(*m), model::AdamWConfig());
+  ASSERT_TRUE(b.ok()) << b.status();
+  const int64_t n = (*b)->num_params();
+  // Not a cut point: inside the first tensor, not at a 128-row boundary.
+  const absl::Status bad_cut = (*b)->shard_optimizer(1, n);
+  EXPECT_EQ(bad_cut.code(), absl::StatusCode::kInvalidArgument) << bad_cut;
+  EXPECT_NE(bad_cut.message().find("[1, "), std::string::npos) << bad_cut;
+  absl::StatusOr<ShardLayout> cut = shard_parameters((*b)->host_model().layout(), 2);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_TRUE((*b)->shard_optimizer(cut->begin(1), cut->end(1)).ok());
+  EXPECT_EQ((*b)->shard_optimizer(cut->begin(1), cut->end(1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<float> grads(static_cast<size_t>(n), 0.5f);
+  const absl::Status whole_step = (*b)->optimizer_step(grads.data()).status();
+  EXPECT_EQ(whole_step.code(), absl::StatusCode::kFailedPrecondition) << whole_step;
+  EXPECT_NE(whole_step.message().find("optimizer_step_shard"), std::string::npos) << whole_step;
+  const absl::Status f32 = (*b)->export_weights(model::WeightFormat::kF32, 0).status();
+  EXPECT_EQ(f32.code(), absl::StatusCode::kFailedPrecondition) << f32;
+  EXPECT_NE(f32.message().find("holds a shard"), std::string::npos) << f32;
+  // The shard's master is what the state holds: the model's values from the cut on.
+  absl::StatusOr<std::vector<float>> shard = (*b)->master_shard();
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ(std::ssize(*shard), cut->size(1));
+  auto again = model::Model::Init(tiny_config(), PrecisionConfig().training_policy(), 7);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(0, std::memcmp(shard->data(), (*again)->params().data() + cut->begin(1),
+                           shard->size() * sizeof(float)));
+  // A step on the shard moves it (non-zero gradients).
+  std::vector<float> g(shard->size(), 0.25f);
+  ASSERT_TRUE((*b)->optimizer_step_shard(g, 1.0).ok());
+  absl::StatusOr<std::vector<float>> after = (*b)->master_shard();
+  ASSERT_TRUE(after.ok());
+  EXPECT_NE(*after, *shard);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, ShardedLearner,
