@@ -143,12 +143,22 @@ absl::Status DeviceTrainState::init(const model::Model& model) {
     *out = static_cast<float*>(*p);
     return absl::OkStatus();
   };
-  if (auto s = alloc_f32(&master_, n, "master weights"); !s.ok()) return s;
-  if (auto s = alloc_f32(&grads_, n, "gradients"); !s.ok()) return s;
-  if (auto s = alloc_f32(&m_, n, "AdamW exp_avg"); !s.ok()) return s;
-  if (auto s = alloc_f32(&v_, n, "AdamW exp_avg_sq"); !s.ok()) return s;
-  if (auto s = dev.upload(master_, model.params().data(), 4 * n); !s.ok()) return s;
-  held_ = n;
+  // A rank of a sharded group made with its shard: only the shard's optimizer state.
+  const bool pre_sharded = options_.shard_end >= 0;
+  if (pre_sharded) {
+    if (auto s = check_shard(options_.shard_begin, options_.shard_end); !s.ok()) return s;
+    if (options_.keep_bf16_copy) {
+      return absl::InvalidArgumentError(
+          "train state: keep_bf16_copy holds the whole master in bf16; not with a shard");
+    }
+  }
+  begin_ = pre_sharded ? options_.shard_begin : 0;
+  held_ = pre_sharded ? options_.shard_end - options_.shard_begin : n;
+  if (auto s = alloc_f32(&master_, held_, "master weights"); !s.ok()) return s;
+  if (auto s = alloc_f32(&grads_, held_, "gradients"); !s.ok()) return s;
+  if (auto s = alloc_f32(&m_, held_, "AdamW exp_avg"); !s.ok()) return s;
+  if (auto s = alloc_f32(&v_, held_, "AdamW exp_avg_sq"); !s.ok()) return s;
+  if (auto s = dev.upload(master_, model.params().data() + begin_, 4 * held_); !s.ok()) return s;
 
   // Weight-decay runs over the flat buffer (parameters are laid out in order, back to back).
   for (const model::ParamInfo& p : layout_.params()) {
@@ -198,10 +208,18 @@ absl::Status DeviceTrainState::init(const model::Model& model) {
       }
     }
     const kernels::Fp8Matrix* held = model_fp8_copy(model, p.offset);
-    absl::Status st = held != nullptr && held->rows == rows && held->cols == cols
-                          ? dev.upload_block128(*held, w.codes, w.scales)
-                          : dev.quantize_block128(master_ + p.offset, rows, cols,
-                                                  policy_.pow2_scales, w.codes, w.scales);
+    absl::Status st;
+    if (held != nullptr && held->rows == rows && held->cols == cols) {
+      st = dev.upload_block128(*held, w.codes, w.scales);
+    } else if (pre_sharded) {  // the device holds a shard of the master: quantized on the host
+      st = dev.upload_block128(
+          kernels::quantize(model.params().data() + p.offset, rows, cols,
+                            kernels::ScalingMode::kBlock128x128, {.pow2_scales = policy_.pow2_scales}),
+          w.codes, w.scales);
+    } else {
+      st = dev.quantize_block128(master_ + p.offset, rows, cols, policy_.pow2_scales, w.codes,
+                                 w.scales);
+    }
     if (!st.ok()) return st;
     if (w.t_codes != nullptr) {
       if (auto s = dev.transpose_block128(w.codes, w.scales, rows, cols, w.t_codes, w.t_scales);
@@ -238,7 +256,33 @@ absl::Status DeviceTrainState::init(const model::Model& model) {
     }
   }
   kv_scales_ = model.kv_scales();
+  if (pre_sharded) {
+    int64_t enc_codes = 0, enc_scales = 0;
+    for (const Fp8Weight& w : fp8_) {
+      enc_codes = std::max(enc_codes, w.rows * w.cols);
+      enc_scales = std::max(enc_scales, dev.block_scale_count(w.rows, w.cols));
+    }
+    auto c = dev.allocate(std::max<int64_t>(enc_codes, 1), "working copies encode scratch");
+    if (!c.ok()) return c.status();
+    enc_codes_ = static_cast<uint8_t*>(*c);
+    if (auto s = alloc_f32(&enc_scales_, enc_scales, "working copies encode scratch (scales)");
+        !s.ok()) {
+      return s;
+    }
+    restrict_runs();
+    sharded_ = true;
+  }
   return dev.synchronize();
+}
+
+void DeviceTrainState::restrict_runs() {
+  std::vector<DecayRun> runs;
+  const int64_t end = begin_ + held_;
+  for (const DecayRun& r : runs_) {
+    const int64_t b = std::max(begin_, r.offset), e = std::min(end, r.offset + r.count);
+    if (b < e) runs.push_back({b - begin_, e - b, r.decay});
+  }
+  runs_ = std::move(runs);
 }
 
 const Fp8Weight* DeviceTrainState::fp8_weight(int64_t param) const {
@@ -309,8 +353,7 @@ absl::Status DeviceTrainState::requantize() {
 
 // ---- ZeRO-2 -------------------------------------------------------------------------------------
 
-absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
-  if (sharded_) return absl::FailedPreconditionError("train state: already sharded");
+absl::Status DeviceTrainState::check_shard(int64_t begin, int64_t end) const {
   const int64_t n = num_params();
   auto cut_allowed = [&](int64_t at) {
     if (at == n) return true;
@@ -335,6 +378,12 @@ absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
         "train state: the policy has fp32 working copies, which read the fp32 master itself (a "
         "sharded master needs fp8 or bf16 linears)");
   }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
+  if (sharded_) return absl::FailedPreconditionError("train state: already sharded");
+  if (auto s = check_shard(begin, end); !s.ok()) return s;
   TrainDevice& dev = *device_;
   const int64_t held = end - begin;
   // The largest FP8 tensor: encode_working quantizes its block rows into this scratch.
@@ -391,15 +440,9 @@ absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
   v_ = static_cast<float*>(*v);
   enc_codes_ = static_cast<uint8_t*>(*codes);
   enc_scales_ = static_cast<float*>(*scales);
-  // The decay runs of the shard, relative to its start.
-  std::vector<DecayRun> runs;
-  for (const DecayRun& r : runs_) {
-    const int64_t b = std::max(begin, r.offset), e = std::min(end, r.offset + r.count);
-    if (b < e) runs.push_back({b - begin, e - b, r.decay});
-  }
-  runs_ = std::move(runs);
   begin_ = begin;
   held_ = held;
+  restrict_runs();
   sharded_ = true;
   return dev.synchronize();
 }
@@ -817,11 +860,11 @@ absl::Status DeviceTrainState::save_optimizer_state(const std::string& path) con
 }
 
 absl::Status DeviceTrainState::load_optimizer_state(const std::string& path) {
-  if (sharded_) return sharded_error("load_optimizer_state");
   auto state = model::load_adamw_state(path, num_params());
   if (!state.ok()) return state.status();
-  if (auto s = device_->upload(m_, state->m.data(), 4 * num_params()); !s.ok()) return s;
-  if (auto s = device_->upload(v_, state->v.data(), 4 * num_params()); !s.ok()) return s;
+  // Sharded: the shard's range of the whole file.
+  if (auto s = device_->upload(m_, state->m.data() + begin_, 4 * held_); !s.ok()) return s;
+  if (auto s = device_->upload(v_, state->v.data() + begin_, 4 * held_); !s.ok()) return s;
   step_ = state->step;
   return absl::OkStatus();
 }

@@ -117,6 +117,12 @@ struct TrainStateOptions {
   bool keep_transposed = false;
   // Per-layer K/V amax records held on the device before they are moved to the host calibrator.
   int64_t kv_record_capacity = 1024;
+  // A rank of a sharded group (trainer.shard grads_optimizer) whose shard is known when the state
+  // is made: shard_end >= 0 keeps the master, moments and gradients of [shard_begin, shard_end)
+  // only from the start (as Create then shard() would, without ever allocating the whole
+  // master); -1: every parameter.
+  int64_t shard_begin = 0;
+  int64_t shard_end = -1;
 };
 
 TrainStateBytes plan_train_state_bytes(const model::ModelConfig& config,
@@ -189,6 +195,8 @@ class DeviceTrainState {
   // already sharded or when the policy has fp32 working copies (they read the whole master).
   // master(), grads(), exp_avg(), exp_avg_sq() are then [shard_size()] from shard_begin().
   absl::Status shard(int64_t begin, int64_t end);
+  // Whether [begin, end) may be a shard (shard()'s checks, without changing anything).
+  absl::Status check_shard(int64_t begin, int64_t end) const;
   bool sharded() const { return sharded_; }
   int64_t shard_begin() const { return begin_; }
   int64_t shard_size() const { return held_; }  // num_params() when not sharded
@@ -206,6 +214,7 @@ class DeviceTrainState {
   // encode_working gives, concatenated in rank order, and keeps the bf16 stream (host memory) for
   // export_fp8. InvalidArgument when a stream's size does not match the layout.
   absl::Status install_working(const model::Model::WorkingStreams& all);
+  // (load_optimizer_state of a sharded state reads the whole file and keeps the shard's range.)
   // The shard's master (host copy, shard_size() floats).
   absl::StatusOr<std::vector<float>> download_master() const;
   // The moments and step of the range this state holds (its shard, or every parameter), and
@@ -277,6 +286,8 @@ class DeviceTrainState {
   DeviceTrainState(const model::Model& model, const TrainStateOptions& options,
                    std::unique_ptr<TrainDevice> device);
   absl::Status init(const model::Model& model);
+  // The decay runs of [begin_, begin_ + held_), relative to begin_, from the whole layout's.
+  void restrict_runs();
   // The device slot of (record, layer), after checking both and the counts.
   absl::StatusOr<float*> kv_slot(int64_t record, int64_t layer, int64_t k_count,
                                  int64_t v_count) const;

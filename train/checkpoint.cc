@@ -301,8 +301,10 @@ absl::StatusOr<LoadedCheckpoint> load_checkpoint(const std::string& dir,
   if (!model.ok()) return model.status();
   absl::StatusOr<MemoryPlan> plan = plan_for((*model)->config(), precision, placement);
   if (!plan.ok()) return plan.status();
-  absl::StatusOr<std::unique_ptr<TrainBackend>> backend =
-      make_train_backend(placement.device, std::move(*model), adamw, placement.memory_budget_bytes);
+  absl::StatusOr<InitialShard> initial = initial_shard((*model)->layout(), placement);
+  if (!initial.ok()) return initial.status();
+  absl::StatusOr<std::unique_ptr<TrainBackend>> backend = make_train_backend(
+      placement.device, std::move(*model), adamw, placement.memory_budget_bytes, *initial);
   if (!backend.ok()) return with_prefix(backend.status(), "device: ");
   (*backend)->set_recompute(placement.recompute);
   std::optional<OptimizerShardManifest> shards;

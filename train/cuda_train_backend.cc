@@ -46,7 +46,7 @@ class CudaStepEngine final : public DeviceStepEngine {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_cuda_train_backend_impl(
-    std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw) {
+    std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw, InitialShard initial) {
   absl::StatusOr<std::unique_ptr<engine::CudaTrainStep>> step =
       engine::CudaTrainStep::Create(*model);
   if (!step.ok()) return step.status();
@@ -55,6 +55,8 @@ absl::StatusOr<std::unique_ptr<TrainBackend>> make_cuda_train_backend_impl(
   if (!device.ok()) return device.status();
   engine::TrainStateOptions options;
   options.adamw = adamw;
+  options.shard_begin = initial.begin;
+  options.shard_end = initial.end;
   absl::StatusOr<std::unique_ptr<engine::DeviceTrainState>> state =
       engine::DeviceTrainState::Create(*model, options, std::move(*device));
   if (!state.ok()) return state.status();

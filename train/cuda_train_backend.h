@@ -18,6 +18,6 @@ namespace fp8rl::train {
 // shapes the device GEMMs do not take (the device step's own errors); RESOURCE_EXHAUSTED when the
 // device memory is not there.
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_cuda_train_backend_impl(
-    std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw);
+    std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw, InitialShard initial);
 
 }  // namespace fp8rl::train

@@ -259,10 +259,18 @@ class DeviceTrainBackend final : public TrainBackend {
     return stats;
   }
   absl::Status shard_optimizer(int64_t begin, int64_t end) override {
-    if (state_->sharded()) return absl::FailedPreconditionError("optimizer: already sharded");
+    if (engine_sharded_ || (state_->sharded() && (state_->shard_begin() != begin ||
+                                                  state_->shard_size() != end - begin))) {
+      return absl::FailedPreconditionError("optimizer: already sharded");
+    }
     if (pending_) return gradients_pending_error("shard_optimizer");
-    if (auto s = state_->shard(begin, end); !s.ok()) return s;
-    return engine_->shard(begin, end);
+    // A state made with this shard (make_train_backend's initial shard) is already cut.
+    if (!state_->sharded()) {
+      if (auto s = state_->shard(begin, end); !s.ok()) return s;
+    }
+    if (auto s = engine_->shard(begin, end); !s.ok()) return s;
+    engine_sharded_ = true;
+    return absl::OkStatus();
   }
   absl::StatusOr<model::OptimizerStepStats> optimizer_step_shard(std::span<float> grads,
                                                                  double grad_norm) override {
@@ -419,6 +427,7 @@ class DeviceTrainBackend final : public TrainBackend {
   float* overflow_ = nullptr;
   // Sharded: working_weights_hash of the working copies last installed (master_fingerprint).
   uint64_t working_hash_ = 0;
+  bool engine_sharded_ = false;  // shard_optimizer ran
 };
 
 // The host mirror's engine: it owns the model CpuTrainOps read (the mirror's "device" weights),

@@ -133,6 +133,25 @@ absl::Status validate_precision(const PrecisionConfig& p, std::string_view where
   return absl::OkStatus();
 }
 
+absl::StatusOr<InitialShard> initial_shard(const model::ParamLayout& layout,
+                                           const TrainPlacement& placement) {
+  if (placement.trainers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainers: must be >= 1, got ", placement.trainers));
+  }
+  if (placement.rank < 0 || placement.rank >= placement.trainers) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: must be in [0, ", placement.trainers,
+                                                   "), got ", placement.rank));
+  }
+  if (placement.device == model::Device::kCpu || placement.trainers == 1 ||
+      placement.shard == ShardMode::kNone) {
+    return InitialShard{};
+  }
+  absl::StatusOr<ShardLayout> cut = shard_parameters(layout, placement.trainers);
+  if (!cut.ok()) return cut.status();
+  return InitialShard{cut->begin(placement.rank), cut->end(placement.rank)};
+}
+
 absl::StatusOr<MemoryPlan> plan_for(const model::ModelConfig& config,
                                     const PrecisionConfig& precision,
                                     const TrainPlacement& placement) {
@@ -147,6 +166,8 @@ absl::StatusOr<MemoryPlan> plan_for(const model::ModelConfig& config,
   in.kv_cache_tokens =
       placement.kv_cache_tokens > 0 ? placement.kv_cache_tokens : placement.max_step_tokens;
   in.recompute_layers = placement.recompute == Recompute::kLayers;
+  in.trainers = placement.trainers;
+  in.shard = placement.shard;
   absl::StatusOr<MemoryPlan> plan = plan_training_memory(in);
   if (!plan.ok()) return plan.status();
   if (auto s = check_memory_plan(*plan, placement.memory_budget_bytes); !s.ok()) return s;
@@ -219,8 +240,10 @@ absl::StatusOr<std::unique_ptr<Learner>> Learner::create(const InitRequest& requ
   const TrainPlacement& place = request.placement;
   absl::StatusOr<MemoryPlan> plan = plan_for(model->config(), request.precision, place);
   if (!plan.ok()) return plan.status();
-  absl::StatusOr<std::unique_ptr<TrainBackend>> backend =
-      make_train_backend(place.device, std::move(model), request.adamw, place.memory_budget_bytes);
+  absl::StatusOr<InitialShard> initial = initial_shard(model->layout(), place);
+  if (!initial.ok()) return initial.status();
+  absl::StatusOr<std::unique_ptr<TrainBackend>> backend = make_train_backend(
+      place.device, std::move(model), request.adamw, place.memory_budget_bytes, *initial);
   if (!backend.ok()) return with_prefix(backend.status(), "device: ");
   (*backend)->set_recompute(place.recompute);
   auto learner = std::make_unique<Learner>(request.job_id, request.precision, std::move(*backend),

@@ -57,7 +57,18 @@ struct TrainPlacement {
   // forward, and tokens whose K/V a step's generation caches (0: the same as max_step_tokens).
   int64_t max_step_tokens = 16384;
   int64_t kv_cache_tokens = 0;
+  // The group the learner is made for (a trainer joins its group before InitPolicy): the memory
+  // plan counts this rank's shard under `shard`, and a device backend keeps the optimizer state
+  // of its shard only from the start (InitialShard). trainers 1: alone.
+  int trainers = 1;
+  int rank = 0;
+  ShardMode shard = ShardMode::kNone;
 };
+
+// The InitialShard of `placement` for a model with `layout` (none on the CPU, alone, or
+// unsharded); INVALID_ARGUMENT for trainers < 1 or a rank outside [0, trainers).
+absl::StatusOr<InitialShard> initial_shard(const model::ParamLayout& layout,
+                                           const TrainPlacement& placement);
 
 struct InitRequest {
   std::string job_id;

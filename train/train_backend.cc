@@ -275,14 +275,15 @@ std::string cuda_train_backend_unavailable_reason() {
 
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_train_backend(
     model::Device device, std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw,
-    int64_t memory_budget_bytes) {
+    int64_t memory_budget_bytes, InitialShard initial) {
   // The budget was checked against the memory plan before this call (Learner::create,
   // load_checkpoint); the backends allocate what the plan counted.
   (void)memory_budget_bytes;
   if (device == model::Device::kCuda) {
 #if FP8RL_HAVE_CUDA_TRAIN_BACKEND
-    return make_cuda_train_backend_impl(std::move(model), adamw);
+    return make_cuda_train_backend_impl(std::move(model), adamw, initial);
 #else
+    (void)initial;
     return absl::FailedPreconditionError(cuda_train_backend_unavailable_reason());
 #endif
   }

@@ -189,16 +189,26 @@ std::unique_ptr<TrainBackend> make_cpu_train_backend(std::unique_ptr<model::Mode
 // The FAILED_PRECONDITION of a host-buffer call while the backend's own buffer holds gradients.
 absl::Status gradients_pending_error(std::string_view call);
 
+// The shard of the flat parameters a device backend keeps the optimizer state of from the start:
+// a rank of a sharded group that knows its shard when the policy is made (the trainer joins its
+// group before InitPolicy) never allocates the whole fp32 master, moments and gradients on its
+// device. shard_optimizer with the same range then completes the sharding. end < 0: none.
+struct InitialShard {
+  int64_t begin = 0;
+  int64_t end = -1;
+};
+
 // Whether this build has the CUDA training backend, and why not when it does not.
 bool cuda_train_backend_available();
 std::string cuda_train_backend_unavailable_reason();
 
 // A backend on `device` for the policy `model` (the initial master weights, host memory) with
 // `adamw`; `memory_budget_bytes` bounds the device memory on cuda (0: unchecked). cpu: the CPU
-// backend. cuda: the CUDA backend (FAILED_PRECONDITION without CUDA in the build or without an
-// sm_90 device).
+// backend (`initial` is not used: it shards when the learner does). cuda: the CUDA backend
+// (FAILED_PRECONDITION without CUDA in the build or without an sm_90 device), its optimizer state
+// cut to `initial` from the start.
 absl::StatusOr<std::unique_ptr<TrainBackend>> make_train_backend(
     model::Device device, std::unique_ptr<model::Model> model, const model::AdamWConfig& adamw,
-    int64_t memory_budget_bytes = 0);
+    int64_t memory_budget_bytes = 0, InitialShard initial = {});
 
 }  // namespace fp8rl::train

@@ -104,6 +104,13 @@ train::TrainPlacement Trainer::placement() const {
   p.memory_budget_bytes = p.device == model::Device::kCuda ? options_.gpu_memory_budget_bytes : 0;
   p.recompute = options_.recompute;
   p.max_step_tokens = options_.max_step_tokens;
+  // The group joined before InitPolicy / LoadCheckpoint: the plan counts this rank's shard, and a
+  // device backend allocates only its shard's optimizer state.
+  if (group_ != nullptr) {
+    p.trainers = group_->size();
+    p.rank = group_->rank();
+  }
+  p.shard = shard_;
   return p;
 }
 

@@ -1,14 +1,18 @@
 // The learner on the CUDA training backend (train/train_backend.h) against the CPU backend:
 // checkpoints written by one load into the other with the master weights and AdamW state intact,
-// and the in-process GRPO step (train/grpo_step.h) with generation and training on the device.
+// the in-process GRPO step (train/grpo_step.h) with generation and training on the device, and
+// ZeRO-2 (trainer.shard grads_optimizer): the device working copies installed from gathered
+// streams, and a sharded group of two CUDA learners against the same group on the CPU backend.
 // Every test skips without an sm_90 device or in a build without the CUDA training backend.
 // Never run on a GPU.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
+#include "engine/cuda/cuda_train_ops.h"
 #include "kernels/calc_diff.h"
 #include "model/device.h"
 #include "model/rng.h"
@@ -16,6 +20,7 @@
 #include "train/grpo_step.h"
 #include "train/learner.h"
 #include "train/train_backend.h"
+#include "tests/unit/train/group_util.h"
 
 namespace fp8rl::train {
 namespace {
@@ -198,6 +203,107 @@ TEST(CudaTrainBackend, InProcessGrpoStepOnTheDevice) {
     std::printf("[grpo step cuda] step %d token_mult_prob_error %.6f\n", step,
                 r->train.mismatch.token_mult_prob_error);
     EXPECT_LT(std::abs(r->train.mismatch.token_mult_prob_error - 1.0), 0.02);
+  }
+}
+
+// install_working (a sharded group's working copies) sets the device ops to what
+// refresh_from_device derives from the whole master, bit for bit: a step made from another
+// model, given the first model's streams, computes the first model's logprobs exactly.
+TEST(CudaTrainBackend, InstalledWorkingCopiesComputeWhatTheRefreshDoes) {
+  FP8RL_REQUIRE_CUDA_TRAINING();
+  const PrecisionConfig precision = [] {
+    PrecisionConfig p;
+    p.training = Precision::kFP8;
+    return p;
+  }();
+  model::PrecisionPolicy policy = precision.training_policy();
+  policy.bf16_first_layers = 1;  // both kinds of linear
+  auto a = model::Model::Init(small_config(), policy, 3);
+  auto b = model::Model::Init(small_config(), policy, 4);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto step_a = engine::CudaTrainStep::Create(**a);
+  auto step_b = engine::CudaTrainStep::Create(**b);
+  ASSERT_TRUE(step_a.ok()) << step_a.status();
+  ASSERT_TRUE(step_b.ok()) << step_b.status();
+  const model::TokenBatch batch = {{1, 5, 9, 13, 17, 21, 25, 29, 33, 37}, {2, 4, 6, 8, 10, 12}};
+  auto want = (*step_a)->forward(**a, batch, {});
+  auto before = (*step_b)->forward(**b, batch, {});
+  ASSERT_TRUE(want.ok() && before.ok()) << want.status() << " / " << before.status();
+  absl::StatusOr<model::Model::WorkingStreams> streams = (*a)->encode_working(0, (*a)->num_params());
+  ASSERT_TRUE(streams.ok()) << streams.status();
+  ASSERT_TRUE((*step_b)->ops().install_working(*streams).ok());
+  auto got = (*step_b)->forward(**b, batch, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), want->size());
+  EXPECT_NE((*before)[0], (*want)[0]);  // the other model computed something else
+  for (size_t s = 0; s < want->size(); ++s) {
+    ASSERT_EQ((*got)[s].size(), (*want)[s].size());
+    EXPECT_EQ(0, std::memcmp((*got)[s].data(), (*want)[s].data(), (*want)[s].size() * 4))
+        << "sequence " << s;
+  }
+  model::Model::WorkingStreams short_bf16 = *streams;
+  short_bf16.bf16.pop_back();
+  EXPECT_EQ((*step_b)->ops().install_working(short_bf16).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ZeRO-2 on the CUDA backend: a Gloo group of two CUDA learners on one GPU, sharded as
+// grads_optimizer (master and moments of the shard on the device, gradients staged on the device
+// and reduce-scattered on the host, working copies encoded on the device and all-gathered),
+// against the same group on the CPU backend. Both ranks hold the same whole master; the updates
+// of three GRPO steps match the CPU's within OptimizerStepsMatchTheCpu's bar; the gradient
+// staging holds less than the whole gradient array.
+TEST(CudaTrainBackend, ShardedGroupOfTwoMatchesTheCpuShardedGroup) {
+  FP8RL_REQUIRE_CUDA_TRAINING();
+  struct Rank {
+    std::vector<float> update;
+    int64_t staging_bytes = 0;
+    int64_t num_params = 0;
+  };
+  auto sharded = [](model::Device device, const std::string& prefix) {
+    auto groups = test_group::make_group(2, prefix, 120000);
+    return test_group::on_ranks(2, [&](int r) {
+      Rank out;
+      InitRequest init = init_request(device);
+      if (device == model::Device::kCuda) init.placement.memory_budget_bytes /= 2;  // 2 on 1 GPU
+      absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init);
+      EXPECT_TRUE(l.ok()) << l.status();
+      if (!l.ok()) return out;
+      (*l)->set_group(groups[r].get(), 64 << 10);
+      absl::Status s = (*l)->set_shard_mode(ShardMode::kGradsOptimizer);
+      EXPECT_TRUE(s.ok()) << s;
+      absl::StatusOr<std::vector<float>> before = (*l)->whole_master("test");
+      EXPECT_TRUE(before.ok()) << before.status();
+      for (int step = 0; step < 3; ++step) {
+        absl::StatusOr<GrpoResult> g = (*l)->grpo_update(grpo_request(40 + step));
+        EXPECT_TRUE(g.ok()) << g.status();
+      }
+      absl::StatusOr<std::vector<float>> after = (*l)->whole_master("test");
+      EXPECT_TRUE(after.ok()) << after.status();
+      absl::StatusOr<Export> e = (*l)->export_for_generation(Precision::kFP8, 3, true);
+      EXPECT_TRUE(e.ok()) << e.status();
+      if (!before.ok() || !after.ok()) return out;
+      out.update = *after;
+      for (size_t i = 0; i < out.update.size(); ++i) out.update[i] -= (*before)[i];
+      out.staging_bytes = (*l)->backend().gradient_staging_bytes();
+      out.num_params = (*l)->backend().num_params();
+      return out;
+    });
+  };
+  const std::vector<Rank> cpu = sharded(model::Device::kCpu, "gpu-zero2-cpu");
+  const std::vector<Rank> cuda = sharded(model::Device::kCuda, "gpu-zero2-cuda");
+  ASSERT_FALSE(cpu[0].update.empty());
+  ASSERT_FALSE(cuda[0].update.empty());
+  EXPECT_EQ(cuda[0].update, cuda[1].update);
+  const double diff = kernels::calc_diff(cpu[0].update, cuda[0].update);
+  std::printf("[train backend sharded] calc_diff(updates) %.3g (bar 0.1), staging %lld bytes of "
+              "%lld gradient bytes\n",
+              diff, static_cast<long long>(cuda[0].staging_bytes),
+              static_cast<long long>(4 * cuda[0].num_params));
+  EXPECT_LT(diff, 0.1);
+  for (const Rank& r : cuda) {
+    EXPECT_GT(r.staging_bytes, 0);
+    EXPECT_LT(r.staging_bytes, 4 * r.num_params);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/cuda/optim_cuda.h"
 #include "model/optimizer.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/unit/engine/train_state_shard_check.h"
 #include "tests/unit/engine/train_state_test_util.h"
 
 namespace fp8rl::engine {
@@ -115,6 +116,24 @@ TEST(TrainStateCuda, AdamWStepsRequantAndExportMatchTheCpuTrainer) {
     }
   }
   EXPECT_EQ(s.fp8_weights().size(), 2u * 7u);
+}
+
+// ZeRO-2 on the CUDA state: the shard's steps (the adamw kernel, norm given), the working streams
+// encoded on the device (quantized block rows, bf16 rounding), install_working (scales to the
+// GEMM layout, transposes) and the exports equal the CPU trainer sharded the same way, bit for
+// bit (the same check runs on the host mirror in tests/unit/engine/train_state_test.cc).
+TEST(TrainStateCuda, ShardStepEncodeInstallAndExportMatchTheCpuTrainer) {
+  FP8RL_REQUIRE_SM90();
+  for (bool pre_sharded : {false, true}) {
+    SCOPED_TRACE(pre_sharded ? "made with its shard" : "made whole, then shard()");
+    testing::check_shard_against_cpu(
+        [] {
+          auto dev = make_cuda_train_device();
+          EXPECT_TRUE(dev.ok()) << dev.status();
+          return dev.ok() ? std::move(*dev) : nullptr;
+        },
+        pre_sharded);
+  }
 }
 
 TEST(TrainStateCuda, KvRecordsEqualTheCpuCalibrator) {

@@ -17,6 +17,7 @@
 #include "engine/cpu/train_ops.h"
 #include "model/model.h"
 #include "model/optimizer.h"
+#include "tests/unit/engine/train_state_shard_check.h"
 #include "tests/unit/engine/train_state_test_util.h"
 
 namespace fp8rl::engine {
@@ -156,6 +157,15 @@ INSTANTIATE_TEST_SUITE_P(Precisions, TrainStateSteps,
                          ::testing::Values(model::Precision::kF32, model::Precision::kBF16,
                                            model::Precision::kFP8),
                          [](const auto& info) { return std::string(precision_name(info.param)); });
+
+// ZeRO-2 on the host mirror: shard, steps on the shard, encoded streams, install and exports
+// equal the CPU trainer sharded the same way (the CUDA run: tests/gpu/train_state_cuda_test.cc).
+TEST(TrainState, ShardStepEncodeInstallAndExportMatchTheCpuTrainer) {
+  for (bool pre_sharded : {false, true}) {
+    SCOPED_TRACE(pre_sharded ? "made with its shard" : "made whole, then shard()");
+    testing::check_shard_against_cpu([] { return make_cpu_train_device(); }, pre_sharded);
+  }
+}
 
 TEST(TrainState, NonFiniteGradientSkipsTheStep) {
   Pair p = make_pair({.linear = model::Precision::kFP8}, {.adamw = kAdamW});
