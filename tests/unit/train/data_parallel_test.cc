@@ -951,6 +951,11 @@ TEST_P(ShardedLearner, DeviceBackendShardsLikeTheCpuBackend) {
         ASSERT_EQ(mirror[r].shard_bounds, cpu[r].shard_bounds) << what;
         expect_same_run(mirror[r], cpu[0], absl::StrCat(what, ", mirror rank ", r));
         const int64_t whole = 4 * std::ssize(cpu[0].initial);
+        if (r == 0) {
+          std::printf("%s, %s: staging %lld of %lld gradient bytes\n", name.c_str(),
+                      what.c_str(), static_cast<long long>(mirror[r].staging_bytes),
+                      static_cast<long long>(whole));
+        }
         EXPECT_GT(mirror[r].staging_bytes, 0) << what << " rank " << r;
         EXPECT_LT(mirror[r].staging_bytes, whole) << what << " rank " << r;
         EXPECT_EQ(cpu[r].staging_bytes, 0) << what;
