@@ -212,10 +212,10 @@ absl::Status DeviceTrainState::init(const model::Model& model) {
     if (held != nullptr && held->rows == rows && held->cols == cols) {
       st = dev.upload_block128(*held, w.codes, w.scales);
     } else if (pre_sharded) {  // the device holds a shard of the master: quantized on the host
-      st = dev.upload_block128(
-          kernels::quantize(model.params().data() + p.offset, rows, cols,
-                            kernels::ScalingMode::kBlock128x128, {.pow2_scales = policy_.pow2_scales}),
-          w.codes, w.scales);
+      st = dev.upload_block128(kernels::quantize(model.params().data() + p.offset, rows, cols,
+                                                 kernels::ScalingMode::kBlock128x128,
+                                                 {.pow2_scales = policy_.pow2_scales}),
+                               w.codes, w.scales);
     } else {
       st = dev.quantize_block128(master_ + p.offset, rows, cols, policy_.pow2_scales, w.codes,
                                  w.scales);
@@ -416,8 +416,8 @@ absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
   absl::StatusOr<void*> scales = alloc(4 * enc_scales, "working copies encode scratch (scales)");
   if (!scales.ok()) return fail(scales.status());
   // Through the host in pieces (once, when the group shards).
-  std::vector<float> chunk(static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(held, 1),
-                                                                 int64_t{1} << 20)));
+  std::vector<float> chunk(
+      static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(held, 1), int64_t{1} << 20)));
   for (auto [from, to] : {std::pair<float*, void*>{master_, *master}, {m_, *m}, {v_, *v}}) {
     for (int64_t i0 = 0; i0 < held; i0 += std::ssize(chunk)) {
       const int64_t count = std::min<int64_t>(std::ssize(chunk), held - i0);
@@ -531,18 +531,18 @@ absl::Status DeviceTrainState::install_working(const model::Model::WorkingStream
     const model::ParamInfo& p = layout_.params()[i];
     if (const Fp8Weight* w = fp8_weight(static_cast<int64_t>(i))) {
       codes += p.numel;
-      scales += kernels::ceil_div(w->rows, kernels::kBlock) *
-                kernels::ceil_div(w->cols, kernels::kBlock);
+      scales +=
+          kernels::ceil_div(w->rows, kernels::kBlock) * kernels::ceil_div(w->cols, kernels::kBlock);
     } else {
       bf16 += p.numel;
     }
   }
   if (codes != std::ssize(all.codes) || scales != std::ssize(all.scales) ||
       bf16 != std::ssize(all.bf16)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "install_working: streams of ", all.codes.size(), " codes, ", all.scales.size(),
-        " scales and ", all.bf16.size(), " bf16 values; the layout has ", codes, ", ", scales,
-        " and ", bf16));
+    return absl::InvalidArgumentError(absl::StrCat("install_working: streams of ", all.codes.size(),
+                                                   " codes, ", all.scales.size(), " scales and ",
+                                                   all.bf16.size(), " bf16 values; the layout has ",
+                                                   codes, ", ", scales, " and ", bf16));
   }
   TrainDevice& dev = *device_;
   const uint8_t* c = all.codes.data();

@@ -140,8 +140,8 @@ absl::StatusOr<InitialShard> initial_shard(const model::ParamLayout& layout,
         absl::StrCat("trainers: must be >= 1, got ", placement.trainers));
   }
   if (placement.rank < 0 || placement.rank >= placement.trainers) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: must be in [0, ", placement.trainers,
-                                                   "), got ", placement.rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [0, ", placement.trainers, "), got ", placement.rank));
   }
   if (placement.device == model::Device::kCpu || placement.trainers == 1 ||
       placement.shard == ShardMode::kNone) {
@@ -714,7 +714,7 @@ absl::StatusOr<std::vector<float>> Learner::whole_master(std::string_view what) 
   std::vector<float> whole(static_cast<size_t>(m.num_params()));
   if (absl::Status s = group_->all_gather(std::span<const float>(*mine), std::span<float>(whole),
                                           shard_layout_->counts(),
-                             absl::StrCat(std::string(what), " master all-gather"));
+                                          absl::StrCat(std::string(what), " master all-gather"));
       !s.ok()) {
     return s;
   }

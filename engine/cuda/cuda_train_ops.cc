@@ -427,10 +427,10 @@ absl::Status CudaTrainOpsImpl::install_working(const model::Model::WorkingStream
     }
   }
   if (nc != std::ssize(all.codes) || ns != std::ssize(all.scales) || nb != std::ssize(all.bf16)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "install_working: streams of ", all.codes.size(), " codes, ", all.scales.size(),
-        " scales and ", all.bf16.size(), " bf16 values; the layout has ", nc, ", ", ns, " and ",
-        nb));
+    return absl::InvalidArgumentError(absl::StrCat("install_working: streams of ", all.codes.size(),
+                                                   " codes, ", all.scales.size(), " scales and ",
+                                                   all.bf16.size(), " bf16 values; the layout has ",
+                                                   nc, ", ", ns, " and ", nb));
   }
   std::vector<float> values;  // host scratch: bf16 bits as floats
   auto to_device_floats = [&](void* dst, const uint16_t* bits, int64_t n) -> absl::Status {

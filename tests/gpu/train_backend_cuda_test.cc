@@ -16,11 +16,11 @@
 #include "kernels/calc_diff.h"
 #include "model/device.h"
 #include "model/rng.h"
+#include "tests/unit/train/group_util.h"
 #include "train/checkpoint.h"
 #include "train/grpo_step.h"
 #include "train/learner.h"
 #include "train/train_backend.h"
-#include "tests/unit/train/group_util.h"
 
 namespace fp8rl::train {
 namespace {
@@ -229,7 +229,8 @@ TEST(CudaTrainBackend, InstalledWorkingCopiesComputeWhatTheRefreshDoes) {
   auto want = (*step_a)->forward(**a, batch, {});
   auto before = (*step_b)->forward(**b, batch, {});
   ASSERT_TRUE(want.ok() && before.ok()) << want.status() << " / " << before.status();
-  absl::StatusOr<model::Model::WorkingStreams> streams = (*a)->encode_working(0, (*a)->num_params());
+  absl::StatusOr<model::Model::WorkingStreams> streams =
+      (*a)->encode_working(0, (*a)->num_params());
   ASSERT_TRUE(streams.ok()) << streams.status();
   ASSERT_TRUE((*step_b)->ops().install_working(*streams).ok());
   auto got = (*step_b)->forward(**b, batch, {});
@@ -250,8 +251,9 @@ TEST(CudaTrainBackend, InstalledWorkingCopiesComputeWhatTheRefreshDoes) {
 // ZeRO-2 on the CUDA backend: a Gloo group of two CUDA learners on one GPU, sharded as
 // grads_optimizer (master and moments of the shard on the device, gradients staged on the device
 // and reduce-scattered on the host, working copies encoded on the device and all-gathered),
-// against the same group on the CPU backend. Both ranks hold the same whole master; the updates
-// of three GRPO steps match the CPU's within OptimizerStepsMatchTheCpu's bar; the gradient
+// against the same group on the CPU backend, the CUDA states made with their shards (the
+// placement names the group, as the trainer's does). Both ranks hold the same whole master; the
+// updates of three GRPO steps match the CPU's within OptimizerStepsMatchTheCpu's bar; the gradient
 // staging holds less than the whole gradient array.
 TEST(CudaTrainBackend, ShardedGroupOfTwoMatchesTheCpuShardedGroup) {
   FP8RL_REQUIRE_CUDA_TRAINING();
@@ -266,6 +268,11 @@ TEST(CudaTrainBackend, ShardedGroupOfTwoMatchesTheCpuShardedGroup) {
       Rank out;
       InitRequest init = init_request(device);
       if (device == model::Device::kCuda) init.placement.memory_budget_bytes /= 2;  // 2 on 1 GPU
+      // The group known when the policy is made (as the trainer does): the CUDA state is made
+      // with its shard and never holds the whole master.
+      init.placement.trainers = 2;
+      init.placement.rank = r;
+      init.placement.shard = ShardMode::kGradsOptimizer;
       absl::StatusOr<std::unique_ptr<Learner>> l = Learner::create(init);
       EXPECT_TRUE(l.ok()) << l.status();
       if (!l.ok()) return out;
@@ -296,10 +303,11 @@ TEST(CudaTrainBackend, ShardedGroupOfTwoMatchesTheCpuShardedGroup) {
   ASSERT_FALSE(cuda[0].update.empty());
   EXPECT_EQ(cuda[0].update, cuda[1].update);
   const double diff = kernels::calc_diff(cpu[0].update, cuda[0].update);
-  std::printf("[train backend sharded] calc_diff(updates) %.3g (bar 0.1), staging %lld bytes of "
-              "%lld gradient bytes\n",
-              diff, static_cast<long long>(cuda[0].staging_bytes),
-              static_cast<long long>(4 * cuda[0].num_params));
+  std::printf(
+      "[train backend sharded] calc_diff(updates) %.3g (bar 0.1), staging %lld bytes of "
+      "%lld gradient bytes\n",
+      diff, static_cast<long long>(cuda[0].staging_bytes),
+      static_cast<long long>(4 * cuda[0].num_params));
   EXPECT_LT(diff, 0.1);
   for (const Rank& r : cuda) {
     EXPECT_GT(r.staging_bytes, 0);

@@ -22,9 +22,8 @@ namespace fp8rl::engine::testing {
 // The policy a sharded group trains under: FP8 linears, the first layer's in BF16 (both kinds of
 // working copy), bf16 activations.
 inline model::PrecisionPolicy shard_check_policy() {
-  return {.linear = model::Precision::kFP8,
-          .kv_cache = model::Precision::kFP8,
-          .bf16_first_layers = 1};
+  return {
+      .linear = model::Precision::kFP8, .kv_cache = model::Precision::kFP8, .bf16_first_layers = 1};
 }
 
 inline std::unique_ptr<model::Model> shard_check_model() {

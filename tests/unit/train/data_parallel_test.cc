@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -942,8 +943,8 @@ TEST_P(ShardedLearner, DeviceBackendShardsLikeTheCpuBackend) {
       });
       auto mirror_groups = make_group(size, absl::StrCat("dzmirror", name, size, "b", bytes));
       auto mirror = on_ranks(size, [&](int r) {
-        return run(training, mirror_groups[r].get(), 7, bytes, ShardMode::kGradsOptimizer,
-                   config, On::kMirror);
+        return run(training, mirror_groups[r].get(), 7, bytes, ShardMode::kGradsOptimizer, config,
+                   On::kMirror);
       });
       for (int r = 0; r < size; ++r) {
         ASSERT_TRUE(cpu[r].status.ok()) << what << " rank " << r << ": " << cpu[r].status;
@@ -952,8 +953,8 @@ TEST_P(ShardedLearner, DeviceBackendShardsLikeTheCpuBackend) {
         expect_same_run(mirror[r], cpu[0], absl::StrCat(what, ", mirror rank ", r));
         const int64_t whole = 4 * std::ssize(cpu[0].initial);
         if (r == 0) {
-          std::printf("%s, %s: staging %lld of %lld gradient bytes\n", name.c_str(),
-                      what.c_str(), static_cast<long long>(mirror[r].staging_bytes),
+          std::printf("%s, %s: staging %lld of %lld gradient bytes\n", name.c_str(), what.c_str(),
+                      static_cast<long long>(mirror[r].staging_bytes),
                       static_cast<long long>(whole));
         }
         EXPECT_GT(mirror[r].staging_bytes, 0) << what << " rank " << r;
@@ -1001,10 +1002,10 @@ TEST_P(ShardedLearner, DeviceBackendShardsLikeTheCpuBackend) {
     ASSERT_EQ(cpu[r].size(), 2u);
     ASSERT_EQ(mirror[r].size(), 2u);
     EXPECT_GT(cpu[r][0].size(), 1000u) << cpu[r][0].substr(0, 200);
-    EXPECT_TRUE(mirror[r][0] == cpu[0][0]) << "BF16 export, rank " << r << ": "
-                                           << mirror[r][0].substr(0, 200);
-    EXPECT_TRUE(mirror[r][1] == cpu[0][1]) << "F32 export, rank " << r << ": "
-                                           << mirror[r][1].substr(0, 200);
+    EXPECT_TRUE(mirror[r][0] == cpu[0][0])
+        << "BF16 export, rank " << r << ": " << mirror[r][0].substr(0, 200);
+    EXPECT_TRUE(mirror[r][1] == cpu[0][1])
+        << "F32 export, rank " << r << ": " << mirror[r][1].substr(0, 200);
   }
 }
 
@@ -1061,6 +1062,64 @@ TEST(ShardedLearner, DeviceBackendRefusesParamsAndUnshardedCallsClearly) {
   absl::StatusOr<std::vector<float>> after = (*b)->master_shard();
   ASSERT_TRUE(after.ok());
   EXPECT_NE(*after, *shard);
+}
+
+// The initial shard a placement gives a device backend: the rank's piece of shard_parameters on
+// cuda in a sharded group; none on the CPU (it shards when the learner does), alone, or
+// unsharded; a bad group is INVALID_ARGUMENT naming the field.
+TEST(ShardedLearner, InitialShardIsTheRanksPieceOnADeviceInASharedGroup) {
+  const model::ParamLayout layout(odd_config());
+  absl::StatusOr<ShardLayout> cut = shard_parameters(layout, 3);
+  ASSERT_TRUE(cut.ok());
+  TrainPlacement p;
+  p.device = model::Device::kCuda;
+  p.trainers = 3;
+  p.shard = ShardMode::kGradsOptimizer;
+  for (int r = 0; r < 3; ++r) {
+    p.rank = r;
+    absl::StatusOr<InitialShard> got = initial_shard(layout, p);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->begin, cut->begin(r));
+    EXPECT_EQ(got->end, cut->end(r));
+    EXPECT_LT(got->begin, got->end);
+  }
+  p.shard = ShardMode::kParams;
+  ASSERT_TRUE(initial_shard(layout, p).ok());
+  EXPECT_EQ(initial_shard(layout, p)->end, cut->end(2));
+  for (auto change : std::vector<std::function<void(TrainPlacement&)>>{
+           [](TrainPlacement& q) { q.device = model::Device::kCpu; },
+           [](TrainPlacement& q) { q.shard = ShardMode::kNone; },
+           [](TrainPlacement& q) {
+             q.trainers = 1;
+             q.rank = 0;
+           }}) {
+    TrainPlacement q = p;
+    change(q);
+    absl::StatusOr<InitialShard> none = initial_shard(layout, q);
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_LT(none->end, 0);
+  }
+  TrainPlacement bad = p;
+  bad.rank = 3;
+  EXPECT_EQ(initial_shard(layout, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(initial_shard(layout, bad).status().message().find("rank: must be in [0, 3), got 3"),
+            std::string::npos);
+  bad = p;
+  bad.trainers = 0;
+  EXPECT_NE(initial_shard(layout, bad).status().message().find("trainers: must be >= 1"),
+            std::string::npos);
+  // The memory plan of a placement counts the rank's shard: less than alone.
+  TrainPlacement alone;
+  alone.max_step_tokens = 256;
+  TrainPlacement sharded = alone;
+  sharded.trainers = 4;
+  sharded.shard = ShardMode::kGradsOptimizer;
+  PrecisionConfig precision;
+  precision.training = Precision::kFP8;
+  absl::StatusOr<MemoryPlan> one = plan_for(odd_config(), precision, alone);
+  absl::StatusOr<MemoryPlan> four = plan_for(odd_config(), precision, sharded);
+  ASSERT_TRUE(one.ok() && four.ok()) << one.status() << " / " << four.status();
+  EXPECT_LT(four->total(), one->total());
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, ShardedLearner,
