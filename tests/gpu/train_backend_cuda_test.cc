@@ -307,7 +307,7 @@ TEST(CudaTrainBackend, ShardedGroupOfTwoMatchesTheCpuShardedGroup) {
       "[train backend sharded] calc_diff(updates) %.3g (bar 0.1), staging %lld bytes of "
       "%lld gradient bytes\n",
       diff, static_cast<long long>(cuda[0].staging_bytes),
-      static_cast<long long>(4 * cuda[0].num_params));
+      4 * static_cast<long long>(cuda[0].num_params));
   EXPECT_LT(diff, 0.1);
   for (const Rank& r : cuda) {
     EXPECT_GT(r.staging_bytes, 0);

@@ -1086,7 +1086,7 @@ TEST(ShardedLearner, InitialShardIsTheRanksPieceOnADeviceInASharedGroup) {
   p.shard = ShardMode::kParams;
   ASSERT_TRUE(initial_shard(layout, p).ok());
   EXPECT_EQ(initial_shard(layout, p)->end, cut->end(2));
-  for (auto change : std::vector<std::function<void(TrainPlacement&)>>{
+  for (const auto& change : std::vector<std::function<void(TrainPlacement&)>>{
            [](TrainPlacement& q) { q.device = model::Device::kCpu; },
            [](TrainPlacement& q) { q.shard = ShardMode::kNone; },
            [](TrainPlacement& q) {
