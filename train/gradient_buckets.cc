@@ -10,6 +10,24 @@
 
 namespace fp8rl::train {
 
+int64_t CollectiveOrder::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_++;
+}
+
+void CollectiveOrder::wait_turn(int64_t ticket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return serving_ == ticket; });
+}
+
+void CollectiveOrder::done() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++serving_;
+  }
+  cv_.notify_all();
+}
+
 std::vector<GradientBuckets::Bucket> GradientBuckets::cut(const model::ParamLayout& params,
                                                           int64_t bucket_elements) {
   const int64_t limit = std::max<int64_t>(1, bucket_elements);
@@ -63,6 +81,7 @@ void GradientBuckets::begin(std::span<float> shard, std::string what) {
   buffers_.clear();
   free_.clear();
   holder_.assign(buckets_.size(), -1);
+  ticket_.assign(buckets_.size(), -1);
   bytes_ = peak_bytes_ = 0;
   ready_ = next_ = done_ = 0;
   active_ = true;
@@ -154,10 +173,12 @@ void GradientBuckets::final_from(int64_t from) {
   bool more = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (ready_ < std::ssize(buckets_) && buckets_[static_cast<size_t>(ready_)].first >= from) {
-      ++ready_;
-      more = true;
+    int64_t upto = ready_;
+    while (upto < std::ssize(buckets_) && buckets_[static_cast<size_t>(upto)].first >= from) {
+      ++upto;
     }
+    more = upto > ready_;
+    ready_locked(upto);
   }
   if (more) cv_.notify_all();
 }
@@ -165,7 +186,7 @@ void GradientBuckets::final_from(int64_t from) {
 absl::Status GradientBuckets::finish() {
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  ready_ = std::ssize(buckets_);
+  ready_locked(std::ssize(buckets_));
   cv_.notify_all();
   cv_.wait(lock, [&] { return done_ == std::ssize(buckets_); });
   last_wait_seconds_ =
@@ -179,6 +200,12 @@ absl::Status GradientBuckets::finish() {
   shard_ = {};
   active_ = false;
   return status_.ok() ? misuse_ : status_;
+}
+
+void GradientBuckets::ready_locked(int64_t upto) {
+  for (; ready_ < upto; ++ready_) {
+    if (order_ != nullptr) ticket_[static_cast<size_t>(ready_)] = order_->take();
+  }
 }
 
 void GradientBuckets::drain() {
@@ -200,7 +227,10 @@ void GradientBuckets::run() {
     const std::span<float> shard = shard_;
     const bool skip = !status_.ok();
     const std::string what = absl::StrCat(what_, " (bucket ", k + 1, " of ", buckets_.size(), ")");
+    const int64_t ticket = ticket_[static_cast<size_t>(k)];
+    CollectiveOrder* order = ticket >= 0 ? order_ : nullptr;
     lock.unlock();
+    if (order != nullptr) order->wait_turn(ticket);
     // One collective per chunk of at most a bucket's size: a bucket of one large tensor (the
     // embedding) sent whole would make its owner's Gloo receive buffer ranks x the tensor. Each
     // element's sum does not depend on the cut.
@@ -211,6 +241,7 @@ void GradientBuckets::run() {
                                 data.subspan(static_cast<size_t>(at), static_cast<size_t>(n)),
                                 first + at, layout_, shard, what);
     }
+    if (order != nullptr) order->done();
     lock.lock();
     if (!s.ok() && status_.ok()) status_ = std::move(s);
     holder_[static_cast<size_t>(k)] = kSent;

@@ -28,6 +28,23 @@
 
 namespace fp8rl::train {
 
+// The order of collectives that more than one thread runs on one group (ZeRO-3's prefetched unit
+// gathers and the gradient buckets' reduce-scatters, train/unit_gather.h): a ticket is taken on
+// the training thread at the point where the collective is decided, which is the same point of
+// the same step on every rank, and the thread that runs the collective waits for its ticket's
+// turn and passes it on when done. Every rank then runs them in ticket order.
+class CollectiveOrder {
+ public:
+  int64_t take();
+  void wait_turn(int64_t ticket);
+  void done();  // the turn passes to the next ticket
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t next_ = 0, serving_ = 0;
+};
+
 class GradientBuckets final : public model::GradientSink {
  public:
   // One bucket of the flat gradient: elements [first, end).
@@ -70,6 +87,9 @@ class GradientBuckets final : public model::GradientSink {
   // none is in flight). ZeRO-3's unit gathers call it before they use the group
   // (train/unit_gather.h).
   void drain();
+  // Takes a ticket of `order` (null: none) for each bucket as it becomes final, and runs its
+  // reduce-scatter in that ticket's turn. Set between backwards.
+  void set_order(CollectiveOrder* order) { order_ = order; }
   // Seconds the last finish() waited: the reduce-scatter time the backward did not hide.
   double last_wait_seconds() const { return last_wait_seconds_; }
   // The most bytes of bucket buffers (their capacities) held at once between the last begin()
@@ -83,6 +103,7 @@ class GradientBuckets final : public model::GradientSink {
   // wait for a bucket in flight to give its buffer back.
   int acquire_locked(int64_t k, bool may_wait, std::unique_lock<std::mutex>& lock);
   int64_t bucket_of(int64_t offset) const;
+  void ready_locked(int64_t upto);  // buckets [ready_, upto) are final: their tickets
 
   Collectives* const group_;
   const ShardLayout& layout_;
@@ -98,6 +119,8 @@ class GradientBuckets final : public model::GradientSink {
   std::vector<std::vector<float>> buffers_;
   std::vector<int> free_;  // indices into buffers_ not held by a bucket
   std::vector<int> holder_;
+  std::vector<int64_t> ticket_;         // per bucket: its CollectiveOrder ticket (with order_)
+  CollectiveOrder* order_ = nullptr;    // set between backwards
   int64_t bytes_ = 0, peak_bytes_ = 0;  // capacities of buffers_, now and at most
   std::span<float> shard_;
   std::string what_;

@@ -39,7 +39,91 @@ std::span<const T> piece(const std::vector<T>& v, int64_t skip, int64_t take) {
 }  // namespace
 
 ShardedUnitWeights::ShardedUnitWeights(model::Model* model, ShardLayout layout, int rank)
-    : model_(model), layout_(std::move(layout)), rank_(rank) {}
+    : model_(model), layout_(std::move(layout)), rank_(rank), thread_([this] { run(); }) {}
+
+ShardedUnitWeights::~ShardedUnitWeights() {
+  wait_prefetch();  // its collective runs on every rank: let it finish (or time out)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ShardedUnitWeights::set_group(Collectives* group) {
+  wait_prefetch();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefetch_.reset();
+  }
+  group_ = group;
+}
+
+void ShardedUnitWeights::set_buckets(GradientBuckets* buckets) {
+  if (buckets_ != nullptr) buckets_->set_order(nullptr);
+  buckets_ = buckets;
+  if (buckets_ != nullptr) buckets_->set_order(&order_);
+}
+
+void ShardedUnitWeights::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || (prefetch_.has_value() && !prefetch_->running); });
+    if (!prefetch_.has_value() || prefetch_->running) return;  // stop_ with nothing pending
+    prefetch_->running = true;
+    const int64_t ticket = prefetch_->ticket;
+    const std::string what = prefetch_->what;
+    const std::vector<std::pair<int64_t, int64_t>> ranges = prefetch_->ranges;
+    lock.unlock();
+    order_.wait_turn(ticket);
+    absl::Status status;
+    std::vector<model::Model::WorkingStreams> streams;
+    for (const auto& [b, e] : ranges) {
+      absl::StatusOr<model::Model::WorkingStreams> got = collect_range(b, e, what);
+      if (!got.ok()) {
+        status = got.status();
+        break;
+      }
+      streams.push_back(*std::move(got));
+    }
+    order_.done();
+    lock.lock();
+    prefetch_->status = std::move(status);
+    prefetch_->streams = std::move(streams);
+    prefetch_->done = true;
+    cv_.notify_all();
+  }
+}
+
+void ShardedUnitWeights::wait_prefetch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !prefetch_.has_value() || prefetch_->done; });
+}
+
+void ShardedUnitWeights::start_prefetch(int64_t unit) {
+  Prefetch p;
+  p.unit = unit;
+  p.ticket = order_.take();
+  p.what = absl::StrCat(unit_name(unit, model_->config().num_hidden_layers),
+                        " weights all-gather (prefetch)");
+  p.ranges = ranges(unit);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefetch_ = std::move(p);
+  }
+  cv_.notify_all();
+}
+
+int64_t ShardedUnitWeights::next_unit(int64_t unit) const {
+  const int64_t n = model_->config().num_hidden_layers;
+  // A forward: 0, 1, ..., n + 1; a backward: n + 1, n, ..., 1 (engine::forward_unit_order,
+  // backward_unit_order). The same calls on every rank give the same answers.
+  if (unit == 0 || (unit <= n && last_acquired_ == unit - 1)) return unit + 1;
+  if (unit == n + 1 && last_acquired_ == n) return -1;  // the end of a forward
+  if (unit == n + 1 || last_acquired_ == unit + 1) return unit > 1 ? unit - 1 : -1;
+  return -1;
+}
 
 std::vector<std::pair<int64_t, int64_t>> ShardedUnitWeights::ranges(int64_t unit) const {
   const int64_t n = model_->config().num_hidden_layers;
@@ -65,11 +149,19 @@ absl::Status ShardedUnitWeights::check_group() const {
   return absl::OkStatus();
 }
 
-void ShardedUnitWeights::drain() const {
+void ShardedUnitWeights::drain() {
+  wait_prefetch();
   if (buckets_ != nullptr) buckets_->drain();
 }
 
 absl::Status ShardedUnitWeights::refresh(std::string_view what, bool fingerprint) {
+  // A prefetch read the streams being replaced: it is done (every rank ran it) and dropped.
+  wait_prefetch();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefetch_.reset();
+  }
+  last_acquired_ = -1;
   absl::StatusOr<model::Model::WorkingStreams> mine =
       model_->encode_working(layout_.begin(rank_), layout_.end(rank_));
   if (!mine.ok()) return mine.status();
@@ -97,7 +189,8 @@ absl::Status ShardedUnitWeights::refresh(std::string_view what, bool fingerprint
   return absl::OkStatus();
 }
 
-absl::Status ShardedUnitWeights::gather_range(int64_t begin, int64_t end, const std::string& what) {
+absl::StatusOr<model::Model::WorkingStreams> ShardedUnitWeights::collect_range(
+    int64_t begin, int64_t end, const std::string& what) const {
   if (absl::Status s = check_group(); !s.ok()) return s;
   // Rank r sends the part of its shard inside [begin, end): [max(begin, b_r), min(end, e_r)),
   // cut points on both sides (tensor starts or the shard's own cuts).
@@ -122,7 +215,6 @@ absl::Status ShardedUnitWeights::gather_range(int64_t begin, int64_t end, const 
     }
   }
   model::Model::WorkingStreams all;
-  drain();
   if (absl::Status s = gather_stream(*group_, piece(mine_.codes, skip.codes, take.codes), codes,
                                      &all.codes, absl::StrCat(what, " (FP8 codes)"));
       !s.ok()) {
@@ -138,16 +230,57 @@ absl::Status ShardedUnitWeights::gather_range(int64_t begin, int64_t end, const 
       !s.ok()) {
     return s;
   }
-  return model_->install_working_range(all, begin, end);
+  return all;
+}
+
+absl::Status ShardedUnitWeights::gather_range(int64_t begin, int64_t end, const std::string& what) {
+  drain();
+  absl::StatusOr<model::Model::WorkingStreams> all = collect_range(begin, end, what);
+  if (!all.ok()) return all.status();
+  return model_->install_working_range(*all, begin, end);
 }
 
 absl::Status ShardedUnitWeights::acquire(int64_t unit) {
   if (all_held_ > 0) return absl::OkStatus();
-  const std::string what =
-      absl::StrCat(unit_name(unit, model_->config().num_hidden_layers), " weights all-gather");
-  for (const auto& [b, e] : ranges(unit)) {
-    if (absl::Status s = gather_range(b, e, what); !s.ok()) return s;
+  ++acquired_;
+  const int64_t next = next_unit(unit);
+  last_acquired_ = unit;
+  std::optional<Prefetch> ready;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (prefetch_.has_value() && prefetch_->unit == unit) {
+      cv_.wait(lock, [&] { return prefetch_->done; });
+      ready = std::move(prefetch_);
+      prefetch_.reset();
+    }
   }
+  const std::vector<std::pair<int64_t, int64_t>> unit_ranges = ranges(unit);
+  if (ready.has_value()) {
+    ++prefetched_;
+    if (!ready->status.ok()) return ready->status;
+    for (size_t i = 0; i < unit_ranges.size(); ++i) {
+      if (absl::Status s = model_->install_working_range(ready->streams[i], unit_ranges[i].first,
+                                                         unit_ranges[i].second);
+          !s.ok()) {
+        return s;
+      }
+    }
+  } else {
+    // Not prefetched (the first unit of a pass): on this thread, after what is in flight; a
+    // prefetch of another unit (a pass cut short by an error) is dropped.
+    drain();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prefetch_.reset();
+    }
+    const std::string what =
+        absl::StrCat(unit_name(unit, model_->config().num_hidden_layers), " weights all-gather");
+    for (const auto& [b, e] : unit_ranges) {
+      if (absl::Status s = gather_range(b, e, what); !s.ok()) return s;
+    }
+  }
+  // The unit the pass runs next is gathered while the caller computes this one.
+  if (next >= 0) start_prefetch(next);
   return absl::OkStatus();
 }
 
@@ -186,6 +319,11 @@ absl::Status ShardedUnitWeights::acquire_all(std::string_view what) {
   if (all_held_ > 0) {
     ++all_held_;
     return absl::OkStatus();
+  }
+  drain();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefetch_.reset();
   }
   if (absl::Status s =
           gather_range(0, model_->num_params(), absl::StrCat(std::string(what), " all-gather"));

@@ -5,18 +5,27 @@
 // the lm_head) from the ranks' pieces right before the training step runs it, freeing it after
 // (engine::UnitWeights, set in engine::TrainStepOptions::units).
 //
-// Every rank must run the same collectives in the same order. The gathers run on the caller's
-// thread, one after the other (no prefetch). ZeRO-2's gradient buckets reduce-scatter from their
-// own communication thread on the same group while the backward goes on; a gather first waits
-// for every bucket launched so far (GradientBuckets::drain), so the group never runs two
-// collectives at once and the order is the backward's: a gather, the buckets that unit's backward
-// made final, the next gather. A rank without a sequence in a minibatch runs the same sequence
-// without data (idle_forward, idle_backward).
+// Every rank must run the same collectives in the same order. Prefetch: when a unit is acquired,
+// the gather of the unit the pass runs next (the next layer in a forward, the layer before in a
+// backward) starts on this object's gather thread and runs while the caller computes the unit;
+// its install waits for the caller's acquire. ZeRO-2's gradient buckets reduce-scatter from their
+// own communication thread on the same group while the backward goes on. The two threads share a
+// CollectiveOrder (train/gradient_buckets.h): a prefetch takes its ticket when it is issued, a
+// bucket when the backward makes it final, both on the training thread at the same points of the
+// step on every rank, and each collective runs in its ticket's turn, so every rank runs the same
+// collectives in the same order and the group never runs two at once. Gathers that are not
+// prefetched (the first unit of a pass, the export's, the hash after a step) run on the caller's
+// thread after the prefetch and the buckets launched so far are done. A rank without a sequence
+// in a minibatch runs the same sequence without data (idle_forward, idle_backward).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -33,14 +42,16 @@ class ShardedUnitWeights final : public engine::UnitWeights {
  public:
   // `model` (its master sharded to `layout`'s piece `rank`; non-owning, outlives this object).
   ShardedUnitWeights(model::Model* model, ShardLayout layout, int rank);
+  ~ShardedUnitWeights() override;  // waits for a prefetch in flight, then stops the thread
   ShardedUnitWeights(const ShardedUnitWeights&) = delete;
   ShardedUnitWeights& operator=(const ShardedUnitWeights&) = delete;
 
   // The group the gathers run on (non-owning; null: every gather is FAILED_PRECONDITION). A group
   // of another size or rank than the layout's is refused at the next gather.
-  void set_group(Collectives* group) { group_ = group; }
-  // The gradient buckets whose communication thread shares the group (null: none).
-  void set_buckets(GradientBuckets* buckets) { buckets_ = buckets; }
+  void set_group(Collectives* group);
+  // The gradient buckets whose communication thread shares the group (null: none); they take
+  // their tickets from this object's CollectiveOrder. Set between passes.
+  void set_buckets(GradientBuckets* buckets);
 
   // Re-derives this rank's streams from its master shard (model::Model::encode_working) and frees
   // every working copy of the model (norms and biases stay); once when sharding (`fingerprint`
@@ -70,6 +81,9 @@ class ShardedUnitWeights final : public engine::UnitWeights {
 
   // Bytes of this rank's own streams (the shard of the working copies it keeps between units).
   int64_t held_bytes() const;
+  // Acquires served by a prefetched gather so far, and acquires in all (tests).
+  int64_t prefetched() const { return prefetched_; }
+  int64_t acquired() const { return acquired_; }
   // FNV-1a over the ranks' stream hashes in rank order (the same on every rank after refresh).
   uint64_t hash() const { return hash_; }
   const ShardLayout& layout() const { return layout_; }
@@ -80,7 +94,17 @@ class ShardedUnitWeights final : public engine::UnitWeights {
   absl::Status check_group() const;
   // Gathers and installs [begin, end) (whole tensors). `what` names the collectives.
   absl::Status gather_range(int64_t begin, int64_t end, const std::string& what);
-  void drain() const;
+  // The collectives of gather_range: every rank's streams of [begin, end), concatenated.
+  absl::StatusOr<model::Model::WorkingStreams> collect_range(int64_t begin, int64_t end,
+                                                             const std::string& what) const;
+  // Waits for the buckets launched so far and a prefetch in flight (before a gather on the
+  // caller's thread).
+  void drain();
+  // The unit a pass runs after `unit` given the one acquired before it (-1: none).
+  int64_t next_unit(int64_t unit) const;
+  void start_prefetch(int64_t unit);  // issues the gather of `unit` on the gather thread
+  void wait_prefetch();               // until no prefetch is in flight
+  void run();                         // the gather thread
 
   model::Model* const model_;
   const ShardLayout layout_;
@@ -90,6 +114,24 @@ class ShardedUnitWeights final : public engine::UnitWeights {
   model::Model::WorkingStreams mine_;  // encode_working of this rank's shard
   uint64_t hash_ = 0;
   int all_held_ = 0;  // acquire_all depth
+  int64_t last_acquired_ = -1;
+  int64_t prefetched_ = 0, acquired_ = 0;
+  CollectiveOrder order_;
+  // The prefetch: the unit whose gather was issued, its ticket, and its result once done.
+  struct Prefetch {
+    int64_t unit = -1;
+    int64_t ticket = -1;
+    std::string what;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    bool running = false, done = false;
+    absl::Status status;
+    std::vector<model::Model::WorkingStreams> streams;  // one per range
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Prefetch> prefetch_;  // guarded by mu_
+  bool stop_ = false;                 // guarded by mu_
+  std::thread thread_;                // last: starts after the members above exist
 };
 
 }  // namespace fp8rl::train

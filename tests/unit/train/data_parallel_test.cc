@@ -246,6 +246,8 @@ struct RunOutcome {
   int64_t weight_bytes = 0;           // model::Model::weight_bytes after the export
   int64_t working_held = -1;          // ZeRO-3: bytes of the rank's own working streams (else -1)
   int64_t staging_bytes = 0;          // TrainBackend::gradient_staging_bytes after the run
+  int64_t units_acquired = 0;         // ZeRO-3: unit acquires, and those a prefetch served
+  int64_t units_prefetched = 0;
   absl::Status status;
 };
 
@@ -315,6 +317,8 @@ RunOutcome run(Precision training, Collectives* group, uint64_t init_seed = 7,
   out.weight_bytes = (*l)->policy().weight_bytes();
   if (const ShardedUnitWeights* units = (*l)->backend().sharded_units()) {
     out.working_held = units->held_bytes();
+    out.units_acquired = units->acquired();
+    out.units_prefetched = units->prefetched();
   }
   uint64_t h = 14695981039346656037ull;
   auto add = [&h](const void* data, size_t n) {
@@ -827,7 +831,12 @@ TEST_P(ShardedLearner, GroupOfTwoIsBitIdenticalToUnsharded) {
             zero2_weight_bytes[r] = sharded[r].weight_bytes;
             EXPECT_EQ(sharded[r].working_held, -1);
           } else {
-            // ZeRO-3: no working copy left in the model after the step and the export (only the
+            // ZeRO-3: every unit but the first of each pass came from a prefetch (issued when the
+            // unit before it was acquired, run while it computed).
+            EXPECT_GT(sharded[r].units_prefetched, 0) << what << " rank " << r;
+            EXPECT_GT(2 * sharded[r].units_prefetched, sharded[r].units_acquired)
+                << what << " rank " << r;
+            // No working copy left in the model after the step and the export (only the
             // master shard, norms and biases), the rank's own streams beside it.
             EXPECT_GT(sharded[r].working_held, 0) << what << " rank " << r;
             EXPECT_LT(sharded[r].weight_bytes + sharded[r].working_held, zero2_weight_bytes[r])
