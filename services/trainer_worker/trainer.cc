@@ -164,10 +164,15 @@ absl::StatusOr<v1::InitPolicyResponse> Trainer::init_policy(const v1::InitPolicy
   init.placement = placement();
   absl::StatusOr<std::unique_ptr<train::Learner>> learner = train::Learner::create(init);
   if (!learner.ok()) return learner.status();
+  // Joined before it becomes the held policy: a policy the group's shard mode refuses (ZeRO-3 on
+  // a cuda trainer) is not kept half-sharded.
+  if (absl::Status s = attach_group(**learner); !s.ok()) {
+    if (learner_) learner_->set_group(group_.get(), options_.allreduce_bucket_bytes);
+    return s;
+  }
   learner_ = std::move(*learner);
   service::log_info("trainer", learner_->memory_plan().describe(),
                     {{"job", learner_->job_id()}, {"device", options_.device}});
-  if (absl::Status s = attach_group(*learner_); !s.ok()) return s;
   update_status();
 
   v1::InitPolicyResponse response;
