@@ -508,6 +508,7 @@ absl::StatusOr<model::Model::WorkingStreams> DeviceTrainState::encode_working() 
       continue;
     }
     // bf16 bits, through the export scratch in pieces.
+    if (bf16_scratch_count_ < 1) return absl::InternalError("encode_working: no bf16 scratch");
     const int64_t n = pe - pb;
     const size_t at = out.bf16.size();
     out.bf16.resize(at + static_cast<size_t>(n));
