@@ -257,18 +257,7 @@ absl::Status DeviceTrainState::init(const model::Model& model) {
   }
   kv_scales_ = model.kv_scales();
   if (pre_sharded) {
-    int64_t enc_codes = 0, enc_scales = 0;
-    for (const Fp8Weight& w : fp8_) {
-      enc_codes = std::max(enc_codes, w.rows * w.cols);
-      enc_scales = std::max(enc_scales, dev.block_scale_count(w.rows, w.cols));
-    }
-    auto c = dev.allocate(std::max<int64_t>(enc_codes, 1), "working copies encode scratch");
-    if (!c.ok()) return c.status();
-    enc_codes_ = static_cast<uint8_t*>(*c);
-    if (auto s = alloc_f32(&enc_scales_, enc_scales, "working copies encode scratch (scales)");
-        !s.ok()) {
-      return s;
-    }
+    if (auto s = allocate_encode_scratch(); !s.ok()) return s;
     restrict_runs();
     sharded_ = true;
   }
@@ -353,32 +342,34 @@ absl::Status DeviceTrainState::requantize() {
 
 // ---- ZeRO-2 -------------------------------------------------------------------------------------
 
+absl::Status DeviceTrainState::allocate_encode_scratch() {
+  // The largest FP8 tensor: encode_working quantizes its block rows into this scratch.
+  int64_t codes = 1, scales = 1;
+  for (const Fp8Weight& w : fp8_) {
+    codes = std::max(codes, w.rows * w.cols);
+    scales = std::max(scales, device_->block_scale_count(w.rows, w.cols));
+  }
+  absl::StatusOr<void*> c = device_->allocate(codes, "working copies encode scratch (fp8 codes)");
+  if (!c.ok()) return c.status();
+  absl::StatusOr<void*> s = device_->allocate(4 * scales, "working copies encode scratch (scales)");
+  if (!s.ok()) {
+    device_->release(*c);
+    return s.status();
+  }
+  enc_codes_ = static_cast<uint8_t*>(*c);
+  enc_scales_ = static_cast<float*>(*s);
+  return absl::OkStatus();
+}
+
 absl::Status DeviceTrainState::check_shard(int64_t begin, int64_t end) const {
   const int64_t n = num_params();
-  auto cut_allowed = [&](int64_t at) {
-    if (at == n) return true;
-    for (const model::ParamInfo& p : layout_.params()) {
-      if (at < p.offset || at >= p.offset + p.numel) continue;
-      if (at == p.offset) return true;
-      return p.shape.size() == 2 && (at - p.offset) % (kernels::kBlock * p.shape[1]) == 0;
-    }
-    return false;
-  };
-  if (begin < 0 || begin > end || end > n || !cut_allowed(begin) || !cut_allowed(end)) {
+  if (begin < 0 || begin > end || end > n || !model::shard_cut_allowed(layout_, begin) ||
+      !model::shard_cut_allowed(layout_, end)) {
     return absl::InvalidArgumentError(
         absl::StrCat("train state: shard [", begin, ", ", end, ") is not a range between cut ",
                      "points (tensor starts or 128-row boundaries) of [0, ", n, ")"));
   }
-  bool fp32 = !policy_.bf16_activations();
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    fp32 = fp32 || policy_.layer_linear(l, config_.num_hidden_layers) == model::Precision::kF32;
-  }
-  if (fp32) {
-    return absl::FailedPreconditionError(
-        "train state: the policy has fp32 working copies, which read the fp32 master itself (a "
-        "sharded master needs fp8 or bf16 linears)");
-  }
-  return absl::OkStatus();
+  return model::check_bf16_working(config_, policy_, "train state");
 }
 
 absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
@@ -386,14 +377,9 @@ absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
   if (auto s = check_shard(begin, end); !s.ok()) return s;
   TrainDevice& dev = *device_;
   const int64_t held = end - begin;
-  // The largest FP8 tensor: encode_working quantizes its block rows into this scratch.
-  int64_t enc_codes = 0, enc_scales = 0;
-  for (const Fp8Weight& w : fp8_) {
-    enc_codes = std::max(enc_codes, w.rows * w.cols);
-    enc_scales = std::max(enc_scales, dev.block_scale_count(w.rows, w.cols));
-  }
   // New buffers first (a failure leaves the state whole), then the shard's values move over.
-  std::vector<void*> fresh;
+  if (auto s = allocate_encode_scratch(); !s.ok()) return s;
+  std::vector<void*> fresh = {enc_codes_, enc_scales_};
   auto alloc = [&](int64_t bytes, const std::string& what) -> absl::StatusOr<void*> {
     absl::StatusOr<void*> p = dev.allocate(std::max<int64_t>(bytes, 4), what);
     if (p.ok()) fresh.push_back(*p);
@@ -401,6 +387,8 @@ absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
   };
   auto fail = [&](const absl::Status& s) {
     for (void* p : fresh) dev.release(p);
+    enc_codes_ = nullptr;
+    enc_scales_ = nullptr;
     return s;
   };
   absl::StatusOr<void*> master = alloc(4 * held, "master weights (shard)");
@@ -411,10 +399,6 @@ absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
   if (!m.ok()) return fail(m.status());
   absl::StatusOr<void*> v = alloc(4 * held, "AdamW exp_avg_sq (shard)");
   if (!v.ok()) return fail(v.status());
-  absl::StatusOr<void*> codes = alloc(enc_codes, "working copies encode scratch (fp8 codes)");
-  if (!codes.ok()) return fail(codes.status());
-  absl::StatusOr<void*> scales = alloc(4 * enc_scales, "working copies encode scratch (scales)");
-  if (!scales.ok()) return fail(scales.status());
   // Through the host in pieces (once, when the group shards).
   std::vector<float> chunk(
       static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(held, 1), int64_t{1} << 20)));
@@ -438,8 +422,6 @@ absl::Status DeviceTrainState::shard(int64_t begin, int64_t end) {
   grads_ = static_cast<float*>(*grads);
   m_ = static_cast<float*>(*m);
   v_ = static_cast<float*>(*v);
-  enc_codes_ = static_cast<uint8_t*>(*codes);
-  enc_scales_ = static_cast<float*>(*scales);
   begin_ = begin;
   held_ = held;
   restrict_runs();

@@ -288,6 +288,8 @@ class DeviceTrainState {
   absl::Status init(const model::Model& model);
   // The decay runs of [begin_, begin_ + held_), relative to begin_, from the whole layout's.
   void restrict_runs();
+  // enc_codes_ / enc_scales_, sized for the largest FP8 tensor (sharded states only).
+  absl::Status allocate_encode_scratch();
   // The device slot of (record, layer), after checking both and the counts.
   absl::StatusOr<float*> kv_slot(int64_t record, int64_t layer, int64_t k_count,
                                  int64_t v_count) const;

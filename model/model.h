@@ -267,4 +267,14 @@ class Model {
   std::vector<std::pair<int64_t, int64_t>> small_index_;  // (param offset, offset in small_)
 };
 
+// Sharding's rules for anything that holds a layout and a policy without a Model (the device
+// trainer state, engine/train_state.h); Model's members of the same names apply them.
+// Whether a shard may start or end at flat offset `at` of `layout`: the end, a tensor's start, or
+// a 128-row boundary inside a 2-D tensor.
+bool shard_cut_allowed(const ParamLayout& layout, int64_t at);
+// FAILED_PRECONDITION "<what>: the policy has fp32 working copies ..." when `policy` runs fp32
+// activations or an fp32 linear layer (its working copies read the fp32 master itself).
+absl::Status check_bf16_working(const ModelConfig& config, const PrecisionPolicy& policy,
+                                std::string_view what);
+
 }  // namespace fp8rl::model

@@ -29,9 +29,14 @@ bool Model::fp8_working(size_t pi) const {
 }
 
 absl::Status Model::check_bf16_working(std::string_view what) const {
-  bool fp32 = !policy_.bf16_activations();
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    fp32 = fp32 || policy_.layer_linear(l, config_.num_hidden_layers) == Precision::kF32;
+  return model::check_bf16_working(config_, policy_, what);
+}
+
+absl::Status check_bf16_working(const ModelConfig& config, const PrecisionPolicy& policy,
+                                std::string_view what) {
+  bool fp32 = !policy.bf16_activations();
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    fp32 = fp32 || policy.layer_linear(l, config.num_hidden_layers) == Precision::kF32;
   }
   if (!fp32) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
@@ -40,9 +45,11 @@ absl::Status Model::check_bf16_working(std::string_view what) const {
       "needs fp8 or bf16 linears)"));
 }
 
-bool Model::shard_cut_allowed(int64_t at) const {
-  if (at == layout_.total()) return true;
-  for (const ParamInfo& p : layout_.params()) {
+bool Model::shard_cut_allowed(int64_t at) const { return model::shard_cut_allowed(layout_, at); }
+
+bool shard_cut_allowed(const ParamLayout& layout, int64_t at) {
+  if (at == layout.total()) return true;
+  for (const ParamInfo& p : layout.params()) {
     if (at < p.offset || at >= p.offset + p.numel) continue;
     if (at == p.offset) return true;
     if (p.shape.size() != 2) return false;

@@ -66,18 +66,24 @@ uint64_t weight_hash(std::span<const float> weights) {
 }
 
 absl::StatusOr<model::Model::WorkingStreams> all_gather_working(
-    Collectives& group, const model::Model::WorkingStreams& mine,
-    std::span<const model::Model::WorkingCounts> counts, std::string_view what) {
+    Collectives& group, const model::Model& model, std::span<const int64_t> bounds,
+    const model::Model::WorkingStreams& mine, std::string_view what) {
   std::vector<int64_t> codes, scales, bf16;
-  model::Model::WorkingStreams all;
-  for (const model::Model::WorkingCounts& n : counts) {
-    codes.push_back(n.codes);
-    scales.push_back(n.scales);
-    bf16.push_back(n.bf16);
-    all.codes.resize(all.codes.size() + static_cast<size_t>(n.codes));
-    all.scales.resize(all.scales.size() + static_cast<size_t>(n.scales));
-    all.bf16.resize(all.bf16.size() + static_cast<size_t>(n.bf16));
+  int64_t total[3] = {0, 0, 0};
+  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+    absl::StatusOr<model::Model::WorkingCounts> n = model.working_counts(bounds[r], bounds[r + 1]);
+    if (!n.ok()) return n.status();
+    codes.push_back(n->codes);
+    scales.push_back(n->scales);
+    bf16.push_back(n->bf16);
+    total[0] += n->codes;
+    total[1] += n->scales;
+    total[2] += n->bf16;
   }
+  model::Model::WorkingStreams all;
+  all.codes.resize(static_cast<size_t>(total[0]));
+  all.scales.resize(static_cast<size_t>(total[1]));
+  all.bf16.resize(static_cast<size_t>(total[2]));
   if (absl::Status s =
           group.all_gather(std::span<const uint8_t>(mine.codes), std::span<uint8_t>(all.codes),
                            codes, absl::StrCat(std::string(what), " (FP8 codes)"));

@@ -31,12 +31,13 @@ uint64_t working_weights_hash(std::span<const uint8_t> codes, std::span<const fl
                               std::span<const uint16_t> bf16);
 
 // ZeRO-2's gather of the working copies (TrainBackend::gather_working): every rank's streams,
-// concatenated in rank order (flat parameter order), from this rank's `mine` and every rank's
-// stream sizes `counts` (from the cut alone, the same on every rank). Three all-gathers named
-// "<what> (FP8 codes)", "(block scales)", "(bf16)"; the collective's error is returned as is.
+// concatenated in rank order (flat parameter order), from this rank's `mine`; each rank's stream
+// sizes come from `model`'s layout and policy and the cut `bounds` (ranks + 1 offsets), the same
+// on every rank. Three all-gathers named "<what> (FP8 codes)", "(block scales)", "(bf16)"; the
+// collective's error is returned as is.
 absl::StatusOr<model::Model::WorkingStreams> all_gather_working(
-    Collectives& group, const model::Model::WorkingStreams& mine,
-    std::span<const model::Model::WorkingCounts> counts, std::string_view what);
+    Collectives& group, const model::Model& model, std::span<const int64_t> bounds,
+    const model::Model::WorkingStreams& mine, std::string_view what);
 
 // weight_hash over pieces given in order (e.g. fixed-size chunks downloaded from a device): the
 // value equals weight_hash of the pieces concatenated, however they are cut.

@@ -287,15 +287,8 @@ class DeviceTrainBackend final : public TrainBackend {
     }
     absl::StatusOr<model::Model::WorkingStreams> mine = state_->encode_working();
     if (!mine.ok()) return mine.status();
-    std::vector<model::Model::WorkingCounts> counts;
-    for (int r = 0; r < layout.ranks(); ++r) {
-      absl::StatusOr<model::Model::WorkingCounts> n =
-          host_->working_counts(layout.begin(r), layout.end(r));
-      if (!n.ok()) return n.status();
-      counts.push_back(*n);
-    }
     absl::StatusOr<model::Model::WorkingStreams> all =
-        all_gather_working(group, *mine, counts, what);
+        all_gather_working(group, *host_, layout.bounds, *mine, what);
     if (!all.ok()) return all.status();
     *mine = {};
     if (auto s = state_->install_working(*all); !s.ok()) return s;

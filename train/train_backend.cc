@@ -111,16 +111,8 @@ class CpuTrainBackend final : public TrainBackend {
     absl::StatusOr<model::Model::WorkingStreams> mine =
         model_->encode_working(layout.begin(rank), layout.end(rank));
     if (!mine.ok()) return mine.status();
-    // Every rank's stream sizes, from the cut alone (the same on every rank).
-    std::vector<model::Model::WorkingCounts> counts;
-    for (int r = 0; r < layout.ranks(); ++r) {
-      absl::StatusOr<model::Model::WorkingCounts> n =
-          model_->working_counts(layout.begin(r), layout.end(r));
-      if (!n.ok()) return n.status();
-      counts.push_back(*n);
-    }
     absl::StatusOr<model::Model::WorkingStreams> all =
-        all_gather_working(group, *mine, counts, what);
+        all_gather_working(group, *model_, layout.bounds, *mine, what);
     if (!all.ok()) return all.status();
     *mine = {};  // freed before the install copies the streams
     if (absl::Status s = model_->install_working(*all); !s.ok()) return s;
@@ -206,9 +198,9 @@ class CpuTrainBackend final : public TrainBackend {
 
 namespace {
 absl::Status no_sharding(const TrainBackend& backend) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "trainer.shard: sharding is not implemented yet on the ",
-      std::string(model::device_name(backend.device())), " training backend (CPU only)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("trainer.shard: this ", std::string(model::device_name(backend.device())),
+                   " training backend does not shard"));
 }
 }  // namespace
 
